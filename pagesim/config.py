@@ -1,0 +1,147 @@
+"""Engine configuration with vLLM's names and defaults.
+
+`EngineConfig` is frozen and validated in `__post_init__`; a bad value raises `ConfigError` with
+one line naming the field. Defaults that vLLM resolves from the hardware (`max_num_seqs`,
+`max_num_batched_tokens`) or the model (`max_model_len`) are resolved by `EngineConfig.create`,
+so a config always holds concrete numbers. Building a config writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pagesim.errors import ConfigError
+from pagesim.specs import GiB, GPUSpec, ModelSpec
+
+Allocator = Literal["paged", "reserve-max", "pow2", "oracle"]
+ALLOCATORS: tuple[str, ...] = ("paged", "reserve-max", "pow2", "oracle")
+PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap")
+SCHEDULING_POLICIES: tuple[str, ...] = ("fcfs", "priority")
+KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# vLLM releases whose KV-cache/scheduler behaviour pagesim can follow (see README, parity).
+VLLM_COMPAT: tuple[str, ...] = ("0.33", "0.23")
+
+
+def default_batch_limits(gpu: GPUSpec) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) of a stock `vllm serve` on this GPU.
+
+    vLLM's `EngineArgs.get_batch_defaults`: GPUs with >= 70 GiB that are not A100 get
+    1024 sequences and 8192 tokens; all others (A100-80GB included) 256 and 2048.
+    """
+    big = gpu.memory_bytes >= 70 * GiB and not gpu.name.lower().startswith("a100")
+    return (1024, 8192) if big else (256, 2048)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything that decides how a serving engine schedules and caches.
+
+    Field names are vLLM's (`vllm serve --help`); the CLI flag is the kebab-case name.
+    """
+
+    model: str = "llama-2-7b"
+    gpu: str = "h200"
+    tensor_parallel_size: int = 1
+    # ---- cache ----
+    block_size: int = 16  # tokens per KV block
+    gpu_memory_utilization: float = 0.92  # vLLM >= 0.22 default
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None  # if set, ignores gpu_memory_utilization
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    allocator: str = "paged"  # paged, or a contiguous baseline: reserve-max | pow2 | oracle
+    swap_space: float = 4.0  # GiB of CPU swap per GPU (swap preemption only)
+    # ---- scheduler ----
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0: no per-request chunk cap
+    max_num_partial_prefills: int = 1
+    scheduling_policy: str = "fcfs"
+    preemption_mode: str = "recompute"
+    # Admit a waiting request only if its whole prompt fits in free blocks (vLLM's
+    # scheduler_reserve_full_isl, default True in 0.23 and 0.33).
+    scheduler_reserve_full_isl: bool = True
+    vllm_compat: str = "0.33"  # "0.23": freed unhashed blocks go to the tail, not the head
+
+    def __post_init__(self) -> None:
+        _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size)
+        _check(self.block_size >= 1, "block_size", self.block_size)
+        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+               self.gpu_memory_utilization, "must be in (0, 1]")
+        if self.num_gpu_blocks_override is not None:
+            _check(self.num_gpu_blocks_override >= 1, "num_gpu_blocks_override",
+                   self.num_gpu_blocks_override, "must be >= 1")
+        if self.kv_cache_memory_bytes is not None:
+            _check(self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        _check_choice("allocator", self.allocator, ALLOCATORS)
+        _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        _check_choice("vllm_compat", self.vllm_compat, VLLM_COMPAT)
+        _check(self.swap_space >= 0, "swap_space", self.swap_space)
+        _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs)
+        _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens)
+        _check(self.max_model_len >= 1, "max_model_len", self.max_model_len)
+        _check(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
+               self.long_prefill_token_threshold)
+        _check(self.max_num_partial_prefills >= 1, "max_num_partial_prefills",
+               self.max_num_partial_prefills)
+        if not self.enable_chunked_prefill:
+            _check(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
+                   self.max_num_batched_tokens,
+                   f"must be >= max_model_len ({self.max_model_len}) without chunked prefill")
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec.from_name(self.model)
+
+    @property
+    def gpu_spec(self) -> GPUSpec:
+        return GPUSpec.from_name(self.gpu)
+
+    @classmethod
+    def create(cls, **overrides: Any) -> EngineConfig:
+        """Build a config, resolving hardware- and model-dependent defaults as vLLM does.
+
+        Values given as None are treated as not given. Unknown keys raise `ConfigError`.
+        Both `max_num_seqs` and `max-num-seqs` spellings are accepted.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        given: dict[str, Any] = {}
+        for key, value in overrides.items():
+            k = key.replace("-", "_")
+            if k not in names:
+                raise ConfigError(f"unknown engine setting {key!r}")
+            if value is not None:
+                given[k] = value
+        model = ModelSpec.from_name(given.get("model", cls.model))
+        gpu = GPUSpec.from_name(given.get("gpu", cls.gpu))
+        seqs, tokens = default_batch_limits(gpu)
+        given.setdefault("max_num_seqs", seqs)
+        given.setdefault("max_model_len", model.max_position_embeddings)
+        if given["max_model_len"] > model.max_position_embeddings:
+            raise ConfigError(
+                f"max_model_len={given['max_model_len']} exceeds {model.name}'s "
+                f"max_position_embeddings={model.max_position_embeddings}")
+        if "max_num_batched_tokens" not in given:
+            chunked = given.get("enable_chunked_prefill", True)
+            given["max_num_batched_tokens"] = (
+                tokens if chunked else max(tokens, given["max_model_len"]))
+        return cls(**given)
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _check(ok: bool, name: str, value: object, why: str = "must be >= 1") -> None:
+    if not ok:
+        raise ConfigError(f"{name}={value!r}: {why}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r}: choose one of {', '.join(choices)}")

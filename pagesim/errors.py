@@ -1,0 +1,37 @@
+"""Errors that pagesim raises for bad input.
+
+Every error here carries a one-line message naming the offending field and value; the CLI
+prints that line and exits with code 2 instead of showing a traceback.
+"""
+
+
+class PagesimError(Exception):
+    """Base class: bad input that the user can fix (the CLI maps it to exit code 2)."""
+
+
+class ConfigError(PagesimError, ValueError):
+    """An impossible or malformed engine, cache or scheduler setting."""
+
+
+class UnknownNameError(PagesimError, KeyError):
+    """A model, GPU, workload or policy name that pagesim does not know."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class WorkloadError(PagesimError, ValueError):
+    """A malformed workload spec or trace file."""
+
+
+class AllocationError(PagesimError, RuntimeError):
+    """A request for more KV blocks than the cache can ever hold."""
+
+
+class GPUUnavailableError(PagesimError, RuntimeError):
+    """A command that needs a CUDA GPU (or torch/triton) ran without one."""
+
+
+def unknown_name(kind: str, name: str, known: "list[str] | tuple[str, ...]") -> UnknownNameError:
+    """Build the one-line error for a name lookup miss, listing the known names."""
+    return UnknownNameError(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")

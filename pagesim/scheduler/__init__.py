@@ -1,0 +1,1 @@
+"""vLLM v1's scheduling model over the shared KV-cache core (no SimPy, no torch)."""
