@@ -1,0 +1,164 @@
+"""Summaries of a run: `vllm bench serve`'s JSON keys and printed block, plus the KV block.
+
+The JSON keys and the printed lines are vLLM's (`vllm/benchmarks/serve.py`), so parsers and
+regexes written for `vllm bench serve` read pagesim's output unchanged. Latencies are in ms;
+percentiles use numpy's default (linear) interpolation, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from pagesim.sim.metrics import MetricsCollector, RequestRecord
+
+LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+METRIC_TITLES = {
+    "ttft": ("Time to First Token", "TTFT"),
+    "tpot": ("Time per Output Token (excl. 1st token)", "TPOT"),
+    "itl": ("Inter-token Latency", "ITL"),
+    "e2el": ("End-to-end Latency", "E2EL"),
+}
+
+
+def _stats(name: str, values_s: np.ndarray, percentiles: Iterable[float]) -> dict[str, float]:
+    ms = values_s * 1000.0 if values_s.size else np.zeros(1)
+    out = {
+        f"mean_{name}_ms": float(np.mean(ms)),
+        f"median_{name}_ms": float(np.median(ms)),
+        f"std_{name}_ms": float(np.std(ms)),
+    }
+    for p in percentiles:
+        key = f"p{int(p)}" if float(p).is_integer() else f"p{p}"
+        out[f"{key}_{name}_ms"] = float(np.percentile(ms, p))
+    return out
+
+
+def latency_arrays(records: list[RequestRecord], itl_s: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-request TTFT, TPOT (output_len > 1 only), E2EL and pooled ITL, in seconds.
+
+    Only completed requests count; `tpot_per_request` is aligned with `ttft` (0 for a
+    single-token output) for goodput.
+    """
+    done = [r for r in records if r.reject_reason is None and r.finish_time is not None]
+    arrival = np.array([r.arrival_time for r in done], dtype=np.float64)
+    first = np.array([r.first_token_time for r in done], dtype=np.float64)
+    finish = np.array([r.finish_time for r in done], dtype=np.float64)
+    n_out = np.array([r.num_output_tokens for r in done], dtype=np.float64)
+    ttft = first - arrival
+    e2el = finish - arrival
+    multi = n_out > 1
+    tpot_per_request = np.zeros_like(e2el)
+    tpot_per_request[multi] = (e2el[multi] - ttft[multi]) / (n_out[multi] - 1)
+    return {"ttft": ttft, "tpot": tpot_per_request[multi], "itl": itl_s, "e2el": e2el,
+            "tpot_per_request": tpot_per_request}
+
+
+def _peaks(records: list[RequestRecord], duration: float) -> tuple[float, float]:
+    """Peak output tokens/s and peak concurrent requests over 1-second buckets (vllm bench).
+
+    Output tokens are spread uniformly between a request's first and last token; a request is
+    concurrent in every bucket its [arrival, finish) interval touches.
+    """
+    n = max(1, math.ceil(duration))
+    tokens = np.zeros(n)
+    concurrent = np.zeros(n + 1)
+    for r in records:
+        if r.reject_reason is not None or r.finish_time is None:
+            continue
+        a, f = int(r.arrival_time), min(int(r.finish_time), n - 1)
+        concurrent[a] += 1
+        concurrent[f + 1] -= 1
+        first, last = r.first_token_time or r.finish_time, r.last_token_time or r.finish_time
+        lo, hi = int(first), min(int(last), n - 1)
+        tokens[lo : hi + 1] += r.num_output_tokens / (hi - lo + 1)
+    return float(tokens.max(initial=0.0)), float(np.cumsum(concurrent)[:n].max(initial=0.0))
+
+
+def summarize(
+    metrics: MetricsCollector,
+    *,
+    percentiles: Iterable[float] = (99,),
+    goodput_slos_ms: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """The `vllm bench serve` result keys for a finished run (without run metadata)."""
+    records = list(metrics.records.values())
+    done = [r for r in records if r.reject_reason is None and r.finish_time is not None]
+    duration = max((r.finish_time for r in done), default=0.0) - min(
+        (r.arrival_time for r in records), default=0.0)
+    duration = max(duration, 1e-9)
+    total_in = sum(r.num_prompt_tokens for r in done)
+    total_out = sum(r.num_output_tokens for r in done)
+    arrays = latency_arrays(records, np.frombuffer(metrics.itl_s, dtype=np.float64))
+    peak_tok, peak_conc = _peaks(records, duration)
+    out: dict[str, Any] = {
+        "duration": duration,
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(done) / duration,
+        "request_goodput": None,
+        "output_throughput": total_out / duration,
+        "total_token_throughput": (total_in + total_out) / duration,
+        "max_output_tokens_per_s": peak_tok,
+        "max_concurrent_requests": peak_conc,
+    }
+    if goodput_slos_ms:
+        out["request_goodput"] = _goodput(arrays, goodput_slos_ms) / duration
+    for name in LATENCY_METRICS:
+        out.update(_stats(name, arrays[name], percentiles))
+    return out
+
+
+def _goodput(arrays: dict[str, np.ndarray], slos_ms: Mapping[str, float]) -> int:
+    """Requests meeting every SLO (DistServe's definition, as vllm bench's --goodput).
+
+    TPOT of a single-token output counts as 0, as in vllm bench.
+    """
+    ok = np.ones(arrays["ttft"].size, dtype=bool)
+    for key, limit in slos_ms.items():
+        vals = arrays["tpot_per_request"] if key == "tpot" else arrays[key]
+        ok &= vals * 1000.0 <= limit
+    return int(ok.sum())
+
+
+def format_benchmark_block(result: Mapping[str, Any], *, request_rate: float,
+                           max_concurrency: int | None,
+                           percentiles: Iterable[float] = (99,)) -> str:
+    """The `Serving Benchmark Result` block, line for line as vllm bench prints it."""
+    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
+    row_i = "{:<40} {:<10}"
+    row_f = "{:<40} {:<10.2f}"
+    lines.append(row_i.format("Successful requests:", result["completed"]))
+    lines.append(row_i.format("Failed requests:", result["failed"]))
+    if max_concurrency is not None:
+        lines.append(row_i.format("Maximum request concurrency:", max_concurrency))
+    if request_rate != float("inf"):
+        lines.append(row_f.format("Request rate configured (RPS):", request_rate))
+    lines.append(row_f.format("Benchmark duration (s):", result["duration"]))
+    lines.append(row_i.format("Total input tokens:", result["total_input_tokens"]))
+    lines.append(row_i.format("Total generated tokens:", result["total_output_tokens"]))
+    lines.append(row_f.format("Request throughput (req/s):", result["request_throughput"]))
+    if result.get("request_goodput") is not None:
+        lines.append(row_f.format("Request goodput (req/s):", result["request_goodput"]))
+    lines.append(row_f.format("Output token throughput (tok/s):", result["output_throughput"]))
+    lines.append(row_f.format("Peak output token throughput (tok/s):",
+                              result["max_output_tokens_per_s"]))
+    lines.append(row_f.format("Peak concurrent requests:", result["max_concurrent_requests"]))
+    lines.append(row_f.format("Total token throughput (tok/s):",
+                              result["total_token_throughput"]))
+    for name in LATENCY_METRICS:
+        title, short = METRIC_TITLES[name]
+        lines.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
+        lines.append(row_f.format(f"Mean {short} (ms):", result[f"mean_{name}_ms"]))
+        lines.append(row_f.format(f"Median {short} (ms):", result[f"median_{name}_ms"]))
+        for p in percentiles:
+            key = f"p{int(p)}" if float(p).is_integer() else f"p{p}"
+            label = f"P{int(p)}" if float(p).is_integer() else f"P{p}"
+            lines.append(row_f.format(f"{label} {short} (ms):", result[f"{key}_{name}_ms"]))
+    lines.append("=" * 50)
+    return "\n".join(lines)
