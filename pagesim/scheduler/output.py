@@ -31,6 +31,10 @@ class ScheduledRequest:
     num_computed_tokens: int  # tokens already in the KV cache before this step (context)
     block_ids: list[int]  # the request's block-table row after this step's allocation
     resumed: bool = False  # first step after a preemption (recompute) or swap-in
+    first_scheduled: bool = False  # first step ever of this request (it was WAITING, never run)
+    # Prefix-cache hit found when this step admitted the request (new or recompute-resumed),
+    # in tokens; those tokens are part of num_computed_tokens and are not computed. 0 otherwise.
+    num_prefix_hit_tokens: int = 0
 
     @property
     def request_id(self) -> str:
@@ -52,6 +56,8 @@ class SchedulerOutput:
     block_size: int = 16  # tokens per KV block
     finished_req_ids: list[str] = field(default_factory=list)  # freed since the last step
     preempted_req_ids: list[str] = field(default_factory=list)  # preempted in this schedule()
+    # Refused by add_request since the last step (FINISHED_REJECTED, Request.reject_reason).
+    rejected_req_ids: list[str] = field(default_factory=list)
     # Copy-on-write: (src_block_id, dst_block_id) to copy on the GPU before the step.
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     # Swap preemption: (gpu_block_id, cpu_block_id) pairs to move before the step.

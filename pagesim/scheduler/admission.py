@@ -1,0 +1,46 @@
+"""Requests that can never be served are refused when they arrive, with a reason.
+
+What vLLM's OpenAI server refuses (it answers HTTP 400 and the engine never sees the request):
+an empty prompt, `max_tokens < 1`, a prompt longer than `max_model_len`, and
+`prompt + max_tokens > max_model_len` when `max_tokens` is given (the server does not cap an
+explicit `max_tokens`; `vllm bench serve` always gives it). pagesim refuses the same, and also a
+request whose K/V could not fit even in an empty cache (vLLM checks that only for
+`max_model_len` at start-up; a workload may still carry such a request).
+
+A reason is `"<code>: <detail>"`; metrics group by the code before the colon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pagesim.request import Request
+
+
+def reject_reason(request: Request, max_model_len: int, num_usable_blocks: int | None,
+                  blocks_for_tokens: Callable[[int], int]) -> str | None:
+    """Why `request` can never be served, or None if it can.
+
+    The K/V of a finished request covers `prompt + max_tokens - 1` tokens: the last sampled
+    token is returned but never fed back. `blocks_for_tokens(n)` is the most blocks a request
+    of n tokens holds at once; `num_usable_blocks` is how many one request could ever hold
+    (None: no limit known).
+    """
+    num_prompt = len(request.prompt_token_ids)
+    max_tokens = request.max_tokens
+    if num_prompt == 0:
+        return "empty_prompt: the prompt has no tokens"
+    if max_tokens < 1:
+        return f"invalid_max_tokens: max_tokens={max_tokens} must be >= 1"
+    if num_prompt > max_model_len:
+        return (f"prompt_too_long: prompt of {num_prompt} tokens is longer than "
+                f"max_model_len={max_model_len}")
+    if num_prompt + max_tokens > max_model_len:
+        return (f"max_tokens_too_large: prompt {num_prompt} + max_tokens {max_tokens} "
+                f"exceeds max_model_len={max_model_len}")
+    if num_usable_blocks is not None:
+        need = blocks_for_tokens(num_prompt + max_tokens - 1)
+        if need > num_usable_blocks:
+            return (f"kv_cache_too_small: needs {need} KV blocks, "
+                    f"the cache holds {num_usable_blocks}")
+    return None
