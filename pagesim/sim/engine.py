@@ -17,7 +17,7 @@ import simpy
 from pagesim.errors import PagesimError
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner
-from pagesim.sim.metrics import MetricsCollector
+from pagesim.metrics.collector import MetricsCollector
 
 # () -> (kv_usage, token_state, reserved, internal_frag, external_frag): fractions of KV memory
 KVProbe = Callable[[], tuple[float, float, float, float, float]]

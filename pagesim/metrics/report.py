@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from pagesim.sim.metrics import MetricsCollector, RequestRecord
+from pagesim.metrics.collector import MetricsCollector, RequestRecord
 
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
 METRIC_TITLES = {
