@@ -1,0 +1,232 @@
+"""Contiguous-region allocators over a line of `capacity` units: binary buddy and first-fit.
+
+The contiguous KV baselines place each request's whole reservation in one run of units
+(a unit is `block_size` token slots). These two placers are real allocators, so external
+fragmentation comes out of the placement history rather than a formula:
+
+- `BuddyAllocator`: sizes round up to a power of two; a free block of order k splits into two
+  buddies of order k-1; on free, a block merges with its buddy while the buddy is free and
+  whole. The line need not be a power of two: it starts as the greedy cover of [0, capacity)
+  by aligned power-of-two blocks (12 = [0,8) + [8,12)), and a merge happens only if the
+  parent block lies inside the line, so those top blocks never merge with each other.
+
+      order 3: [0 ............ 8)
+      order 2: [0 .... 4)[4 .... 8)[8 .... 12)
+      order 1: [0 2)[2 4)  ...           buddy of (start, k) = start ^ (1 << k)
+
+- `FirstFitAllocator`: an address-ordered list of holes; an allocation takes the lowest hole
+  that fits, from its start; a free coalesces with the holes on both sides.
+
+Both choose by address only (lowest first), never by set order, so a run is reproducible.
+Both return `Region(start, size)` or None when no free run is large enough (nothing changes).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import NamedTuple
+
+from pagesim.errors import AllocationError
+
+
+class Region(NamedTuple):
+    """A run of units [start, start + size)."""
+
+    start: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+def ceil_pow2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1)."""
+    return 1 << (n - 1).bit_length()
+
+
+class BuddyAllocator:
+    """Binary buddy allocator. `free_lists[k]` holds the sorted starts of free blocks of 2**k."""
+
+    placement = "buddy"
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise AllocationError(f"capacity={capacity}: a buddy allocator needs >= 1 unit")
+        self.capacity = capacity
+        self.max_order = capacity.bit_length() - 1
+        self.free_lists: list[list[int]] = [[] for _ in range(self.max_order + 1)]
+        self.allocated: dict[int, int] = {}  # start -> order
+        self.num_free_units = capacity
+        start = 0
+        while start < capacity:  # greedy cover by aligned powers of two
+            order = min((start & -start).bit_length() - 1 if start else self.max_order,
+                        (capacity - start).bit_length() - 1)
+            self.free_lists[order].append(start)
+            start += 1 << order
+
+    def rounded_size(self, size: int) -> int:
+        """Units an allocation of `size` really takes (a power of two)."""
+        return ceil_pow2(size)
+
+    def allocate(self, size: int) -> Region | None:
+        """The lowest free block of the smallest order that fits, split down to ceil_pow2(size)."""
+        if size < 1:
+            raise AllocationError(f"size={size}: allocate at least one unit")
+        order = (size - 1).bit_length()
+        j = order
+        while j <= self.max_order and not self.free_lists[j]:
+            j += 1
+        if j > self.max_order:
+            return None
+        start = self.free_lists[j].pop(0)
+        while j > order:  # keep the lower half, free the upper buddy
+            j -= 1
+            insort(self.free_lists[j], start + (1 << j))
+        self.allocated[start] = order
+        self.num_free_units -= 1 << order
+        return Region(start, 1 << order)
+
+    def free(self, start: int) -> None:
+        """Return the block at `start`, merging with free buddies as far as they go."""
+        order = self.allocated.pop(start, None)
+        if order is None:
+            raise AllocationError(f"start={start}: no allocated buddy block starts there")
+        self.num_free_units += 1 << order
+        while order < self.max_order:
+            parent = start & ~(1 << order)
+            if parent + (2 << order) > self.capacity:
+                break  # parent sticks out of the line: a top block
+            buddy = start ^ (1 << order)
+            lst = self.free_lists[order]
+            i = bisect_left(lst, buddy)
+            if i == len(lst) or lst[i] != buddy:
+                break
+            del lst[i]
+            start, order = parent, order + 1
+        insort(self.free_lists[order], start)
+
+    def largest_free(self) -> int:
+        """Size of the largest free block (0 if none)."""
+        for k in range(self.max_order, -1, -1):
+            if self.free_lists[k]:
+                return 1 << k
+        return 0
+
+    def usable_free(self, size: int) -> int:
+        """Free units that allocations of `size` could take: every free block of order >=
+        that of ceil_pow2(size) splits exactly into such blocks; smaller ones are useless."""
+        order = (size - 1).bit_length()
+        return sum(len(self.free_lists[k]) << k for k in range(order, self.max_order + 1))
+
+    def free_regions(self) -> list[Region]:
+        """Free blocks in address order."""
+        return sorted(Region(s, 1 << k) for k, lst in enumerate(self.free_lists) for s in lst)
+
+    def check_invariants(self) -> None:
+        """Free + used == capacity; blocks aligned, inside the line, disjoint; no free buddy pair
+        left unmerged; free lists sorted. Raises AssertionError naming the first violation."""
+        blocks = [(s, 1 << k, True) for k, lst in enumerate(self.free_lists) for s in lst]
+        blocks += [(s, 1 << k, False) for s, k in self.allocated.items()]
+        blocks.sort()
+        pos = 0
+        for s, n, _ in blocks:
+            assert s == pos, f"gap or overlap at unit {pos} (next block starts at {s})"
+            assert s % n == 0, f"block ({s}, {n}) is not aligned"
+            pos = s + n
+        assert pos == self.capacity, f"blocks cover {pos} units, capacity is {self.capacity}"
+        free = sum(n for _, n, is_free in blocks if is_free)
+        assert free == self.num_free_units, f"num_free_units={self.num_free_units}, lists={free}"
+        for k, lst in enumerate(self.free_lists):
+            assert lst == sorted(set(lst)), f"free list {k} unsorted or duplicated"
+            members = set(lst)
+            for s in lst:
+                parent = s & ~(1 << k)
+                if parent + (2 << k) <= self.capacity and k < self.max_order:
+                    assert (s ^ (1 << k)) not in members, f"free buddies ({s}, {1 << k}) unmerged"
+
+
+class FirstFitAllocator:
+    """First-fit over an address-ordered hole list with coalescing on free."""
+
+    placement = "first-fit"
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise AllocationError(f"capacity={capacity}: an allocator needs >= 1 unit")
+        self.capacity = capacity
+        self.hole_starts: list[int] = [0]  # sorted
+        self.hole_size: dict[int, int] = {0: capacity}
+        self.allocated: dict[int, int] = {}  # start -> size
+        self.num_free_units = capacity
+
+    def rounded_size(self, size: int) -> int:
+        return size
+
+    def allocate(self, size: int) -> Region | None:
+        """Carve `size` units from the start of the lowest hole that holds them."""
+        if size < 1:
+            raise AllocationError(f"size={size}: allocate at least one unit")
+        for i, start in enumerate(self.hole_starts):
+            hole = self.hole_size[start]
+            if hole >= size:
+                del self.hole_size[start]
+                if hole == size:
+                    del self.hole_starts[i]
+                else:
+                    self.hole_starts[i] = start + size
+                    self.hole_size[start + size] = hole - size
+                self.allocated[start] = size
+                self.num_free_units -= size
+                return Region(start, size)
+        return None
+
+    def free(self, start: int) -> None:
+        """Return the run at `start`; merge it with an adjacent hole on either side."""
+        size = self.allocated.pop(start, None)
+        if size is None:
+            raise AllocationError(f"start={start}: no allocated run starts there")
+        self.num_free_units += size
+        i = bisect_left(self.hole_starts, start)
+        end = start + size
+        if i < len(self.hole_starts) and self.hole_starts[i] == end:  # merge right
+            size += self.hole_size.pop(end)
+            del self.hole_starts[i]
+        if i > 0:
+            left = self.hole_starts[i - 1]
+            if left + self.hole_size[left] == start:  # merge left
+                self.hole_size[left] += size
+                return
+        self.hole_starts.insert(i, start)
+        self.hole_size[start] = size
+
+    def largest_free(self) -> int:
+        return max(self.hole_size.values(), default=0)
+
+    def usable_free(self, size: int) -> int:
+        """Free units that allocations of `size` could take: floor(hole / size) * size per hole."""
+        return sum(h - h % size for h in self.hole_size.values())
+
+    def free_regions(self) -> list[Region]:
+        return [Region(s, self.hole_size[s]) for s in self.hole_starts]
+
+    def check_invariants(self) -> None:
+        """Holes sorted, disjoint and never adjacent (coalesced); holes + runs tile the line."""
+        assert self.hole_starts == sorted(self.hole_size), "hole list and sizes disagree"
+        runs = [(s, n, True) for s, n in self.hole_size.items()]
+        runs += [(s, n, False) for s, n in self.allocated.items()]
+        runs.sort()
+        pos, prev_free = 0, False
+        for s, n, is_free in runs:
+            assert s == pos, f"gap or overlap at unit {pos} (next run starts at {s})"
+            assert n >= 1, f"empty run at {s}"
+            assert not (is_free and prev_free), f"adjacent holes at {s} not coalesced"
+            pos, prev_free = s + n, is_free
+        assert pos == self.capacity, f"runs cover {pos} units, capacity is {self.capacity}"
+        free = sum(self.hole_size.values())
+        assert free == self.num_free_units, f"num_free_units={self.num_free_units}, holes={free}"
+
+
+Allocator = BuddyAllocator | FirstFitAllocator
+PLACEMENTS: dict[str, type[BuddyAllocator] | type[FirstFitAllocator]] = {
+    "buddy": BuddyAllocator, "first-fit": FirstFitAllocator}
