@@ -1,0 +1,244 @@
+"""The block pool: allocation, freeing, prefix-cache registration and lazy LRU eviction
+(vLLM v1's `BlockPool`).
+
+Block 0 is the null block: a placeholder for table entries that hold no KV (blocks of a
+sliding-window request that fell out of the window). It is taken out of the free queue at
+construction and never handed out, so `num_gpu_blocks` blocks give `num_gpu_blocks - 1` usable
+ones, as in vLLM.
+
+A *cached* block is a full block whose hash is registered in `cached_block_hash_to_block`. It may
+be in use by requests or sit in the free queue as an eviction candidate; its hash is dropped only
+when `get_new_blocks` hands it out again, so the eviction order is the order in which cached
+blocks reach the head of the free queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+from pagesim.errors import AllocationError, ConfigError
+from pagesim.kvcache.block import FreeKVCacheBlockQueue, KVCacheBlock
+
+# Where `free_blocks` puts blocks whose ref_cnt reaches 0:
+#   "lifo_unhashed" (vLLM >= 0.24): blocks without a hash at the head (reused first), hashed
+#                                   blocks at the tail (evicted last);
+#   "classic"       (vLLM <= 0.23): every block at the tail (plain LRU).
+FREE_ORDERS: tuple[str, ...] = ("lifo_unhashed", "classic")
+
+
+class BlockStored(NamedTuple):
+    """KV event: these blocks were registered in the prefix cache (vLLM's `BlockStored`)."""
+
+    block_ids: tuple[int, ...]
+    block_hashes: tuple[bytes, ...]
+
+
+class BlockRemoved(NamedTuple):
+    """KV event: this cached block was evicted (its hash dropped) on reuse."""
+
+    block_id: int
+    block_hash: bytes
+
+
+class AllBlocksCleared(NamedTuple):
+    """KV event: `reset_prefix_cache` dropped every cached hash."""
+
+
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class BlockPool:
+    """All `num_gpu_blocks` blocks, the free queue and the hash -> cached block map.
+
+    `cached_block_hash_to_block` maps a hash to its block, or, when several blocks hold the same
+    content, to a dict `{block_id: block}` in insertion order (vLLM does not de-duplicate: block
+    tables are append-only, so a full block keeps its id even if an identical block exists).
+    A lookup returns the first-inserted block of a hash.
+    """
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
+                 free_order: str = "lifo_unhashed", enable_kv_cache_events: bool = False) -> None:
+        if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:
+            raise ConfigError(f"num_gpu_blocks={num_gpu_blocks!r}: must be an int >= 2 "
+                              "(block 0 is the null block)")
+        if free_order not in FREE_ORDERS:
+            raise ConfigError(f"free_order={free_order!r}: choose one of {', '.join(FREE_ORDERS)}")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.num_usable_blocks = num_gpu_blocks - 1
+        self.enable_caching = enable_caching
+        self.free_order = free_order
+        self._lifo_unhashed = free_order == "lifo_unhashed"
+        self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.kv_event_queue: list[KVCacheEvent] = []
+
+    # ---- lookups -------------------------------------------------------------------------
+    def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
+        """The cached block holding `block_hash` (the first one if duplicated), or None."""
+        found = self.cached_block_hash_to_block.get(block_hash)
+        if found is None or type(found) is KVCacheBlock:
+            return found
+        return next(iter(found.values()))
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks in the free queue, cached eviction candidates included."""
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Used blocks / usable blocks, in [0, 1] (vLLM's `kv_cache_usage_perc`)."""
+        return 1.0 - self.free_block_queue.num_free_blocks / self.num_usable_blocks
+
+    # ---- allocation ----------------------------------------------------------------------
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Pop `num_blocks` blocks from the head of the free queue, with ref_cnt 1.
+
+        A popped block that still holds a cached hash is evicted from the cache here (lazy
+        eviction). Raises `AllocationError` if fewer blocks are free; callers check first.
+        """
+        queue = self.free_block_queue
+        if num_blocks > queue.num_free_blocks:
+            raise AllocationError(f"num_blocks={num_blocks}: only {queue.num_free_blocks} "
+                                  "blocks are free")
+        if num_blocks <= 0:
+            return []
+        queue.num_free_blocks -= num_blocks
+        head = queue.fake_free_list_head
+        block = head.next_free_block
+        out: list[KVCacheBlock] = []
+        append = out.append
+        # One pass does the queue pop, the eviction and the ref count (hot path).
+        if self.enable_caching:
+            for _ in range(num_blocks):
+                append(block)
+                nxt = block.next_free_block
+                block.prev_free_block = block.next_free_block = None
+                if block.block_hash is not None:
+                    self._evict_cached_block(block)
+                block.ref_cnt = 1
+                block = nxt
+        else:
+            for _ in range(num_blocks):
+                append(block)
+                nxt = block.next_free_block
+                block.prev_free_block = block.next_free_block = None
+                block.ref_cnt = 1
+                block = nxt
+        head.next_free_block = block
+        block.prev_free_block = head
+        return out
+
+    def _evict_cached_block(self, block: KVCacheBlock) -> None:
+        """Drop `block`'s hash from the cache map (it is being reused)."""
+        block_hash = block.block_hash
+        cache = self.cached_block_hash_to_block
+        found = cache.get(block_hash)
+        if found is block:
+            del cache[block_hash]
+        elif type(found) is dict:
+            found.pop(block.block_id, None)
+            if len(found) == 1:  # back to the single-block form; order is kept
+                cache[block_hash] = next(iter(found.values()))
+            elif not found:
+                del cache[block_hash]
+        block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(BlockRemoved(block.block_id, block_hash))
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take a reference on prefix-hit blocks: ref_cnt += 1, and a block that was an
+        eviction candidate (ref_cnt 0) leaves the free queue. The null block is skipped."""
+        queue = self.free_block_queue
+        for block in blocks:
+            if block.ref_cnt == 0:
+                if block.is_null:
+                    continue
+                queue.remove(block)
+            block.ref_cnt += 1
+
+    # ---- caching -------------------------------------------------------------------------
+    def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[bytes],
+                          num_cached_blocks: int, num_full_blocks: int) -> None:
+        """Register `blocks[num_cached_blocks:num_full_blocks]` under their hashes.
+
+        `block_hashes[i]` is the hash of block i of the request (`Request.block_hashes`).
+        Null blocks and blocks that already hold a hash (prefix hits) are skipped.
+        """
+        if not self.enable_caching or num_cached_blocks >= num_full_blocks:
+            return
+        cache = self.cached_block_hash_to_block
+        stored_ids: list[int] = []
+        stored_hashes: list[bytes] = []
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if block.block_hash is not None or block.is_null:
+                continue
+            block_hash = block_hashes[i]
+            block.block_hash = block_hash
+            found = cache.get(block_hash)
+            if found is None:
+                cache[block_hash] = block
+            elif type(found) is dict:
+                found[block.block_id] = block
+            else:
+                cache[block_hash] = {found.block_id: found, block.block_id: block}
+            if self.enable_kv_cache_events:
+                stored_ids.append(block.block_id)
+                stored_hashes.append(block_hash)
+        if stored_ids:
+            self.kv_event_queue.append(BlockStored(tuple(stored_ids), tuple(stored_hashes)))
+
+    # ---- freeing -------------------------------------------------------------------------
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference on each block; blocks reaching ref_cnt 0 join the free queue.
+
+        `ordered_blocks` is in eviction priority: callers pass a request's blocks in reverse,
+        so its tail blocks are evicted first. Where they go depends on `free_order` (see
+        FREE_ORDERS). The null block is skipped.
+        """
+        queue = self.free_block_queue
+        if self._lifo_unhashed:
+            to_head: list[KVCacheBlock] = []
+            to_tail: list[KVCacheBlock] = []
+            for block in ordered_blocks:
+                if block.is_null:
+                    continue
+                block.ref_cnt -= 1
+                if not block.ref_cnt:
+                    if block.block_hash is None:
+                        to_head.append(block)
+                    else:
+                        to_tail.append(block)
+            if to_head:
+                queue.prepend_n(to_head)
+            if to_tail:
+                queue.append_n(to_tail)
+        else:
+            freed: list[KVCacheBlock] = []
+            for block in ordered_blocks:
+                if block.is_null:
+                    continue
+                block.ref_cnt -= 1
+                if not block.ref_cnt:
+                    freed.append(block)
+            queue.append_n(freed)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash. Only possible when no block is in use; returns success."""
+        if self.free_block_queue.num_free_blocks != self.num_usable_blocks:
+            return False
+        self.cached_block_hash_to_block = {}
+        for block in self.blocks:
+            block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV events since the last call, oldest first (empty unless events are enabled)."""
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events

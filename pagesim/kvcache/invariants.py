@@ -1,0 +1,113 @@
+"""Consistency checks of the block pool and the KV cache manager (O(num_blocks); tests and
+`KVCacheManager(check_invariants=True)` run them after every mutating call).
+
+Pool:
+- the free queue is a well-linked list between its sentinels, with `num_free_blocks` entries;
+- a block is in the free queue iff its ref_cnt is 0 (the null block: never, ref_cnt 0);
+- ref counts are >= 0; blocks outside the queue have no queue links;
+- free + used == usable (used: ref_cnt > 0);
+- the hash map and the blocks agree: every mapped block holds that hash, every hashed block is
+  mapped; nothing is hashed with caching off.
+Manager, in addition:
+- each block's ref_cnt equals the number of table entries that hold it (so once every request is
+  freed, every usable block is free or cached-free: nothing leaked);
+- the block-id rows mirror the block rows; cached prefixes hold hashes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from pagesim.kvcache.block_pool import BlockPool
+
+if TYPE_CHECKING:
+    from pagesim.kvcache.kv_cache_manager import KVCacheManager
+
+
+class InvariantViolation(AssertionError):
+    """The allocator's state is inconsistent (a bug, never bad user input)."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvariantViolation(message)
+
+
+def check_block_pool(pool: BlockPool) -> None:
+    """Raise `InvariantViolation` on the first broken pool invariant."""
+    queue = pool.free_block_queue
+    head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
+    _require(head.prev_free_block is None and tail.next_free_block is None,
+             "sentinels have outer links")
+    in_queue: set[int] = set()
+    prev, block = head, head.next_free_block
+    while block is not tail:
+        _require(block is not None, "free queue is cut before its tail sentinel")
+        _require(block.prev_free_block is prev,
+                 f"block {block.block_id}: prev link does not point back")
+        _require(block.block_id not in in_queue, f"block {block.block_id}: in the queue twice")
+        _require(len(in_queue) <= pool.num_gpu_blocks, "free queue has a cycle")
+        in_queue.add(block.block_id)
+        prev, block = block, block.next_free_block
+    _require(tail.prev_free_block is prev, "tail sentinel's prev link is wrong")
+    _require(len(in_queue) == queue.num_free_blocks,
+             f"num_free_blocks={queue.num_free_blocks} but the queue holds {len(in_queue)}")
+    null = pool.null_block
+    _require(null.is_null and null.block_id == 0 and null.ref_cnt == 0
+             and null.block_hash is None and 0 not in in_queue, "null block misused")
+    used = 0
+    for block in pool.blocks:
+        _require(block.is_null == (block is null), f"block {block.block_id}: wrong is_null")
+        _require(block.ref_cnt >= 0, f"block {block.block_id}: ref_cnt={block.ref_cnt} < 0")
+        if block is null:
+            continue
+        free = block.block_id in in_queue
+        _require(free == (block.ref_cnt == 0),
+                 f"block {block.block_id}: ref_cnt={block.ref_cnt}, in free queue={free}")
+        if not free:
+            used += 1
+            _require(block.prev_free_block is None and block.next_free_block is None,
+                     f"block {block.block_id}: used but linked into the queue")
+    _require(queue.num_free_blocks + used == pool.num_usable_blocks,
+             f"free {queue.num_free_blocks} + used {used} != usable {pool.num_usable_blocks}")
+    _check_hash_map(pool)
+
+
+def _check_hash_map(pool: BlockPool) -> None:
+    mapped: set[int] = set()
+    for block_hash, found in pool.cached_block_hash_to_block.items():
+        blocks = found.values() if isinstance(found, dict) else (found,)
+        _require(len(blocks) > 0, "empty duplicate set in the hash map")
+        for block in blocks:
+            _require(block.block_hash == block_hash,
+                     f"block {block.block_id}: mapped under another hash")
+            _require(block.block_id not in mapped, f"block {block.block_id}: mapped twice")
+            mapped.add(block.block_id)
+    hashed = {b.block_id for b in pool.blocks if b.block_hash is not None}
+    _require(hashed == mapped, f"hashed blocks {sorted(hashed ^ mapped)} not in the map")
+    if not pool.enable_caching:
+        _require(not hashed, "blocks hashed with caching disabled")
+
+
+def check_kv_cache_manager(manager: KVCacheManager) -> None:
+    """The pool's invariants plus the manager's table bookkeeping."""
+    pool = manager.block_pool
+    check_block_pool(pool)
+    _require(manager.req_to_blocks.keys() == manager.req_to_block_ids.keys()
+             == manager.num_cached_block.keys(), "request maps disagree on the live requests")
+    holders: Counter[int] = Counter()
+    for rid, row in manager.req_to_blocks.items():
+        ids = manager.req_to_block_ids[rid]
+        _require(ids == [b.block_id for b in row], f"request {rid!r}: id row != block row")
+        num_cached = manager.num_cached_block[rid]
+        _require(num_cached <= len(row), f"request {rid!r}: {num_cached} cached > {len(row)}")
+        for block in row[:num_cached]:
+            _require(block.is_null or block.block_hash is not None or not manager.enable_caching,
+                     f"request {rid!r}: cached block {block.block_id} has no hash")
+        holders.update(b.block_id for b in row if not b.is_null)
+    for block in pool.blocks:
+        if not block.is_null:
+            _require(block.ref_cnt == holders[block.block_id],
+                     f"block {block.block_id}: ref_cnt={block.ref_cnt}, held by "
+                     f"{holders[block.block_id]} table entries")

@@ -1,0 +1,450 @@
+"""Per-request KV block allocation with prefix caching (vLLM v1's `KVCacheManager`, one
+attention group: full attention, or sliding window as vLLM's `SlidingWindowManager`).
+
+The scheduler's view of a request's KV cache:
+
+    | <- computed (in cache) -> | <- new_comp: prefix hit -> | <- new -> | <- lookahead -> |
+                                                              |   to be computed this step  |
+                                |        allocated by this allocate_slots call            |
+
+    blocks, num_hit_tokens = mgr.get_computed_blocks(req)          # touches nothing
+    new = mgr.allocate_slots(req, num_new_tokens, num_hit_tokens, blocks)
+    # None: not enough free blocks; nothing changed. Otherwise the scheduler advances
+    # req.num_computed_tokens by num_hit_tokens + num_new_tokens once the step is run.
+    mgr.free(req)
+
+Caching happens at allocation, as in vLLM: every block that the computed + new tokens fill is
+hashed and registered before the step runs, so a request admitted later in the same step can
+already hit it.
+
+Copy-on-write (n > 1 sampling, beam search): `fork(parent, child)` shares the parent's blocks.
+A request about to write into a shared block gets a private copy first; `take_blocks_to_copy()`
+hands the (src, dst) pairs to the runner. Full blocks are never written again and stay shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagesim.config import VLLM_COMPAT
+from pagesim.errors import AllocationError, ConfigError
+from pagesim.kvcache.block import KVCacheBlock
+from pagesim.kvcache.block_pool import BlockPool, KVCacheEvent
+from pagesim.kvcache.hashing import BlockHasher
+from pagesim.kvcache.invariants import check_kv_cache_manager
+from pagesim.kvcache.prefix_stats import PrefixCacheStats
+from pagesim.kvcache.sliding_window import SlidingWindow
+from pagesim.request import Request
+
+_FREE_ORDER = {"0.33": "lifo_unhashed", "0.23": "classic"}
+
+
+@dataclass(slots=True)
+class KVCacheBlocks:
+    """An allocation result: blocks in table order. Hides the pool's internals from the
+    scheduler, which only reads block ids (vLLM's `KVCacheBlocks`, one group)."""
+
+    blocks: Sequence[KVCacheBlock]
+
+    def get_block_ids(self) -> list[int]:
+        return [block.block_id for block in self.blocks]
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        return [b.block_id for b in self.blocks if b.block_hash is None and not b.is_null]
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        return KVCacheBlocks(list(self.blocks) + list(other.blocks))
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
+class KVCacheManager:
+    """Block tables of all live requests over one `BlockPool`.
+
+    `vllm_compat` picks the free order ("0.33": unhashed freed blocks reused first; "0.23":
+    plain LRU). `sliding_window` (tokens) frees blocks that no future query can see, replacing
+    them by the null block in the table. `max_model_len` caps slots as vLLM does;
+    `max_num_batched_tokens` enables vLLM's recycling-aware admission cap for sliding windows.
+    With `check_invariants`, every mutating call ends with a full consistency check (slow).
+    """
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
+                 sliding_window: int | None = None, vllm_compat: str = "0.33",
+                 check_invariants: bool = False, *, max_model_len: int | None = None,
+                 max_num_batched_tokens: int | None = None,
+                 enable_kv_cache_events: bool = False) -> None:
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"block_size={block_size!r}: must be an int >= 1")
+        if vllm_compat not in VLLM_COMPAT:
+            raise ConfigError(f"vllm_compat={vllm_compat!r}: choose one of {', '.join(VLLM_COMPAT)}")
+        if max_model_len is not None and max_model_len < 1:
+            raise ConfigError(f"max_model_len={max_model_len!r}: must be >= 1")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.vllm_compat = vllm_compat
+        self.max_model_len = max_model_len
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, _FREE_ORDER[vllm_compat],
+                                    enable_kv_cache_events)
+        self.sliding_window = sliding_window
+        self._window = (None if sliding_window is None else
+                        SlidingWindow(sliding_window, block_size, max_num_batched_tokens,
+                                      max_model_len))
+        self.hasher = BlockHasher(block_size)
+        self.check_invariants = check_invariants
+        # request id -> blocks / block ids in table order (the same row, kept in step).
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.req_to_block_ids: dict[str, list[int]] = {}
+        # request id -> leading blocks already registered in the prefix cache (or null).
+        self.num_cached_block: dict[str, int] = {}
+        # Requests that may share a block they will write (forked); membership only.
+        self._cow_req_ids: set[str] = set()
+        self._blocks_to_copy: list[tuple[int, int]] = []
+        self.prefix_cache_stats = PrefixCacheStats()  # since construction (or reset)
+        self._interval_stats = PrefixCacheStats()  # since the last make_prefix_cache_stats()
+        self.empty_kv_cache_blocks = KVCacheBlocks(())
+
+    # ---- read-only views -------------------------------------------------------------------
+    @property
+    def usage(self) -> float:
+        """Used blocks / usable blocks, in [0, 1]."""
+        return self.block_pool.get_usage()
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks in the free queue (cached eviction candidates included)."""
+        return self.block_pool.free_block_queue.num_free_blocks
+
+    @property
+    def num_usable_blocks(self) -> int:
+        """num_gpu_blocks - 1: the null block is never handed out."""
+        return self.block_pool.num_usable_blocks
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block-table row (block ids, 0 for null entries).
+
+        Returns the manager's live list, not a copy (hot path): callers must not mutate it,
+        and must copy it if they keep it across allocate_slots/free calls.
+        """
+        return self.req_to_block_ids.get(request_id, [])
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks(list(self.req_to_blocks.get(request_id, ())))
+
+    def can_fit(self, num_tokens: int) -> bool:
+        """Whether one request of `num_tokens` tokens could ever hold its blocks, the pool
+        being otherwise empty (sliding window: its decode-time peak). Schedulers reject
+        requests for which this is False; allocate_slots raises AllocationError for them."""
+        blocks = -(-num_tokens // self.block_size)
+        if self._window is not None:
+            blocks = min(blocks, self._window.peak_decode_blocks)
+        return blocks <= self.num_usable_blocks
+
+    # ---- prefix lookup ---------------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """Longest prefix of the request's full blocks found in the cache, and its length in
+        tokens. At most `num_tokens - 1` tokens hit, floored to whole blocks: the last token is
+        always recomputed for its logits, so a prompt of exactly k cached blocks hits k - 1.
+        Touches nothing: the hit takes effect in `allocate_slots`."""
+        if not self.enable_caching:
+            return self.empty_kv_cache_blocks, 0
+        hashes = request.block_hashes
+        if len(hashes) < (len(request.prompt_token_ids) + len(request.output_token_ids)) \
+                // self.block_size:
+            self.hasher.extend(request)
+        max_num_blocks = (request.num_tokens - 1) // self.block_size
+        if self._window is not None:
+            hit = self._window.find_longest_cache_hit(self.block_pool, hashes, max_num_blocks)
+        else:
+            hit = []
+            cache = self.block_pool.cached_block_hash_to_block
+            for i in range(max_num_blocks):
+                found = cache.get(hashes[i])
+                if found is None:
+                    break
+                hit.append(found if type(found) is KVCacheBlock else next(iter(found.values())))
+        if not hit:
+            return self.empty_kv_cache_blocks, 0
+        return KVCacheBlocks(hit), len(hit) * self.block_size
+
+    # ---- allocation ------------------------------------------------------------------------
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> KVCacheBlocks | None:
+        """Give the request slots for `num_new_tokens` more tokens (plus lookahead).
+
+        `num_new_computed_tokens` / `new_computed_blocks` are a prefix hit from
+        `get_computed_blocks` (new requests only). With `full_sequence_must_fit` (vLLM's
+        `scheduler_reserve_full_isl` admission gate) it first fails unless the whole current
+        sequence (`request.num_tokens`, hits counted) would fit in the free blocks.
+
+        Returns the newly allocated blocks, or None when the free blocks do not suffice; then
+        nothing has changed (exception, as in vLLM: with a sliding window, blocks already out
+        of the window are released first). Raises `AllocationError` for a negative or zero
+        `num_new_tokens` and for a request that could never fit in the whole cache.
+        """
+        rid = request.request_id
+        row = self.req_to_blocks.get(rid)
+        if (row is None or num_new_computed_tokens or new_computed_blocks or full_sequence_must_fit
+                or self._window is not None or rid in self._cow_req_ids or num_new_tokens < 1
+                or num_lookahead_tokens
+                or (self.max_model_len is not None
+                    and request.num_computed_tokens + num_new_tokens > self.max_model_len)):
+            return self._allocate_slots_general(request, row, num_new_tokens,
+                                                num_new_computed_tokens, new_computed_blocks,
+                                                num_lookahead_tokens, full_sequence_must_fit)
+        # Fast path: a running full-attention request growing by num_new_tokens (decode).
+        bs = self.block_size
+        main = request.num_computed_tokens + num_new_tokens
+        num_new_blocks = -(-main // bs) - len(row)
+        result = self.empty_kv_cache_blocks
+        if num_new_blocks > 0:
+            pool = self.block_pool
+            if num_new_blocks > pool.free_block_queue.num_free_blocks:
+                self._check_ever_fits(rid, num_new_tokens, -(-main // bs))
+                return None
+            new_blocks = pool.get_new_blocks(num_new_blocks)
+            row.extend(new_blocks)
+            self.req_to_block_ids[rid].extend([b.block_id for b in new_blocks])
+            result = KVCacheBlocks(new_blocks)
+        if self.enable_caching:
+            num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)
+            num_full = (main if main < num_tokens else num_tokens) // bs
+            if num_full > self.num_cached_block[rid]:
+                self._cache_blocks(request, row, num_full)
+        if self.check_invariants:
+            check_kv_cache_manager(self)
+        return result
+
+    def _allocate_slots_general(self, request: Request, row: list[KVCacheBlock] | None,
+                                num_new_tokens: int, num_new_computed_tokens: int,
+                                new_computed_blocks: KVCacheBlocks | None,
+                                num_lookahead_tokens: int,
+                                full_sequence_must_fit: bool) -> KVCacheBlocks | None:
+        rid = request.request_id
+        hit = new_computed_blocks.blocks if new_computed_blocks is not None else ()
+        self._check_arguments(rid, row, num_new_tokens, num_new_computed_tokens, hit,
+                              num_lookahead_tokens)
+        bs, pool, window, cap = self.block_size, self.block_pool, self._window, self.max_model_len
+        local_computed = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = local_computed if cap is None else min(local_computed, cap)
+        if full_sequence_must_fit:
+            full_tokens = request.num_tokens if cap is None else min(request.num_tokens, cap)
+            self._check_ever_fits(rid, num_new_tokens, self._num_live_blocks(full_tokens, 0,
+                                                                             admission=True))
+            needed = self.get_num_blocks_to_allocate(request, full_tokens, new_computed_blocks,
+                                                     num_new_computed_tokens, admission=True)
+            if needed > pool.free_block_queue.num_free_blocks:
+                return None
+        main = total_computed + num_new_tokens
+        need_slots = main + num_lookahead_tokens
+        if cap is not None and need_slots > cap:
+            need_slots = cap
+        if window is not None and row is not None:
+            self.remove_skipped_blocks(rid, total_computed)
+        self._check_ever_fits(rid, num_new_tokens,
+                              self._num_live_blocks(need_slots, total_computed))
+        needed = self.get_num_blocks_to_allocate(request, need_slots, new_computed_blocks,
+                                                 num_new_computed_tokens)
+        cow = (self._shared_blocks_to_replace(rid, row, request.num_computed_tokens)
+               if row is not None and rid in self._cow_req_ids else [])
+        if needed + len(cow) > pool.free_block_queue.num_free_blocks:
+            return None
+        # ---- commit: from here on the allocation cannot fail ----
+        is_new = row is None
+        if row is None:
+            row = self.req_to_blocks[rid] = []
+            self.req_to_block_ids[rid] = []
+            self.num_cached_block[rid] = 0
+            if hit:
+                self._add_computed_blocks(rid, row, hit, local_computed)
+        if cow:
+            self._copy_on_write(rid, row, cow, request.num_computed_tokens)
+        num_new_blocks = -(-need_slots // bs) - len(row)
+        new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        if new_blocks:
+            row.extend(new_blocks)
+            self.req_to_block_ids[rid].extend([b.block_id for b in new_blocks])
+        if self.enable_caching:
+            num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
+            if num_full > self.num_cached_block[rid]:
+                self._cache_blocks(request, row, num_full)
+            if is_new:
+                preempted = request.num_preemptions > 0
+                self.prefix_cache_stats.record(request.num_tokens, num_new_computed_tokens,
+                                               preempted)
+                self._interval_stats.record(request.num_tokens, num_new_computed_tokens, preempted)
+        if self.check_invariants:
+            check_kv_cache_manager(self)
+        return KVCacheBlocks(new_blocks) if new_blocks else self.empty_kv_cache_blocks
+
+    def get_num_blocks_to_allocate(self, request: Request, num_tokens: int,
+                                   new_computed_blocks: KVCacheBlocks | None = None,
+                                   num_new_computed_tokens: int = 0,
+                                   admission: bool = False) -> int:
+        """Free blocks that giving the request `num_tokens` slots would consume now: new blocks
+        plus prefix-hit blocks that are eviction candidates (they leave the free queue).
+        `admission` applies the sliding-window admission cap. Changes nothing."""
+        rid = request.request_id
+        num_required = -(-num_tokens // self.block_size)
+        if admission and self._window is not None:
+            num_required = self._window.cap_admission_blocks(num_required)
+        row = self.req_to_blocks.get(rid)
+        if row is not None:  # running: no new prefix hits
+            return max(num_required - len(row), 0)
+        hit = new_computed_blocks.blocks if new_computed_blocks is not None else ()
+        computed = request.num_computed_tokens + num_new_computed_tokens
+        num_skipped = 0 if self._window is None else self._window.num_skipped_blocks(computed)
+        num_new = max(num_required - max(num_skipped, len(hit)), 0)
+        num_evictable = sum(1 for b in hit[num_skipped:] if b.ref_cnt == 0 and not b.is_null)
+        return num_new + num_evictable
+
+    # ---- freeing and sliding window --------------------------------------------------------
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, tail first (its last blocks are evicted first)."""
+        rid = request.request_id
+        row = self.req_to_blocks.pop(rid, None)
+        self.req_to_block_ids.pop(rid, None)
+        self.num_cached_block.pop(rid, None)
+        self._cow_req_ids.discard(rid)
+        if row:
+            self.block_pool.free_blocks(reversed(row))
+        if self.check_invariants:
+            check_kv_cache_manager(self)
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Sliding window: free the blocks no future query can see (every token before
+        `num_computed_tokens - sliding_window + 1`), putting the null block in their place."""
+        row = self.req_to_blocks.get(request_id)
+        if self._window is None or not row:
+            return
+        freed = self._window.remove_skipped_blocks(self.block_pool, row,
+                                                   self.req_to_block_ids[request_id],
+                                                   num_computed_tokens)
+        if freed and self.check_invariants:
+            check_kv_cache_manager(self)
+
+    # ---- copy-on-write ---------------------------------------------------------------------
+    def fork(self, parent: Request, child: Request) -> None:
+        """Give `child` the parent's blocks, shared (ref counts up, nothing copied yet).
+
+        The child's tokens must equal the parent's up to `parent.num_computed_tokens`, and the
+        caller sets `child.num_computed_tokens` to that. Whichever of the two next writes into a
+        shared, not yet full block gets a private copy (see `take_blocks_to_copy`).
+        """
+        prow = self.req_to_blocks.get(parent.request_id)
+        if prow is None:
+            raise AllocationError(f"parent={parent.request_id!r}: has no blocks to fork")
+        if child.request_id in self.req_to_blocks:
+            raise AllocationError(f"child={child.request_id!r}: already holds blocks")
+        self.block_pool.touch(prow)
+        self.req_to_blocks[child.request_id] = list(prow)
+        self.req_to_block_ids[child.request_id] = list(self.req_to_block_ids[parent.request_id])
+        self.num_cached_block[child.request_id] = self.num_cached_block[parent.request_id]
+        self._cow_req_ids.add(parent.request_id)
+        self._cow_req_ids.add(child.request_id)
+        if self.check_invariants:
+            check_kv_cache_manager(self)
+
+    def take_blocks_to_copy(self) -> list[tuple[int, int]]:
+        """(src_block_id, dst_block_id) copies made since the last call, in order."""
+        out, self._blocks_to_copy = self._blocks_to_copy, []
+        return out
+
+    def _shared_blocks_to_replace(self, rid: str, row: list[KVCacheBlock],
+                                  num_computed_tokens: int) -> list[int]:
+        """Table indices, from the one the next token is written to, whose blocks are shared."""
+        start = num_computed_tokens // self.block_size
+        shared = [j for j in range(start, len(row)) if row[j].ref_cnt > 1]
+        if not shared:
+            self._cow_req_ids.discard(rid)  # nothing it writes is shared any more
+        return shared
+
+    def _copy_on_write(self, rid: str, row: list[KVCacheBlock], indices: list[int],
+                       num_computed_tokens: int) -> None:
+        ids = self.req_to_block_ids[rid]
+        fresh = self.block_pool.get_new_blocks(len(indices))
+        written_block, offset = divmod(num_computed_tokens, self.block_size)
+        released = []
+        for j, block in zip(indices, fresh, strict=True):
+            released.append(row[j])
+            if j == written_block and offset:  # it holds tokens that must survive the copy
+                self._blocks_to_copy.append((row[j].block_id, block.block_id))
+            row[j] = block
+            ids[j] = block.block_id
+        self.block_pool.free_blocks(released)  # still referenced by the other sharer(s)
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _add_computed_blocks(self, rid: str, row: list[KVCacheBlock],
+                             hit: Sequence[KVCacheBlock], num_computed_tokens: int) -> None:
+        """Append a new request's prefix hit: touch it, null-pad what a window skips."""
+        num_skipped = (0 if self._window is None
+                       else self._window.num_skipped_blocks(num_computed_tokens))
+        if num_skipped:
+            hit = hit[num_skipped:]
+        self.block_pool.touch(hit)
+        null = self.block_pool.null_block
+        row.extend([null] * num_skipped)
+        row.extend(hit)
+        self.req_to_block_ids[rid].extend([b.block_id for b in row])
+        self.num_cached_block[rid] = len(row)
+
+    def _cache_blocks(self, request: Request, row: list[KVCacheBlock], num_full: int) -> None:
+        rid = request.request_id
+        if len(request.block_hashes) < num_full:
+            self.hasher.extend(request)
+        self.block_pool.cache_full_blocks(row, request.block_hashes,
+                                          self.num_cached_block[rid], num_full)
+        self.num_cached_block[rid] = num_full
+
+    def _num_live_blocks(self, num_tokens: int, num_computed_tokens: int,
+                         admission: bool = False) -> int:
+        """Non-null blocks a request of `num_tokens` slots holds right after allocation."""
+        blocks = -(-num_tokens // self.block_size)
+        if self._window is None:
+            return blocks
+        if admission:
+            return self._window.cap_admission_blocks(blocks)
+        return blocks - min(self._window.num_skipped_blocks(num_computed_tokens), blocks)
+
+    def _check_ever_fits(self, rid: str, num_new_tokens: int, num_live_blocks: int) -> None:
+        if num_live_blocks > self.num_usable_blocks:
+            raise AllocationError(
+                f"num_new_tokens={num_new_tokens}: request {rid!r} would hold {num_live_blocks} "
+                f"blocks, the cache has {self.num_usable_blocks} usable blocks")
+
+    def _check_arguments(self, rid: str, row: list[KVCacheBlock] | None, num_new_tokens: int,
+                         num_new_computed_tokens: int, hit: Sequence[KVCacheBlock],
+                         num_lookahead_tokens: int) -> None:
+        if num_new_tokens < 1:
+            raise AllocationError(f"num_new_tokens={num_new_tokens}: must be >= 1 "
+                                  f"(request {rid!r})")
+        if num_lookahead_tokens < 0:
+            raise AllocationError(f"num_lookahead_tokens={num_lookahead_tokens}: must be >= 0")
+        if num_new_computed_tokens != len(hit) * self.block_size:
+            raise AllocationError(
+                f"num_new_computed_tokens={num_new_computed_tokens}: the hit holds {len(hit)} "
+                f"blocks of {self.block_size} tokens (request {rid!r})")
+        if hit and row is not None:
+            raise AllocationError(f"new_computed_blocks: request {rid!r} is running; only a new "
+                                  "request takes a prefix hit")
+
+    # ---- cache-wide operations -------------------------------------------------------------
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; fails (False) while any block is in use."""
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        self.prefix_cache_stats.reset = self._interval_stats.reset = True
+        return True
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prefix-cache stats since the previous call (vLLM's interval stats), then reset."""
+        stats, self._interval_stats = self._interval_stats, PrefixCacheStats()
+        return stats
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """KV events (stored / removed blocks) since the last call; needs enable_kv_cache_events."""
+        return self.block_pool.take_events()
