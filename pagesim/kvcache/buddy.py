@@ -27,6 +27,12 @@ from bisect import bisect_left, insort
 from typing import NamedTuple
 
 from pagesim.errors import AllocationError
+from pagesim.kvcache.invariants import InvariantViolation
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvariantViolation(message)
 
 
 class Region(NamedTuple):
@@ -125,25 +131,25 @@ class BuddyAllocator:
 
     def check_invariants(self) -> None:
         """Free + used == capacity; blocks aligned, inside the line, disjoint; no free buddy pair
-        left unmerged; free lists sorted. Raises AssertionError naming the first violation."""
+        left unmerged; free lists sorted. Raises InvariantViolation naming the first violation."""
         blocks = [(s, 1 << k, True) for k, lst in enumerate(self.free_lists) for s in lst]
         blocks += [(s, 1 << k, False) for s, k in self.allocated.items()]
         blocks.sort()
         pos = 0
         for s, n, _ in blocks:
-            assert s == pos, f"gap or overlap at unit {pos} (next block starts at {s})"
-            assert s % n == 0, f"block ({s}, {n}) is not aligned"
+            _require(s == pos, f"gap or overlap at unit {pos} (next block starts at {s})")
+            _require(s % n == 0, f"block ({s}, {n}) is not aligned")
             pos = s + n
-        assert pos == self.capacity, f"blocks cover {pos} units, capacity is {self.capacity}"
+        _require(pos == self.capacity, f"blocks cover {pos} units, capacity is {self.capacity}")
         free = sum(n for _, n, is_free in blocks if is_free)
-        assert free == self.num_free_units, f"num_free_units={self.num_free_units}, lists={free}"
+        _require(free == self.num_free_units, f"num_free_units={self.num_free_units}, lists={free}")
         for k, lst in enumerate(self.free_lists):
-            assert lst == sorted(set(lst)), f"free list {k} unsorted or duplicated"
+            _require(lst == sorted(set(lst)), f"free list {k} unsorted or duplicated")
             members = set(lst)
             for s in lst:
                 parent = s & ~(1 << k)
                 if parent + (2 << k) <= self.capacity and k < self.max_order:
-                    assert (s ^ (1 << k)) not in members, f"free buddies ({s}, {1 << k}) unmerged"
+                    _require((s ^ (1 << k)) not in members, f"free buddies ({s}, {1 << k}) unmerged")
 
 
 class FirstFitAllocator:
@@ -212,19 +218,19 @@ class FirstFitAllocator:
 
     def check_invariants(self) -> None:
         """Holes sorted, disjoint and never adjacent (coalesced); holes + runs tile the line."""
-        assert self.hole_starts == sorted(self.hole_size), "hole list and sizes disagree"
+        _require(self.hole_starts == sorted(self.hole_size), "hole list and sizes disagree")
         runs = [(s, n, True) for s, n in self.hole_size.items()]
         runs += [(s, n, False) for s, n in self.allocated.items()]
         runs.sort()
         pos, prev_free = 0, False
         for s, n, is_free in runs:
-            assert s == pos, f"gap or overlap at unit {pos} (next run starts at {s})"
-            assert n >= 1, f"empty run at {s}"
-            assert not (is_free and prev_free), f"adjacent holes at {s} not coalesced"
+            _require(s == pos, f"gap or overlap at unit {pos} (next run starts at {s})")
+            _require(n >= 1, f"empty run at {s}")
+            _require(not (is_free and prev_free), f"adjacent holes at {s} not coalesced")
             pos, prev_free = s + n, is_free
-        assert pos == self.capacity, f"runs cover {pos} units, capacity is {self.capacity}"
+        _require(pos == self.capacity, f"runs cover {pos} units, capacity is {self.capacity}")
         free = sum(self.hole_size.values())
-        assert free == self.num_free_units, f"num_free_units={self.num_free_units}, holes={free}"
+        _require(free == self.num_free_units, f"num_free_units={self.num_free_units}, holes={free}")
 
 
 Allocator = BuddyAllocator | FirstFitAllocator

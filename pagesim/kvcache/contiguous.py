@@ -1,0 +1,277 @@
+"""Contiguous KV allocation: the "traditional engine" baselines of the vLLM paper.
+
+Each request gets one contiguous region of the KV cache at its first `allocate_slots`, sized
+by a policy from what is known at admission, and keeps it until `free`:
+
+    reserve-max  max_model_len slots (the length is unknown in advance)
+    pow2         prompt + max_tokens rounded up to a power of two, at most max_model_len
+    oracle       exactly prompt + max_tokens (`request.max_num_tokens`), at most max_model_len
+
+The region is placed by a real allocator over the line of usable blocks (`buddy.py`: binary
+buddy, as the vLLM paper assumes for Orca, or first-fit with coalescing), so external
+fragmentation comes from the placement history. The unit of placement is one block of
+`block_size` slots, so region sizes round up to whole blocks (`block_size=1` gives
+token-granular regions); the buddy rounds the blocks up to a power of two as well.
+
+Same calling shape as the paged `KVCacheManager`: the scheduler cannot tell them apart.
+Block ids: block 0 stays the null block, as in the paged pool; unit u of the line is block
+u + 1. A request's block-table row is the prefix of its region that holds or is about to hold
+tokens, consecutive ids from the region's first block (the rest is reserved, not in the row):
+
+    line:   | null | A A A A A A A A | B B B B | free ... |
+    ids:       0     1 2 3 4 5 6 7 8   9 ...
+    row(A) = [1, 2, 3] after 40 tokens with block_size 16; region A = blocks 1..8
+
+No prefix caching: `get_computed_blocks` returns nothing, prefix stats count queries only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagesim.errors import AllocationError, ConfigError
+from pagesim.kvcache.block import KVCacheBlock
+from pagesim.kvcache.buddy import PLACEMENTS, Region, ceil_pow2
+from pagesim.kvcache.invariants import InvariantViolation
+from pagesim.kvcache.kv_cache_manager import KVCacheBlocks
+from pagesim.kvcache.prefix_stats import PrefixCacheStats
+from pagesim.request import Request
+
+POLICIES: tuple[str, ...] = ("reserve-max", "pow2", "oracle")
+
+
+@dataclass(slots=True)
+class Reservation:
+    """One request's region. Sizes in units (blocks); `final_kv_len` in tokens."""
+
+    request: Request
+    region: Region  # units [start, start + size) of the line; block ids start + 1 ...
+    row: list[int]  # block-table row: ids of the region's first len(row) blocks
+    final_kv_len: int  # slots the request will ever fill: prompt + max_tokens - 1
+
+
+class ContiguousKVCacheManager:
+    """One contiguous region per request over `num_gpu_blocks - 1` usable blocks.
+
+    `policy` sizes the region, `placement` ("buddy" | "first-fit") places it. With
+    `check_invariants`, every mutating call ends with `check_invariants()` (slow).
+    """
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, policy: str = "reserve-max",
+                 placement: str = "buddy", *, max_model_len: int,
+                 check_invariants: bool = False) -> None:
+        if policy not in POLICIES:
+            raise ConfigError(f"policy={policy!r}: choose one of {', '.join(POLICIES)}")
+        if placement not in PLACEMENTS:
+            raise ConfigError(f"placement={placement!r}: choose one of {', '.join(PLACEMENTS)}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"block_size={block_size!r}: must be an int >= 1")
+        if num_gpu_blocks < 2:
+            raise ConfigError(f"num_gpu_blocks={num_gpu_blocks}: need >= 2 (one is the null block)")
+        if max_model_len < 1:
+            raise ConfigError(f"max_model_len={max_model_len!r}: must be >= 1")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.block_size = block_size
+        self.policy = policy
+        self.placement = placement
+        self.max_model_len = max_model_len
+        self.enable_caching = False
+        self.check_invariants_after_ops = check_invariants
+        self.allocator = PLACEMENTS[placement](num_gpu_blocks - 1)
+        self.reservations: dict[str, Reservation] = {}
+        # Running sums over reservations, kept in step for the waste accountant (slots).
+        self.num_reserved_slots = 0  # sum of region sizes
+        self.num_fillable_slots = 0  # sum of min(region size, final_kv_len)
+        self._blocks = [KVCacheBlock(block_id=i, is_null=i == 0) for i in range(num_gpu_blocks)]
+        self.prefix_cache_stats = PrefixCacheStats()
+        self._interval_stats = PrefixCacheStats()
+        self.empty_kv_cache_blocks = KVCacheBlocks(())
+
+    # ---- sizing ----------------------------------------------------------------------------
+    def region_tokens(self, final_len: int) -> int:
+        """Slots the policy asks for a request whose final length is `final_len` tokens."""
+        if self.policy == "reserve-max":
+            tokens = self.max_model_len
+        elif self.policy == "pow2":
+            tokens = ceil_pow2(final_len)
+        else:
+            tokens = final_len
+        return min(tokens, self.max_model_len)
+
+    def region_units(self, final_len: int) -> int:
+        """Blocks the placed region takes (policy, rounded to blocks and by the allocator)."""
+        return self.allocator.rounded_size(-(-self.region_tokens(final_len) // self.block_size))
+
+    def can_fit(self, num_tokens: int) -> bool:
+        """Whether a request of final length `num_tokens` could get its region in an empty
+        cache (schedulers reject requests for which this is False)."""
+        return self.region_units(num_tokens) <= self.allocator.capacity
+
+    def can_fit_request(self, request: Request) -> bool:
+        return self.can_fit(request.max_num_tokens)
+
+    # ---- read-only views -------------------------------------------------------------------
+    @property
+    def usage(self) -> float:
+        """Reserved blocks / usable blocks (a whole region counts from its admission)."""
+        a = self.allocator
+        return 1.0 - a.num_free_units / a.capacity
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free_units
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.allocator.capacity
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block-table row: the live list, callers must not mutate it."""
+        res = self.reservations.get(request_id)
+        return res.row if res is not None else []
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks([self._blocks[i] for i in self.get_block_ids(request_id)])
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """No prefix caching: never a hit."""
+        return self.empty_kv_cache_blocks, 0
+
+    # ---- allocation ------------------------------------------------------------------------
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       num_lookahead_tokens: int = 0,
+                       full_sequence_must_fit: bool = False) -> KVCacheBlocks | None:
+        """Reserve the request's region on its first call; later calls only extend the row.
+
+        Returns the blocks newly added to the row, or None when no free run holds the region
+        (nothing changed). `full_sequence_must_fit` is accepted for the paged signature; the
+        region always covers the whole sequence. Raises `AllocationError` for
+        `num_new_tokens < 1`, for a prefix hit (there is no cache), for a region that could
+        never be placed, and for a running request outgrowing its region.
+        """
+        rid = request.request_id
+        if num_new_tokens < 1:
+            raise AllocationError(f"num_new_tokens={num_new_tokens}: must be >= 1 (request {rid!r})")
+        if num_new_computed_tokens or new_computed_blocks:
+            raise AllocationError(f"num_new_computed_tokens={num_new_computed_tokens}: "
+                                  "contiguous allocation has no prefix cache")
+        need = min(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens,
+                   self.max_model_len)
+        res = self.reservations.get(rid)
+        if res is None:
+            res = self._reserve(request)
+            if res is None:
+                return None
+        elif need > res.region.size * self.block_size:
+            raise AllocationError(
+                f"num_new_tokens={num_new_tokens}: request {rid!r} needs {need} slots, its "
+                f"{self.policy} region holds {res.region.size * self.block_size}")
+        new_len = -(-need // self.block_size)
+        row = res.row
+        if new_len <= len(row):
+            result = self.empty_kv_cache_blocks
+        else:
+            first = res.region.start + 1 + len(row)
+            new_ids = range(first, first + new_len - len(row))
+            row.extend(new_ids)
+            result = KVCacheBlocks(self._blocks[first:first + len(new_ids)])
+        if self.check_invariants_after_ops:
+            self.check_invariants()
+        return result
+
+    def _reserve(self, request: Request) -> Reservation | None:
+        rid = request.request_id
+        final_len = request.max_num_tokens
+        units = -(-self.region_tokens(final_len) // self.block_size)
+        if not self.can_fit(final_len):
+            raise AllocationError(
+                f"request {rid!r}: its {self.policy} region of {self.region_units(final_len)} "
+                f"blocks can never be placed in {self.allocator.capacity} usable blocks "
+                f"({self.placement})")
+        region = self.allocator.allocate(units)
+        if region is None:
+            return None
+        res = Reservation(request, region, [], final_len - 1)
+        self.reservations[rid] = res
+        slots = region.size * self.block_size
+        self.num_reserved_slots += slots
+        self.num_fillable_slots += min(slots, res.final_kv_len)
+        preempted = request.num_preemptions > 0
+        self.prefix_cache_stats.record(request.num_tokens, 0, preempted)
+        self._interval_stats.record(request.num_tokens, 0, preempted)
+        return res
+
+    def free(self, request: Request) -> None:
+        """Give the request's region back (a no-op if it holds none)."""
+        res = self.reservations.pop(request.request_id, None)
+        if res is not None:
+            self.allocator.free(res.region.start)
+            slots = res.region.size * self.block_size
+            self.num_reserved_slots -= slots
+            self.num_fillable_slots -= min(slots, res.final_kv_len)
+        if self.check_invariants_after_ops:
+            self.check_invariants()
+
+    # ---- the paged manager's other entry points --------------------------------------------
+    def take_blocks_to_copy(self) -> list[tuple[int, int]]:
+        return []  # no sharing, so no copy-on-write
+
+    def fork(self, parent: Request, child: Request) -> None:
+        raise AllocationError(f"parent={parent.request_id!r}: contiguous allocation cannot "
+                              "share regions (parallel sampling needs the paged manager)")
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """No sliding-window release: the region is reserved whole."""
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_cache_stats.reset = self._interval_stats.reset = True
+        return True
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        stats, self._interval_stats = self._interval_stats, PrefixCacheStats()
+        return stats
+
+    def take_events(self) -> list:
+        return []
+
+    # ---- invariants ------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise `InvariantViolation` on the first broken invariant: the allocator's own (free
+        + used == capacity, regions disjoint and tiling the line, buddy lists merged); each
+        reservation's region is allocated with its size; rows are consecutive region prefixes;
+        the running sums match; with no reservation, the line is whole again (nothing leaked)."""
+        a = self.allocator
+        a.check_invariants()
+        bs = self.block_size
+        _require(len(a.allocated) == len(self.reservations),
+                 f"{len(a.allocated)} regions allocated, {len(self.reservations)} reservations")
+        reserved = fillable = 0
+        for rid, res in self.reservations.items():
+            start, size = res.region
+            held = a.allocated.get(start)
+            if held is not None and self.placement == "buddy":
+                held = 1 << held  # the buddy records orders
+            _require(held == size,
+                     f"request {rid!r}: region {res.region} is not allocated with that size")
+            _require(res.row == list(range(start + 1, start + 1 + len(res.row))),
+                     f"request {rid!r}: row is not a prefix of its region")
+            _require(len(res.row) <= size, f"request {rid!r}: row longer than its region")
+            reserved += size * bs
+            fillable += min(size * bs, res.final_kv_len)
+        _require(reserved == self.num_reserved_slots,
+                 f"num_reserved_slots={self.num_reserved_slots}, regions hold {reserved}")
+        _require(fillable == self.num_fillable_slots,
+                 f"num_fillable_slots={self.num_fillable_slots}, regions allow {fillable}")
+        _require(a.num_free_units * bs + reserved == a.capacity * bs, "free + used != total")
+        if not self.reservations:
+            _require(a.num_free_units == a.capacity, "blocks leaked after all frees")
+            fresh = type(a)(a.capacity)
+            _require(a.free_regions() == fresh.free_regions(),
+                     "free space not merged back into the initial regions")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvariantViolation(message)
