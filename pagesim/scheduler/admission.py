@@ -17,14 +17,14 @@ from collections.abc import Callable
 from pagesim.request import Request
 
 
-def reject_reason(request: Request, max_model_len: int, num_usable_blocks: int | None,
-                  blocks_for_tokens: Callable[[int], int]) -> str | None:
+def reject_reason(request: Request, max_model_len: int,
+                  can_fit: Callable[[int], bool] | None) -> str | None:
     """Why `request` can never be served, or None if it can.
 
     The K/V of a finished request covers `prompt + max_tokens - 1` tokens: the last sampled
-    token is returned but never fed back. `blocks_for_tokens(n)` is the most blocks a request
-    of n tokens holds at once; `num_usable_blocks` is how many one request could ever hold
-    (None: no limit known).
+    token is returned but never fed back. `can_fit(num_tokens)` says whether one request of
+    that many tokens could ever hold its blocks (the KV cache manager's `can_fit`; None: no
+    limit known).
     """
     num_prompt = len(request.prompt_token_ids)
     max_tokens = request.max_tokens
@@ -38,9 +38,7 @@ def reject_reason(request: Request, max_model_len: int, num_usable_blocks: int |
     if num_prompt + max_tokens > max_model_len:
         return (f"max_tokens_too_large: prompt {num_prompt} + max_tokens {max_tokens} "
                 f"exceeds max_model_len={max_model_len}")
-    if num_usable_blocks is not None:
-        need = blocks_for_tokens(num_prompt + max_tokens - 1)
-        if need > num_usable_blocks:
-            return (f"kv_cache_too_small: needs {need} KV blocks, "
-                    f"the cache holds {num_usable_blocks}")
+    if can_fit is not None and not can_fit(num_prompt + max_tokens - 1):
+        return (f"kv_cache_too_small: the K/V of {num_prompt + max_tokens - 1} tokens "
+                "cannot fit in the whole cache")
     return None

@@ -21,8 +21,6 @@ requests that reached `max_tokens` and frees their blocks at once, in scheduled 
 
 from __future__ import annotations
 
-from functools import partial
-
 from pagesim.config import EngineConfig
 from pagesim.errors import WorkloadError
 from pagesim.kvcache import sizing
@@ -79,10 +77,8 @@ class Scheduler:
         self.waiting = create_request_queue(self.policy)  # new and recomputed requests
         self.swapped = create_request_queue(self.policy)  # swapped out, to swap back in first
         self.running: list[Request] = []  # admission order; the fcfs victim is the last
-        self.num_usable_blocks = _num_usable_blocks(kv_cache_manager)
-        self._blocks_for_tokens = partial(sizing.blocks_per_request, model,
-                                          block_size=self.block_size,
-                                          max_num_batched_tokens=self.max_num_batched_tokens)
+        # tokens -> whether one request could ever hold their K/V (None: no limit known)
+        self._can_fit = getattr(kv_cache_manager, "can_fit", None)
         self._step_id = 0
         self._finished_ids: list[str] = []  # finished since the last schedule()
         self._rejected_ids: list[str] = []  # rejected since the last schedule()
@@ -98,8 +94,7 @@ class Scheduler:
                 f"request_id={request.request_id!r}: status={request.status.name}, "
                 "only fresh WAITING requests can be added")
         self.stats.num_added += 1
-        reason = reject_reason(request, self.max_model_len, self.num_usable_blocks,
-                               self._blocks_for_tokens)
+        reason = reject_reason(request, self.max_model_len, self._can_fit)
         if reason is not None:
             request.status = _FINISHED_REJECTED
             request.reject_reason = reason
@@ -337,8 +332,3 @@ class Scheduler:
             self.stats.num_finished += len(finished)
         return finished
 
-
-def _num_usable_blocks(kv_cache_manager) -> int | None:
-    """Blocks one request could ever hold: the whole pool less the null block."""
-    num_gpu_blocks = getattr(kv_cache_manager, "num_gpu_blocks", None)
-    return None if num_gpu_blocks is None else num_gpu_blocks - 1

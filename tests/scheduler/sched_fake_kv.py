@@ -34,6 +34,9 @@ class FakeKVCacheManager:
             out.append(parent)
         return out
 
+    def can_fit(self, num_tokens: int) -> bool:
+        return -(-num_tokens // self.block_size) <= self.num_gpu_blocks - 1
+
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_queue)

@@ -1,0 +1,53 @@
+"""Helpers for the scheduler tests: engine configs, requests and a lock-step driver."""
+
+from __future__ import annotations
+
+from pagesim.config import EngineConfig
+from pagesim.request import Request
+from pagesim.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, synthetic_token
+
+from pagesim.kvcache.kv_cache_manager import KVCacheManager
+
+
+def make_kv(num_gpu_blocks: int, block_size: int = 16, enable_caching: bool = True,
+            check_invariants: bool = True) -> KVCacheManager:
+    """The real manager, vLLM 0.33 free order, with its invariant checker after every call."""
+    return KVCacheManager(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+                          enable_caching=enable_caching, vllm_compat="0.33",
+                          check_invariants=check_invariants)
+
+
+def make_config(**kw) -> EngineConfig:
+    base = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, block_size=16)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+def make_scheduler(num_gpu_blocks: int, **kw) -> Scheduler:
+    cfg = make_config(**kw)
+    return Scheduler(cfg, make_kv(num_gpu_blocks, cfg.block_size))
+
+
+def req(rid: str, prompt: list[int] | int, max_tokens: int = 4, **kw) -> Request:
+    """A request; an int prompt means that many tokens unique to this request."""
+    if isinstance(prompt, int):
+        base = 1000 * (sum(map(ord, rid)) + 1)
+        prompt = list(range(base, base + prompt))
+    return Request(rid, prompt, max_tokens, **kw)
+
+
+def run_step(sched: Scheduler) -> tuple[SchedulerOutput, list[Request]]:
+    """schedule(), sample a token for every request that completed its tokens, update."""
+    out = sched.schedule()
+    sampled = {}
+    for sr in out.scheduled:
+        r = sr.request
+        if sr.num_computed_tokens + sr.num_new_tokens >= r.num_tokens:
+            sampled[r.request_id] = synthetic_token(r, r.num_output_tokens)
+    finished = sched.update_from_output(out, ModelRunnerOutput(0.01, sampled))
+    return out, finished
+
+
+def tokens(out: SchedulerOutput) -> dict[str, int]:
+    """request id -> tokens scheduled, in scheduled order."""
+    return {sr.request_id: sr.num_new_tokens for sr in out.scheduled}
