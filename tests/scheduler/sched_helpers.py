@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from pagesim.config import EngineConfig
+from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.request import Request
 from pagesim.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, synthetic_token
-
-from pagesim.kvcache.kv_cache_manager import KVCacheManager
 
 
 def make_kv(num_gpu_blocks: int, block_size: int = 16, enable_caching: bool = True,

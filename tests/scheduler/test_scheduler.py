@@ -7,11 +7,11 @@ blocks are handed out lowest id first on a fresh pool.
 from __future__ import annotations
 
 import pytest
-from sched_helpers import make_kv, make_scheduler, req, run_step, tokens
+from sched_helpers import make_config, make_kv, make_scheduler, req, run_step, tokens
 
 from pagesim.errors import WorkloadError
 from pagesim.request import RequestStatus
-from pagesim.scheduler import ModelRunnerOutput
+from pagesim.scheduler import ModelRunnerOutput, Scheduler
 
 
 def test_chunked_prefill_under_the_token_budget() -> None:
@@ -116,9 +116,6 @@ def test_prefix_hits_skip_computation_and_full_hit_recomputes_last_block() -> No
 
 
 def test_no_prefix_hit_without_caching() -> None:
-    from pagesim.scheduler import Scheduler
-    from sched_helpers import make_config
-
     cfg = make_config(enable_prefix_caching=False, max_num_batched_tokens=128)
     s = Scheduler(cfg, make_kv(16, enable_caching=False))
     for r in (req("a", list(range(40))), req("b", list(range(40)))):
