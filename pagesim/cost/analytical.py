@@ -1,0 +1,231 @@
+"""The analytical (roofline) cost model: step time from a ModelSpec and a GPUSpec.
+
+The default when no calibration profile exists for a (GPU, model) pair. A step is the sum of
+
+    overhead    fixed per-step host time + a per-request term (scheduling, input prep, sampling)
+    linear      max(weight bytes / memory rate, GEMM FLOPs / compute rate) over all layers + lm_head
+    attention   per part (decode group, prefill group): max(KV bytes / memory rate,
+                attention FLOPs / compute rate), the KV bytes inflated by a per-block cost
+    allreduce   tensor parallel only: 2 all-reduces per layer over the step's hidden states
+    swap, copy  bytes over the host link (swap preemption), copy-on-write block copies in HBM
+
+The terms are added, not overlapped: a step's kernels run one after another on one stream.
+Every constant lives in `AnalyticalConstants` with its source; "assumption" means exactly that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagesim.config import KV_CACHE_DTYPES
+from pagesim.cost.base import BatchShape
+from pagesim.errors import ConfigError
+from pagesim.specs import GPUSpec, ModelSpec
+
+BREAKDOWN_KEYS: tuple[str, ...] = (
+    "overhead", "linear", "attention", "paged_blocks", "allreduce", "swap", "copy")
+
+
+@dataclass(frozen=True)
+class AnalyticalConstants:
+    """Efficiencies and fixed costs of the roofline, each with where it comes from."""
+
+    # Share of the datasheet HBM bandwidth reached when streaming weights (GEMV-like decode).
+    # DESIGN.md section 6: an H200 copies at about 4.3 TB/s of its 4.8 TB/s datasheet (0.90);
+    # weight streaming through GEMM kernels gets somewhat less: 0.85 is an assumption.
+    weight_bandwidth_efficiency: float = 0.85
+    # Share of the dense fp16/bf16 peak reached by large GEMMs. Assumption (cuBLAS on Hopper
+    # typically lands at 60-75 % of dense peak for LLM-sized GEMMs).
+    gemm_flops_efficiency: float = 0.70
+    # Share of the HBM bandwidth reached by paged decode attention before the per-block cost
+    # below. Assumption: scattered block reads and per-(sequence, head) programs stay below a
+    # straight copy.
+    attention_bandwidth_efficiency: float = 0.70
+    # Share of peak FLOPs reached by prefill attention. FlashAttention-2 (Dao, 2023) reports
+    # 50-73 % of A100 peak in the forward pass; paged prefill over a cached prefix is less
+    # regular, so the low end.
+    attention_flops_efficiency: float = 0.50
+    # Per KV block read, the kernel pays a fixed cost (a block-table load, then a dependent
+    # address computation before the K/V loads issue, one more loop iteration), counted as the
+    # time to read this many extra tokens of K/V. With 4, block size 16 costs 4/16 = 25 % over
+    # contiguous K/V, in line with the 20-26 % higher attention-kernel latency that the vLLM
+    # paper (Kwon et al., SOSP 2023, section 7.1) measured for PagedAttention against
+    # FasterTransformer. Smaller blocks cost more; the paper's block-size ablation (section
+    # 7.2) also finds small blocks underuse the GPU. It inflates memory time only, so
+    # compute-bound prefill attention is unaffected.
+    paged_block_overhead_tokens: float = 4.0
+    # Host time per step (scheduler, input preparation, launch under CUDA graphs) and per
+    # scheduled request (block-table rows, sampling, detokenisation). Assumptions, of the order
+    # of the per-step CPU overhead that vLLM's 2024 performance work (v0.6.0) set out to hide.
+    step_overhead_s: float = 1.0e-3
+    per_request_overhead_s: float = 5.0e-6
+    # Share of the host-link peak reached by pinned-memory swap copies. Assumption (PCIe
+    # copies typically reach ~80 % of the link's per-direction peak).
+    host_link_efficiency: float = 0.80
+    # Latency of one small all-reduce between GPUs of one node. Assumption (NCCL / vLLM's
+    # custom all-reduce over NVLink: ~10 us for the small messages of a decode step).
+    allreduce_latency_s: float = 10.0e-6
+
+    def __post_init__(self) -> None:
+        for name in ("weight_bandwidth_efficiency", "gemm_flops_efficiency",
+                     "attention_bandwidth_efficiency", "attention_flops_efficiency",
+                     "host_link_efficiency"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ConfigError(f"{name}={value!r}: must be in (0, 1]")
+        for name in ("paged_block_overhead_tokens", "step_overhead_s",
+                     "per_request_overhead_s", "allreduce_latency_s"):
+            value = getattr(self, name)
+            if not value >= 0.0:
+                raise ConfigError(f"{name}={value!r}: must be >= 0")
+
+
+def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str) -> int:
+    """Bytes per KV element: the model's dtype for "auto", one byte for the fp8 formats."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError(f"kv_cache_dtype={kv_cache_dtype!r}: choose one of "
+                          f"{', '.join(KV_CACHE_DTYPES)}")
+    return model.dtype_bytes if kv_cache_dtype == "auto" else 1
+
+
+def matmul_params_per_layer(model: ModelSpec) -> int:
+    """Weights that one decoder layer multiplies (projections and MLP; norms are negligible)."""
+    q_out = model.num_attention_heads * model.head_size
+    kv_out = model.num_kv_heads * model.head_size
+    attn = model.hidden_size * (q_out + 2 * kv_out) + q_out * model.hidden_size
+    mlp_mats = 3 if model.arch == "llama" else 2  # SwiGLU gate/up/down vs fc1/fc2
+    return attn + mlp_mats * model.hidden_size * model.intermediate_size
+
+
+class AnalyticalCostModel:
+    """Roofline step time for `model` on `gpu` with tensor parallelism `tensor_parallel_size`.
+
+    Per GPU, weights, attention heads and the lm_head are divided by the TP degree (Megatron-LM
+    layout, Shoeybi et al. 2019); KV heads are divided too but never below one (vLLM replicates
+    KV heads when there are fewer than GPUs). Two all-reduces per layer (after the attention
+    output projection and after the MLP) move the step's hidden states: ring time
+    `2 (tp - 1) / tp * bytes / link` (NCCL's bus-bandwidth formula) plus a latency, over NVLink,
+    or over the host link on GPUs without one.
+    """
+
+    def __init__(self, model: ModelSpec, gpu: GPUSpec, tensor_parallel_size: int = 1,
+                 kv_cache_dtype: str = "auto", constants: AnalyticalConstants | None = None):
+        tp = tensor_parallel_size
+        if tp < 1:
+            raise ConfigError(f"tensor_parallel_size={tp!r}: must be >= 1")
+        if model.num_attention_heads % tp:
+            raise ConfigError(f"tensor_parallel_size={tp}: must divide num_attention_heads="
+                              f"{model.num_attention_heads} of {model.name}")
+        if model.num_kv_heads >= tp and model.num_kv_heads % tp:
+            raise ConfigError(f"tensor_parallel_size={tp}: must divide num_kv_heads="
+                              f"{model.num_kv_heads} of {model.name}")
+        self.model, self.gpu, self.tensor_parallel_size = model, gpu, tp
+        self.kv_cache_dtype = kv_cache_dtype
+        c = self.constants = constants or AnalyticalConstants()
+        mem_w = gpu.hbm_bandwidth_bytes_per_s * c.weight_bandwidth_efficiency
+        mem_a = gpu.hbm_bandwidth_bytes_per_s * c.attention_bandwidth_efficiency
+        gemm = gpu.fp16_flops * c.gemm_flops_efficiency
+        attn_flops = gpu.fp16_flops * c.attention_flops_efficiency
+        layers = model.num_layers
+        layer_params = matmul_params_per_layer(model) * layers / tp
+        lm_head_params = model.vocab_size * model.hidden_size / tp
+        # ---- per-GPU constants, in seconds per unit of work ----
+        self._weights_s = (layer_params + lm_head_params) * model.dtype_bytes / mem_w
+        self._gemm_s_per_token = 2.0 * layer_params / gemm
+        self._lm_head_s_per_req = 2.0 * lm_head_params / gemm  # vLLM: logits for 1 row per req
+        kv_heads = max(1, model.num_kv_heads // tp)
+        kv_bytes_per_token = 2 * layers * kv_heads * model.head_size * kv_dtype_bytes(
+            model, kv_cache_dtype)  # K and V, all layers, this GPU
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self._kv_s_per_token = kv_bytes_per_token / mem_a
+        self._attn_s_per_qk = 4.0 * layers * (model.num_attention_heads / tp) * model.head_size \
+            / attn_flops  # per (query token, key token) pair
+        self._block_tokens = c.paged_block_overhead_tokens
+        self._copy_s_per_token = 2.0 * kv_bytes_per_token / mem_w  # read + write
+        self._swap_s_per_byte = 1.0 / (gpu.host_link_bytes_per_s * c.host_link_efficiency)
+        link = gpu.nvlink_bytes_per_s or gpu.host_link_bytes_per_s
+        num_allreduces = 2 * layers if tp > 1 else 0
+        self._ar_fixed_s = num_allreduces * c.allreduce_latency_s
+        self._ar_s_per_token = (num_allreduces * 2.0 * (tp - 1) / tp
+                                * model.hidden_size * model.dtype_bytes / link)
+        self._window = model.sliding_window
+
+    # ---- public API ----
+    def step_time(self, batch: BatchShape) -> float:
+        """Seconds for one step; the sum of `step_time_breakdown`'s values."""
+        return sum(self._components(batch))
+
+    def step_time_breakdown(self, batch: BatchShape) -> dict[str, float]:
+        """Seconds per component, keyed by `BREAKDOWN_KEYS`."""
+        return dict(zip(BREAKDOWN_KEYS, self._components(batch), strict=True))
+
+    def decode_time(self, batch_size: int, context_len: int, block_size: int = 16) -> float:
+        """Seconds for a decode step of `batch_size` sequences over `context_len` tokens each."""
+        return self.step_time(BatchShape.decode(batch_size, context_len, block_size))
+
+    def prefill_time(self, num_new_tokens: int, num_cached_tokens: int = 0,
+                     block_size: int = 16) -> float:
+        """Seconds for a step computing one prompt (or chunk) over a cached prefix."""
+        return self.step_time(BatchShape.prefill(num_new_tokens, num_cached_tokens, block_size))
+
+    # ---- the model ----
+    def _components(self, b: BatchShape) -> tuple[float, float, float, float, float, float,
+                                                  float]:
+        c = self.constants
+        n_reqs = b.num_decode_seqs + len(b.prefill_new_tokens)
+        overhead = c.step_overhead_s + c.per_request_overhead_s * n_reqs
+        tokens = b.total_tokens
+        if tokens:
+            linear = max(self._weights_s, self._gemm_s_per_token * tokens
+                         + self._lm_head_s_per_req * n_reqs)
+        else:
+            linear = 0.0
+        attn, paged = self._attention(b)
+        allreduce = (self._ar_fixed_s + self._ar_s_per_token * tokens) if tokens else 0.0
+        swap = b.swap_bytes * self._swap_s_per_byte
+        copy = b.num_blocks_to_copy * b.block_size * self._copy_s_per_token
+        return overhead, linear, attn, paged, allreduce, swap, copy
+
+    def _attention(self, b: BatchShape) -> tuple[float, float]:
+        """(attention without the per-block cost, the per-block cost) in seconds.
+
+        Blocks touched by a sequence of `kv` tokens: ceil(kv / bs), taken in expectation over
+        a uniform fill of the last block, `kv / bs + (bs - 1) / (2 bs)`, so that no per-request
+        pass is needed on the hot path.
+        """
+        bs = b.block_size
+        partial = (bs - 1) / (2.0 * bs)
+        attn = paged = 0.0
+        n = b.num_decode_seqs
+        if n:
+            kv = self._windowed_sum(b.decode_context_tokens, b.decode_context_sum) + n
+            blocks = kv / bs + n * partial
+            mem = (kv + n) * self._kv_s_per_token  # read kv tokens, write n
+            mem_paged = mem + blocks * self._block_tokens * self._kv_s_per_token
+            flops = kv * self._attn_s_per_qk
+            base = mem if mem > flops else flops
+            attn += base
+            paged += max(mem_paged, flops) - base
+        if b.prefill_new_tokens:
+            kv_read = qk = blocks = 0.0
+            new_total = 0
+            for q, ctx in zip(b.prefill_new_tokens, b.prefill_context_tokens, strict=True):
+                visible = ctx if self._window is None else min(ctx, self._window)
+                kv_read += visible + q
+                qk += q * visible + q * (q + 1) / 2.0  # causal over the new part
+                blocks += (visible + q) / bs + partial
+                new_total += q
+            mem = (kv_read + new_total) * self._kv_s_per_token
+            mem_paged = mem + blocks * self._block_tokens * self._kv_s_per_token
+            flops = qk * self._attn_s_per_qk
+            base = mem if mem > flops else flops
+            attn += base
+            paged += max(mem_paged, flops) - base
+        return attn, paged
+
+    def _windowed_sum(self, contexts: list[int], total: int) -> int:
+        """Sum of contexts capped at the sliding window (one pass only for windowed models)."""
+        if self._window is None:
+            return total
+        w = self._window
+        return sum(c if c < w else w for c in contexts)

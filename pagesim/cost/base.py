@@ -1,0 +1,139 @@
+"""What a cost model sees of a step, and the protocol every cost model implements.
+
+The simulator calls `BatchShape.from_scheduler_output(out)` and `CostModel.step_time(shape)` once
+per simulated step (~50k steps for a 10k-request run, up to a few hundred requests per step), so
+both are written for the hot path: one pass over the scheduled requests with plain Python ints,
+no numpy on tiny arrays, no per-request objects.
+
+Token accounting of one scheduled request (`num_computed_tokens` is the value *before* the step):
+
+    | <- context (cached K/V, read) -> | <- new tokens (K/V written, queries) -> |
+    0                        num_computed_tokens           num_computed_tokens + num_new_tokens
+
+A *decode* entry is one new token over a non-empty context (`ScheduledRequest.is_decode`);
+everything else (a whole prompt, a chunk of one, a recompute after preemption) is a *prefill*
+entry, described by its new tokens and its context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from pagesim.errors import ConfigError
+from pagesim.scheduler.output import SchedulerOutput
+
+
+@dataclass(slots=True)
+class BatchShape:
+    """The shape of one engine step, in tokens (and bytes for swaps).
+
+    Lists are aligned per entry; contexts are `num_computed_tokens` before the step, so a decode
+    entry attends over `context + 1` tokens and a prefill entry over `context + new` tokens.
+    """
+
+    block_size: int  # tokens per KV block
+    total_tokens: int  # sum of new tokens over all entries (== num_decode_seqs + prefill tokens)
+    num_decode_seqs: int = 0
+    decode_context_sum: int = 0  # sum of decode contexts (tokens)
+    decode_context_tokens: list[int] = field(default_factory=list)  # [num_decode_seqs]
+    prefill_new_tokens: list[int] = field(default_factory=list)  # [num_prefill_reqs]
+    prefill_context_tokens: list[int] = field(default_factory=list)  # [num_prefill_reqs]
+    swap_bytes: int = 0  # bytes over the host link this step (swap out + swap in)
+    num_blocks_to_copy: int = 0  # copy-on-write block copies on the GPU before the step
+
+    @property
+    def num_prefill_reqs(self) -> int:
+        return len(self.prefill_new_tokens)
+
+    @property
+    def num_reqs(self) -> int:
+        return self.num_decode_seqs + len(self.prefill_new_tokens)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.total_tokens - self.num_decode_seqs
+
+    @property
+    def is_pure_decode(self) -> bool:
+        return self.num_decode_seqs > 0 and not self.prefill_new_tokens
+
+    @classmethod
+    def from_scheduler_output(cls, out: SchedulerOutput) -> BatchShape:
+        """Summarise a `SchedulerOutput` in one pass.
+
+        Fast path (the common all-decode step): when `total_num_scheduled_tokens` equals the
+        number of scheduled requests and every context is non-empty, every entry is a decode
+        (the scheduler never schedules an entry with zero new tokens, so `total == num_reqs`
+        means one token each). Otherwise one loop splits decode and prefill entries and the
+        total is recounted from the entries.
+        """
+        sched = out.scheduled
+        ctx = [s.num_computed_tokens for s in sched]
+        n = len(ctx)
+        if n and out.total_num_scheduled_tokens == n and min(ctx) > 0:
+            return cls(out.block_size, n, n, sum(ctx), ctx, [], [], out.swap_bytes,
+                       len(out.blocks_to_copy))
+        dctx: list[int] = []
+        pnew: list[int] = []
+        pctx: list[int] = []
+        total = 0
+        for s, c in zip(sched, ctx, strict=True):
+            k = s.num_new_tokens
+            total += k
+            if k == 1 and c > 0:
+                dctx.append(c)
+            else:
+                pnew.append(k)
+                pctx.append(c)
+        return cls(out.block_size, total, len(dctx), sum(dctx), dctx, pnew, pctx,
+                   out.swap_bytes, len(out.blocks_to_copy))
+
+    @classmethod
+    def decode(cls, batch_size: int, context_len: int, block_size: int = 16) -> BatchShape:
+        """`batch_size` decode sequences, each over `context_len` cached tokens."""
+        _require(block_size >= 1, "block_size", block_size)
+        _require(batch_size >= 1, "batch_size", batch_size)
+        _require(context_len >= 1, "context_len", context_len)
+        ctx = [context_len] * batch_size
+        return cls(block_size, batch_size, batch_size, context_len * batch_size, ctx)
+
+    @classmethod
+    def prefill(cls, num_new_tokens: int, num_cached_tokens: int = 0,
+                block_size: int = 16) -> BatchShape:
+        """One request computing `num_new_tokens` over `num_cached_tokens` of cached prefix."""
+        _require(block_size >= 1, "block_size", block_size)
+        _require(num_new_tokens >= 1, "num_new_tokens", num_new_tokens)
+        _require(num_cached_tokens >= 0, "num_cached_tokens", num_cached_tokens, "must be >= 0")
+        return cls(block_size, num_new_tokens, prefill_new_tokens=[num_new_tokens],
+                   prefill_context_tokens=[num_cached_tokens])
+
+    @classmethod
+    def mixed(cls, num_new_tokens: int, num_cached_tokens: int, decode_batch_size: int,
+              decode_context_len: int, block_size: int = 16) -> BatchShape:
+        """One prefill chunk plus a decode batch of equal contexts (the chunked-prefill step)."""
+        _require(num_new_tokens >= 1, "num_new_tokens", num_new_tokens)
+        _require(num_cached_tokens >= 0, "num_cached_tokens", num_cached_tokens, "must be >= 0")
+        shape = cls.decode(decode_batch_size, decode_context_len, block_size)
+        shape.prefill_new_tokens.append(num_new_tokens)
+        shape.prefill_context_tokens.append(num_cached_tokens)
+        shape.total_tokens += num_new_tokens
+        return shape
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Predicts the wall time of one engine step.
+
+    `step_time` returns seconds, is never negative, and is a pure function of the shape (same
+    shape, same time), so simulations stay deterministic. Implementations may also offer
+    `step_time_breakdown(shape) -> dict[str, float]` (seconds per component, summing to
+    `step_time`) for `ModelRunnerOutput.time_breakdown_s`.
+    """
+
+    def step_time(self, batch: BatchShape) -> float: ...
+
+
+def _require(ok: bool, name: str, value: object, why: str = "must be >= 1") -> None:
+    if not ok:
+        raise ConfigError(f"{name}={value!r}: {why}")

@@ -1,0 +1,372 @@
+"""The calibrated cost model: step times interpolated from a measured `Profile`.
+
+A step is decomposed as
+
+    other(total tokens)                        non-attention time (GEMMs, norms, sampling, ...)
+  + decode(block size, batch, mean context)    the decode group's residual
+  + sum of prefill(block size, new, cached)    one residual per prefill entry
+  - (parts - 1) * shared                       fixed cost that every part's residual carries
+  + host overhead(num_reqs)                    overhead.csv, if measured
+  + swap bytes / host link, copy-on-write copies
+
+`other` is piecewise linear in tokens through the median `other_ms` of all measured rows with
+that token count. A row's *residual* is its measured `step_time_ms` minus `other(its tokens)`,
+so a pure decode or single-prefill grid point is reproduced exactly (to float rounding).
+
+Each residual surface z(u, v) (decode: u = batch, v = mean context; prefill: u = new tokens,
+v = cached tokens) is a *backbone* plus a *deviation*:
+
+* backbone: least squares, with non-negative coefficients, on the terms that the kernels'
+  work is made of. Decode: 1, batch, context, batch * context (launch, per-sequence cost, KV
+  bytes read). Prefill: 1, new, cached, new * cached, new^2 (launch, per token, cached KV read,
+  attention over the prefix, causal attention). It is linear in each work term, so it
+  extrapolates beyond the grid the way the hardware does (more KV bytes, more time) and holds
+  a ragged grid together (large batches at long contexts may not fit in memory and be absent).
+* deviation: the measured residual minus the backbone, piecewise linear in v within each
+  measured u and linear in u between rows, held flat beyond the grid (it carries occupancy
+  effects at small shapes that no line can; it must not be extrapolated).
+
+Why not bilinear interpolation of the raw times: on a ragged grid a row may hold a single
+point, and extrapolating it (flat or along the row's own last segment) ignores what the other
+rows say about the context slope; log space would bend the affine memory-bound law.
+Block sizes between measured ones interpolate linearly in log2(block size); outside the
+measured range the nearest is used (the block-size effect is not extrapolated). The total is
+never negative. `shared` is fitted on mixed.csv (median of sum-of-parts minus measured, clamped
+to [0, smallest residual]); without mixed rows it is the smallest residual.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections import defaultdict
+from dataclasses import dataclass
+from statistics import median
+
+import numpy as np
+
+from pagesim.cost.analytical import AnalyticalConstants, kv_dtype_bytes
+from pagesim.cost.base import BatchShape
+from pagesim.cost.profile import Profile
+from pagesim.errors import ConfigError
+from pagesim.specs import GPUSpec, ModelSpec
+
+MS = 1e-3
+BREAKDOWN_KEYS: tuple[str, ...] = ("other", "attention", "host_overhead", "swap", "copy")
+
+
+class Pwl:
+    """y(x) through sorted points (median of repeats): flat below the first point, linear
+    between, and above the last either flat or along the last segment's slope floored at 0."""
+
+    __slots__ = ("xs", "ys", "slopes", "tail")
+
+    def __init__(self, points: dict[float, list[float]], extrapolate: bool = True):
+        self.xs = sorted(points)
+        self.ys = [median(points[x]) for x in self.xs]
+        self.slopes = [(self.ys[i + 1] - self.ys[i]) / (self.xs[i + 1] - self.xs[i])
+                       for i in range(len(self.xs) - 1)]
+        self.tail = max(self.slopes[-1], 0.0) if self.slopes and extrapolate else 0.0
+
+    def __call__(self, x: float) -> float:
+        xs = self.xs
+        if x <= xs[0]:
+            return self.ys[0]
+        i = bisect_right(xs, x) - 1
+        if i >= len(xs) - 1:
+            return self.ys[-1] + self.tail * (x - xs[-1])
+        return self.ys[i] + self.slopes[i] * (x - xs[i])
+
+
+class Surface:
+    """z(u, v) = backbone(u, v) + deviation(u, v); see the module docstring.
+
+    `points`: (u, v, z) triples, u and v >= 0. `prefill=False` uses the decode terms.
+    """
+
+    __slots__ = ("coef", "prefill", "us", "rows", "values")
+
+    def __init__(self, points: list[tuple[int, int, float]], prefill: bool):
+        self.prefill = prefill
+        u = np.array([p[0] for p in points], dtype=float)
+        v = np.array([p[1] for p in points], dtype=float)
+        z = np.array([p[2] for p in points], dtype=float)
+        self.coef = _nonnegative_lstsq(self._terms(u, v), z)
+        deviation: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for (pu, pv, pz) in points:
+            deviation[pu][pv].append(pz - self._backbone(pu, pv))
+        self.us = sorted(deviation)
+        self.rows = [Pwl(deviation[x], extrapolate=False) for x in self.us]
+        self.values = [p[2] for p in points]
+
+    def _terms(self, u, v):  # works on floats and on numpy arrays
+        one = u * 0 + 1
+        if self.prefill:
+            return [one, u, v, u * v, u * u]
+        return [one, u, v, u * v]
+
+    def _backbone(self, u: float, v: float) -> float:
+        c = self.coef
+        if self.prefill:
+            return c[0] + u * (c[1] + c[3] * v + c[4] * u) + c[2] * v
+        return c[0] + c[1] * u + (c[2] + c[3] * u) * v
+
+    def __call__(self, u: float, v: float) -> float:
+        us, rows = self.us, self.rows
+        if u <= us[0]:
+            dev = rows[0](v)
+        else:
+            i = bisect_right(us, u) - 1
+            if i >= len(us) - 1:
+                dev = rows[-1](v)
+            else:
+                d0 = rows[i](v)
+                dev = d0 + (rows[i + 1](v) - d0) * (u - us[i]) / (us[i + 1] - us[i])
+        return self._backbone(u, v) + dev
+
+
+def _nonnegative_lstsq(terms: list, z: np.ndarray) -> list[float]:
+    """Least squares z ~ sum(c_k * term_k) with every c_k >= 0 (each term is a kind of work,
+    which never saves time): refit without the most negative coefficient until none is left.
+    Columns are scaled to unit max for conditioning."""
+    a = np.stack([np.broadcast_to(t, z.shape) for t in terms], axis=1)
+    scale = np.max(np.abs(a), axis=0)
+    scale[scale == 0] = 1.0
+    active = list(range(a.shape[1]))
+    coef = np.zeros(a.shape[1])
+    while active:
+        sol = np.linalg.lstsq(a[:, active] / scale[active], z, rcond=None)[0] / scale[active]
+        if sol.min() >= 0.0:
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return [float(x) for x in coef]
+
+
+def _blend_weights(tables: dict[int, Surface], block_size: int) -> tuple[tuple[float, Surface], ...]:
+    """Measured block sizes to use for `block_size`, with weights summing to 1."""
+    keys = sorted(tables)
+    if block_size in tables:
+        return ((1.0, tables[block_size]),)
+    if block_size < keys[0]:
+        return ((1.0, tables[keys[0]]),)
+    if block_size > keys[-1]:
+        return ((1.0, tables[keys[-1]]),)
+    hi = keys[bisect_right(keys, block_size)]
+    lo = keys[bisect_right(keys, block_size) - 1]
+    w = (math.log2(block_size) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+    return ((1.0 - w, tables[lo]), (w, tables[hi]))
+
+
+class CalibratedCostModel:
+    """Step times from a measured profile (see the module docstring for the decomposition).
+
+    `model` (optional) is checked against the profile's model and, with `gpu`, prices
+    copy-on-write block copies; swaps use the profile's measured host-link rate, else `gpu`'s
+    datasheet rate times `AnalyticalConstants.host_link_efficiency`. A step that needs a rate
+    nobody gave raises `ConfigError` rather than costing it as zero.
+    """
+
+    def __init__(self, profile: Profile, model: ModelSpec | None = None,
+                 gpu: GPUSpec | None = None):
+        meta = profile.metadata
+        if model is not None and model.name != meta.model:
+            raise ConfigError(f"model={model.name!r}: the profile was measured on "
+                              f"{meta.model!r}")
+        if gpu is not None and gpu.name != meta.gpu:
+            raise ConfigError(f"gpu={gpu.name!r}: the profile was measured on {meta.gpu!r}")
+        self.profile = profile
+        other: dict[float, list[float]] = defaultdict(list)
+        for r in profile.decode:
+            other[r.batch_size].append(r.other_ms * MS)
+        for r in profile.prefill:
+            other[r.num_new_tokens].append(r.other_ms * MS)
+        for r in profile.mixed:
+            other[r.num_new_tokens + r.decode_batch_size].append(r.other_ms * MS)
+        self._other = Pwl(other)
+        dec: dict[int, list] = defaultdict(list)
+        for r in profile.decode:
+            residual = r.step_time_ms * MS - self._other(r.batch_size)
+            dec[r.block_size].append((r.batch_size, r.context_len, residual))
+        pre: dict[int, list] = defaultdict(list)
+        for r in profile.prefill:
+            residual = r.step_time_ms * MS - self._other(r.num_new_tokens)
+            pre[r.block_size].append((r.num_new_tokens, r.num_cached_tokens, residual))
+        self._decode = {bs: Surface(p, prefill=False) for bs, p in sorted(dec.items())}
+        self._prefill = {bs: Surface(p, prefill=True) for bs, p in sorted(pre.items())}
+        self._weights: dict[int, tuple] = {}  # block size -> blend weights, filled lazily
+        residuals = [z for s in (*self._decode.values(), *self._prefill.values())
+                     for z in s.values]
+        floor = max(min(residuals), 0.0)
+        self.shared_s = floor
+        if profile.mixed:
+            excess = [self._parts(BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens,
+                                                   r.decode_batch_size, r.decode_context_len,
+                                                   r.block_size))[0] - r.step_time_ms * MS
+                      for r in profile.mixed]
+            self.shared_s = min(max(median(excess), 0.0), floor)
+        self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
+                      if profile.overhead else None)
+        self._swap_s_per_byte = self._copy_s_per_token = None
+        host = meta.host_link_bytes_per_s or (
+            gpu.host_link_bytes_per_s * AnalyticalConstants().host_link_efficiency
+            if gpu is not None else None)
+        if host:
+            self._swap_s_per_byte = 1.0 / host
+        if model is not None and gpu is not None:
+            kv = (2 * model.num_layers * max(1, model.num_kv_heads // meta.tensor_parallel_size)
+                  * model.head_size * kv_dtype_bytes(model, meta.kv_cache_dtype))
+            self._copy_s_per_token = 2.0 * kv / (
+                gpu.hbm_bandwidth_bytes_per_s * AnalyticalConstants().weight_bandwidth_efficiency)
+
+    # ---- public API ----
+    def step_time(self, batch: BatchShape) -> float:
+        """Seconds for one step: never negative; see `step_time_breakdown`."""
+        return sum(self._components(batch))
+
+    def step_time_breakdown(self, batch: BatchShape) -> dict[str, float]:
+        """Seconds per component, keyed by `BREAKDOWN_KEYS` ("attention" holds every residual
+        after the shared-cost correction, so it can include per-sequence non-GEMM work)."""
+        return dict(zip(BREAKDOWN_KEYS, self._components(batch), strict=True))
+
+    def decode_time(self, batch_size: int, context_len: int, block_size: int = 16) -> float:
+        return self.step_time(BatchShape.decode(batch_size, context_len, block_size))
+
+    def prefill_time(self, num_new_tokens: int, num_cached_tokens: int = 0,
+                     block_size: int = 16) -> float:
+        return self.step_time(BatchShape.prefill(num_new_tokens, num_cached_tokens, block_size))
+
+    # ---- the model ----
+    def _components(self, b: BatchShape) -> tuple[float, float, float, float, float]:
+        swap = copy = 0.0
+        if b.swap_bytes:
+            if self._swap_s_per_byte is None:
+                raise ConfigError("swap_bytes>0: the profile has no host_link_bytes_per_s; "
+                                  "pass gpu= to price swaps")
+            swap = b.swap_bytes * self._swap_s_per_byte
+        if b.num_blocks_to_copy:
+            if self._copy_s_per_token is None:
+                raise ConfigError("num_blocks_to_copy>0: pass model= and gpu= to price "
+                                  "copy-on-write copies")
+            copy = b.num_blocks_to_copy * b.block_size * self._copy_s_per_token
+        if not b.total_tokens:
+            return 0.0, 0.0, 0.0, swap, copy
+        total, other = self._parts(b)
+        attention = total - other  # may be < 0 where `other` over-explains a row; total is not
+        if total < 0.0:  # a noisy profile extrapolated below zero: clamp, never negative
+            other = attention = 0.0
+        host = self._host(b.num_decode_seqs + len(b.prefill_new_tokens)) if self._host else 0.0
+        return other, attention, host, swap, copy
+
+    def _parts(self, b: BatchShape) -> tuple[float, float]:
+        """(device time, its `other` share) before clamping."""
+        weights = self._weights.get(b.block_size)
+        if weights is None:
+            weights = self._weights[b.block_size] = (
+                _blend_weights(self._decode, b.block_size),
+                _blend_weights(self._prefill, b.block_size))
+        dec_w, pre_w = weights
+        other = self._other(b.total_tokens)
+        total = other
+        parts = 0
+        n = b.num_decode_seqs
+        if n:
+            c = b.decode_context_sum / n
+            for w, s in dec_w:
+                total += w * s(n, c)
+            parts = 1
+        for q, ctx in zip(b.prefill_new_tokens, b.prefill_context_tokens, strict=True):
+            for w, s in pre_w:
+                total += w * s(q, ctx)
+            parts += 1
+        if parts > 1:
+            total -= (parts - 1) * self.shared_s
+        return total, other
+
+
+
+# ---- held-out accuracy ----
+@dataclass(frozen=True)
+class FitRow:
+    """Held-out error of one table (or "all"), in percent of the measured median step time."""
+
+    table: str
+    num_fit: int
+    num_holdout: int
+    mape_pct: float | None  # mean |predicted - measured| / measured; None with no held-out row
+    max_abs_pct: float | None
+    bias_pct: float | None  # mean signed error: > 0 means the model predicts too slow
+
+
+@dataclass(frozen=True)
+class FitReport:
+    holdout_fraction: float
+    seed: int
+    rows: tuple[FitRow, ...]
+
+    def to_markdown(self) -> str:
+        """A table for the README: one line per table plus "all"."""
+        lines = ["| table | fitted rows | held-out rows | MAPE % | max abs % | bias % |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for r in self.rows:
+            cells = [f"{v:.2f}" if v is not None else "n/a"
+                     for v in (r.mape_pct, r.max_abs_pct, r.bias_pct)]
+            lines.append(f"| {r.table} | {r.num_fit} | {r.num_holdout} | " + " | ".join(cells)
+                         + " |")
+        return "\n".join(lines)
+
+
+def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -> FitReport:
+    """Fit on part of the measured steps and report the error on the rest.
+
+    Per table and block size, `round(holdout_fraction * rows)` rows drawn with
+    `numpy.random.default_rng(seed)` are held out (decode and prefill keep at least two rows
+    per block size so a model can be fitted). The model is fitted on the remaining rows of all
+    tables and predicts each held-out row's device step time (host overhead excluded, as
+    `step_time_ms` excludes it).
+    """
+    if not 0.0 < holdout_fraction < 1.0:
+        raise ConfigError(f"holdout_fraction={holdout_fraction!r}: must be in (0, 1)")
+    rng = np.random.default_rng(seed)
+    fit_tables: dict[str, tuple] = {}
+    held: dict[str, list] = {}
+    for name in ("decode", "prefill", "mixed"):
+        rows = getattr(profile, name)
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, r in enumerate(rows):
+            groups[r.block_size].append(i)
+        out: set[int] = set()
+        for bs in sorted(groups):
+            idx = groups[bs]
+            k = int(round(holdout_fraction * len(idx)))
+            if name != "mixed":
+                k = min(k, len(idx) - 2)
+            if k > 0:
+                out.update(idx[j] for j in rng.permutation(len(idx))[:k])
+        fit_tables[name] = tuple(r for i, r in enumerate(rows) if i not in out)
+        held[name] = [r for i, r in enumerate(rows) if i in out]
+    model = CalibratedCostModel(profile.replace_tables(overhead=(), **fit_tables))
+    shapes = {
+        "decode": lambda r: BatchShape.decode(r.batch_size, r.context_len, r.block_size),
+        "prefill": lambda r: BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens,
+                                                r.block_size),
+        "mixed": lambda r: BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens,
+                                            r.decode_batch_size, r.decode_context_len,
+                                            r.block_size)}
+    report: list[FitRow] = []
+    every: list[float] = []
+    for name in ("decode", "prefill", "mixed"):
+        errors = [100.0 * (model.step_time(shapes[name](r)) - r.step_time_ms * MS)
+                  / (r.step_time_ms * MS) for r in held[name] if r.step_time_ms > 0]
+        every += errors
+        report.append(_fit_row(name, len(fit_tables[name]), errors))
+    report.append(_fit_row("all", sum(len(t) for t in fit_tables.values()), every))
+    return FitReport(holdout_fraction, seed, tuple(report))
+
+
+def _fit_row(table: str, num_fit: int, errors: list[float]) -> FitRow:
+    if not errors:
+        return FitRow(table, num_fit, 0, None, None, None)
+    e = np.asarray(errors)
+    return FitRow(table, num_fit, len(errors), float(np.mean(np.abs(e))),
+                  float(np.max(np.abs(e))), float(np.mean(e)))

@@ -1,0 +1,312 @@
+"""The versioned calibration profile: measured step times of one (GPU, model) pair.
+
+On disk, `calibration/<gpu>/<model>/` holds
+
+    profile.json   metadata: format_version, GPU, driver, CUDA, torch, triton, dtypes, date, grid,
+                   measured num_gpu_blocks per block size, gpu_memory_utilization, method, notes
+    decode.csv     block_size, batch_size, context_len, step_time_ms, step_time_p10_ms,
+                   step_time_p90_ms, attention_ms, other_ms
+    prefill.csv    block_size, num_new_tokens, num_cached_tokens, step_time_ms, ... (as decode)
+    mixed.csv      (optional) one prefill chunk plus a decode batch of equal contexts
+    overhead.csv   (optional) num_reqs, overhead_ms, overhead_p10_ms, overhead_p90_ms
+
+Semantics of a row: `step_time_ms` is the median device time of the step over repeats (p10/p90
+its spread); `attention_ms` the time inside attention kernels (all layers) and `other_ms` the
+rest of the step (`attention_ms + other_ms` is about `step_time_ms`). Contexts are
+`num_computed_tokens` before the step, as in `BatchShape`: a decode row runs `batch_size`
+sequences of one new token over `context_len` cached tokens each. `overhead.csv` holds host time
+spent between steps (input preparation), outside the measured device time.
+
+The GPU calibrator fills the records and calls `Profile.save(dir)`; the simulator calls
+`Profile.load(dir)`. Any malformed file raises `ProfileError` with one line naming the file,
+the line, the field and the value. Floats are written with `repr`, so save-then-load is exact.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from pagesim.errors import ConfigError
+
+PROFILE_FORMAT_VERSION = 1
+PROFILE_JSON = "profile.json"
+
+
+class ProfileError(ConfigError):
+    """A calibration profile that is missing, malformed or of an unsupported version."""
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    block_size: int
+    batch_size: int
+    context_len: int  # cached tokens per sequence before the step
+    step_time_ms: float  # median
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
+class PrefillRow:
+    block_size: int
+    num_new_tokens: int
+    num_cached_tokens: int  # prefix already in the KV cache
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
+class MixedRow:
+    block_size: int
+    num_new_tokens: int  # the prefill chunk
+    num_cached_tokens: int  # the chunk's cached prefix
+    decode_batch_size: int
+    decode_context_len: int
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
+class OverheadRow:
+    num_reqs: int
+    overhead_ms: float
+    overhead_p10_ms: float
+    overhead_p90_ms: float
+
+
+# table name -> (row class, required?)
+TABLES: dict[str, tuple[type, bool]] = {
+    "decode": (DecodeRow, True), "prefill": (PrefillRow, True),
+    "mixed": (MixedRow, False), "overhead": (OverheadRow, False)}
+_KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "overhead": 1}  # leading int columns
+
+
+@dataclass(frozen=True)
+class ProfileMetadata:
+    """Everything needed to trust, or distrust, the numbers in the tables."""
+
+    gpu: str  # pagesim GPU name (specs.GPUS key), e.g. "h200"
+    model: str  # pagesim model name (specs.MODELS key)
+    gpu_name: str  # as the driver reports it, e.g. "NVIDIA H200"
+    driver: str
+    cuda: str
+    torch: str
+    triton: str
+    dtype: str  # weights/activations, e.g. "bfloat16"
+    date: str  # ISO 8601
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    attention_backend: str = ""  # kernel name/version timed
+    grid: dict[str, list[int]] = field(default_factory=dict)  # axis name -> measured values
+    num_gpu_blocks: dict[int, int] = field(default_factory=dict)  # block_size -> blocks
+    gpu_memory_utilization: float | None = None
+    host_link_bytes_per_s: float | None = None  # measured pinned copy rate (swap costs)
+    device: dict[str, Any] = field(default_factory=dict)  # SM count, clocks, memory, ...
+    method: str = ""  # timing method: events, warm-up, repeats
+    synthetic: bool = False  # True only for test fixtures: never a measurement
+    notes: str = ""
+    format_version: int = PROFILE_FORMAT_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["num_gpu_blocks"] = {str(k): v for k, v in self.num_gpu_blocks.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> ProfileMetadata:
+        if not isinstance(data, dict):
+            raise ProfileError(f"{where}: expected a JSON object")
+        version = data.get("format_version")
+        if type(version) is not int or version != PROFILE_FORMAT_VERSION:
+            raise ProfileError(f"{where}: format_version={version!r} is not supported "
+                               f"(this pagesim reads {PROFILE_FORMAT_VERSION})")
+        known = {f.name for f in fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ProfileError(f"{where}: unknown key {key!r}")
+        missing = [f.name for f in fields(cls) if f.name not in data
+                   and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise ProfileError(f"{where}: missing key {missing[0]!r}")
+        kw = dict(data)
+        try:
+            kw["grid"] = {str(k): [int(v) for v in vs] for k, vs in kw.get("grid", {}).items()}
+            kw["num_gpu_blocks"] = {int(k): int(v)
+                                    for k, v in kw.get("num_gpu_blocks", {}).items()}
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ProfileError(f"{where}: grid/num_gpu_blocks must map to integers ({e})") from None
+        meta = cls(**kw)
+        meta.check(where)
+        return meta
+
+    def check(self, where: str) -> None:
+        """Type and range checks, one line naming the first bad key."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "str" and not isinstance(value, str):
+                raise ProfileError(f"{where}: {f.name}={value!r} must be a string")
+        for name in ("gpu", "model"):
+            if not getattr(self, name):
+                raise ProfileError(f"{where}: {name} must not be empty")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ProfileError(f"{where}: tensor_parallel_size={self.tensor_parallel_size!r} "
+                               "must be an integer >= 1")
+        if not isinstance(self.synthetic, bool):
+            raise ProfileError(f"{where}: synthetic={self.synthetic!r} must be true or false")
+        for name in ("gpu_memory_utilization", "host_link_bytes_per_s"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int | float) or not value > 0):
+                raise ProfileError(f"{where}: {name}={value!r} must be a positive number")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Metadata plus the measured tables; rows are kept in the order they were recorded."""
+
+    metadata: ProfileMetadata
+    decode: tuple[DecodeRow, ...]
+    prefill: tuple[PrefillRow, ...]
+    mixed: tuple[MixedRow, ...] = ()
+    overhead: tuple[OverheadRow, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, (row_cls, required) in TABLES.items():
+            rows = getattr(self, name)
+            object.__setattr__(self, name, tuple(rows))
+            if required and not rows:
+                raise ProfileError(f"{name}.csv: no rows (the {name} table is required)")
+            _check_rows(name, row_cls, getattr(self, name))
+
+    @property
+    def block_sizes(self) -> list[int]:
+        """Block sizes with decode rows, ascending."""
+        return sorted({r.block_size for r in self.decode})
+
+    def replace_tables(self, **tables: tuple) -> Profile:
+        """A copy with some tables replaced (used to fit on a subset of rows)."""
+        kw = {name: getattr(self, name) for name in TABLES}
+        kw.update(tables)
+        return Profile(self.metadata, **kw)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write profile.json and one CSV per non-empty table; returns the directory."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        with open(path / PROFILE_JSON, "w", encoding="utf-8") as f:
+            json.dump(self.metadata.to_json(), f, indent=2, sort_keys=True)
+            f.write("\n")
+        for name, (row_cls, _) in TABLES.items():
+            rows = getattr(self, name)
+            target = path / f"{name}.csv"
+            if not rows:
+                target.unlink(missing_ok=True)
+                continue
+            cols = [f.name for f in fields(row_cls)]
+            with open(target, "w", encoding="utf-8", newline="") as f:
+                w = csv.writer(f, lineterminator="\n")
+                w.writerow(cols)
+                for r in rows:
+                    w.writerow([repr(getattr(r, c)) for c in cols])
+        return path
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Profile:
+        """Read and validate a profile directory written by `save` (or by hand)."""
+        path = Path(directory)
+        meta_path = path / PROFILE_JSON
+        if not meta_path.is_file():
+            raise ProfileError(f"{meta_path}: no such calibration profile")
+        try:
+            data = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ProfileError(f"{meta_path}: not valid JSON ({e})") from None
+        meta = ProfileMetadata.from_json(data, str(meta_path))
+        tables: dict[str, tuple] = {}
+        for name, (row_cls, required) in TABLES.items():
+            csv_path = path / f"{name}.csv"
+            if not csv_path.is_file():
+                if required:
+                    raise ProfileError(f"{csv_path}: missing (the {name} table is required)")
+                tables[name] = ()
+                continue
+            tables[name] = _read_table(csv_path, row_cls)
+        return cls(meta, **tables)
+
+
+def profile_dir(root: str | Path, gpu: str, model: str) -> Path:
+    """Where a profile for (gpu, model) lives under a calibration root."""
+    return Path(root) / gpu / model
+
+
+def _read_table(path: Path, row_cls: type) -> tuple:
+    cols = [(f.name, int if f.type == "int" else float) for f in fields(row_cls)]
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise ProfileError(f"{path}: empty file (expected a header row)")
+        header = [h.strip() for h in header]
+        for name, _ in cols:
+            if name not in header:
+                raise ProfileError(f"{path}: missing column {name!r}")
+        index = [header.index(name) for name, _ in cols]
+        rows = []
+        for line_no, raw in enumerate(reader, start=2):
+            if not raw or all(not x.strip() for x in raw):
+                continue
+            if len(raw) != len(header):
+                raise ProfileError(f"{path} line {line_no}: {len(raw)} fields, "
+                                   f"header has {len(header)}")
+            values = [_parse(path, line_no, name, kind, raw[i].strip())
+                      for (name, kind), i in zip(cols, index, strict=True)]
+            rows.append(row_cls(*values))
+    return tuple(rows)
+
+
+def _parse(path: Path, line_no: int, name: str, kind: type, text: str) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ProfileError(f"{path} line {line_no}: {name}={text!r} is not {what}") from None
+    if kind is float and not math.isfinite(value):
+        raise ProfileError(f"{path} line {line_no}: {name}={text!r} is not finite")
+    return value
+
+
+def _check_rows(table: str, row_cls: type, rows: tuple) -> None:
+    """Sizes >= 1 (contexts >= 0), times >= 0, no duplicate grid point."""
+    names = [f.name for f in fields(row_cls)]
+    n_keys = _KEY_COLUMNS[table]
+    seen: set[tuple] = set()
+    for i, r in enumerate(rows):
+        if not isinstance(r, row_cls):
+            raise ProfileError(f"{table}.csv row {i + 1}: expected {row_cls.__name__}")
+        key = tuple(getattr(r, n) for n in names[:n_keys])
+        for n, v in zip(names[:n_keys], key, strict=True):
+            low = 0 if n == "num_cached_tokens" else 1  # a decode context is never empty
+            if not isinstance(v, int) or v < low:
+                raise ProfileError(f"{table}.csv row {i + 1}: {n}={v!r} must be an "
+                                   f"integer >= {low}")
+        for n in names[n_keys:]:
+            v = getattr(r, n)
+            if not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ProfileError(f"{table}.csv row {i + 1}: {n}={v!r} must be a finite "
+                                   "number >= 0")
+        if key in seen:
+            raise ProfileError(f"{table}.csv row {i + 1}: duplicate grid point "
+                               + ", ".join(f"{n}={v}" for n, v in zip(names[:n_keys], key, strict=True)))
+        seen.add(key)
