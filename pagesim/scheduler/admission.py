@@ -18,13 +18,11 @@ from pagesim.request import Request
 
 
 def reject_reason(request: Request, max_model_len: int,
-                  can_fit: Callable[[int], bool] | None) -> str | None:
+                  can_fit: Callable[[Request], bool] | None) -> str | None:
     """Why `request` can never be served, or None if it can.
 
-    The K/V of a finished request covers `prompt + max_tokens - 1` tokens: the last sampled
-    token is returned but never fed back. `can_fit(num_tokens)` says whether one request of
-    that many tokens could ever hold its blocks (the KV cache manager's `can_fit`; None: no
-    limit known).
+    `can_fit(request)` says whether the request, once it has all its tokens, could hold its
+    K/V in an otherwise empty cache (see `kv_fit_check`; None: no limit known).
     """
     num_prompt = len(request.prompt_token_ids)
     max_tokens = request.max_tokens
@@ -38,7 +36,23 @@ def reject_reason(request: Request, max_model_len: int,
     if num_prompt + max_tokens > max_model_len:
         return (f"max_tokens_too_large: prompt {num_prompt} + max_tokens {max_tokens} "
                 f"exceeds max_model_len={max_model_len}")
-    if can_fit is not None and not can_fit(num_prompt + max_tokens - 1):
-        return (f"kv_cache_too_small: the K/V of {num_prompt + max_tokens - 1} tokens "
-                "cannot fit in the whole cache")
+    if can_fit is not None and not can_fit(request):
+        return (f"kv_cache_too_small: prompt {num_prompt} + max_tokens {max_tokens} "
+                "cannot fit in the whole KV cache")
     return None
+
+
+def kv_fit_check(kv_cache_manager) -> Callable[[Request], bool] | None:
+    """The manager's test of whether a request could ever fit, as a function of the request.
+
+    A contiguous baseline sizes its region from `prompt + max_tokens` (`can_fit_request`);
+    the paged manager's `can_fit(num_tokens)` takes the slots a finished request has written,
+    `prompt + max_tokens - 1`: the last sampled token is returned but never fed back.
+    """
+    per_request = getattr(kv_cache_manager, "can_fit_request", None)
+    if per_request is not None:
+        return per_request
+    per_tokens = getattr(kv_cache_manager, "can_fit", None)
+    if per_tokens is None:
+        return None
+    return lambda r: per_tokens(len(r.prompt_token_ids) + r.max_tokens - 1)

@@ -25,7 +25,7 @@ from pagesim.config import EngineConfig
 from pagesim.errors import WorkloadError
 from pagesim.kvcache import sizing
 from pagesim.request import Request, RequestStatus
-from pagesim.scheduler.admission import reject_reason
+from pagesim.scheduler.admission import kv_fit_check, reject_reason
 from pagesim.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from pagesim.scheduler.preemption import CPUSwapPool, Preemptor, SchedulerStats, select_victim_index
 from pagesim.scheduler.request_queue import create_request_queue
@@ -77,8 +77,7 @@ class Scheduler:
         self.waiting = create_request_queue(self.policy)  # new and recomputed requests
         self.swapped = create_request_queue(self.policy)  # swapped out, to swap back in first
         self.running: list[Request] = []  # admission order; the fcfs victim is the last
-        # tokens -> whether one request could ever hold their K/V (None: no limit known)
-        self._can_fit = getattr(kv_cache_manager, "can_fit", None)
+        self._can_fit = kv_fit_check(kv_cache_manager)  # request -> could it ever fit?
         self._step_id = 0
         self._finished_ids: list[str] = []  # finished since the last schedule()
         self._rejected_ids: list[str] = []  # rejected since the last schedule()
