@@ -8,7 +8,7 @@ threads its links through these same objects, so allocating and freeing create n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pagesim.errors import AllocationError
@@ -158,5 +158,5 @@ class FreeKVCacheBlockQueue:
     def __len__(self) -> int:
         return self.num_free_blocks
 
-    def __iter__(self) -> Iterable[KVCacheBlock]:
+    def __iter__(self) -> Iterator[KVCacheBlock]:
         return iter(self.get_all_free_blocks())

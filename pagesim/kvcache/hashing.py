@@ -8,7 +8,7 @@ block i only if they agree on all tokens up to its end. Extra keys carry what el
 K/V: the LoRA adapter name (every block) and the per-tenant `cache_salt` (first block only; the
 chain carries it into every later block, so tenants with different salts never share).
 
-H is BLAKE2b with a 16-byte digest over a canonical byte encoding (little-endian int32 token
+H is BLAKE2b-512 truncated to 16 bytes, over a canonical byte encoding (little-endian int32 token
 ids, length-prefixed extra keys), so hashes are the same in every process and on every machine;
 Python's `hash()` is never used. Hashing is on the simulator's hot path: `BlockHasher.extend`
 packs a request's new tokens once and calls the hash function once per block, and it only ever
@@ -37,8 +37,7 @@ _SALT_TAG = b"\x02"
 def none_hash(seed: int = 0) -> BlockHash:
     """The parent hash of every request's first block, derived from `seed` (vLLM's NONE_HASH)."""
     seed_bytes = seed.to_bytes(8, "little", signed=True)
-    return BlockHash(hashlib.blake2b(b"pagesim NONE_HASH" + seed_bytes,
-                                     digest_size=HASH_DIGEST_BYTES).digest())
+    return BlockHash(hashlib.blake2b(b"pagesim NONE_HASH" + seed_bytes).digest()[:HASH_DIGEST_BYTES])
 
 
 NONE_HASH: BlockHash = none_hash(0)
@@ -70,8 +69,8 @@ def hash_block_tokens(parent_block_hash: bytes | None, block_token_ids: Sequence
     parent = NONE_HASH if parent_block_hash is None else parent_block_hash
     n = len(block_token_ids)
     payload = _pack_tokens(n, block_token_ids, "block_token_ids")
-    return BlockHash(hashlib.blake2b(parent + n.to_bytes(4, "little") + payload + extra_keys,
-                                     digest_size=HASH_DIGEST_BYTES).digest())
+    data = parent + n.to_bytes(4, "little") + payload + extra_keys
+    return BlockHash(hashlib.blake2b(data).digest()[:HASH_DIGEST_BYTES])
 
 
 def _pack_tokens(n: int, token_ids: Sequence[int], where: str) -> bytes:
@@ -120,12 +119,15 @@ class BlockHasher:
         offset = 0
         if start == 0:  # the salt goes into the first block only
             first_extra = encode_extra_keys(lora, salt) if salt is not None else extra
-            parent = blake2b(parent + prefix + data[:nbytes] + first_extra,
-                             digest_size=HASH_DIGEST_BYTES).digest()
+            parent = blake2b(parent + prefix + data[:nbytes] + first_extra).digest()[:16]
             hashes.append(parent)
             offset = nbytes
         append = hashes.append
-        for off in range(offset, len(data), nbytes):
-            parent = blake2b(parent + prefix + data[off:off + nbytes] + extra,
-                             digest_size=HASH_DIGEST_BYTES).digest()
-            append(parent)
+        if extra:
+            for off in range(offset, len(data), nbytes):
+                parent = blake2b(parent + prefix + data[off:off + nbytes] + extra).digest()[:16]
+                append(parent)
+        else:  # the common case, one concatenation less
+            for off in range(offset, len(data), nbytes):
+                parent = blake2b(parent + prefix + data[off:off + nbytes]).digest()[:16]
+                append(parent)
