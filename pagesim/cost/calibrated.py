@@ -143,7 +143,8 @@ def _nonnegative_lstsq(terms: list, z: np.ndarray) -> list[float]:
     return [float(x) for x in coef]
 
 
-def _blend_weights(tables: dict[int, Surface], block_size: int) -> tuple[tuple[float, Surface], ...]:
+def _blend_weights(tables: dict[int, Surface],
+                   block_size: int) -> tuple[tuple[float, Surface], ...]:
     """Measured block sizes to use for `block_size`, with weights summing to 1."""
     keys = sorted(tables)
     if block_size in tables:

@@ -307,6 +307,6 @@ def _check_rows(table: str, row_cls: type, rows: tuple) -> None:
                 raise ProfileError(f"{table}.csv row {i + 1}: {n}={v!r} must be a finite "
                                    "number >= 0")
         if key in seen:
-            raise ProfileError(f"{table}.csv row {i + 1}: duplicate grid point "
-                               + ", ".join(f"{n}={v}" for n, v in zip(names[:n_keys], key, strict=True)))
+            point = ", ".join(f"{n}={v}" for n, v in zip(names[:n_keys], key, strict=True))
+            raise ProfileError(f"{table}.csv row {i + 1}: duplicate grid point {point}")
         seen.add(key)

@@ -20,7 +20,8 @@ def test_all_decode_step_takes_fast_path_and_sums_contexts():
     out = SchedulerOutput(3, [entry(1, 10, "a"), entry(1, 20, "b"), entry(1, 5, "c")], 3,
                           block_size=32, swap_bytes=4096, blocks_to_copy=[(1, 2), (3, 4)])
     s = BatchShape.from_scheduler_output(out)
-    assert (s.num_decode_seqs, s.decode_context_sum, s.decode_context_tokens) == (3, 35, [10, 20, 5])
+    assert (s.num_decode_seqs, s.decode_context_sum) == (3, 35)
+    assert s.decode_context_tokens == [10, 20, 5]
     assert (s.prefill_new_tokens, s.prefill_context_tokens) == ([], [])
     assert (s.total_tokens, s.block_size, s.swap_bytes, s.num_blocks_to_copy) == (3, 32, 4096, 2)
     assert s.is_pure_decode and s.num_reqs == 3 and s.num_prefill_tokens == 0
