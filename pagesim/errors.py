@@ -32,6 +32,10 @@ class GPUUnavailableError(PagesimError, RuntimeError):
     """A command that needs a CUDA GPU (or torch/triton) ran without one."""
 
 
+class KernelInputError(PagesimError, ValueError):
+    """A tensor handed to a GPU kernel wrapper has the wrong shape, stride, dtype or device."""
+
+
 def unknown_name(kind: str, name: str, known: "list[str] | tuple[str, ...]") -> UnknownNameError:
     """Build the one-line error for a name lookup miss, listing the known names."""
     return UnknownNameError(f"unknown {kind} {name!r}; known: {', '.join(sorted(known))}")

@@ -1,0 +1,249 @@
+"""Paged attention for prefill, chunked prefill and mixed steps (variable-length queries).
+
+    sequence s owns query rows  query_start_loc[s] .. query_start_loc[s+1]-1   (q_len_s tokens)
+    its context is              seq_lens[s] tokens, the last q_len_s of them the new ones
+    new token i of s sits at    position ctx_len_s + i,  ctx_len_s = seq_lens[s] - q_len_s
+    and attends causally to     positions max(0, pos - W + 1) .. pos   (W = sliding window)
+
+A decode is a sequence with `q_len == 1`, so one launch serves a step that mixes prefill
+chunks (with or without a cached prefix) and decodes. K/V of the new tokens must already be in
+the cache (`reshape_and_cache` first): every key is read through the block table.
+
+Grid `(num_q_blocks, num_kv_heads)`. A program takes `BLOCK_Q` query tokens of one sequence
+times the `QUERIES_PER_KV` query heads of one KV head (`BLOCK_M = BLOCK_Q * QUERIES_PER_KV`
+rows, row r = token r // QUERIES_PER_KV, head r % QUERIES_PER_KV), so each K/V tile is read once
+per group. Query blocks are numbered without a host-side table: sequence s owns program ids
+from `query_start_loc[s] // BLOCK_Q + s` on, which leaves room for its
+`cdiv(q_len_s, BLOCK_Q)` blocks; a program finds its sequence by binary search and surplus
+programs exit. The launch therefore needs only `num_tokens` and `num_seqs`, known on the host.
+
+Order of this file: kernel, wrapper, torch reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from pagesim.gpu.kernels.checks import (
+    ATTENTION_DTYPES,
+    INDEX_DTYPES,
+    check_contiguous,
+    check_dtype,
+    check_kv_cache,
+    check_last_dim_contiguous,
+    check_num_queries_per_kv,
+    check_same_device,
+    check_same_dtype,
+    check_shape,
+    check_sliding_window,
+)
+from pagesim.gpu.kernels.configs import KernelConfig, prefill_config
+from pagesim.gpu.kernels.paged_attention import LOG2E, gather_kv
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
+    """Largest s with query_start_loc[s] // BLOCK_Q + s <= q_block (binary search)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _paged_prefill_kernel(
+    out_ptr,  # [num_tokens, num_heads, head_size]
+    query_ptr,  # [num_tokens, num_heads, head_size]
+    key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_size]
+    block_table_ptr,  # [num_seqs, max_num_blocks_per_seq]
+    seq_lens_ptr,  # [num_seqs]
+    query_start_loc_ptr,  # [num_seqs + 1]
+    qk_scale,  # softmax scale * log2(e)
+    num_seqs,  #
+    stride_q_tok: tl.int64, stride_q_head: tl.int64,  #
+    stride_o_tok: tl.int64, stride_o_head: tl.int64,  #
+    stride_kc_blk: tl.int64, stride_kc_off: tl.int64, stride_kc_head: tl.int64,  #
+    stride_vc_blk: tl.int64, stride_vc_off: tl.int64, stride_vc_head: tl.int64,  #
+    stride_bt_seq: tl.int64,  #
+    QUERIES_PER_KV: tl.constexpr,  #
+    BLOCK_Q: tl.constexpr,  # query tokens per program
+    BLOCK_M: tl.constexpr,  # rows per program, a power of two >= BLOCK_Q * QUERIES_PER_KV
+    HEAD_SIZE: tl.constexpr,  #
+    BLOCK_SIZE: tl.constexpr,  #
+    TILE_N: tl.constexpr,  # context tokens per iteration
+    SLIDING_WINDOW: tl.constexpr,  # 0 = none
+    DOT_PRECISION: tl.constexpr,  #
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    local = q_block - (q_start // BLOCK_Q + seq)  # this program's block within the sequence
+    if local * BLOCK_Q >= q_len:  # surplus program
+        return
+    seq_len = tl.load(seq_lens_ptr + seq.to(tl.int64)).to(tl.int32)
+    ctx_len = seq_len - q_len  # cached prefix (earlier chunks or a prefix-cache hit)
+
+    rows = tl.arange(0, BLOCK_M)
+    q_idx = local * BLOCK_Q + rows // QUERIES_PER_KV  # query token within the sequence
+    heads = kv_head * QUERIES_PER_KV + rows % QUERIES_PER_KV
+    row_mask = (rows // QUERIES_PER_KV < BLOCK_Q) & (q_idx < q_len)
+    q_pos = ctx_len + q_idx  # absolute position of each row's token
+    tok = (q_start + q_idx).to(tl.int64)
+    d = tl.arange(0, HEAD_SIZE)
+    q = tl.load(query_ptr + tok[:, None] * stride_q_tok + heads[:, None] * stride_q_head
+                + d[None, :], mask=row_mask[:, None], other=0.0)  # [BLOCK_M, HEAD_SIZE]
+
+    # Keys this block can see: up to its last token (causal), from its first token's window.
+    first_pos = ctx_len + local * BLOCK_Q
+    hi = tl.minimum(seq_len, first_pos + BLOCK_Q)
+    lo = 0
+    if SLIDING_WINDOW > 0:
+        lo = tl.maximum(first_pos - SLIDING_WINDOW + 1, 0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)
+    bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
+    k_base = key_cache_ptr + kv_head * stride_kc_head
+    v_base = value_cache_ptr + kv_head * stride_vc_head
+    offs_t = tl.arange(0, TILE_N)
+
+    for start in range((lo // TILE_N) * TILE_N, hi, TILE_N):
+        t = start + offs_t
+        t_mask = t < hi
+        if BLOCK_SIZE >= TILE_N:
+            blk = tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        off = t % BLOCK_SIZE
+        k_rows = blk * stride_kc_blk + off * stride_kc_off  # [TILE_N] element offsets
+        v_rows = blk * stride_vc_blk + off * stride_vc_off
+        k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
+
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
+        visible = t_mask[None, :] & (t[None, :] <= q_pos[:, None])  # causal
+        if SLIDING_WINDOW > 0:
+            visible = visible & (q_pos[:, None] - t[None, :] < SLIDING_WINDOW)
+        s = tl.where(visible, s, float("-inf"))
+        # A row may see nothing in this tile (window edge, padding rows): keep its max finite.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + tok[:, None] * stride_o_tok + heads[:, None] * stride_o_head + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
+def paged_attention_prefill(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_size]
+    key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_size]
+    block_table: torch.Tensor,  # [num_seqs, max_num_blocks_per_seq] int32/int64
+    seq_lens: torch.Tensor,  # [num_seqs], context length incl. this step's tokens
+    query_start_loc: torch.Tensor,  # [num_seqs + 1], prefix sums of query lengths
+    scale: float | None = None,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,
+    config: KernelConfig | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached prefix plus themselves.
+
+    Rows past `query_start_loc[-1]` (batch padding) are not written. No host sync happens
+    here. Returns `out`, `[num_tokens, num_heads, head_size]` in the query's dtype.
+    """
+    _, block_size, num_kv_heads, head_size = check_kv_cache(key_cache, value_cache)
+    check_shape("query", query, (None, None, head_size))
+    num_tokens, num_heads, _ = query.shape
+    group = check_num_queries_per_kv(num_heads, num_kv_heads)
+    check_same_dtype("query", query, "key_cache", key_cache)
+    check_last_dim_contiguous("query", query)
+    check_shape("block_table", block_table, (None, None))
+    num_seqs = block_table.shape[0]
+    check_shape("seq_lens", seq_lens, (num_seqs,))
+    check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
+    for name, t in (("block_table", block_table), ("seq_lens", seq_lens),
+                    ("query_start_loc", query_start_loc)):
+        check_dtype(name, t, INDEX_DTYPES)
+        check_contiguous(name, t)
+    window = check_sliding_window(sliding_window)
+    if out is None:
+        out = torch.empty_like(query)
+    check_shape("out", out, tuple(query.shape))
+    check_dtype("out", out, ATTENTION_DTYPES)
+    check_last_dim_contiguous("out", out)
+    check_same_device({"query": query, "key_cache": key_cache, "block_table": block_table,
+                       "seq_lens": seq_lens, "query_start_loc": query_start_loc, "out": out})
+    if num_seqs == 0 or num_tokens == 0:
+        return out
+    cfg = config or prefill_config(head_size, group, query.is_cuda)
+    block_q = cfg.block_m // group
+    # Upper bound on the query blocks of all sequences (see the module docstring).
+    num_q_blocks = num_tokens // block_q + num_seqs
+    scale = 1.0 / math.sqrt(head_size) if scale is None else scale
+    _paged_prefill_kernel[(num_q_blocks, num_kv_heads)](
+        out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
+        scale * LOG2E, num_seqs,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_table.stride(0),
+        QUERIES_PER_KV=group, BLOCK_Q=block_q, BLOCK_M=cfg.block_m, HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size, TILE_N=cfg.tile_n, SLIDING_WINDOW=window,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def paged_attention_prefill_reference(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """Plain fp32 causal attention per sequence over K/V gathered through the block table.
+
+    Rows past `query_start_loc[-1]` are left at zero.
+    """
+    num_tokens, num_heads, head_size = query.shape
+    group = num_heads // key_cache.shape[2]
+    scale = 1.0 / math.sqrt(head_size) if scale is None else scale
+    out = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
+    for s in range(block_table.shape[0]):
+        q0, q1, n = int(query_start_loc[s]), int(query_start_loc[s + 1]), int(seq_lens[s])
+        if q1 == q0:
+            continue
+        k = gather_kv(key_cache, block_table[s], n).float().repeat_interleave(group, 1)
+        v = gather_kv(value_cache, block_table[s], n).float().repeat_interleave(group, 1)
+        q_pos = torch.arange(n - (q1 - q0), n, device=query.device)[:, None]
+        k_pos = torch.arange(n, device=query.device)[None, :]
+        visible = k_pos <= q_pos
+        if sliding_window:
+            visible &= q_pos - k_pos < sliding_window
+        logits = torch.einsum("qhd,khd->hqk", query[q0:q1].float(), k) * scale
+        probs = logits.masked_fill(~visible, float("-inf")).softmax(-1)
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", probs, v)
+    return out
