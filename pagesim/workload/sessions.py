@@ -1,0 +1,131 @@
+"""Multi-turn session structure, and the cursor a simulated user walks a session with.
+
+A plan's requests are grouped into sessions (`session_offsets`, CSR); a single-turn request
+is a session of one turn. Turn k+1 of a session is sent only after turn k finished plus a
+think time (closed loop), and its prompt extends turn k's:
+
+    prompt[k+1] = prompt[k] + answer[k] + new user tokens[k+1]
+
+The answer tokens are the ones the runner actually emitted (`Request.output_token_ids`), so
+the workload never needs to know how outputs are made; the whole of turn k's prompt and
+answer is then a prefix of turn k+1's prompt and hits the prefix cache if still resident.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pagesim.errors import WorkloadError
+from pagesim.request import Request
+
+if TYPE_CHECKING:
+    from pagesim.workload.plan import RequestPlan
+
+
+def assign_sessions(
+    user_lens: np.ndarray,
+    output_lens: np.ndarray,
+    session_prefix: np.ndarray,
+    turns: np.ndarray,
+    max_context_tokens: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cut requests 0..n-1, in order, into sessions; return (session_offsets, prompt_lens).
+
+    user_lens, output_lens: int64 [n], the new tokens and the answer of each request.
+    session_prefix, turns: int64 [n], per *potential* session s (at most n sessions): its
+    shared prefix length and its target number of turns. A session ends after `turns[s]`
+    requests, or before a turn whose prompt + output would exceed `max_context_tokens` (that
+    request then opens the next session). prompt_lens counts the full prompt, history included,
+    assuming every earlier turn produced its full output.
+    """
+    user, out = user_lens.tolist(), output_lens.tolist()
+    pre, target = session_prefix.tolist(), turns.tolist()
+    cap = max_context_tokens
+    n = len(user)
+    offsets = [0]
+    prompt = [0] * n
+    s = turn = 0
+    carried = 0  # prompt + output of the previous turn in this session
+    for i in range(n):
+        p = carried + user[i]
+        if turn > 0 and (turn >= target[s] or (cap is not None and p + out[i] > cap)):
+            offsets.append(i)
+            s += 1
+            turn = 0
+        if turn == 0:
+            p = pre[s] + user[i]
+        prompt[i] = p
+        carried = p + out[i]
+        turn += 1
+    offsets.append(n)
+    return np.asarray(offsets, dtype=np.int64), np.asarray(prompt, dtype=np.int64)
+
+
+class Session:
+    """A cursor over one session of a plan, for the simulated user that sends it.
+
+    Usage (one SimPy process per session):
+
+        sess = plan.session(s)
+        req = sess.first_request(arrival_time=env.now)
+        ...wait until req finishes...
+        while sess.has_next():
+            yield env.timeout(sess.next_think_time_s())
+            req = sess.next_request(req, arrival_time=env.now)
+    """
+
+    __slots__ = ("plan", "index", "_next")
+
+    def __init__(self, plan: RequestPlan, index: int) -> None:
+        if not 0 <= index < plan.num_sessions:
+            raise WorkloadError(f"session = {index}: plan has {plan.num_sessions} sessions")
+        self.plan = plan
+        self.index = index
+        self._next = int(plan.session_offsets[index])  # plan index of the next request to send
+
+    @property
+    def request_indices(self) -> range:
+        """Plan indices of this session's turns, in order."""
+        off = self.plan.session_offsets
+        return range(int(off[self.index]), int(off[self.index + 1]))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.request_indices)
+
+    def has_next(self) -> bool:
+        return self._next < self.request_indices.stop
+
+    def first_request(self, arrival_time: float) -> Request:
+        """Turn 0 (the session's arrival event)."""
+        first = self.request_indices.start
+        if self._next != first:
+            raise WorkloadError(f"session {self.index}: first request already sent")
+        self._next += 1
+        return self.plan.make_request(first, arrival_time)
+
+    def next_think_time_s(self) -> float:
+        """Seconds the user waits after the previous turn finished before sending the next."""
+        self._check_next()
+        return float(self.plan.think_time_s[self._next])
+
+    def next_prompt(self, prev_request: Request) -> list[int]:
+        """The next turn's prompt: prev prompt + prev answer (as emitted) + new user tokens."""
+        self._check_next()
+        return (prev_request.prompt_token_ids + prev_request.output_token_ids
+                + self.plan.user_token_ids(self._next))
+
+    def next_request(self, prev_request: Request, arrival_time: float) -> Request:
+        """The next turn as a `Request`, built from the finished previous turn."""
+        prompt = self.next_prompt(prev_request)
+        i = self._next
+        self._next += 1
+        return self.plan.make_request(i, arrival_time, prompt_token_ids=prompt)
+
+    def _check_next(self) -> None:
+        if self._next == self.request_indices.start:
+            raise WorkloadError(f"session {self.index}: send first_request() first")
+        if not self.has_next():
+            raise WorkloadError(f"session {self.index}: no turns left")
