@@ -250,6 +250,17 @@ def num_gpu_blocks(config: EngineConfig) -> int:
     return kv_capacity(config).num_gpu_blocks
 
 
+def max_concurrency_at(config: EngineConfig, num_tokens: int,
+                       capacity: KVCapacity | None = None) -> float:
+    """Requests of `num_tokens` tokens each that fit at once in the KV cache of `config`
+    (blocks per request rounded up; sliding window as in `blocks_per_request`)."""
+    if num_tokens < 1:
+        raise ConfigError(f"num_tokens={num_tokens}: must be >= 1")
+    cap = capacity if capacity is not None else kv_capacity(config)
+    return max_concurrency(cap.num_gpu_blocks, blocks_per_request(
+        config.model_spec, num_tokens, config.block_size, config.max_num_batched_tokens))
+
+
 def kv_capacity_report(config: EngineConfig) -> str:
     """vLLM's three startup lines for `config`:
 

@@ -17,6 +17,7 @@ from pagesim.kvcache.sizing import (
     kv_capacity,
     kv_capacity_report,
     max_concurrency,
+    max_concurrency_at,
     num_gpu_blocks,
     num_kv_heads_per_gpu,
     page_size_bytes,
@@ -147,6 +148,15 @@ def test_max_concurrency_formula():
     assert max_concurrency(1000, 256) == pytest.approx(3.90625)
     # block rounding: 4097 tokens need 257 blocks of 16
     assert blocks_per_request(MODELS["llama-2-7b"], 4097, 16, 8192) == 257
+
+
+def test_max_concurrency_at_a_length():
+    c = EngineConfig.create(model="llama-2-7b", gpu="h200", num_gpu_blocks_override=1000)
+    assert max_concurrency_at(c, 1024) == pytest.approx(1000 / 64)
+    assert max_concurrency_at(c, 1025) == pytest.approx(1000 / 65)
+    assert max_concurrency_at(c, 4096) == pytest.approx(kv_capacity(c).max_concurrency)
+    with pytest.raises(ConfigError, match="num_tokens=0"):
+        max_concurrency_at(c, 0)
 
 
 def test_weights_do_not_fit():
