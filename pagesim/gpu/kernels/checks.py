@@ -16,8 +16,9 @@ from pagesim.errors import KernelInputError
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Dtypes accepted for index tensors (block tables, slot mappings, lengths).
 INDEX_DTYPES = (torch.int32, torch.int64)
-#: Head sizes the kernels are built for (powers of two, so a head is one `tl.arange`).
-HEAD_SIZES = (64, 128, 256)
+#: Head sizes the kernels are built for (powers of two, so a head is one `tl.arange`); 32 is
+#: the `tiny-llama` spec's, which the GPU runner's CPU tests run end to end.
+HEAD_SIZES = (32, 64, 128, 256)
 #: Block sizes (tokens per KV page) the kernels are built for.
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
