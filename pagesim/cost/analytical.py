@@ -55,8 +55,11 @@ class AnalyticalConstants:
     # compute-bound prefill attention is unaffected.
     paged_block_overhead_tokens: float = 4.0
     # Host time per step (scheduler, input preparation, launch under CUDA graphs) and per
-    # scheduled request (block-table rows, sampling, detokenisation). Assumptions, of the order
-    # of the per-step CPU overhead that vLLM's 2024 performance work (v0.6.0) set out to hide.
+    # scheduled request (block-table rows, sampling, detokenisation). The values are
+    # assumptions. Context: vLLM's v0.6.0 performance post (2024-09-05) found CPU-side work
+    # (API server, scheduling, input preparation) taking most of each step for an 8B model on
+    # one H100, which v0.6 and V1 then overlapped with GPU work; a calibrated overhead.csv
+    # replaces these guesses.
     step_overhead_s: float = 1.0e-3
     per_request_overhead_s: float = 5.0e-6
     # Share of the host-link peak reached by pinned-memory swap copies. Assumption (PCIe

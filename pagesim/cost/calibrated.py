@@ -199,8 +199,10 @@ class CalibratedCostModel:
         residuals = [z for s in (*self._decode.values(), *self._prefill.values())
                      for z in s.values]
         floor = max(min(residuals), 0.0)
-        self.shared_s = floor
-        if profile.mixed:
+        self.shared_s = 0.0  # `_parts` subtracts it: zero while measuring the mixed excess
+        if not profile.mixed:
+            self.shared_s = floor
+        else:
             excess = [self._parts(BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens,
                                                    r.decode_batch_size, r.decode_context_len,
                                                    r.block_size))[0] - r.step_time_ms * MS

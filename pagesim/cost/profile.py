@@ -31,6 +31,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pagesim.config import KV_CACHE_DTYPES
 from pagesim.errors import ConfigError
 
 PROFILE_FORMAT_VERSION = 1
@@ -120,6 +121,9 @@ class ProfileMetadata:
     notes: str = ""
     format_version: int = PROFILE_FORMAT_VERSION
 
+    def __post_init__(self) -> None:
+        self.check(PROFILE_JSON)
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["num_gpu_blocks"] = {str(k): v for k, v in self.num_gpu_blocks.items()}
@@ -148,9 +152,10 @@ class ProfileMetadata:
                                     for k, v in kw.get("num_gpu_blocks", {}).items()}
         except (TypeError, ValueError, AttributeError) as e:
             raise ProfileError(f"{where}: grid/num_gpu_blocks must map to integers ({e})") from None
-        meta = cls(**kw)
-        meta.check(where)
-        return meta
+        try:
+            return cls(**kw)
+        except ProfileError as e:  # re-anchor the message on the file's path
+            raise ProfileError(f"{where}: {str(e).split(': ', 1)[1]}") from None
 
     def check(self, where: str) -> None:
         """Type and range checks, one line naming the first bad key."""
@@ -164,6 +169,11 @@ class ProfileMetadata:
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ProfileError(f"{where}: tensor_parallel_size={self.tensor_parallel_size!r} "
                                "must be an integer >= 1")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ProfileError(f"{where}: kv_cache_dtype={self.kv_cache_dtype!r} is not one of "
+                               f"{', '.join(KV_CACHE_DTYPES)}")
+        if not isinstance(self.device, dict):
+            raise ProfileError(f"{where}: device={self.device!r} must be an object")
         if not isinstance(self.synthetic, bool):
             raise ProfileError(f"{where}: synthetic={self.synthetic!r} must be true or false")
         for name in ("gpu_memory_utilization", "host_link_bytes_per_s"):

@@ -20,7 +20,7 @@ from pagesim.cost.calibrated import (
     Surface,
     fit_report,
 )
-from pagesim.cost.profile import DecodeRow, PrefillRow, Profile, ProfileMetadata
+from pagesim.cost.profile import DecodeRow, MixedRow, PrefillRow, Profile, ProfileMetadata
 from pagesim.errors import ConfigError
 
 MS = 1e-3
@@ -130,6 +130,17 @@ def test_shared_cost_is_removed_once_per_extra_part():
     assert cm.shared_s == pytest.approx(0.4 * MS)
     two = BatchShape(16, 30, prefill_new_tokens=[10, 20], prefill_context_tokens=[0, 0])
     assert cm.step_time(two) == pytest.approx((1.0 + 1.0 + 1.0 - 0.4) * MS)
+
+
+def test_shared_cost_is_fitted_on_the_mixed_table():
+    # other = 1 ms everywhere, decode residual 0.4 ms, prefill residual 1.0 ms, and the mixed
+    # steps measure 0.3 ms less than the sum of their parts
+    dec = [DecodeRow(16, b, c, 1.4, 1.4, 1.4, 0.4, 1.0) for b in (1, 2) for c in (10, 20)]
+    pre = [PrefillRow(16, n, c, 2.0, 2.0, 2.0, 1.0, 1.0) for n in (10, 20) for c in (0, 50)]
+    mixed = [MixedRow(16, 10, 0, b, 10, 2.1, 2.1, 2.1, 1.1, 1.0) for b in (1, 2)]
+    cm = CalibratedCostModel(tiny_profile(dec, pre).replace_tables(mixed=tuple(mixed)))
+    assert cm.shared_s == pytest.approx(0.3 * MS)
+    assert cm.step_time(BatchShape.mixed(20, 50, 2, 20)) == pytest.approx(2.1 * MS)
 
 
 @settings(max_examples=60, deadline=None)

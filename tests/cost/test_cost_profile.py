@@ -121,7 +121,12 @@ def test_unknown_metadata_key(copy):
 
 def test_wrongly_typed_metadata(copy):
     edit_json(copy, tensor_parallel_size="two")
-    expect_error(copy, "tensor_parallel_size='two'")
+    expect_error(copy, str(copy / "profile.json"), "tensor_parallel_size='two'")
+
+
+def test_empty_model_name(copy):
+    edit_json(copy, model="")
+    expect_error(copy, "model must not be empty")
 
 
 def test_bad_num_gpu_blocks(copy):
@@ -193,6 +198,12 @@ def test_save_side_validates_records_too(synthetic_profile):
     bad = PrefillRow(16, 8, -3, 1.0, 1.0, 1.0, 0.5, 0.5)
     with pytest.raises(ProfileError, match="num_cached_tokens=-3"):
         synthetic_profile.replace_tables(prefill=(bad,))
+
+
+def test_save_side_validates_metadata_too():
+    with pytest.raises(ProfileError, match="profile.json: kv_cache_dtype='int4'"):
+        ProfileMetadata(gpu="h200", model="m", gpu_name="", driver="", cuda="", torch="",
+                        triton="", dtype="", date="", kv_cache_dtype="int4")
 
 
 def test_metadata_defaults_mark_real_profiles_as_measured():
