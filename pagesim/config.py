@@ -17,6 +17,7 @@ from pagesim.specs import GiB, GPUSpec, ModelSpec
 
 Allocator = Literal["paged", "reserve-max", "pow2", "oracle"]
 ALLOCATORS: tuple[str, ...] = ("paged", "reserve-max", "pow2", "oracle")
+PLACEMENTS: tuple[str, ...] = ("buddy", "first-fit")
 PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap")
 SCHEDULING_POLICIES: tuple[str, ...] = ("fcfs", "priority")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -52,6 +53,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     allocator: str = "paged"  # paged, or a contiguous baseline: reserve-max | pow2 | oracle
+    contiguous_placement: str = "buddy"  # where contiguous regions go: buddy | first-fit
     swap_space: float = 4.0  # GiB of CPU swap per GPU (swap preemption only)
     # ---- scheduler ----
     max_num_seqs: int = 1024
@@ -79,6 +81,7 @@ class EngineConfig:
             _check(self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes", self.kv_cache_memory_bytes)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _check_choice("allocator", self.allocator, ALLOCATORS)
+        _check_choice("contiguous_placement", self.contiguous_placement, PLACEMENTS)
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _check_choice("vllm_compat", self.vllm_compat, VLLM_COMPAT)
