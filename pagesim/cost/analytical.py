@@ -4,7 +4,7 @@ The default when no calibration profile exists for a (GPU, model) pair. A step i
 
     overhead    fixed per-step host time + a per-request term (scheduling, input prep, sampling)
     linear      max(weight bytes / memory rate, GEMM FLOPs / compute rate) over all layers + lm_head
-    attention   per part (decode group, prefill group): max(KV bytes / memory rate,
+    attention   decode group and each prefill entry: max(KV bytes / memory rate,
                 attention FLOPs / compute rate), the KV bytes inflated by a per-block cost
     allreduce   tensor parallel only: 2 all-reduces per layer over the step's hidden states
     swap, copy  bytes over the host link (swap preemption), copy-on-write block copies in HBM
@@ -192,9 +192,13 @@ class AnalyticalCostModel:
     def _attention(self, b: BatchShape) -> tuple[float, float]:
         """(attention without the per-block cost, the per-block cost) in seconds.
 
-        Blocks touched by a sequence of `kv` tokens: ceil(kv / bs), taken in expectation over
-        a uniform fill of the last block, `kv / bs + (bs - 1) / (2 bs)`, so that no per-request
-        pass is needed on the hot path.
+        Roofline of the decode group (memory-bound for any real model, so equal to the sum of
+        per-sequence rooflines) plus one roofline per prefill entry. Per entry rather than per
+        group so that the model stays monotone: a sequence that turns from decode into prefill
+        (two new tokens instead of one) can never hide its K/V reads behind another entry's
+        FLOPs. Blocks touched by a sequence of `kv` tokens: ceil(kv / bs), taken in expectation
+        over a uniform fill of the last block, `kv / bs + (bs - 1) / (2 bs)`, so that no
+        per-sequence pass is needed on the hot path.
         """
         bs = b.block_size
         partial = (bs - 1) / (2.0 * bs)
@@ -209,21 +213,14 @@ class AnalyticalCostModel:
             base = mem if mem > flops else flops
             attn += base
             paged += max(mem_paged, flops) - base
-        if b.prefill_new_tokens:
-            kv_read = qk = blocks = 0.0
-            new_total = 0
-            for q, ctx in zip(b.prefill_new_tokens, b.prefill_context_tokens, strict=True):
-                visible = ctx if self._window is None else min(ctx, self._window)
-                kv_read += visible + q
-                qk += q * visible + q * (q + 1) / 2.0  # causal over the new part
-                blocks += (visible + q) / bs + partial
-                new_total += q
-            mem = (kv_read + new_total) * self._kv_s_per_token
-            mem_paged = mem + blocks * self._block_tokens * self._kv_s_per_token
-            flops = qk * self._attn_s_per_qk
+        kv_s, block_s = self._kv_s_per_token, self._block_tokens * self._kv_s_per_token
+        for q, ctx in zip(b.prefill_new_tokens, b.prefill_context_tokens, strict=True):
+            visible = ctx if self._window is None else min(ctx, self._window)
+            mem = (visible + 2 * q) * kv_s  # read prefix and chunk, write the chunk
+            flops = (q * visible + q * (q + 1) / 2.0) * self._attn_s_per_qk  # causal new part
             base = mem if mem > flops else flops
             attn += base
-            paged += max(mem_paged, flops) - base
+            paged += max(mem + ((visible + q) / bs + partial) * block_s, flops) - base
         return attn, paged
 
     def _windowed_sum(self, contexts: list[int], total: int) -> int:
