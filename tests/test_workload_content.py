@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pagesim.errors import WorkloadError
 from pagesim.kvcache.hashing import BlockHasher
 from pagesim.request import Request
 from pagesim.workload import RequestPlan, load_workload
@@ -162,7 +163,7 @@ def test_multi_turn_prompts_extend_the_history() -> None:
 def test_later_turns_cannot_be_materialized_alone() -> None:
     plan = load_workload("multi-turn").sample(50, seed=0)
     later = int(np.flatnonzero(plan.turns > 0)[0])
-    with pytest.raises(Exception, match="Session.next_prompt"):
+    with pytest.raises(WorkloadError, match="Session.next_prompt"):
         plan.materialize(later)
 
 
@@ -207,3 +208,10 @@ def test_same_seed_same_plan_in_any_process() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})
     assert out.stdout.split() == here
+
+
+def test_vocab_must_tell_all_roots_apart() -> None:
+    with pytest.raises(WorkloadError, match="vocab_size = 10: too small for 200"):
+        load_workload("chat").sample(200, vocab_size=10)
+    plan = load_workload("chat").sample(90, vocab_size=10)  # 90 roots < 10**2: still distinct
+    assert len({tuple(plan.materialize(i)[:2]) for i in range(90)}) == 90
