@@ -1,0 +1,82 @@
+"""Where GPU code runs, and what it ran on.
+
+`require_cuda()` is the one gate of every GPU command: without torch, triton or a CUDA device
+it raises `GPUUnavailableError`, which the CLI turns into one line and exit code 2.
+`device_info()` is the block of facts put beside every measured number (DESIGN.md section 5,
+item 11): GPU name, SM count, memory, driver, CUDA, torch and triton versions, date.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import shutil
+import subprocess
+from typing import Any
+
+from pagesim.errors import ConfigError, GPUUnavailableError
+
+#: dtype names accepted by `--dtype` (vLLM's spellings), mapped to torch attribute names.
+DTYPES: dict[str, str] = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
+                          "fp16": "float16", "half": "float16", "float32": "float32",
+                          "fp32": "float32"}
+
+
+def require_cuda() -> None:
+    """Raise `GPUUnavailableError` unless torch, triton and a CUDA device are present."""
+    for module in ("torch", "triton"):
+        if importlib.util.find_spec(module) is None:
+            raise GPUUnavailableError(f"this command needs a CUDA GPU with torch and triton; "
+                                      f"{module} is not installed")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise GPUUnavailableError("this command needs a CUDA GPU; torch.cuda.is_available() "
+                                  "is False on this machine")
+
+
+def torch_dtype(name: str):
+    """The torch dtype for a `--dtype` name; one-line `ConfigError` on a miss."""
+    import torch
+
+    key = name.lower()
+    if key not in DTYPES:
+        raise ConfigError(f"dtype={name!r}: choose one of {', '.join(sorted(DTYPES))}")
+    return getattr(torch, DTYPES[key])
+
+
+def device_info(device: Any = None) -> dict[str, Any]:
+    """Facts about the device and software stack, for profile metadata and result files."""
+    import torch
+    import triton
+
+    info: dict[str, Any] = {
+        "torch": torch.__version__, "triton": triton.__version__,
+        "cuda": torch.version.cuda or "", "date": _dt.datetime.now(_dt.UTC).isoformat(
+            timespec="seconds"),
+    }
+    if torch.cuda.is_available():
+        dev = torch.device(device or "cuda")
+        props = torch.cuda.get_device_properties(dev)
+        free, total = torch.cuda.mem_get_info(dev)
+        info.update(gpu_name=props.name, num_sms=props.multi_processor_count,
+                    memory_total_bytes=int(total), memory_free_bytes_at_start=int(free),
+                    compute_capability=f"{props.major}.{props.minor}",
+                    l2_cache_bytes=int(getattr(props, "L2_cache_size", 0)),
+                    driver=_driver_version())
+    else:
+        info.update(gpu_name="cpu", num_sms=0, driver="")
+    return info
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver version from nvidia-smi, or "" where it cannot be read."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return ""
+    try:
+        out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""

@@ -1,0 +1,267 @@
+"""A random-weight decoder of any `ModelSpec` (Llama family; OPT too), for timing only.
+
+The weights are drawn on the device from a seed (nothing is downloaded), so a step costs what
+the real model's step costs (same shapes, same kernels, same bytes moved) while its tokens mean
+nothing: the runner emits `synthetic_token(...)` as the sampled tokens, as the simulator does,
+but the LM head and the sampler still run so that their cost is real.
+
+One step, all sequences flattened into `T = num_tokens` rows (vLLM's layout):
+
+    input_ids [T] -> embed -> h [T, hidden]
+    per layer (llama):  x = RMSNorm(h + residual)
+                        q, k, v = split(x @ W_qkv^T)        [T, H, D], [T, KV, D], [T, KV, D]
+                        q, k = RoPE(q, k, positions)        (NeoX halves, as HF Llama)
+                        a = attention(q, k, v)              paged backend: writes K/V, attends
+                        h = a @ W_o^T ; x = RMSNorm(h + residual)
+                        h = (silu(x @ W_gate^T) * (x @ W_up^T)) @ W_down^T
+    final RMSNorm -> rows at logits_indices [S] -> LM head [S, vocab] -> sampler -> [S] ids
+
+OPT: LayerNorm with bias, learned positions (offset 2), biases on every projection, ReLU MLP,
+tied LM head. `skip_attention=True` replaces attention by the identity (the K/V cache is
+neither written nor read): calibration times the rest of the step that way, and the memory
+profile run uses it as vLLM's profile run does (no attention metadata).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pagesim.gpu.attention import AttentionMetadata, PagedAttentionBackend
+from pagesim.specs import ModelSpec
+
+#: Standard deviation of every random weight matrix (GPT-2/Llama initializer range): keeps
+#: activations finite through any depth once the norms rescale them.
+INIT_STD = 0.02
+#: RoPE base. Llama 2 uses 10,000 and Llama 3 500,000; the value changes no cost, so one base.
+ROPE_THETA = 10_000.0
+RMS_EPS = 1e-5
+OPT_POSITION_OFFSET = 2  # OPT's learned position table has two extra leading rows
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: key, value caches
+
+
+class RandomWeightDecoder:
+    """Weights of `spec` drawn from `seed` on `device`, and a functional forward pass.
+
+    Not an `nn.Module`: plain tensors keep Python overhead per layer low (eager decode steps
+    are launch-bound), and nothing here trains. `attn` is swapped by `set_block_size`.
+    """
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device | str,
+                 block_size: int, seed: int = 0) -> None:
+        self.spec = spec
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.seed = seed
+        self.num_heads = spec.num_attention_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_size = spec.head_size
+        self.q_size = self.num_heads * self.head_size
+        self.kv_size = self.num_kv_heads * self.head_size
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._gen = gen
+        self.layers = [self._make_layer(gen) for _ in range(spec.num_layers)]
+        hidden = spec.hidden_size
+        self.embed = self._rand((spec.vocab_size, hidden), gen)
+        if spec.arch == "opt":
+            self.pos_embed = self._rand((spec.max_position_embeddings + OPT_POSITION_OFFSET,
+                                         hidden), gen)
+            self.final_norm = (self._ones(hidden), self._zeros(hidden))
+            self.lm_head = self.embed  # tied
+        else:
+            self.final_norm = (self._ones(hidden), None)
+            self.lm_head = self._rand((spec.vocab_size, hidden), gen)
+            self.cos, self.sin = _rope_tables(spec.max_position_embeddings, self.head_size,
+                                              dtype, self.device)
+        self.attn = PagedAttentionBackend(self.num_heads, self.num_kv_heads, self.head_size,
+                                          block_size, sliding_window=spec.sliding_window)
+        self.sample_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
+
+    # ---- weights ------------------------------------------------------------------------------
+    def _rand(self, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+        w = torch.empty(shape, dtype=self.dtype, device=self.device)
+        return w.normal_(0.0, INIT_STD, generator=gen)
+
+    def _ones(self, n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=self.dtype, device=self.device)
+
+    def _zeros(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=self.dtype, device=self.device)
+
+    def _make_layer(self, gen: torch.Generator) -> dict[str, torch.Tensor | None]:
+        s = self.spec
+        hidden, inter = s.hidden_size, s.intermediate_size
+        qkv = self.q_size + 2 * self.kv_size
+        opt = s.arch == "opt"
+        layer: dict[str, torch.Tensor | None] = {
+            "qkv": self._rand((qkv, hidden), gen),  # fused q, k, v rows
+            "o": self._rand((hidden, self.q_size), gen),
+            "norm1": self._ones(hidden), "norm2": self._ones(hidden),
+        }
+        if opt:
+            layer.update(fc1=self._rand((inter, hidden), gen), fc2=self._rand((hidden, inter), gen),
+                         qkv_b=self._zeros(qkv), o_b=self._zeros(hidden),
+                         fc1_b=self._zeros(inter), fc2_b=self._zeros(hidden),
+                         norm1_b=self._zeros(hidden), norm2_b=self._zeros(hidden))
+        else:
+            layer.update(gate_up=self._rand((2 * inter, hidden), gen),  # fused gate, up rows
+                         down=self._rand((hidden, inter), gen))
+        return layer
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weight tensors (tied tensors counted once)."""
+        seen: dict[int, int] = {}
+        tensors = [self.embed, self.lm_head, *[t for t in self.final_norm if t is not None]]
+        if self.spec.arch == "opt":
+            tensors.append(self.pos_embed)
+        for layer in self.layers:
+            tensors.extend(t for t in layer.values() if t is not None)
+        for t in tensors:
+            seen[t.data_ptr()] = t.numel() * t.element_size()
+        return sum(seen.values())
+
+    def set_block_size(self, block_size: int) -> None:
+        """Use a backend for another KV block size (the caches must be rebuilt to match)."""
+        self.attn = PagedAttentionBackend(self.num_heads, self.num_kv_heads, self.head_size,
+                                          block_size, sliding_window=self.spec.sliding_window)
+
+    # ---- forward ------------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                metadata: AttentionMetadata | None, kv_caches: KVCache | None,
+                logits_indices: torch.Tensor, skip_attention: bool = False) -> torch.Tensor:
+        """Hidden states of the rows at `logits_indices`, `[S, hidden]` after the final norm.
+
+        input_ids, positions: int64 `[T]`. `metadata`/`kv_caches` may be None only with
+        `skip_attention`.
+        """
+        if self.spec.arch == "opt":
+            return self._forward_opt(input_ids, positions, metadata, kv_caches, logits_indices,
+                                     skip_attention)
+        hidden = self.spec.hidden_size
+        h = F.embedding(input_ids, self.embed)
+        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
+        sin = self.sin[positions].unsqueeze(1)
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            residual = h if residual is None else residual + h
+            x = F.rms_norm(residual, (hidden,), layer["norm1"], RMS_EPS)
+            a = self._attention(i, F.linear(x, layer["qkv"]), cos, sin, metadata, kv_caches,
+                                skip_attention)
+            residual = residual + F.linear(a, layer["o"])
+            x = F.rms_norm(residual, (hidden,), layer["norm2"], RMS_EPS)
+            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+            h = F.linear(F.silu(gate) * up, layer["down"])
+        residual = residual + h if residual is not None else h
+        x = residual[logits_indices]  # norm only the rows that reach the LM head
+        return F.rms_norm(x, (hidden,), self.final_norm[0], RMS_EPS)
+
+    def _attention(self, i: int, qkv: torch.Tensor, cos: torch.Tensor | None,
+                   sin: torch.Tensor | None, metadata: AttentionMetadata | None,
+                   kv_caches: KVCache | None, skip: bool) -> torch.Tensor:
+        """`[T, q_size]` attention output of layer `i` from its fused `[T, qkv]` projection."""
+        t = qkv.shape[0]
+        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_size)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(
+            t, self.num_kv_heads, self.head_size)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_size)
+        if cos is not None:
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if skip:
+            return q.reshape(t, self.q_size)
+        key_cache, value_cache = kv_caches[i]
+        out = self.attn.forward(q, k, v, key_cache, value_cache, metadata)
+        return out.view(t, self.q_size)
+
+    def _forward_opt(self, input_ids, positions, metadata, kv_caches, logits_indices, skip):
+        hidden = self.spec.hidden_size
+        h = F.embedding(input_ids, self.embed) + F.embedding(
+            positions + OPT_POSITION_OFFSET, self.pos_embed)
+        for i, layer in enumerate(self.layers):
+            x = F.layer_norm(h, (hidden,), layer["norm1"], layer["norm1_b"])
+            a = self._attention(i, F.linear(x, layer["qkv"], layer["qkv_b"]), None, None,
+                                metadata, kv_caches, skip)
+            h = h + F.linear(a, layer["o"], layer["o_b"])
+            x = F.layer_norm(h, (hidden,), layer["norm2"], layer["norm2_b"])
+            x = F.relu(F.linear(x, layer["fc1"], layer["fc1_b"]))
+            h = h + F.linear(x, layer["fc2"], layer["fc2_b"])
+        x = h[logits_indices]
+        return F.layer_norm(x, (hidden,), self.final_norm[0], self.final_norm[1])
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[S, vocab]` fp32 logits (vLLM's sampler works in fp32)."""
+        return F.linear(hidden, self.lm_head).float()
+
+    def sample(self, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """Token ids `[S]` (int64, on the device): greedy at temperature 0, else random.
+
+        Random sampling as vLLM's torch path does it without top-k/top-p: softmax of
+        logits / T, then argmax of probs / q with q ~ Exp(1) (the exponential race), which
+        draws from the softmax without a cumulative sum.
+        """
+        if temperature == 0.0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / temperature, dim=-1)
+        q = torch.empty_like(probs).exponential_(generator=self.sample_gen)
+        return probs.div_(q).argmax(dim=-1)
+
+
+def _rope_tables(max_pos: int, head_size: int, dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin `[max_pos, head_size / 2]` of the rotary angles pos * theta^(-2i / D)."""
+    half = head_size // 2
+    inv_freq = ROPE_THETA ** (-torch.arange(half, dtype=torch.float64) * 2.0 / head_size)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().to(dtype).to(device), angles.sin().to(dtype).to(device)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX-style rotation of `[T, heads, D]` by the `[T, 1, D/2]` tables (a new tensor)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def reference_attention_forward(model: RandomWeightDecoder, input_ids: torch.Tensor,
+                                positions: torch.Tensor, seq_ranges: list[tuple[int, int, int]],
+                                past_kv: list[dict[int, tuple[torch.Tensor, torch.Tensor]]],
+                                logits_indices: torch.Tensor) -> torch.Tensor:
+    """The same forward with attention done densely in fp32 over explicit per-sequence K/V.
+
+    For tests: `seq_ranges[s] = (row_start, row_end, seq_key)` are sequence s's query rows;
+    `past_kv[layer][seq_key]` holds its earlier K and V `[n, KV, D]` and is extended in place,
+    so calling this step after step mirrors a paged run. Llama only.
+    """
+    spec = model.spec
+    hidden, group = spec.hidden_size, model.num_heads // model.num_kv_heads
+    h = F.embedding(input_ids, model.embed)
+    cos = model.cos[positions].unsqueeze(1)
+    sin = model.sin[positions].unsqueeze(1)
+    residual = None
+    for i, layer in enumerate(model.layers):
+        residual = h if residual is None else residual + h
+        x = F.rms_norm(residual, (hidden,), layer["norm1"], RMS_EPS)
+        qkv = F.linear(x, layer["qkv"])
+        t = qkv.shape[0]
+        q = _rope(qkv[:, : model.q_size].view(t, model.num_heads, model.head_size), cos, sin)
+        k = _rope(qkv[:, model.q_size : model.q_size + model.kv_size].view(
+            t, model.num_kv_heads, model.head_size), cos, sin)
+        v = qkv[:, model.q_size + model.kv_size :].view(t, model.num_kv_heads, model.head_size)
+        out = torch.zeros_like(q)
+        for r0, r1, key in seq_ranges:
+            pk, pv = past_kv[i].get(key, (k[:0], v[:0]))
+            kk, vv = torch.cat([pk, k[r0:r1]]), torch.cat([pv, v[r0:r1]])
+            past_kv[i][key] = (kk, vv)
+            n, m = kk.shape[0], r1 - r0
+            logits = torch.einsum("qhd,khd->hqk", q[r0:r1].float(),
+                                  kk.float().repeat_interleave(group, 1)) * model.attn.scale
+            mask = torch.arange(n)[None, :] <= torch.arange(n - m, n)[:, None]
+            probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
+            out[r0:r1] = torch.einsum("hqk,khd->qhd", probs,
+                                      vv.float().repeat_interleave(group, 1)).to(out.dtype)
+        residual = residual + F.linear(out.view(t, model.q_size), layer["o"])
+        x = F.rms_norm(residual, (hidden,), layer["norm2"], RMS_EPS)
+        gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+        h = F.linear(F.silu(gate) * up, layer["down"])
+    residual = residual + h
+    return F.rms_norm(residual[logits_indices], (hidden,), model.final_norm[0], RMS_EPS)

@@ -1,0 +1,169 @@
+"""The whole calibration of one model on the local GPU: memory, grid, host overhead, profile.
+
+    weights (random, from the seed) -> measured KV capacity (vLLM's profile run)
+    for each block size: a KV cache of the measured size -> grid rows (calibrate.py)
+    a real replay of a decode ramp -> host overhead per step by batch size
+    pinned-memory copies -> host link rate (prices swap preemption)
+    -> Profile (pagesim.cost.profile), saved under calibration/<gpu>/<model>/
+
+Block sizes run in the order: the fully measured ones first, so that a time budget that
+runs out leaves the most useful rows measured.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pagesim.config import EngineConfig
+from pagesim.cost.profile import Profile, ProfileMetadata, profile_dir
+from pagesim.gpu.calibrate import (
+    CalibrationGrid,
+    Progress,
+    calibrate_block_size,
+    overhead_requests,
+    overhead_rows,
+)
+from pagesim.gpu.device import device_info, require_cuda
+from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
+from pagesim.gpu.model import RandomWeightDecoder
+from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.serve import make_engine, replay
+
+ATTENTION_BACKEND = ("pagesim Triton paged attention: reshape_and_cache, split-K decode, "
+                     "varlen prefill (eager, no CUDA graphs)")
+METHOD = ("step_time_ms: host wall time of GPUModelRunner.execute_model (input preparation, "
+          "forward, LM head, random sampling, device sync) on a synthetic SchedulerOutput; "
+          "2 warm-up calls, then median and p10/p90 of 3-5 timed calls. other_ms: the same "
+          "with attention replaced by the identity, timed once per (block size, batch) for "
+          "decode rows and per (block size, new tokens) for prefill rows; attention_ms = "
+          "step - other. overhead_ms: host time per engine step outside execute_model "
+          "(schedule + update_from_output + metrics), from a real replay of a decode ramp at "
+          "block size {bs}, median by batch size.")
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    profile: Profile
+    capacity: MeasuredKVCapacity
+    directory: Path | None
+    elapsed_s: float
+
+
+def gpu_key(device_name: str) -> str:
+    """pagesim's GPU name (`specs.GPUS` key) for a CUDA device name."""
+    n = device_name.lower()
+    if "h200" in n:
+        return "h200"
+    if "h100" in n:
+        return "h100-pcie" if "pcie" in n else "h100-sxm"
+    if "a100" in n:
+        return "a100-40gb" if "40gb" in n else "a100-80gb"
+    for key in ("l40s", "a10g"):
+        if key in n:
+            return key
+    return re.sub(r"[^a-z0-9]+", "-", n).strip("-") or "gpu"
+
+
+def measure_host_link(device: torch.device, nbytes: int = 1 << 30, repeats: int = 3) -> float:
+    """Bytes/s of pinned host <-> device copies (mean of both directions, median of repeats)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    rates = []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(device)
+        t_in = time.perf_counter() - t
+        t = time.perf_counter()
+        host.copy_(dev, non_blocking=True)
+        torch.cuda.synchronize(device)
+        t_out = time.perf_counter() - t
+        rates.append(2 * nbytes / (t_in + t_out))
+    del host, dev
+    return sorted(rates[1:])[len(rates[1:]) // 2]
+
+
+def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch.dtype,
+                    seed: int = 0, calibration_root: str | Path | None = "calibration",
+                    progress: Progress | None = None, time_budget_s: float | None = None,
+                    log: Callable[[str], None] = print) -> CalibrationResult:
+    """Calibrate `config.model` on this GPU; save the profile if `calibration_root` is set."""
+    require_cuda()
+    t_start = time.monotonic()
+    deadline = None if time_budget_s is None else t_start + time_budget_s
+    device = torch.device("cuda")
+    info = device_info(device)
+    before = MemorySnapshot.take(device)
+    order = sorted(set(grid.block_sizes) | {config.block_size},
+                   key=lambda b: (b not in grid.full_block_sizes, b))
+    model = RandomWeightDecoder(config.model_spec, dtype, device, order[0], seed)
+    capacity = measure_kv_capacity(config, model, before, tuple(order))
+    log(capacity.report())
+    decode, prefill, mixed = [], [], []
+    for bs in order:
+        if bs not in grid.block_sizes:
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            log(f"time budget spent: block size {bs} not measured")
+            continue
+        runner = GPUModelRunner(config.replace(block_size=bs), capacity.num_gpu_blocks[bs],
+                                device=device, model=model, seed=seed)
+        d, p, m = calibrate_block_size(
+            runner, bs, grid, max_model_len=config.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
+            progress=progress, seed=seed, deadline=deadline)
+        decode += d
+        prefill += p
+        mixed += m
+        log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed rows, "
+            f"{time.monotonic() - t_start:.0f} s so far")
+        del runner
+        torch.cuda.empty_cache()
+    overhead = measure_overhead(config, model, capacity, grid, seed)
+    log(f"host overhead rows: {len(overhead)}")
+    host_link = measure_host_link(device)
+    meta = ProfileMetadata(
+        gpu=gpu_key(info["gpu_name"]), model=config.model, gpu_name=info["gpu_name"],
+        driver=info.get("driver", ""), cuda=info["cuda"], torch=info["torch"],
+        triton=info["triton"], dtype=str(dtype).removeprefix("torch."), date=info["date"],
+        kv_cache_dtype=config.kv_cache_dtype, attention_backend=ATTENTION_BACKEND,
+        grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
+        gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
+        device={k: v for k, v in info.items() if k in (
+            "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
+        method=METHOD.format(bs=config.block_size),
+        notes=(f"random-weight {config.model} (seed {seed}); max_num_seqs "
+               f"{config.max_num_seqs}, max_num_batched_tokens "
+               f"{config.max_num_batched_tokens}, max_model_len {config.max_model_len}; "
+               f"measured KV capacity vs sizing's estimate (blocks, %): "
+               + ", ".join(f"bs{b}: {capacity.error_pct(b):+.2f}"
+                           for b in sorted(capacity.num_gpu_blocks))))
+    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead))
+    directory = None
+    if calibration_root is not None:
+        directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))
+    return CalibrationResult(profile, capacity, directory, time.monotonic() - t_start)
+
+
+def measure_overhead(config: EngineConfig, model: RandomWeightDecoder,
+                     capacity: MeasuredKVCapacity, grid: CalibrationGrid, seed: int):
+    """Replay a decode ramp (all requests at t=0, staggered lengths) and bin host time."""
+    bs = config.block_size
+    model.set_block_size(bs)
+    cfg = config.replace(block_size=bs)
+    scheduler = make_engine(cfg, capacity.num_gpu_blocks[bs])
+    runner = GPUModelRunner(cfg, capacity.num_gpu_blocks[bs], device=model.device, model=model,
+                            seed=seed)
+    n = min(grid.overhead_max_reqs, config.max_num_seqs)
+    run = replay(overhead_requests(n, block_size=bs), scheduler, runner)
+    del runner
+    torch.cuda.empty_cache()
+    return overhead_rows(run.steps[1:], max_reqs=n)

@@ -1,0 +1,256 @@
+"""`GPUModelRunner`: executes a scheduled step on the GPU with the random-weight model.
+
+It implements the `ModelRunner` protocol (`pagesim.scheduler.output`), the same seam as the
+simulator's `CostModelRunner`, so the scheduler cannot tell them apart. One step:
+
+    1. prepare (host): input ids, positions, block tables, slot mapping, query starts, built
+       by the core's own functions (`pagesim.kvcache.block_table`, via the attention backend)
+       and copied to the device;
+    2. device, in stream order: swap-out copies (GPU -> pinned CPU cache), swap-in copies,
+       copy-on-write block copies, the forward pass, the LM head and the sampler;
+    3. the sampled ids come back to the host (the sync vLLM also makes every step); the
+       runner returns `synthetic_token(...)` for every request that completed its tokens,
+       exactly as the simulator's runner does, so both worlds produce the same tokens.
+
+Timing: CUDA events between the device phases (`time_breakdown_s`: "swap", "copy",
+"forward", "sample" in device seconds, "prepare" in host seconds) and `step_time_s` the
+wall time of the whole call. Every step is also appended to `step_records` with its batch
+shape, for calibration checks and the per-step records of a real run.
+
+Eager execution only (no CUDA graphs): every step launches its kernels from Python. This is
+slower than vLLM's graph-captured decode for small batches; the calibration measures the
+same eager path, so the simulator predicts what this runner does.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pagesim.config import EngineConfig
+from pagesim.gpu.attention import AttentionMetadata
+from pagesim.gpu.model import KVCache, RandomWeightDecoder
+from pagesim.kvcache.block_table import build_positions
+from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
+from pagesim.specs import ModelSpec
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """Device tensors of one step. `T` = tokens of the step, `S` = scheduled sequences."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    logits_indices: torch.Tensor  # [S] int64, last row of every sequence
+    metadata: AttentionMetadata
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One executed step: its shape and where its time went (seconds)."""
+
+    step_id: int
+    num_reqs: int
+    num_tokens: int
+    num_decode_reqs: int
+    num_prefill_tokens: int
+    context_sum: int  # sum of num_computed_tokens before the step
+    prepare_s: float  # host: building and copying the inputs
+    swap_s: float  # device: swap-out + swap-in copies
+    copy_s: float  # device: copy-on-write copies
+    forward_s: float  # device: the forward pass
+    sample_s: float  # device: LM head + sampler
+    wall_s: float  # the whole execute_model call, host wall clock
+
+
+class GPUModelRunner:
+    """Runs the random-weight model of `config.model` over a paged KV cache on `device`.
+
+    `num_gpu_blocks` blocks of `config.block_size` tokens per layer (block 0 is the null
+    block); `num_cpu_blocks` pinned CPU blocks for swap preemption (0: no swap cache).
+    """
+
+    def __init__(self, config: EngineConfig, num_gpu_blocks: int, *,
+                 device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
+                 seed: int = 0, num_cpu_blocks: int = 0, temperature: float = 1.0,
+                 model: RandomWeightDecoder | None = None, time_steps: bool = True,
+                 spec: ModelSpec | None = None) -> None:
+        self.config = config
+        self.spec = spec or config.model_spec
+        self.device = torch.device(device)
+        self.block_size = config.block_size
+        self.model = model or RandomWeightDecoder(self.spec, dtype, self.device,
+                                                  config.block_size, seed)
+        if self.model.attn.block_size != config.block_size:
+            self.model.set_block_size(config.block_size)
+        self.dtype = self.model.dtype
+        self.vocab_size = self.spec.vocab_size
+        self.temperature = temperature
+        self.time_steps = time_steps and self.device.type == "cuda"
+        self.num_gpu_blocks = num_gpu_blocks
+        self.kv_caches: KVCache = allocate_kv_cache(self.model, num_gpu_blocks, self.device)
+        self.num_cpu_blocks = num_cpu_blocks
+        self.cpu_caches: KVCache = (allocate_kv_cache(self.model, num_cpu_blocks, "cpu",
+                                                      pin=self.device.type == "cuda")
+                                    if num_cpu_blocks else [])
+        self.step_records: list[StepRecord] = []
+        self.record_steps = True
+        # Calibration only: run every layer with attention replaced by the identity.
+        self.skip_attention = False
+        # The last step's inputs and final hidden rows, kept for tests (references only).
+        self.last_inputs: StepInputs | None = None
+        self.last_hidden: torch.Tensor | None = None
+        self._events = ([torch.cuda.Event(enable_timing=True) for _ in range(5)]
+                        if self.time_steps else None)
+
+    # ---- the protocol ---------------------------------------------------------------------
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        t0 = time.perf_counter()
+        out = scheduler_output
+        inputs = self.prepare_inputs(out) if out.scheduled else None
+        t_prep = time.perf_counter() - t0
+        ev = self._events
+        if ev is not None:
+            ev[0].record()
+        self._swap(out)
+        if ev is not None:
+            ev[1].record()
+        self._copy_blocks(out.blocks_to_copy)
+        if ev is not None:
+            ev[2].record()
+        sampled: dict[str, int] = {}
+        if inputs is not None:
+            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.metadata,
+                                        self.kv_caches, inputs.logits_indices,
+                                        skip_attention=self.skip_attention)
+            self.last_inputs, self.last_hidden = inputs, hidden
+            if ev is not None:
+                ev[3].record()
+            ids = self.model.sample(self.model.compute_logits(hidden), self.temperature)
+            if ev is not None:
+                ev[4].record()
+            ids.tolist()  # the per-step device sync vLLM makes to read the sampled tokens
+            vocab = self.vocab_size
+            for sr in out.scheduled:
+                req = sr.request
+                # A request samples when this step brings its K/V up to all its tokens; a
+                # prefill chunk that stops inside the prompt samples nothing.
+                if sr.num_computed_tokens + sr.num_new_tokens >= req.num_tokens:
+                    sampled[req.request_id] = synthetic_token(req, len(req.output_token_ids),
+                                                              vocab)
+        elif ev is not None:
+            ev[3].record()
+            ev[4].record()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - t0
+        breakdown = self._breakdown(t_prep)
+        if self.record_steps:
+            self._record(out, breakdown, wall)
+        return ModelRunnerOutput(step_time_s=wall, sampled_token_ids=sampled,
+                                 time_breakdown_s=breakdown)
+
+    # ---- inputs -----------------------------------------------------------------------------
+    def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
+        """Host-side inputs of a step, on the device (see `StepInputs`)."""
+        sched = out.scheduled
+        starts = [sr.num_computed_tokens for sr in sched]
+        news = [sr.num_new_tokens for sr in sched]
+        vocab = self.vocab_size
+        ids: list[int] = []
+        for sr, start, n in zip(sched, starts, news):
+            req = sr.request
+            if n == 1 and start >= req.num_prompt_tokens:  # decode: the last sampled token
+                ids.append(req.output_token_ids[start - req.num_prompt_tokens] % vocab)
+            else:
+                ids.extend(t % vocab for t in req.token_ids_slice(start, start + n))
+        positions = build_positions(starts, news)
+        metadata = self.model.attn.build_metadata(
+            [sr.block_ids for sr in sched], starts, news, self.device)
+        dev = self.device
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
+            positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
+            logits_indices=(metadata.query_start_loc[1:] - 1).to(torch.int64),
+            metadata=metadata)
+
+    # ---- block movement ---------------------------------------------------------------------
+    def _swap(self, out: SchedulerOutput) -> None:
+        """Swap-out (GPU -> CPU) then swap-in (CPU -> GPU), every layer, K and V."""
+        if not (out.blocks_to_swap_out or out.blocks_to_swap_in):
+            return
+        if not self.cpu_caches:
+            raise RuntimeError("the scheduler asked for swaps but the runner has no CPU cache "
+                               "(num_cpu_blocks=0)")
+        if out.blocks_to_swap_out:
+            src, dst = _index_pair(out.blocks_to_swap_out)
+            src_d = src.to(self.device)
+            for (gk, gv), (ck, cv) in zip(self.kv_caches, self.cpu_caches):
+                ck[dst] = gk.index_select(0, src_d).cpu()
+                cv[dst] = gv.index_select(0, src_d).cpu()
+        if out.blocks_to_swap_in:
+            src, dst = _index_pair(out.blocks_to_swap_in)
+            dst_d = dst.to(self.device)
+            for (gk, gv), (ck, cv) in zip(self.kv_caches, self.cpu_caches):
+                gk.index_copy_(0, dst_d, ck.index_select(0, src).to(self.device,
+                                                                    non_blocking=True))
+                gv.index_copy_(0, dst_d, cv.index_select(0, src).to(self.device,
+                                                                    non_blocking=True))
+
+    def _copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: block `src` -> block `dst` in every layer's K and V."""
+        if not pairs:
+            return
+        src, dst = _index_pair(pairs)
+        src, dst = src.to(self.device), dst.to(self.device)
+        for k, v in self.kv_caches:
+            k.index_copy_(0, dst, k.index_select(0, src))
+            v.index_copy_(0, dst, v.index_select(0, src))
+
+    # ---- timing -----------------------------------------------------------------------------
+    def _breakdown(self, prepare_s: float) -> dict[str, float]:
+        ev = self._events
+        if ev is None:
+            return {"prepare": prepare_s}
+        ms = [ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(4)]
+        return {"prepare": prepare_s, "swap": ms[0], "copy": ms[1], "forward": ms[2],
+                "sample": ms[3]}
+
+    def _record(self, out: SchedulerOutput, b: dict[str, float], wall: float) -> None:
+        num_decode = 0
+        prefill = 0
+        ctx = 0
+        for sr in out.scheduled:
+            ctx += sr.num_computed_tokens
+            if sr.num_new_tokens == 1 and sr.num_computed_tokens > 0:
+                num_decode += 1
+            else:
+                prefill += sr.num_new_tokens
+        self.step_records.append(StepRecord(
+            out.step_id, len(out.scheduled), out.total_num_scheduled_tokens, num_decode, prefill,
+            ctx, b["prepare"], b.get("swap", 0.0), b.get("copy", 0.0), b.get("forward", 0.0),
+            b.get("sample", 0.0), wall))
+
+
+def allocate_kv_cache(model: RandomWeightDecoder, num_blocks: int, device: torch.device | str,
+                      pin: bool = False) -> KVCache:
+    """Per layer (key, value) caches `[num_blocks, block_size, num_kv_heads, head_size]`.
+
+    One allocation for all layers (so the memory is contiguous and counted once); block 0 is
+    the null block that padded block-table entries point at.
+    """
+    shape = model.attn.kv_cache_shape(num_blocks)
+    layers = model.spec.num_layers
+    whole = torch.empty((layers, 2, *shape), dtype=model.dtype, device=device,
+                        pin_memory=pin)
+    if torch.device(device).type == "cpu" and not pin:
+        whole.zero_()  # the CPU interpreter reads padding rows: keep them finite
+    return [(whole[i, 0], whole[i, 1]) for i in range(layers)]
+
+
+def _index_pair(pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    src = torch.tensor([p[0] for p in pairs], dtype=torch.int64)
+    dst = torch.tensor([p[1] for p in pairs], dtype=torch.int64)
+    return src, dst

@@ -1,0 +1,226 @@
+"""Real-time replay of a workload through the shared `Scheduler` and the `GPUModelRunner`.
+
+The engine loop of `vllm serve` (engine core, no async scheduling), in wall-clock time:
+
+    loop:
+        admit every request whose arrival time has passed      (clients send at arrival)
+        idle and none left to arrive soon?  sleep until the next arrival
+        out = scheduler.schedule()                             host, measured
+        runner.execute_model(out)                              prepare + GPU + sync, measured
+        scheduler.update_from_output(...)                      host, measured
+        tokens of this step become visible now                 (TTFT / ITL / E2E clocks)
+
+Times are seconds since the run started (`perf_counter`), in the same `MetricsCollector`
+(`pagesim.metrics`) the simulator fills, so `summarize` gives the same result keys. A request
+is recorded as arriving at its planned arrival time (the client's send time, as `vllm bench
+serve` measures TTFT), even when the busy engine picks it up a little later: that wait is part
+of its TTFT, as in vLLM. The scheduler's CPU time between steps is real here and lands in the
+step records (`ServeStep`), which is what the calibration's host-overhead table measures.
+
+Single-turn workloads only: closed-loop multi-turn sessions are decided by the simulator's
+client processes and are not replayed here.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pagesim.config import EngineConfig
+from pagesim.errors import ConfigError, WorkloadError
+from pagesim.kvcache.kv_cache_manager import KVCacheManager
+from pagesim.kvcache.sizing import page_size_bytes
+from pagesim.metrics import MetricsCollector
+from pagesim.request import Request, RequestStatus
+from pagesim.scheduler.scheduler import Scheduler
+
+# () -> (kv_usage, token_state, reserved, internal_frag, external_frag), fractions of KV memory
+KVProbe = Callable[[], tuple[float, float, float, float, float]]
+SPIN_S = 0.002  # sleep until this close to an arrival, then spin (sleep overshoots ~0.1 ms+)
+
+
+@dataclass(slots=True)
+class ServeStep:
+    """Host and device time of one engine step of a real run (seconds)."""
+
+    start_s: float  # since the run started
+    num_reqs: int
+    num_tokens: int
+    schedule_s: float  # Scheduler.schedule()
+    execute_s: float  # GPUModelRunner.execute_model (prepare + device + sync)
+    update_s: float  # update_from_output + metrics bookkeeping
+    period_s: float  # start of this step to start of the loop's next action
+
+    @property
+    def host_overhead_s(self) -> float:
+        """Loop time outside execute_model: what overhead.csv models."""
+        return self.period_s - self.execute_s
+
+
+@dataclass
+class ServeRun:
+    """Everything a real run produced."""
+
+    metrics: MetricsCollector
+    steps: list[ServeStep] = field(default_factory=list)
+    num_preemptions: int = 0
+    wall_s: float = 0.0
+
+
+def make_engine(config: EngineConfig, num_gpu_blocks: int) -> Scheduler:
+    """The scheduler over a paged KV cache of `num_gpu_blocks`, assembled as the simulator
+    assembles it (`pagesim.sim.build`, which this layer may not import): same manager
+    arguments, same swap pool sizing."""
+    manager = KVCacheManager(
+        num_gpu_blocks=num_gpu_blocks, block_size=config.block_size,
+        enable_caching=config.enable_prefix_caching,
+        sliding_window=config.model_spec.sliding_window, vllm_compat=config.vllm_compat)
+    page = page_size_bytes(config.model_spec, config.block_size, config.kv_cache_dtype,
+                           config.tensor_parallel_size)
+    return Scheduler(config, manager, page_size_bytes=page)
+
+
+def replay(requests: Sequence[Request], scheduler, runner, *, kv_probe: KVProbe | None = None,
+           clock: Callable[[], float] = time.perf_counter,
+           sleep: Callable[[float], None] = time.sleep,
+           max_wall_s: float | None = None, disable_gc: bool = True) -> ServeRun:
+    """Serve `requests` (arrival_time = seconds from the start) in real time.
+
+    `scheduler` is a `pagesim.scheduler.Scheduler`, `runner` any `ModelRunner` (the GPU runner
+    here; a cost-model runner makes this a wall-clock dry run for tests). Requests are not
+    copied: pass fresh ones. `max_wall_s` aborts the run (remaining requests are aborted and
+    recorded as failed) so that a time-limited session still ends. Python's cyclic GC is
+    paused during the run (a collection in the loop is a latency spike vLLM's engine avoids
+    by freezing its heap; pagesim's simulator has none either).
+    """
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_time, i))
+    pending = [requests[i] for i in order]
+    for r in pending:
+        if r.session_id is not None:
+            raise WorkloadError(f"request_id={r.request_id!r}: multi-turn sessions cannot be "
+                                "replayed on the GPU (single-turn workloads only)")
+    metrics = MetricsCollector()
+    run = ServeRun(metrics)
+    records = metrics.records
+    probe = kv_probe or _usage_probe(scheduler)
+    gc_was_enabled = gc.isenabled()
+    if disable_gc:
+        gc.collect()
+        gc.disable()
+    try:
+        _loop(pending, scheduler, runner, metrics, records, probe, run, clock, sleep, max_wall_s)
+    finally:
+        if disable_gc and gc_was_enabled:
+            gc.enable()
+    return run
+
+
+def _admit(pending, i, now, scheduler, metrics) -> int:
+    """Add every request that has arrived by `now`; returns the next pending index."""
+    n = len(pending)
+    while i < n and pending[i].arrival_time <= now:
+        req = pending[i]
+        metrics.on_arrival(req, req.arrival_time)
+        scheduler.add_request(req)
+        if req.status == RequestStatus.FINISHED_REJECTED:
+            metrics.on_reject(req, now)
+        i += 1
+    return i
+
+
+def _loop(pending, scheduler, runner, metrics, records, probe, run, clock, sleep,
+          max_wall_s) -> None:
+    t0 = clock()
+    i = 0
+    n = len(pending)
+    on_token = metrics.on_token
+    last: ServeStep | None = None
+    while True:
+        now = clock() - t0
+        i = _admit(pending, i, now, scheduler, metrics)
+        if max_wall_s is not None and now > max_wall_s:
+            _abort_rest(pending, i, scheduler, metrics, now)
+            break
+        if not scheduler.has_unfinished_requests():
+            if i >= n:
+                break
+            _wait_until(pending[i].arrival_time, t0, clock, sleep)
+            continue
+        t_sched = clock()
+        if last is not None:
+            last.period_s = t_sched - t0 - last.start_s
+        out = scheduler.schedule()
+        start = t_sched - t0
+        for sr in out.scheduled:
+            req = sr.request
+            if sr.num_computed_tokens == (req.num_cached_tokens or 0):
+                metrics.on_first_scheduled(req, start)
+        t_exec = clock()
+        result = runner.execute_model(out)
+        t_upd = clock()
+        finished = scheduler.update_from_output(out, result)
+        visible = clock() - t0
+        for request_id in result.sampled_token_ids:
+            rec = records.get(request_id)
+            if rec is not None:
+                on_token(rec, visible)
+        for req in finished:
+            metrics.on_finish(req, visible)
+        run.num_preemptions += len(out.preempted_req_ids)
+        _on_step(metrics, out, scheduler, probe, start, visible - start)
+        t_end = clock()
+        last = ServeStep(start, len(out.scheduled), out.total_num_scheduled_tokens,
+                         t_exec - t_sched, t_upd - t_exec, t_end - t_upd, t_end - t_sched)
+        run.steps.append(last)
+    run.wall_s = clock() - t0
+
+
+def _on_step(metrics, out, scheduler, probe, start: float, step_time: float) -> None:
+    num_prefill = 0
+    num_decode = 0
+    for sr in out.scheduled:
+        if sr.num_new_tokens == 1 and sr.num_computed_tokens > 0:
+            num_decode += 1
+        else:
+            num_prefill += sr.num_new_tokens
+    num_running, num_waiting = scheduler.get_request_counts()
+    usage, token_state, reserved, internal, external = probe()
+    metrics.on_step((start, step_time, len(out.scheduled), out.total_num_scheduled_tokens,
+                     num_prefill, num_decode, num_running, num_waiting, usage, token_state,
+                     reserved, internal, external, len(out.preempted_req_ids), out.swap_bytes))
+
+
+def _wait_until(target: float, t0: float, clock, sleep) -> None:
+    """Sleep, then spin, until `target` seconds after `t0`."""
+    while True:
+        left = target - (clock() - t0)
+        if left <= 0:
+            return
+        if left > SPIN_S:
+            sleep(left - SPIN_S)
+
+
+def _abort_rest(pending, i, scheduler, metrics, now: float) -> None:
+    for req in pending[i:]:
+        metrics.on_arrival(req, req.arrival_time)
+    for req in scheduler.finish_requests(list(scheduler.requests), reason="wall-clock limit"):
+        rec = metrics.records[req.request_id]
+        rec.reject_reason = req.reject_reason
+        rec.finish_time = now
+    for req in pending[i:]:
+        rec = metrics.records[req.request_id]
+        rec.reject_reason = "wall-clock limit"
+        rec.finish_time = now
+
+
+def _usage_probe(scheduler) -> KVProbe:
+    """KV usage from the manager; the waste breakdown is the simulator's (NaN here)."""
+    kv = scheduler.kv_cache_manager
+    nan = float("nan")
+
+    def probe() -> tuple[float, float, float, float, float]:
+        return float(kv.usage), nan, nan, nan, nan
+
+    return probe

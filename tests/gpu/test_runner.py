@@ -1,0 +1,143 @@
+"""GPUModelRunner end to end on the tiny model (CPU: Triton interpreter, fp32).
+
+Two engines run in lockstep on the same requests: the GPU runner under one scheduler and the
+simulator's cost-model runner under another. Every step must agree on the scheduling decisions
+(requests, token counts, block tables), the runner's slot mapping and block table must be the
+core's own functions of those decisions, the sampled tokens must be the simulator's, and the
+runner's final hidden rows must equal a dense fp32 forward over each sequence's whole token
+history, which holds only if every K/V was written to, and read from, the right slot (also
+across prefix-cache hits and swap preemption).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagesim.config import EngineConfig
+from pagesim.gpu.model import reference_attention_forward
+from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.serve import make_engine
+from pagesim.kvcache.block_table import build_block_table, build_slot_mapping
+from pagesim.request import Request
+from pagesim.sim.runner import CostModelRunner
+
+
+class _ConstantCost:
+    def step_time(self, batch) -> float:
+        return 0.01
+
+
+def _config(**kw) -> EngineConfig:
+    base = dict(model="tiny-llama", gpu="h200", block_size=16, max_num_seqs=3,
+                max_num_batched_tokens=48, max_model_len=256)
+    base.update(kw)
+    return EngineConfig.create(**base)
+
+
+def _requests(prompts: list[list[int]], max_tokens: list[int]) -> list[Request]:
+    return [Request(f"r{i}", p, max_tokens=m) for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+
+
+def _dense_rows(model, sched) -> torch.Tensor:
+    """Final hidden row of each scheduled sequence, from scratch over its whole history."""
+    rows = []
+    vocab = model.spec.vocab_size
+    for sr in sched:
+        n = sr.num_computed_tokens + sr.num_new_tokens
+        ids = torch.tensor([t % vocab for t in sr.request.token_ids_slice(0, n)])
+        past = [{} for _ in model.layers]
+        rows.append(reference_attention_forward(model, ids, torch.arange(n), [(0, n, 0)], past,
+                                                torch.tensor([n - 1]))[0])
+    return torch.stack(rows)
+
+
+def _lockstep(config: EngineConfig, num_gpu_blocks: int, make_requests, max_steps: int = 60,
+              check_every: int = 1) -> dict[str, int]:
+    gpu_sched = make_engine(config, num_gpu_blocks)
+    sim_sched = make_engine(config, num_gpu_blocks)
+    num_cpu = gpu_sched.swap_pool.num_blocks if gpu_sched.swap_pool is not None else 0
+    runner = GPUModelRunner(config, num_gpu_blocks, device="cpu", dtype=torch.float32, seed=3,
+                            num_cpu_blocks=num_cpu, temperature=0.0)
+    sim_runner = CostModelRunner(_ConstantCost(), vocab_size=config.model_spec.vocab_size)
+    for a, b in zip(make_requests(), make_requests()):
+        gpu_sched.add_request(a)
+        sim_sched.add_request(b)
+    seen = {"steps": 0, "prefix_hits": 0, "preemptions": 0, "swaps": 0, "chunks": 0}
+    for step in range(max_steps):
+        if not gpu_sched.has_unfinished_requests():
+            break
+        out_g, out_s = gpu_sched.schedule(), sim_sched.schedule()
+        got = [(s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids)
+               for s in out_g.scheduled]
+        want = [(s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids)
+                for s in out_s.scheduled]
+        assert got == want, f"step {step}: schedules differ"
+        assert out_g.blocks_to_swap_out == out_s.blocks_to_swap_out
+        assert out_g.blocks_to_swap_in == out_s.blocks_to_swap_in
+        res_g, res_s = runner.execute_model(out_g), sim_runner.execute_model(out_s)
+        assert res_g.sampled_token_ids == res_s.sampled_token_ids, f"step {step}: tokens"
+        if out_g.scheduled:
+            md = runner.last_inputs.metadata
+            rows = [s.block_ids for s in out_g.scheduled]
+            starts = [s.num_computed_tokens for s in out_g.scheduled]
+            news = [s.num_new_tokens for s in out_g.scheduled]
+            assert md.slot_mapping.tolist() == build_slot_mapping(rows, starts, news, 16)
+            assert md.block_table.tolist() == build_block_table(rows)
+            if step % check_every == 0:
+                ref = _dense_rows(runner.model, out_g.scheduled)
+                err = (runner.last_hidden - ref).norm() / ref.norm()
+                assert err < 1e-4, f"step {step}: hidden rows differ from dense (rel {err:.2e})"
+        seen["steps"] += 1
+        seen["prefix_hits"] += sum(s.num_prefix_hit_tokens > 0 for s in out_g.scheduled)
+        seen["preemptions"] += len(out_g.preempted_req_ids)
+        seen["swaps"] += len(out_g.blocks_to_swap_in)
+        seen["chunks"] += sum(s.num_computed_tokens + s.num_new_tokens < s.request.num_tokens
+                              for s in out_g.scheduled)
+        fin_g = gpu_sched.update_from_output(out_g, res_g)
+        fin_s = sim_sched.update_from_output(out_s, res_s)
+        assert [r.request_id for r in fin_g] == [r.request_id for r in fin_s]
+    assert not gpu_sched.has_unfinished_requests(), "run did not finish"
+    return seen
+
+
+def test_lockstep_with_prefix_hits_and_chunked_prefill() -> None:
+    shared = [(7 * j + 3) % 500 for j in range(40)]  # 2.5 blocks of a shared system prompt
+
+    def make():
+        return _requests([shared + [11, 12, 13], list(range(100, 170)),
+                          shared + [21, 22, 23, 24, 25]], [4, 3, 5])
+
+    seen = _lockstep(_config(), 64, make)
+    assert seen["prefix_hits"] >= 1  # the third request reuses the first's full blocks
+    assert seen["chunks"] >= 1  # a 70-token prompt under a 48-token budget is chunked
+
+
+def test_lockstep_through_swap_preemption() -> None:
+    """A cache too small for both requests: one is swapped out and back in; its K/V must
+    survive the round trip through the pinned CPU cache."""
+    def make():
+        return _requests([list(range(1, 30)), list(range(200, 229))], [20, 20])
+
+    cfg = _config(preemption_mode="swap", max_num_batched_tokens=64, swap_space=0.001)
+    seen = _lockstep(cfg, 6, make, check_every=3)
+    assert seen["preemptions"] >= 1 and seen["swaps"] >= 1
+
+
+def test_copy_on_write_copies_every_layer() -> None:
+    runner = GPUModelRunner(_config(), 8, device="cpu", dtype=torch.float32, seed=0)
+    for k, v in runner.kv_caches:
+        k.normal_()
+        v.normal_()
+    runner._copy_blocks([(2, 5), (3, 6)])
+    for k, v in runner.kv_caches:
+        assert torch.equal(k[5], k[2]) and torch.equal(v[6], v[3])
+        assert not torch.equal(k[4], k[2])
+
+
+def test_swap_without_cpu_cache_is_an_error() -> None:
+    from pagesim.scheduler.output import SchedulerOutput
+
+    runner = GPUModelRunner(_config(), 8, device="cpu", dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="no CPU cache"):
+        runner.execute_model(SchedulerOutput(step_id=0, blocks_to_swap_out=[(1, 0)]))
