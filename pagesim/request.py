@@ -56,7 +56,8 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.prompt_token_ids = list(self.prompt_token_ids)
+        if not isinstance(self.prompt_token_ids, list):  # a list is taken as is: no copy
+            self.prompt_token_ids = list(self.prompt_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:
