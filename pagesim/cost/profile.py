@@ -7,7 +7,9 @@ On disk, `calibration/<gpu>/<model>/` holds
     decode.csv     block_size, batch_size, context_len, step_time_ms, step_time_p10_ms,
                    step_time_p90_ms, attention_ms, other_ms
     prefill.csv    block_size, num_new_tokens, num_cached_tokens, step_time_ms, ... (as decode)
-    mixed.csv      (optional) one prefill chunk plus a decode batch of equal contexts
+    mixed.csv      (optional) one prefill chunk plus a decode batch of equal contexts:
+                   block_size, num_new_tokens, num_cached_tokens, decode_batch_size,
+                   decode_context_len, step_time_ms, ... (as decode)
     overhead.csv   (optional) num_reqs, overhead_ms, overhead_p10_ms, overhead_p90_ms
 
 Semantics of a row: `step_time_ms` is the median device time of the step over repeats (p10/p90
@@ -17,9 +19,17 @@ rest of the step (`attention_ms + other_ms` is about `step_time_ms`). Contexts a
 sequences of one new token over `context_len` cached tokens each. `overhead.csv` holds host time
 spent between steps (input preparation), outside the measured device time.
 
-The GPU calibrator fills the records and calls `Profile.save(dir)`; the simulator calls
-`Profile.load(dir)`. Any malformed file raises `ProfileError` with one line naming the file,
-the line, the field and the value. Floats are written with `repr`, so save-then-load is exact.
+The GPU calibrator fills the records and saves them; the simulator loads them:
+
+    meta = ProfileMetadata(gpu="h200", model="llama-2-7b", gpu_name=..., driver=..., cuda=...,
+                           torch=..., triton=..., dtype="bfloat16", date=..., grid=...,
+                           num_gpu_blocks={16: ...}, method="CUDA events, 3 warm-up, 20 runs")
+    Profile(meta, decode=tuple(decode_rows), prefill=tuple(prefill_rows),
+            mixed=tuple(mixed_rows)).save(profile_dir("calibration", "h200", "llama-2-7b"))
+    profile = Profile.load(profile_dir("calibration", "h200", "llama-2-7b"))
+
+Any malformed file raises `ProfileError` with one line naming the file, the line, the field and
+the value. Floats are written with `repr`, so save-then-load is exact.
 """
 
 from __future__ import annotations
