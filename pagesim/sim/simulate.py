@@ -1,0 +1,255 @@
+"""One simulation: a workload's traffic against one replica, summarised as `vllm bench` does.
+
+    plan = workload.sample(num_prompts, seed)      sessions, lengths, arrival times
+    clients (SimPy processes) --add_request--> ServingEngine --steps--> MetricsCollector
+    summarize(metrics) + KV and scheduler counters -> result dict (vllm bench's JSON keys)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import simpy
+
+from pagesim.config import EngineConfig
+from pagesim.errors import ConfigError, PagesimError
+from pagesim.kvcache.contiguous import ContiguousKVCacheManager
+from pagesim.kvcache.waste import WasteAverager, kv_waste
+from pagesim.metrics import MetricsCollector, summarize
+from pagesim.request import Request
+from pagesim.sim.arrivals import session_arrival_times
+from pagesim.sim.build import build_cost_model, build_scheduler
+from pagesim.sim.engine import ServingEngine
+from pagesim.sim.runner import CostModelRunner
+from pagesim.workload import load_workload
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """The traffic side of a run, with `vllm bench serve`'s names."""
+
+    workload: str = "chat"
+    num_prompts: int = 1000
+    request_rate: float | None = None  # req/s; None: the workload's own arrivals; inf: all at 0
+    burstiness: float = 1.0  # gamma shape of inter-arrival gaps (1 = Poisson)
+    max_concurrency: int | None = None  # in-flight request cap, as vllm bench's semaphore
+    seed: int = 0
+    random_input_len: int | None = None
+    random_output_len: int | None = None
+    random_range_ratio: float | None = None
+    random_prefix_len: int | None = None
+    time_scale: float | None = None  # trace replay: multiply trace timestamps by this
+    percentiles: tuple[float, ...] = (99,)
+    goodput_slos_ms: tuple[tuple[str, float], ...] = ()  # (("ttft", 500.0), ...)
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1:
+            raise ConfigError(f"num_prompts={self.num_prompts}: must be >= 1")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ConfigError(f"request_rate={self.request_rate}: must be > 0 (or inf)")
+        if not self.burstiness > 0:
+            raise ConfigError(f"burstiness={self.burstiness}: must be > 0")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ConfigError(f"max_concurrency={self.max_concurrency}: must be >= 1")
+        for p in self.percentiles:
+            if not 0 < p < 100:
+                raise ConfigError(f"metric percentile {p}: must be in (0, 100)")
+
+
+@dataclass
+class SimulationResult:
+    """A finished run: the summary JSON plus the raw records behind it."""
+
+    result: dict[str, Any]  # vllm bench keys + pagesim's own
+    metrics: MetricsCollector
+    config: EngineConfig
+    load: LoadSpec
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ProgressHook = Callable[[int, int], None]  # (requests done, total)
+
+
+def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None = None,
+             check_invariants: bool = False, progress: ProgressHook | None = None
+             ) -> SimulationResult:
+    """Run `load` against one replica of `config` and summarise it."""
+    workload = load_workload(
+        load.workload, random_input_len=load.random_input_len,
+        random_output_len=load.random_output_len, random_range_ratio=load.random_range_ratio,
+        random_prefix_len=load.random_prefix_len, time_scale=load.time_scale)
+    model = config.model_spec
+    plan = workload.sample(load.num_prompts, seed=load.seed, vocab_size=model.vocab_size)
+    arrivals = session_arrival_times(plan, load.request_rate, load.burstiness, load.seed)
+
+    scheduler = build_scheduler(config, check_invariants)
+    manager = scheduler.kv_cache_manager
+    runner = CostModelRunner(build_cost_model(config, profile), vocab_size=model.vocab_size)
+    env = simpy.Environment()
+    metrics = MetricsCollector()
+    averager = WasteAverager()
+    probe = _kv_probe(scheduler, manager, averager, env)
+    engine = ServingEngine(env, scheduler, runner, metrics, probe)
+    clients = _Clients(env, engine, plan, arrivals, load.max_concurrency, progress)
+    env.run()
+
+    total = clients.num_sent
+    if len(metrics.records) != total or not clients.all_done:
+        raise PagesimError(f"simulation ended with {total - clients.num_done} of {total} "
+                           "requests unfinished")
+    if check_invariants:
+        _check_drained(manager)
+    result = summarize(metrics, percentiles=load.percentiles,
+                       goodput_slos_ms=dict(load.goodput_slos_ms) or None)
+    result.update(_pagesim_keys(config, scheduler, metrics, averager))
+    return SimulationResult(result=result, metrics=metrics, config=config, load=load)
+
+
+class _Clients:
+    """Users of the service: one SimPy process per session (a single request is a session of
+    one turn). Later turns are closed loop: sent a think time after the previous answer."""
+
+    def __init__(self, env: simpy.Environment, engine: ServingEngine, plan, arrivals: np.ndarray,
+                 max_concurrency: int | None, progress: ProgressHook | None) -> None:
+        self.env, self.engine, self.plan = env, engine, plan
+        self.slots = simpy.Resource(env, capacity=max_concurrency) if max_concurrency else None
+        self.progress = progress
+        self.num_sent = 0
+        self.num_done = 0
+        self.num_expected = int(len(plan.prompt_lens))
+        self._done: dict[str, simpy.Event] = {}
+        engine.on_finish.append(self._on_finish)
+        for s in range(plan.num_sessions):
+            env.process(self._user(s, float(arrivals[s])))
+
+    @property
+    def all_done(self) -> bool:
+        return self.num_done == self.num_sent == self.num_expected
+
+    def _on_finish(self, request: Request) -> None:
+        self.num_done += 1
+        event = self._done.pop(request.request_id, None)
+        if event is not None:
+            event.succeed()
+        if self.progress is not None:
+            self.progress(self.num_done, self.num_expected)
+
+    def _send(self, request: Request):
+        """Send one request and wait for its last token (holding a concurrency slot)."""
+        done = self.env.event()
+        self._done[request.request_id] = done
+        self.num_sent += 1
+        if self.slots is None:
+            self.engine.add_request(request)
+            yield done
+            return
+        with self.slots.request() as slot:
+            yield slot
+            request.arrival_time = self.env.now
+            self.engine.add_request(request)
+            yield done
+
+    def _user(self, s: int, arrival_s: float):
+        env = self.env
+        yield env.timeout(arrival_s)
+        session = self.plan.session(s)
+        request = session.first_request(env.now)
+        yield from self._send(request)
+        while session.has_next():
+            yield env.timeout(session.next_think_time_s())
+            request = session.next_request(request, env.now)
+            yield from self._send(request)
+
+
+def _kv_probe(scheduler, manager, averager: WasteAverager, env: simpy.Environment):
+    """Per-step KV state: usage and the four-way waste split, time-weighted into `averager`."""
+    contiguous = isinstance(manager, ContiguousKVCacheManager)
+    # The state after a step lasts until the next probe: weight the previous snapshot by the
+    # time since it was taken (an idle gap included).
+    last: list = [0.0, None]
+
+    def probe() -> tuple[float, float, float, float, float]:
+        waiting = scheduler.waiting
+        head = waiting.peek_request() if (contiguous and waiting) else None
+        w = kv_waste(manager, scheduler.running, head)
+        now = env.now
+        if last[1] is not None:
+            averager.add(last[1], now - last[0])
+        last[0], last[1] = now, w
+        return (manager.usage, w.token_states, w.reserved, w.internal_fragmentation,
+                w.external_fragmentation)
+
+    return probe
+
+
+def _check_drained(manager) -> None:
+    """Every block free or cached-free once all requests ended (no leak)."""
+    manager.check_invariants()
+    if manager.num_free_blocks != manager.num_usable_blocks:
+        raise PagesimError(f"KV blocks leaked: {manager.num_usable_blocks - manager.num_free_blocks}"
+                           " still in use after all requests finished")
+
+
+def _pagesim_keys(config: EngineConfig, scheduler, metrics: MetricsCollector,
+                  averager: WasteAverager) -> dict[str, Any]:
+    """pagesim's own result keys: KV usage and waste, prefix cache, preemption, batch size."""
+    steps = metrics.steps
+    dt = np.frombuffer(steps["step_time_s"], dtype=np.float64)
+    running = np.frombuffer(steps["num_reqs"], dtype=np.float64)
+    usage = np.frombuffer(steps["kv_usage"], dtype=np.float64)
+    busy = float(dt.sum())
+    stats = scheduler.stats
+    waste = averager.mean()
+    reasons: dict[str, int] = {}
+    for rec in metrics.records.values():
+        if rec.reject_reason is not None:
+            key = rec.reject_reason.split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+    query = stats.num_prefix_query_tokens
+    return {
+        "num_rejected": stats.num_rejected,
+        "rejected_reasons": dict(sorted(reasons.items())),
+        "num_preemptions": stats.num_preemptions,
+        "num_swap_preemptions": stats.num_swap_preemptions,
+        "preempted_computed_tokens": stats.preempted_computed_tokens,
+        "recomputed_tokens": stats.recomputed_tokens,
+        "swapped_out_bytes": stats.swapped_out_bytes,
+        "swapped_in_bytes": stats.swapped_in_bytes,
+        "mean_num_running": float((running * dt).sum() / busy) if busy > 0 else 0.0,
+        "max_num_running": int(running.max(initial=0)),
+        "num_steps": metrics.num_steps,
+        "busy_time_s": busy,
+        "prefix_cache_query_tokens": query,
+        "prefix_cache_hit_tokens": stats.num_prefix_hit_tokens,
+        "prefix_cache_hit_rate": stats.num_prefix_hit_tokens / query if query else 0.0,
+        "kv_cache_usage_mean": float((usage * dt).sum() / busy) if busy > 0 else 0.0,
+        "kv_cache_usage_peak": float(usage.max(initial=0.0)),
+        "kv_token_state_frac": waste.token_states if waste else 0.0,
+        "kv_reserved_frac": waste.reserved if waste else 0.0,
+        "kv_internal_frag_frac": waste.internal_fragmentation if waste else 0.0,
+        "kv_external_frag_frac": waste.external_fragmentation if waste else 0.0,
+        "kv_free_frac": waste.free if waste else 0.0,
+        "num_gpu_blocks": scheduler.kv_cache_manager.num_usable_blocks + 1,
+        "engine_config": asdict(config),
+    }
+
+
+def result_metadata(config: EngineConfig, load: LoadSpec) -> dict[str, Any]:
+    """Run metadata keys that `vllm bench serve` writes before the metrics."""
+    rate = load.request_rate
+    return {
+        "backend": "pagesim",
+        "model_id": config.model,
+        "gpu": config.gpu,
+        "workload": load.workload,
+        "num_prompts": load.num_prompts,
+        "request_rate": "inf" if rate is not None and math.isinf(rate) else rate,
+        "burstiness": load.burstiness,
+        "max_concurrency": load.max_concurrency,
+        "seed": load.seed,
+    }
