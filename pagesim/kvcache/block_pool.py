@@ -91,7 +91,8 @@ class BlockPool:
 
     def get_usage(self) -> float:
         """Used blocks / usable blocks, in [0, 1] (vLLM's `kv_cache_usage_perc`)."""
-        return 1.0 - self.free_block_queue.num_free_blocks / self.num_usable_blocks
+        usable = self.num_usable_blocks
+        return (usable - self.free_block_queue.num_free_blocks) / usable
 
     # ---- allocation ----------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:

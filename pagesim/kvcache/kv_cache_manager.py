@@ -243,10 +243,10 @@ class KVCacheManager:
         need_slots = main + num_lookahead_tokens
         if cap is not None and need_slots > cap:
             need_slots = cap
-        if window is not None and row is not None:
-            self.remove_skipped_blocks(rid, total_computed)
         self._check_ever_fits(rid, num_new_tokens,
                               self._num_live_blocks(need_slots, total_computed))
+        if window is not None and row is not None:
+            self.remove_skipped_blocks(rid, total_computed)
         needed = self.get_num_blocks_to_allocate(request, need_slots, new_computed_blocks,
                                                  num_new_computed_tokens)
         cow = (self._shared_blocks_to_replace(rid, row, request.num_computed_tokens)
