@@ -126,9 +126,8 @@ def test_bad_inputs_raise_one_line_errors(gen, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(32, 8, 128), (32, 32, 128),
-                                                              (16, 2, 256), (8, 1, 64)])
-@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_size,block_size",
+                         [(32, 8, 128, 16), (32, 32, 128, 32), (16, 2, 256, 128), (8, 1, 64, 8)])
 def test_decode_large_gpu(gen, dtype, num_heads, num_kv_heads, head_size, block_size):
     seq_lens = torch.randint(1, 6000, (24,), generator=gen).tolist() + [8192, 1]
     kv = PagedKV(gen, seq_lens, block_size, num_kv_heads, head_size, dtype, "cuda",

@@ -100,9 +100,8 @@ def test_bad_inputs_raise_one_line_errors(gen, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_size", [(32, 8, 128), (16, 16, 128),
-                                                              (8, 2, 256), (12, 4, 64)])
-@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_size,block_size",
+                         [(32, 8, 128, 16), (16, 16, 128, 32), (8, 2, 256, 64), (12, 4, 64, 8)])
 def test_prefill_large_gpu(gen, dtype, num_heads, num_kv_heads, head_size, block_size):
     seqs = [(0, 1500), (2048, 700), (0, 1), (4000, 1), (317, 1029), (0, 64)]
     for window in (None, 512):

@@ -58,15 +58,19 @@ def decode_config(head_size: int, num_queries_per_kv: int, on_gpu: bool) -> Kern
     return KernelConfig(block_m, tile_n, 4, 3)
 
 
-def prefill_config(head_size: int, num_queries_per_kv: int, on_gpu: bool) -> KernelConfig:
+def prefill_config(head_size: int, num_queries_per_kv: int, on_gpu: bool,
+                   fp32: bool = False) -> KernelConfig:
     """Prefill: `block_m` rows = `block_m // num_queries_per_kv` query tokens x their heads.
 
     GPU tiles follow the flash-attention tutorial's Hopper choice for head size <= 128
-    (128 x 64, 8 warps); head size 256 halves the query tile to stay within registers.
+    (128 x 64, 8 warps); head size 256 halves the query tile to stay within registers. fp32
+    inputs (exact IEEE dots, no tensor cores; tests only) get small tiles that do not spill.
     """
     floor = max(16, triton.next_power_of_2(num_queries_per_kv))
     if not on_gpu:
         return KernelConfig(floor, 16, 1, 1)
+    if fp32:
+        return KernelConfig(max(32, floor), 32, 4, 1)
     if head_size > 128:
         return KernelConfig(max(64, floor), 32, 4, 2)
     return KernelConfig(max(128, floor), 64, 8, 3)

@@ -59,6 +59,7 @@ def _paged_decode_kernel(
     qk_scale,  # softmax scale * log2(e)
     partition_size,  # tokens per partition (a multiple of TILE_N)
     max_parts,  # third dim of part_* buffers
+    sliding_window,  # tokens each query sees (itself included), read when USE_WINDOW
     stride_q_seq: tl.int64, stride_q_head: tl.int64,  #
     stride_o_seq: tl.int64, stride_o_head: tl.int64,  #
     stride_kc_blk: tl.int64, stride_kc_off: tl.int64, stride_kc_head: tl.int64,  #
@@ -69,7 +70,7 @@ def _paged_decode_kernel(
     HEAD_SIZE: tl.constexpr,  #
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     TILE_N: tl.constexpr,  # context tokens per iteration
-    SLIDING_WINDOW: tl.constexpr,  # 0 = none
+    USE_WINDOW: tl.constexpr,  # sliding_window applies
     SPLIT: tl.constexpr,  # write partials instead of the final output
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, else "tf32" (ignored by fp16/bf16)
 ):
@@ -79,8 +80,8 @@ def _paged_decode_kernel(
 
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     kv_start = 0
-    if SLIDING_WINDOW > 0:  # the new token (position seq_len-1) sees the last W positions
-        kv_start = tl.maximum(seq_len - SLIDING_WINDOW, 0)
+    if USE_WINDOW:  # the new token (position seq_len-1) sees the last W positions
+        kv_start = tl.maximum(seq_len - sliding_window, 0)
     lo = kv_start
     hi = seq_len
     if SPLIT:
@@ -151,17 +152,18 @@ def _paged_decode_reduce_kernel(
     seq_lens_ptr,  # [num_seqs]
     partition_size,  #
     max_parts,  #
+    sliding_window,  #
     stride_o_seq: tl.int64, stride_o_head: tl.int64,  #
     HEAD_SIZE: tl.constexpr,  #
-    SLIDING_WINDOW: tl.constexpr,  #
+    USE_WINDOW: tl.constexpr,  #
     PARTS_P2: tl.constexpr,  # max_parts rounded up to a power of two
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
     span = seq_len
-    if SLIDING_WINDOW > 0:
-        span = tl.minimum(seq_len, SLIDING_WINDOW)
+    if USE_WINDOW:
+        span = tl.minimum(seq_len, sliding_window)
     num_parts = tl.cdiv(span, partition_size)  # partitions the decode kernel wrote
 
     p = tl.arange(0, PARTS_P2)
@@ -251,21 +253,21 @@ def paged_attention_decode(
     scale = 1.0 / math.sqrt(head_size) if scale is None else scale
     _paged_decode_kernel[(num_seqs, num_kv_heads, partition.num_partitions)](
         out, *parts, query, key_cache, value_cache, block_table, seq_lens,
-        scale * LOG2E, partition.partition_size, partition.num_partitions,
+        scale * LOG2E, partition.partition_size, partition.num_partitions, window,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table.stride(0),
         QUERIES_PER_KV=group, BLOCK_M=cfg.block_m, HEAD_SIZE=head_size, BLOCK_SIZE=block_size,
-        TILE_N=cfg.tile_n, SLIDING_WINDOW=window, SPLIT=split,
+        TILE_N=cfg.tile_n, USE_WINDOW=window > 0, SPLIT=split,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out, *workspace, seq_lens, partition.partition_size, partition.num_partitions,
+            out, *workspace, seq_lens, partition.partition_size, partition.num_partitions, window,
             out.stride(0), out.stride(1),
-            HEAD_SIZE=head_size, SLIDING_WINDOW=window,
+            HEAD_SIZE=head_size, USE_WINDOW=window > 0,
             PARTS_P2=triton.next_power_of_2(partition.num_partitions),
             num_warps=4 if query.is_cuda else 1,
         )

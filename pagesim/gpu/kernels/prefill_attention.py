@@ -71,6 +71,7 @@ def _paged_prefill_kernel(
     query_start_loc_ptr,  # [num_seqs + 1]
     qk_scale,  # softmax scale * log2(e)
     num_seqs,  #
+    sliding_window,  # tokens each query sees (itself included), read when USE_WINDOW
     stride_q_tok: tl.int64, stride_q_head: tl.int64,  #
     stride_o_tok: tl.int64, stride_o_head: tl.int64,  #
     stride_kc_blk: tl.int64, stride_kc_off: tl.int64, stride_kc_head: tl.int64,  #
@@ -82,7 +83,7 @@ def _paged_prefill_kernel(
     HEAD_SIZE: tl.constexpr,  #
     BLOCK_SIZE: tl.constexpr,  #
     TILE_N: tl.constexpr,  # context tokens per iteration
-    SLIDING_WINDOW: tl.constexpr,  # 0 = none
+    USE_WINDOW: tl.constexpr,  # sliding_window applies
     DOT_PRECISION: tl.constexpr,  #
 ):
     q_block = tl.program_id(0)
@@ -110,8 +111,8 @@ def _paged_prefill_kernel(
     first_pos = ctx_len + local * BLOCK_Q
     hi = tl.minimum(seq_len, first_pos + BLOCK_Q)
     lo = 0
-    if SLIDING_WINDOW > 0:
-        lo = tl.maximum(first_pos - SLIDING_WINDOW + 1, 0)
+    if USE_WINDOW:
+        lo = tl.maximum(first_pos - sliding_window + 1, 0)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -136,8 +137,8 @@ def _paged_prefill_kernel(
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
         visible = t_mask[None, :] & (t[None, :] <= q_pos[:, None])  # causal
-        if SLIDING_WINDOW > 0:
-            visible = visible & (q_pos[:, None] - t[None, :] < SLIDING_WINDOW)
+        if USE_WINDOW:
+            visible = visible & (q_pos[:, None] - t[None, :] < sliding_window)
         s = tl.where(visible, s, float("-inf"))
         # A row may see nothing in this tile (window edge, padding rows): keep its max finite.
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -194,20 +195,21 @@ def paged_attention_prefill(
                        "seq_lens": seq_lens, "query_start_loc": query_start_loc, "out": out})
     if num_seqs == 0 or num_tokens == 0:
         return out
-    cfg = config or prefill_config(head_size, group, query.is_cuda)
+    cfg = config or prefill_config(head_size, group, query.is_cuda,
+                                   query.dtype == torch.float32)
     block_q = cfg.block_m // group
     # Upper bound on the query blocks of all sequences (see the module docstring).
     num_q_blocks = num_tokens // block_q + num_seqs
     scale = 1.0 / math.sqrt(head_size) if scale is None else scale
     _paged_prefill_kernel[(num_q_blocks, num_kv_heads)](
         out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-        scale * LOG2E, num_seqs,
+        scale * LOG2E, num_seqs, window,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         block_table.stride(0),
         QUERIES_PER_KV=group, BLOCK_Q=block_q, BLOCK_M=cfg.block_m, HEAD_SIZE=head_size,
-        BLOCK_SIZE=block_size, TILE_N=cfg.tile_n, SLIDING_WINDOW=window,
+        BLOCK_SIZE=block_size, TILE_N=cfg.tile_n, USE_WINDOW=window > 0,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
