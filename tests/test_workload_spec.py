@@ -12,7 +12,7 @@ import pytest
 from pagesim.errors import PagesimError, UnknownNameError, WorkloadError
 from pagesim.workload import load_workload, shipped_workloads
 
-SHIPPED = ["arxiv", "bwb", "chat", "code", "conversation", "mix", "mooncake-conversation",
+SHIPPED = ["arxiv", "bwb", "chat", "chat-8k", "code", "conversation", "mix", "mooncake-conversation",
            "mooncake-synthetic", "multi-turn", "random", "system-prompt"]
 LENGTHS_CSV = "num_prefill_tokens,num_decode_tokens\n100,10\n200,20\n300,30\n"
 
@@ -155,3 +155,17 @@ def test_spec_arrival_and_dists(tmp_path: Path) -> None:
     assert math.isinf(plan.arrival.rate)
     assert plan.prompt_lens.min() >= 10 and plan.prompt_lens.max() <= 20
     assert plan.output_lens.max() <= 60 and 40 < plan.output_lens.mean() < 55
+
+
+def test_max_total_tokens_filters_trace_rows(tmp_path) -> None:
+    (tmp_path / "l.csv").write_text(LENGTHS_CSV)
+    (tmp_path / "w.yaml").write_text("lengths: {trace: l.csv, max_total_tokens: 220}\n")
+    plan = load_workload(str(tmp_path / "w.yaml")).sample(num_prompts=50, seed=1)
+    assert set((plan.prompt_lens + plan.output_lens).tolist()) == {110, 220}
+
+
+def test_max_total_tokens_that_keeps_nothing_is_an_error(tmp_path) -> None:
+    (tmp_path / "l.csv").write_text(LENGTHS_CSV)
+    (tmp_path / "w.yaml").write_text("lengths: {trace: l.csv, max_total_tokens: 5}\n")
+    with pytest.raises(WorkloadError, match="max_total_tokens=5"):
+        load_workload(str(tmp_path / "w.yaml"))

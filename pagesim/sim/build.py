@@ -18,6 +18,18 @@ from pagesim.kvcache.sizing import kv_capacity, page_size_bytes
 from pagesim.scheduler.scheduler import Scheduler
 
 
+# Shipped calibration profiles: calibration/<gpu>/<model>/ in the source tree.
+CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
+
+
+def default_profile(config: EngineConfig) -> Path | None:
+    """The shipped profile measured for this model on this GPU (TP 1), if there is one."""
+    if config.tensor_parallel_size != 1:
+        return None
+    candidate = CALIBRATION_DIR / config.gpu / config.model
+    return candidate if (candidate / "profile.json").is_file() else None
+
+
 def build_kv_cache_manager(config: EngineConfig, num_gpu_blocks: int,
                            check_invariants: bool = False):
     """The paged manager, or a contiguous baseline over the same KV memory."""

@@ -172,9 +172,18 @@ def parse_spec(doc: Any, *, name: str, base_dir: Path, resolve: Resolver) -> Wor
 def _lengths(obj: Any, base_dir: Path) -> LengthModel:
     m = _mapping(obj, "lengths")
     if "trace" in m:
-        _known(m, ("trace",), "lengths")
+        _known(m, ("trace", "max_total_tokens"), "lengths")
         t = read_trace(_path(m["trace"], "lengths.trace", base_dir))
-        return TraceLengths(t.prompt_lens, t.output_lens, t.path)
+        prompt, output = t.prompt_lens, t.output_lens
+        if "max_total_tokens" in m:
+            # Keep rows that fit a context of this many tokens, as vllm bench's ShareGPT
+            # sampler drops sequences longer than the model serves.
+            limit = int(_positive(m["max_total_tokens"], "lengths.max_total_tokens"))
+            keep = prompt + output <= limit
+            if not keep.any():
+                raise WorkloadError(f"lengths.max_total_tokens={limit}: no row of {t.path} fits")
+            prompt, output = prompt[keep], output[keep]
+        return TraceLengths(prompt, output, t.path)
     if "random" in m:
         _known(m, ("random",), "lengths")
         r = _mapping(m["random"], "lengths.random")

@@ -1,0 +1,111 @@
+"""`pagesim run`: one simulation, reported exactly as `vllm bench serve` reports a benchmark."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pagesim.cli import options as o
+from pagesim.cli.app import app
+from pagesim.metrics import format_benchmark_block
+from pagesim.sim.build import default_profile
+from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
+from pagesim.sim.simulate import result_metadata, simulate
+
+DEFAULTS = {"workload": "chat", "num_prompts": 1000}
+
+
+@app.command("run")
+def run_command(
+    config: o.ConfigFile = None,
+    model: o.Model = None, gpu: o.Gpu = None, block_size: o.BlockSize = None,
+    gpu_memory_utilization: o.GpuMemUtil = None, num_gpu_blocks_override: o.NumBlocksOverride = None,
+    max_num_seqs: o.MaxNumSeqs = None, max_num_batched_tokens: o.MaxBatchedTokens = None,
+    max_model_len: o.MaxModelLen = None, enable_prefix_caching: o.PrefixCaching = None,
+    enable_chunked_prefill: o.ChunkedPrefill = None, long_prefill_token_threshold: o.LongPrefill = None,
+    preemption_mode: o.PreemptionMode = None, swap_space: o.SwapSpace = None,
+    scheduling_policy: o.Policy = None, allocator: o.AllocatorOpt = None,
+    contiguous_placement: o.Placement = None, kv_cache_dtype: o.KVDtype = None,
+    tensor_parallel_size: o.TP = None, vllm_compat: o.VllmCompat = None,
+    profile: o.ProfileOpt = None,
+    workload: o.WorkloadOpt = None, num_prompts: o.NumPrompts = None,
+    request_rate: o.RequestRate = None, burstiness: o.Burstiness = None,
+    max_concurrency: o.MaxConcurrency = None, seed: o.Seed = None,
+    random_input_len: o.RandomInputLen = None, random_output_len: o.RandomOutputLen = None,
+    random_range_ratio: o.RandomRangeRatio = None, random_prefix_len: o.RandomPrefixLen = None,
+    goodput: o.Goodput = None, metric_percentiles: o.MetricPercentiles = None,
+    save_result: Annotated[bool, typer.Option(help="Write the result JSON.")] = False,
+    result_dir: Annotated[Path | None, typer.Option(
+        help="Where results go; also writes per-request and per-step Parquet.")] = None,
+    result_filename: Annotated[str | None, typer.Option()] = None,
+    check_invariants: Annotated[bool, typer.Option(
+        help="Check KV allocator invariants after every operation (slow).")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Simulate one engine serving a workload; print vllm bench's result block and KV usage."""
+    flags = dict(locals())
+    for key in ("config", "save_result", "result_dir", "result_filename", "check_invariants",
+                "quiet"):
+        flags.pop(key)
+    values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
+    engine = o.engine_config(values)
+    load = o.load_spec(values)
+    prof = values.get("profile") or default_profile(engine)
+    with _progress(load.num_prompts, quiet) as hook:
+        sim = simulate(engine, load, profile=prof, check_invariants=check_invariants,
+                       progress=hook)
+    rate = load.request_rate if load.request_rate is not None else math.inf
+    print(format_benchmark_block(sim.result, request_rate=rate,
+                                 max_concurrency=load.max_concurrency,
+                                 percentiles=load.percentiles))
+    print(format_kv_block(sim.result))
+    if save_result or result_dir is not None:
+        metadata = result_metadata(engine, load)
+        metadata["cost_model"] = str(prof) if prof else "analytical"
+        date = datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = result_filename or default_result_filename(metadata, date)
+        directory = result_dir or Path(".")
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / name
+        path.write_text(result_json(sim.result, metadata, date=date))
+        print(f"Saved result to {path}")
+        if result_dir is not None:
+            for p in write_parquet(sim.metrics, directory, Path(name).stem):
+                print(f"Saved records to {p}")
+
+
+class _progress:
+    """A rich progress bar that appears only when the run lasts more than a second."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet = total, quiet
+        self.bar = None
+        self.task = None
+        self.start = time.monotonic()
+        self.last = 0
+
+    def __enter__(self):
+        return None if self.quiet else self.hook
+
+    def hook(self, done: int, total: int) -> None:
+        if done - self.last < 64 and done != total:
+            return
+        self.last = done
+        if self.bar is None:
+            if time.monotonic() - self.start < 1.0:
+                return
+            from rich.progress import Progress
+
+            self.bar = Progress(transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("simulating", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,105 @@
+"""Writing a run: the result JSON (vllm bench's keys) and per-request / per-step Parquet.
+
+Files are deterministic: the same run writes the same bytes (the JSON's `date` aside), so
+columns come from the collector in a fixed order and no pandas index metadata is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pagesim.metrics import STEP_COLUMNS, MetricsCollector
+
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "request_id", "arrival_time", "num_prompt_tokens", "max_tokens", "num_output_tokens",
+    "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
+    "num_cached_tokens", "num_preemptions", "reject_reason", "session_id", "cache_salt",
+)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def result_json(result: dict[str, Any], metadata: dict[str, Any], *, date: str | None = None
+                ) -> str:
+    """The JSON text: `date`, metadata, then the metrics, as vllm bench orders them."""
+    doc = {"date": date or datetime.now().strftime("%Y%m%d-%H%M%S")}
+    doc.update(metadata)
+    doc.update(result)
+    return json.dumps(_jsonable(doc), indent=2, allow_nan=False) + "\n"
+
+
+def default_result_filename(metadata: dict[str, Any], date: str) -> str:
+    """vllm bench's default: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json."""
+    rate = metadata.get("request_rate")
+    rate_s = "inf" if rate in (None, "inf") else f"{rate:g}"
+    conc = metadata.get("max_concurrency")
+    conc_s = f"-concurrency{conc}" if conc else ""
+    return f"pagesim-{rate_s}qps{conc_s}-{metadata['model_id']}-{date}.json"
+
+
+def requests_table(metrics: MetricsCollector) -> pa.Table:
+    recs = list(metrics.records.values())
+    cols = {name: [getattr(r, name) for r in recs] for name in REQUEST_COLUMNS}
+    return pa.table(cols)
+
+
+def steps_table(metrics: MetricsCollector) -> pa.Table:
+    return pa.table({name: np.frombuffer(metrics.steps[name], dtype=np.float64)
+                     for name in STEP_COLUMNS})
+
+
+def write_parquet(metrics: MetricsCollector, directory: Path, stem: str) -> list[Path]:
+    """`<stem>.requests.parquet` and `<stem>.steps.parquet` in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [directory / f"{stem}.requests.parquet", directory / f"{stem}.steps.parquet"]
+    for table, path in zip((requests_table(metrics), steps_table(metrics)), paths):
+        pq.write_table(table, path, compression="zstd", write_statistics=False)
+    return paths
+
+
+def format_kv_block(result: dict[str, Any]) -> str:
+    """pagesim's KV-cache block, printed after the `Serving Benchmark Result` block."""
+    row_i, row_f = "{:<40} {:<10}", "{:<40} {:<10.2f}"
+    pct = lambda key: 100.0 * float(result.get(key, 0.0))  # noqa: E731
+    lines = ["{s:{c}^{n}}".format(s=" KV Cache Result ", n=50, c="=")]
+    lines.append(row_i.format("GPU KV cache blocks:", result["num_gpu_blocks"]))
+    lines.append(row_f.format("KV cache usage, mean (%):", pct("kv_cache_usage_mean")))
+    lines.append(row_f.format("KV cache usage, peak (%):", pct("kv_cache_usage_peak")))
+    lines.append("{s:{c}^{n}}".format(s="KV memory, time-weighted (%)", n=50, c="-"))
+    lines.append(row_f.format("Token states:", pct("kv_token_state_frac")))
+    lines.append(row_f.format("Reserved:", pct("kv_reserved_frac")))
+    lines.append(row_f.format("Internal fragmentation:", pct("kv_internal_frag_frac")))
+    lines.append(row_f.format("External fragmentation and others:", pct("kv_external_frag_frac")))
+    lines.append(row_f.format("Free:", pct("kv_free_frac")))
+    lines.append("{s:{c}^{n}}".format(s="Prefix cache and preemption", n=50, c="-"))
+    lines.append(row_f.format("Prefix cache hit rate (%):", pct("prefix_cache_hit_rate")))
+    lines.append(row_i.format("Prefix cache hit tokens:", result["prefix_cache_hit_tokens"]))
+    lines.append(row_i.format("Preemptions:", result["num_preemptions"]))
+    lines.append(row_i.format("Recomputed tokens:", result["recomputed_tokens"]))
+    swapped = (result["swapped_out_bytes"] + result["swapped_in_bytes"]) / 2**20
+    lines.append(row_f.format("Swapped bytes, out + in (MiB):", swapped))
+    lines.append(row_f.format("Mean running requests:", result["mean_num_running"]))
+    lines.append(row_i.format("Peak running requests:", result["max_num_running"]))
+    lines.append(row_i.format("Rejected requests:", result["num_rejected"]))
+    for reason, count in result.get("rejected_reasons", {}).items():
+        lines.append(row_i.format(f"  {reason}:", count))
+    lines.append("=" * 50)
+    return "\n".join(lines)
