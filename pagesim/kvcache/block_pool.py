@@ -171,7 +171,8 @@ class BlockPool:
         """
         if not self.enable_caching or num_cached_blocks >= num_full_blocks:
             return
-        cache = self.cached_block_hash_to_block
+        setdefault = self.cached_block_hash_to_block.setdefault
+        events = self.enable_kv_cache_events
         stored_ids: list[int] = []
         stored_hashes: list[bytes] = []
         for i in range(num_cached_blocks, num_full_blocks):
@@ -180,14 +181,14 @@ class BlockPool:
                 continue
             block_hash = block_hashes[i]
             block.block_hash = block_hash
-            found = cache.get(block_hash)
-            if found is None:
-                cache[block_hash] = block
-            elif type(found) is dict:
-                found[block.block_id] = block
-            else:
-                cache[block_hash] = {found.block_id: found, block.block_id: block}
-            if self.enable_kv_cache_events:
+            found = setdefault(block_hash, block)
+            if found is not block:  # a duplicate of a cached block
+                if type(found) is dict:
+                    found[block.block_id] = block
+                else:
+                    self.cached_block_hash_to_block[block_hash] = {found.block_id: found,
+                                                                   block.block_id: block}
+            if events:
                 stored_ids.append(block.block_id)
                 stored_hashes.append(block_hash)
         if stored_ids:

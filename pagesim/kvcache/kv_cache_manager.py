@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 from pagesim.config import VLLM_COMPAT
 from pagesim.errors import AllocationError, ConfigError
+from pagesim.kvcache.alloc_checks import check_allocation_arguments, check_ever_fits
 from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.block_pool import BlockPool, KVCacheEvent
+from pagesim.kvcache.copy_on_write import replace_shared_blocks, shared_write_indices
 from pagesim.kvcache.hashing import BlockHasher
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.prefix_stats import PrefixCacheStats
@@ -134,11 +136,12 @@ class KVCacheManager:
 
     def can_fit(self, num_tokens: int) -> bool:
         """Whether one request of `num_tokens` tokens could ever hold its blocks, the pool
-        being otherwise empty (sliding window: its decode-time peak). Schedulers reject
-        requests for which this is False; allocate_slots raises AllocationError for them."""
+        being otherwise empty. Sliding window: its peak while decoding, or while prefilling in
+        chunks of `max_num_batched_tokens` when that is given. Schedulers reject requests for
+        which this is False; allocate_slots raises AllocationError for them."""
         blocks = -(-num_tokens // self.block_size)
         if self._window is not None:
-            blocks = min(blocks, self._window.peak_decode_blocks)
+            blocks = min(blocks, self._window.peak_blocks)
         return blocks <= self.num_usable_blocks
 
     # ---- prefix lookup ---------------------------------------------------------------------
@@ -204,7 +207,7 @@ class KVCacheManager:
         if num_new_blocks > 0:
             pool = self.block_pool
             if num_new_blocks > pool.free_block_queue.num_free_blocks:
-                self._check_ever_fits(rid, num_new_tokens, -(-main // bs))
+                check_ever_fits(rid, num_new_tokens, -(-main // bs), pool.num_usable_blocks)
                 return None
             new_blocks = pool.get_new_blocks(num_new_blocks)
             row.extend(new_blocks)
@@ -226,15 +229,15 @@ class KVCacheManager:
                                 full_sequence_must_fit: bool) -> KVCacheBlocks | None:
         rid = request.request_id
         hit = new_computed_blocks.blocks if new_computed_blocks is not None else ()
-        self._check_arguments(rid, row, num_new_tokens, num_new_computed_tokens, hit,
-                              num_lookahead_tokens)
         bs, pool, window, cap = self.block_size, self.block_pool, self._window, self.max_model_len
+        check_allocation_arguments(rid, row is not None, num_new_tokens, num_new_computed_tokens,
+                                   hit, num_lookahead_tokens, bs)
         local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = local_computed if cap is None else min(local_computed, cap)
         if full_sequence_must_fit:
             full_tokens = request.num_tokens if cap is None else min(request.num_tokens, cap)
-            self._check_ever_fits(rid, num_new_tokens, self._num_live_blocks(full_tokens, 0,
-                                                                             admission=True))
+            check_ever_fits(rid, num_new_tokens, self._num_live_blocks(full_tokens, 0, True),
+                            pool.num_usable_blocks)
             needed = self.get_num_blocks_to_allocate(request, full_tokens, new_computed_blocks,
                                                      num_new_computed_tokens, admission=True)
             if needed > pool.free_block_queue.num_free_blocks:
@@ -243,14 +246,17 @@ class KVCacheManager:
         need_slots = main + num_lookahead_tokens
         if cap is not None and need_slots > cap:
             need_slots = cap
-        self._check_ever_fits(rid, num_new_tokens,
-                              self._num_live_blocks(need_slots, total_computed))
+        check_ever_fits(rid, num_new_tokens, self._num_live_blocks(need_slots, total_computed),
+                        pool.num_usable_blocks)
         if window is not None and row is not None:
             self.remove_skipped_blocks(rid, total_computed)
         needed = self.get_num_blocks_to_allocate(request, need_slots, new_computed_blocks,
                                                  num_new_computed_tokens)
-        cow = (self._shared_blocks_to_replace(rid, row, request.num_computed_tokens)
-               if row is not None and rid in self._cow_req_ids else [])
+        cow: list[int] = []
+        if row is not None and rid in self._cow_req_ids:
+            cow = shared_write_indices(row, request.num_computed_tokens, bs)
+            if not cow:  # nothing it writes is shared any more
+                self._cow_req_ids.discard(rid)
         if needed + len(cow) > pool.free_block_queue.num_free_blocks:
             return None
         # ---- commit: from here on the allocation cannot fail ----
@@ -262,7 +268,8 @@ class KVCacheManager:
             if hit:
                 self._add_computed_blocks(rid, row, hit, local_computed)
         if cow:
-            self._copy_on_write(rid, row, cow, request.num_computed_tokens)
+            self._blocks_to_copy += replace_shared_blocks(
+                pool, row, self.req_to_block_ids[rid], cow, request.num_computed_tokens, bs)
         num_new_blocks = -(-need_slots // bs) - len(row)
         new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         if new_blocks:
@@ -341,6 +348,9 @@ class KVCacheManager:
         if child.request_id in self.req_to_blocks:
             raise AllocationError(f"child={child.request_id!r}: already holds blocks")
         self.block_pool.touch(prow)
+        if not child.block_hashes:  # equal tokens: reuse the parent's hashes, never rehash
+            child.block_hashes.extend(
+                parent.block_hashes[:parent.num_computed_tokens // self.block_size])
         self.req_to_blocks[child.request_id] = list(prow)
         self.req_to_block_ids[child.request_id] = list(self.req_to_block_ids[parent.request_id])
         self.num_cached_block[child.request_id] = self.num_cached_block[parent.request_id]
@@ -353,29 +363,6 @@ class KVCacheManager:
         """(src_block_id, dst_block_id) copies made since the last call, in order."""
         out, self._blocks_to_copy = self._blocks_to_copy, []
         return out
-
-    def _shared_blocks_to_replace(self, rid: str, row: list[KVCacheBlock],
-                                  num_computed_tokens: int) -> list[int]:
-        """Table indices, from the one the next token is written to, whose blocks are shared."""
-        start = num_computed_tokens // self.block_size
-        shared = [j for j in range(start, len(row)) if row[j].ref_cnt > 1]
-        if not shared:
-            self._cow_req_ids.discard(rid)  # nothing it writes is shared any more
-        return shared
-
-    def _copy_on_write(self, rid: str, row: list[KVCacheBlock], indices: list[int],
-                       num_computed_tokens: int) -> None:
-        ids = self.req_to_block_ids[rid]
-        fresh = self.block_pool.get_new_blocks(len(indices))
-        written_block, offset = divmod(num_computed_tokens, self.block_size)
-        released = []
-        for j, block in zip(indices, fresh, strict=True):
-            released.append(row[j])
-            if j == written_block and offset:  # it holds tokens that must survive the copy
-                self._blocks_to_copy.append((row[j].block_id, block.block_id))
-            row[j] = block
-            ids[j] = block.block_id
-        self.block_pool.free_blocks(released)  # still referenced by the other sharer(s)
 
     # ---- helpers ---------------------------------------------------------------------------
     def _add_computed_blocks(self, rid: str, row: list[KVCacheBlock],
@@ -402,35 +389,11 @@ class KVCacheManager:
 
     def _num_live_blocks(self, num_tokens: int, num_computed_tokens: int,
                          admission: bool = False) -> int:
-        """Non-null blocks a request of `num_tokens` slots holds right after allocation."""
+        """Non-null blocks a request with `num_tokens` slots holds right after allocation."""
         blocks = -(-num_tokens // self.block_size)
         if self._window is None:
             return blocks
-        if admission:
-            return self._window.cap_admission_blocks(blocks)
-        return blocks - min(self._window.num_skipped_blocks(num_computed_tokens), blocks)
-
-    def _check_ever_fits(self, rid: str, num_new_tokens: int, num_live_blocks: int) -> None:
-        if num_live_blocks > self.num_usable_blocks:
-            raise AllocationError(
-                f"num_new_tokens={num_new_tokens}: request {rid!r} would hold {num_live_blocks} "
-                f"blocks, the cache has {self.num_usable_blocks} usable blocks")
-
-    def _check_arguments(self, rid: str, row: list[KVCacheBlock] | None, num_new_tokens: int,
-                         num_new_computed_tokens: int, hit: Sequence[KVCacheBlock],
-                         num_lookahead_tokens: int) -> None:
-        if num_new_tokens < 1:
-            raise AllocationError(f"num_new_tokens={num_new_tokens}: must be >= 1 "
-                                  f"(request {rid!r})")
-        if num_lookahead_tokens < 0:
-            raise AllocationError(f"num_lookahead_tokens={num_lookahead_tokens}: must be >= 0")
-        if num_new_computed_tokens != len(hit) * self.block_size:
-            raise AllocationError(
-                f"num_new_computed_tokens={num_new_computed_tokens}: the hit holds {len(hit)} "
-                f"blocks of {self.block_size} tokens (request {rid!r})")
-        if hit and row is not None:
-            raise AllocationError(f"new_computed_blocks: request {rid!r} is running; only a new "
-                                  "request takes a prefix hit")
+        return self._window.live_blocks(blocks, num_computed_tokens, admission)
 
     # ---- cache-wide operations -------------------------------------------------------------
     def reset_prefix_cache(self) -> bool:

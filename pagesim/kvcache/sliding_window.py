@@ -47,6 +47,19 @@ class SlidingWindow:
             -(-t // block_size) - max(0, t - sliding_window) // block_size
             for t in range(1, sliding_window + block_size + 1))
 
+    @property
+    def peak_blocks(self) -> int:
+        """Most live blocks one request holds: decoding, or prefilling in capped chunks."""
+        cap = self.admission_cap_blocks
+        return self.peak_decode_blocks if cap is None else max(cap, self.peak_decode_blocks)
+
+    def live_blocks(self, num_blocks: int, num_computed_tokens: int, admission: bool) -> int:
+        """Non-null blocks of a table of `num_blocks` entries once the dead ones are nulled;
+        with `admission`, the admission cap instead (vLLM's full-sequence gate)."""
+        if admission:
+            return self.cap_admission_blocks(num_blocks)
+        return num_blocks - min(self.num_skipped_blocks(num_computed_tokens), num_blocks)
+
     def num_skipped_blocks(self, num_computed_tokens: int) -> int:
         """Whole blocks before the window of the next query."""
         skipped_tokens = num_computed_tokens - self.sliding_window + 1
