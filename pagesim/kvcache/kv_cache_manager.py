@@ -15,7 +15,8 @@ The scheduler's view of a request's KV cache:
 
 Caching happens at allocation, as in vLLM: every block that the computed + new tokens fill is
 hashed and registered before the step runs, so a request admitted later in the same step can
-already hit it.
+already hit it. The manager extends `Request.block_hashes` (with caching on) as the request's
+blocks fill, prompt and generated tokens alike, hashing each block once.
 
 Copy-on-write (n > 1 sampling, beam search): `fork(parent, child)` shares the parent's blocks.
 A request about to write into a shared block gets a private copy first; `take_blocks_to_copy()`
