@@ -57,11 +57,12 @@ def latency_arrays(records: list[RequestRecord], itl_s: np.ndarray) -> dict[str,
             "tpot_per_request": tpot_per_request}
 
 
-def _peaks(records: list[RequestRecord], duration: float) -> tuple[float, float]:
+def _peaks(records: list[RequestRecord], t0: float, duration: float) -> tuple[float, float]:
     """Peak output tokens/s and peak concurrent requests over 1-second buckets (vllm bench).
 
     Output tokens are spread uniformly between a request's first and last token; a request is
-    concurrent in every bucket its [arrival, finish) interval touches.
+    concurrent in every bucket its [arrival, finish) interval touches. Buckets start at `t0`,
+    the first arrival.
     """
     n = max(1, math.ceil(duration))
     tokens = np.zeros(n)
@@ -69,11 +70,12 @@ def _peaks(records: list[RequestRecord], duration: float) -> tuple[float, float]
     for r in records:
         if r.reject_reason is not None or r.finish_time is None:
             continue
-        a, f = int(r.arrival_time), min(int(r.finish_time), n - 1)
+        a = min(int(r.arrival_time - t0), n - 1)
+        f = min(int(r.finish_time - t0), n - 1)
         concurrent[a] += 1
         concurrent[f + 1] -= 1
         first, last = r.first_token_time or r.finish_time, r.last_token_time or r.finish_time
-        lo, hi = int(first), min(int(last), n - 1)
+        lo, hi = min(int(first - t0), n - 1), min(int(last - t0), n - 1)
         tokens[lo : hi + 1] += r.num_output_tokens / (hi - lo + 1)
     return float(tokens.max(initial=0.0)), float(np.cumsum(concurrent)[:n].max(initial=0.0))
 
@@ -87,13 +89,13 @@ def summarize(
     """The `vllm bench serve` result keys for a finished run (without run metadata)."""
     records = list(metrics.records.values())
     done = [r for r in records if r.reject_reason is None and r.finish_time is not None]
-    duration = max((r.finish_time for r in done), default=0.0) - min(
-        (r.arrival_time for r in records), default=0.0)
-    duration = max(duration, 1e-9)
+    # vllm bench times the benchmark from its start (t = 0), before the first arrival's delay.
+    t0 = min(0.0, min((r.arrival_time for r in records), default=0.0))
+    duration = max(max((r.finish_time for r in done), default=0.0) - t0, 1e-9)
     total_in = sum(r.num_prompt_tokens for r in done)
     total_out = sum(r.num_output_tokens for r in done)
     arrays = latency_arrays(records, np.frombuffer(metrics.itl_s, dtype=np.float64))
-    peak_tok, peak_conc = _peaks(records, duration)
+    peak_tok, peak_conc = _peaks(records, t0, duration)
     out: dict[str, Any] = {
         "duration": duration,
         "completed": len(done),
