@@ -283,3 +283,12 @@ def test_prefix_cache_stats_count_admissions_only():
     mgr.free(c)
     assert mgr.reset_prefix_cache() is True and s.reset
     assert admit(mgr, make_request("d", list(range(9))))[2] == 0
+
+
+def test_can_fit_with_a_sliding_window_uses_the_peak_not_the_length():
+    decode_only = make_manager(5, block_size=4, sliding_window=8)  # 4 usable blocks
+    assert decode_only._window.peak_decode_blocks == 3
+    assert decode_only.can_fit(10_000)
+    chunked = make_manager(5, block_size=4, sliding_window=8, max_num_batched_tokens=8)
+    assert chunked._window.peak_blocks == 5  # an 8-token chunk on top of a full window
+    assert not chunked.can_fit(10_000) and chunked.can_fit(16)
