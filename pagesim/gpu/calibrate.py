@@ -24,6 +24,7 @@ fit in the measured KV cache is skipped: a server cannot run it either.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Callable
@@ -138,9 +139,14 @@ def synthetic_step(entries: list[tuple[int, int]], block_size: int,
 
 def time_step(runner, out: SchedulerOutput, grid: CalibrationGrid,
               skip_attention: bool = False) -> Timing:
-    """Warm up once, then time `execute_model(out)` on the host clock (it ends synced)."""
+    """Warm up twice, then time `execute_model(out)` on the host clock (it ends synced).
+
+    Python's cyclic GC is paused while timing, as it is during a real run (`serve.replay`).
+    """
     runner.skip_attention = skip_attention
     runner.record_steps = False
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         t = time.perf_counter()
         runner.execute_model(out)
@@ -160,6 +166,8 @@ def time_step(runner, out: SchedulerOutput, grid: CalibrationGrid,
     finally:
         runner.skip_attention = False
         runner.record_steps = True
+        if gc_was_enabled:
+            gc.enable()
 
 
 def decode_points(grid: CalibrationGrid, max_model_len: int, capacity_tokens: int,

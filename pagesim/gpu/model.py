@@ -24,6 +24,8 @@ profile run uses it as vLLM's profile run does (no attention metadata).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -89,24 +91,17 @@ class RandomWeightDecoder:
     def _zeros(self, n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=self.dtype, device=self.device)
 
-    def _make_layer(self, gen: torch.Generator) -> dict[str, torch.Tensor | None]:
-        s = self.spec
-        hidden, inter = s.hidden_size, s.intermediate_size
-        qkv = self.q_size + 2 * self.kv_size
-        opt = s.arch == "opt"
-        layer: dict[str, torch.Tensor | None] = {
-            "qkv": self._rand((qkv, hidden), gen),  # fused q, k, v rows
-            "o": self._rand((hidden, self.q_size), gen),
-            "norm1": self._ones(hidden), "norm2": self._ones(hidden),
-        }
-        if opt:
-            layer.update(fc1=self._rand((inter, hidden), gen), fc2=self._rand((hidden, inter), gen),
-                         qkv_b=self._zeros(qkv), o_b=self._zeros(hidden),
-                         fc1_b=self._zeros(inter), fc2_b=self._zeros(hidden),
-                         norm1_b=self._zeros(hidden), norm2_b=self._zeros(hidden))
-        else:
-            layer.update(gate_up=self._rand((2 * inter, hidden), gen),  # fused gate, up rows
-                         down=self._rand((hidden, inter), gen))
+    def _make_layer(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
+        """One layer's tensors from `layer_shapes`: matrices random, norm scales one, biases
+        zero."""
+        layer: dict[str, torch.Tensor] = {}
+        for name, shape in layer_shapes(self.spec).items():
+            if len(shape) == 2:
+                layer[name] = self._rand(shape, gen)
+            elif name.startswith("norm") and not name.endswith("_b"):
+                layer[name] = self._ones(shape[0])
+            else:
+                layer[name] = self._zeros(shape[0])
         return layer
 
     @property
@@ -205,6 +200,33 @@ class RandomWeightDecoder:
         probs = torch.softmax(logits / temperature, dim=-1)
         q = torch.empty_like(probs).exponential_(generator=self.sample_gen)
         return probs.div_(q).argmax(dim=-1)
+
+
+def layer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes of one decoder layer, `[out, in]` for matrices (the fused q/k/v rows;
+    Llama's fused gate/up rows)."""
+    hidden, inter = spec.hidden_size, spec.intermediate_size
+    q = spec.num_attention_heads * spec.head_size
+    qkv = q + 2 * spec.num_kv_heads * spec.head_size
+    shapes: dict[str, tuple[int, ...]] = {"qkv": (qkv, hidden), "o": (hidden, q),
+                                          "norm1": (hidden,), "norm2": (hidden,)}
+    if spec.arch == "opt":
+        shapes.update(fc1=(inter, hidden), fc2=(hidden, inter), qkv_b=(qkv,), o_b=(hidden,),
+                      fc1_b=(inter,), fc2_b=(hidden,), norm1_b=(hidden,), norm2_b=(hidden,))
+    else:
+        shapes.update(gate_up=(2 * inter, hidden), down=(hidden, inter))
+    return shapes
+
+
+def num_weights(spec: ModelSpec) -> int:
+    """Parameters the random-weight model holds for `spec` (tied tensors once): embeddings,
+    layers, final norm, LM head (Llama, untied) or learned positions (OPT, tied head)."""
+    hidden = spec.hidden_size
+    per_layer = sum(math.prod(s) for s in layer_shapes(spec).values())
+    total = spec.vocab_size * hidden + spec.num_layers * per_layer
+    if spec.arch == "opt":
+        return total + (spec.max_position_embeddings + OPT_POSITION_OFFSET) * hidden + 2 * hidden
+    return total + hidden + spec.vocab_size * hidden
 
 
 def _rope_tables(max_pos: int, head_size: int, dtype: torch.dtype,

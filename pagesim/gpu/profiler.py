@@ -22,6 +22,7 @@ import torch
 
 from pagesim.config import EngineConfig
 from pagesim.cost.profile import Profile, ProfileMetadata, profile_dir
+from pagesim.errors import ConfigError
 from pagesim.gpu.calibrate import (
     CalibrationGrid,
     Progress,
@@ -34,6 +35,7 @@ from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_ca
 from pagesim.gpu.model import RandomWeightDecoder
 from pagesim.gpu.runner import GPUModelRunner
 from pagesim.gpu.serve import make_engine, replay
+from pagesim.kvcache.sizing import page_size_bytes
 
 ATTENTION_BACKEND = ("pagesim Triton paged attention: reshape_and_cache, split-K decode, "
                      "varlen prefill (eager, no CUDA graphs)")
@@ -53,6 +55,7 @@ class CalibrationResult:
     capacity: MeasuredKVCapacity
     directory: Path | None
     elapsed_s: float
+    model: RandomWeightDecoder  # the weights, kept for real runs in the same process
 
 
 def gpu_key(device_name: str) -> str:
@@ -93,18 +96,31 @@ def measure_host_link(device: torch.device, nbytes: int = 1 << 30, repeats: int 
 def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch.dtype,
                     seed: int = 0, calibration_root: str | Path | None = "calibration",
                     progress: Progress | None = None, time_budget_s: float | None = None,
-                    log: Callable[[str], None] = print) -> CalibrationResult:
-    """Calibrate `config.model` on this GPU; save the profile if `calibration_root` is set."""
-    require_cuda()
+                    log: Callable[[str], None] = print,
+                    device: str = "cuda") -> CalibrationResult:
+    """Calibrate `config.model` on this GPU; save the profile if `calibration_root` is set.
+
+    `device="cpu"` is a dry run for tests (Triton interpreter): the KV cache then has
+    `config.num_gpu_blocks_override` blocks for every block size and no memory or host-link
+    measurement is made.
+    """
+    if device != "cpu":
+        require_cuda()
+    elif config.num_gpu_blocks_override is None:
+        raise ConfigError("device='cpu': a dry run needs num_gpu_blocks_override")
     t_start = time.monotonic()
     deadline = None if time_budget_s is None else t_start + time_budget_s
-    device = torch.device("cuda")
-    info = device_info(device)
-    before = MemorySnapshot.take(device)
+    dev = torch.device(device)
+    info = device_info(dev if dev.type == "cuda" else None)
     order = sorted(set(grid.block_sizes) | {config.block_size},
                    key=lambda b: (b not in grid.full_block_sizes, b))
-    model = RandomWeightDecoder(config.model_spec, dtype, device, order[0], seed)
-    capacity = measure_kv_capacity(config, model, before, tuple(order))
+    if dev.type == "cuda":
+        before = MemorySnapshot.take(dev)
+        model = RandomWeightDecoder(config.model_spec, dtype, dev, order[0], seed)
+        capacity = measure_kv_capacity(config, model, before, tuple(order))
+    else:
+        model = RandomWeightDecoder(config.model_spec, dtype, dev, order[0], seed)
+        capacity = override_capacity(config, tuple(order))
     log(capacity.report())
     decode, prefill, mixed = [], [], []
     for bs in order:
@@ -113,8 +129,9 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         if deadline is not None and time.monotonic() > deadline:
             log(f"time budget spent: block size {bs} not measured")
             continue
+        model.set_block_size(bs)
         runner = GPUModelRunner(config.replace(block_size=bs), capacity.num_gpu_blocks[bs],
-                                device=device, model=model, seed=seed)
+                                device=dev, model=model, seed=seed)
         d, p, m = calibrate_block_size(
             runner, bs, grid, max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -126,10 +143,10 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed rows, "
             f"{time.monotonic() - t_start:.0f} s so far")
         del runner
-        torch.cuda.empty_cache()
+        _empty_cache(dev)
     overhead = measure_overhead(config, model, capacity, grid, seed)
     log(f"host overhead rows: {len(overhead)}")
-    host_link = measure_host_link(device)
+    host_link = measure_host_link(dev) if dev.type == "cuda" else None
     meta = ProfileMetadata(
         gpu=gpu_key(info["gpu_name"]), model=config.model, gpu_name=info["gpu_name"],
         driver=info.get("driver", ""), cuda=info["cuda"], torch=info["torch"],
@@ -139,7 +156,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
         device={k: v for k, v in info.items() if k in (
             "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
-        method=METHOD.format(bs=config.block_size),
+        method=METHOD.format(bs=config.block_size), synthetic=dev.type != "cuda",
         notes=(f"random-weight {config.model} (seed {seed}); max_num_seqs "
                f"{config.max_num_seqs}, max_num_batched_tokens "
                f"{config.max_num_batched_tokens}, max_model_len {config.max_model_len}; "
@@ -150,7 +167,27 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
     directory = None
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))
-    return CalibrationResult(profile, capacity, directory, time.monotonic() - t_start)
+    return CalibrationResult(profile, capacity, directory, time.monotonic() - t_start, model)
+
+
+def override_capacity(config: EngineConfig, block_sizes: tuple[int, ...]) -> MeasuredKVCapacity:
+    """A 'measurement' that is the override itself (CPU dry runs; nothing is measured)."""
+    n = config.num_gpu_blocks_override
+    pages = {bs: page_size_bytes(config.model_spec, bs, config.kv_cache_dtype,
+                                 config.tensor_parallel_size) for bs in block_sizes}
+    return MeasuredKVCapacity(
+        total_memory_bytes=0, gpu_memory_utilization=config.gpu_memory_utilization,
+        weights_bytes=0, activation_peak_bytes=0, non_torch_bytes=0,
+        available_kv_bytes=n * pages[block_sizes[0]], page_size_bytes=pages,
+        num_gpu_blocks={bs: n for bs in block_sizes},
+        predicted_num_gpu_blocks={bs: n for bs in block_sizes},
+        predicted_available_kv_bytes=n * pages[block_sizes[0]], profile_tokens=0,
+        profile_reqs=0)
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def measure_overhead(config: EngineConfig, model: RandomWeightDecoder,
@@ -165,5 +202,5 @@ def measure_overhead(config: EngineConfig, model: RandomWeightDecoder,
     n = min(grid.overhead_max_reqs, config.max_num_seqs)
     run = replay(overhead_requests(n, block_size=bs), scheduler, runner)
     del runner
-    torch.cuda.empty_cache()
+    _empty_cache(model.device)
     return overhead_rows(run.steps[1:], max_reqs=n)

@@ -1,0 +1,230 @@
+"""The one script run on the GPU machine: checks, calibration and the real validation runs.
+
+    PYTHONPATH=. python3 benchmarks/gpu_session.py --models llama-2-7b --budget-s 420
+
+Per model: (1) a correctness check of the random-weight model on the GPU (paged attention
+against a dense fp32 forward), (2) `run_calibration` (the profile), (3) real runs through
+`Scheduler` + `GPUModelRunner` in wall-clock time: chat at rate inf (its throughput is the
+measured capacity), chat at 50/85/95 % of it, code and system-prompt (prefix caching on), and
+block size 32, in that order of priority, each skipped when the time budget cannot hold it.
+The simulator half of the validation runs later on a CPU (`pagesim validate --real ...`).
+
+Everything goes under `--out` (default `$OUT`): a work tree packed into `session.tar.gz`
+after every phase (so a run stopped at its limit still returns what it finished), the log,
+and `summary.json`. `--dry-run-cpu` runs the same flow on the tiny model under the Triton
+interpreter, with a small grid and a small workload, to test this script without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import sys
+import tarfile
+import time
+import traceback
+from pathlib import Path
+
+T0 = time.monotonic()
+
+
+class Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, s):
+        for st in self.streams:
+            st.write(s)
+            st.flush()
+        return len(s)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:7.1f}s] {msg}", flush=True)
+
+
+def left(budget: float) -> float:
+    return budget - (time.monotonic() - T0)
+
+
+def pack(out: Path, work: Path) -> None:
+    """Pack the work tree into out/session.tar.gz atomically."""
+    tmp = out / "session.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(work, arcname="work")
+    os.replace(tmp, out / "session.tar.gz")
+
+
+def check_model(spec_name: str, dtype, device: str) -> float:
+    """Relative error of the paged forward (prefill, then a decode step) against dense fp32."""
+    import torch
+
+    from pagesim.config import EngineConfig
+    from pagesim.gpu.model import RandomWeightDecoder, reference_attention_forward
+    from pagesim.gpu.runner import allocate_kv_cache
+
+    spec = EngineConfig.create(model=spec_name).model_spec
+    small = type(spec)(**{**spec.__dict__, "num_layers": 2})
+    model = RandomWeightDecoder(small, dtype, device, 16, seed=5)
+    kv = allocate_kv_cache(model, 64, device)
+    lens = [37, 100]
+    md = model.attn.build_metadata([[3, 4, 5], [10, 11, 12, 13, 14, 15, 16]], [0, 0], lens,
+                                   device)
+    ids = torch.randint(0, 1000, (sum(lens),), device=device)
+    pos = torch.cat([torch.arange(n, device=device) for n in lens])
+    li = (md.query_start_loc[1:] - 1).long()
+    out = model.forward(ids, pos, md, kv, li)
+    past = [{} for _ in model.layers]
+    ref = reference_attention_forward(model, ids, pos, [(0, 37, 0), (37, 137, 1)], past, li)
+    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+    del kv, model
+    return err
+
+
+def run_plan(capacity_rps: float | None, dry: bool) -> list[dict]:
+    """The real runs, in priority order. `rate` is "inf" or a fraction of chat capacity."""
+    if dry:
+        rnd = {"random_input_len": 24, "random_output_len": 3}
+        return [{"name": "random-inf-bs16", "workload": "random", "rate": "inf",
+                 "block_size": 16, "num_prompts": 4, **rnd},
+                {"name": "random-r2-bs32", "workload": "random", "rate": 2.0,
+                 "block_size": 32, "num_prompts": 3, **rnd}]
+    return [
+        {"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "block_size": 16,
+         "num_prompts": 150},
+        {"name": "chat-50pct-bs16", "workload": "chat", "rate": 0.50, "block_size": 16},
+        {"name": "chat-85pct-bs16", "workload": "chat", "rate": 0.85, "block_size": 16},
+        {"name": "chat-95pct-bs16", "workload": "chat", "rate": 0.95, "block_size": 16},
+        {"name": "system-prompt-inf-bs16", "workload": "system-prompt", "rate": "inf",
+         "block_size": 16, "num_prompts": 150},
+        {"name": "code-inf-bs16", "workload": "code", "rate": "inf", "block_size": 16,
+         "num_prompts": 150},
+        {"name": "chat-85pct-bs32", "workload": "chat", "rate": 0.85, "block_size": 32},
+        {"name": "chat-inf-bs32", "workload": "chat", "rate": "inf", "block_size": 32,
+         "num_prompts": 150},
+    ]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="llama-2-7b")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--calib-budget-s", type=float, default=150.0)
+    ap.add_argument("--arrival-window-s", type=float, default=10.0)
+    ap.add_argument("--skip-runs", default="")
+    ap.add_argument("--dry-run-cpu", action="store_true")
+    args = ap.parse_args()
+    out = Path(args.out)
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    logf = open(out / "session.log", "a", encoding="utf-8")
+    sys.stdout = Tee(sys.__stdout__, logf)
+    sys.stderr = Tee(sys.__stderr__, logf)
+    dry = args.dry_run_cpu
+    if dry:
+        os.environ["TRITON_INTERPRET"] = "1"
+    else:
+        os.environ.setdefault("TRITON_CACHE_DIR", str(Path(".triton_cache").resolve()))
+    import torch
+
+    from pagesim.config import EngineConfig
+    from pagesim.gpu.calibrate import CalibrationGrid
+    from pagesim.gpu.device import device_info
+    from pagesim.gpu.profiler import run_calibration
+    from pagesim.validate import load_dict, save_real_run, serve_workload
+
+    device = "cpu" if dry else "cuda"
+    dtype = torch.float32 if dry else torch.bfloat16
+    info = device_info(None if dry else device)
+    log(f"device {info}")
+    summary: dict = {"device": info, "models": {}}
+    skip = set(filter(None, args.skip_runs.split(",")))
+    for name in args.models.split(","):
+        ms: dict = {"runs": {}}
+        summary["models"][name] = ms
+        try:
+            if dry:
+                config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
+                                             max_num_batched_tokens=64, max_model_len=256,
+                                             num_gpu_blocks_override=128)
+                grid = CalibrationGrid(block_sizes=(16, 32), decode_batches=(1, 2),
+                                       decode_contexts=(16, 40), prefill_tokens=(16,),
+                                       prefill_cached=(0,), mixed=((8, 0, 2, 16),),
+                                       overhead_max_reqs=4, repeats=3)
+            else:
+                config = EngineConfig.create(model=name, gpu="h200", block_size=16)
+                grid = CalibrationGrid()
+                err = check_model(name, dtype, device)
+                ms["check_rel_err"] = err
+                log(f"{name}: paged vs dense forward rel err {err:.2e} "
+                    f"({'ok' if err < 3e-2 else 'TOO LARGE'})")
+            calib_budget = min(args.calib_budget_s, max(30.0, left(args.budget_s) - 200))
+            res = run_calibration(config, grid, dtype=dtype, calibration_root=work / "calibration",
+                                  progress=lambda d, t, lab: log(f"  [{d}/{t}] {lab}")
+                                  if d == t or d % 10 == 0 else None,
+                                  time_budget_s=calib_budget, log=log, device=device)
+            ms["calibration_s"] = res.elapsed_s
+            ms["capacity"] = res.capacity.to_dict()
+            ms["profile_rows"] = {k: len(getattr(res.profile, k)) for k in
+                                  ("decode", "prefill", "mixed", "overhead")}
+            log(f"{name}: calibrated in {res.elapsed_s:.0f} s: {ms['profile_rows']}")
+            pack(out, work)
+            model = res.model
+            capacity_rps = None
+            for spec in run_plan(capacity_rps, dry):
+                if spec["name"] in skip:
+                    continue
+                rate = spec["rate"]
+                if rate != "inf" and not dry:
+                    if capacity_rps is None:
+                        log(f"skip {spec['name']}: no capacity measured")
+                        continue
+                    rate = round(rate * capacity_rps, 3)
+                n = spec.get("num_prompts") or int(min(200, max(60, round(
+                    rate * args.arrival_window_s))))
+                remaining = left(args.budget_s)
+                if remaining < (20 if dry else 45):
+                    log(f"skip {spec['name']}: {remaining:.0f} s left")
+                    continue
+                bs = spec["block_size"]
+                cfg = config.replace(block_size=bs)
+                blocks = res.capacity.num_gpu_blocks[bs]
+                params = {k: v for k, v in spec.items() if k.startswith("random_")}
+                load = load_dict(spec["workload"], n, 0, math.inf if rate == "inf" else rate,
+                                 **params)
+                t = time.monotonic()
+                result, records = serve_workload(cfg, model, blocks, load, device=device,
+                                                 max_wall_s=remaining - 15)
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                save_real_run(work / "real" / name / f"{spec['name']}.json", config=cfg,
+                              load=load, result=result, records=records, device=info,
+                              extra={"capacity_rps": capacity_rps})
+                if spec["name"].startswith("chat-inf-bs16"):
+                    capacity_rps = result["request_throughput"]
+                ms["runs"][spec["name"]] = {k: result[k] for k in (
+                    "completed", "failed", "duration", "request_throughput", "output_throughput",
+                    "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "p99_e2el_ms",
+                    "num_preemptions", "prefix_cache_hit_rate", "truncated",
+                    "gpu_host_overhead_s_mean")}
+                log(f"{name} {spec['name']}: rate {rate} n {n} in {time.monotonic() - t:.0f} s: "
+                    + json.dumps(ms["runs"][spec["name"]]))
+                pack(out, work)
+            del model, res
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        except Exception:  # keep going: the next model may still run
+            ms["error"] = traceback.format_exc()
+            log(f"{name}: FAILED\n{ms['error']}")
+        (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        pack(out, work)
+    log("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""`pagesim calibrate`: measure step times on the local GPU and write a calibration profile.
+
+GPU code is imported inside the command only: without CUDA (or torch/triton) the command
+exits 2 with one line, and `import pagesim.cli` never needs torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pagesim.cli import options as o
+from pagesim.cli.app import app
+from pagesim.errors import ConfigError
+
+
+def parse_int_list(text: str, name: str) -> tuple[int, ...]:
+    """`"8,16,32"` -> (8, 16, 32); one-line error naming the option otherwise."""
+    try:
+        values = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ConfigError(f"--{name} {text!r}: expected integers like 8,16,32") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"--{name} {text!r}: expected integers >= 1")
+    return values
+
+
+@app.command("calibrate")
+def calibrate_command(
+    model: o.Model = None,
+    block_sizes: Annotated[str, typer.Option(
+        help="Block sizes to measure, comma separated.")] = "8,16,32,64,128",
+    full_block_sizes: Annotated[str, typer.Option(
+        help="Block sizes that also get prefill and mixed rows (the others: decode only).")
+    ] = "16,32",
+    dtype: Annotated[str, typer.Option(help="bfloat16 | float16")] = "bfloat16",
+    gpu_memory_utilization: o.GpuMemUtil = None,
+    max_num_seqs: o.MaxNumSeqs = None, max_num_batched_tokens: o.MaxBatchedTokens = None,
+    max_model_len: o.MaxModelLen = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
+    output_dir: Annotated[Path, typer.Option(
+        help="Calibration root; the profile goes to <root>/<gpu>/<model>/.")] = Path("calibration"),
+    time_budget_s: Annotated[float, typer.Option(
+        help="Stop measuring new grid points after this many seconds.")] = 240.0,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Sweep decode, prefill and mixed step shapes per block size on this GPU (random weights),
+    measure KV capacity and host overhead, and write a versioned profile."""
+    from pagesim.gpu.device import require_cuda, torch_dtype
+
+    require_cuda()
+    from pagesim.config import EngineConfig
+    from pagesim.gpu.calibrate import CalibrationGrid
+    from pagesim.gpu.profiler import run_calibration
+
+    config = EngineConfig.create(
+        model=model or "llama-2-7b", gpu="h200", gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len)
+    grid = CalibrationGrid(block_sizes=parse_int_list(block_sizes, "block-sizes"),
+                           full_block_sizes=parse_int_list(full_block_sizes, "full-block-sizes"))
+    with _bar(quiet) as progress:
+        result = run_calibration(config, grid, dtype=torch_dtype(dtype), seed=seed,
+                                 calibration_root=output_dir, progress=progress,
+                                 time_budget_s=time_budget_s, log=typer.echo)
+    p = result.profile
+    typer.echo(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} prefill, "
+               f"{len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
+               f"{result.elapsed_s:.0f} s")
+
+
+class _bar:
+    """A rich progress bar fed by the calibrator's (done, total, label) callback."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.progress = None
+        self.task = None
+
+    def __enter__(self):
+        if self.quiet:
+            return None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed}/{task.total}"),
+                                 TimeElapsedColumn())
+        self.progress.start()
+        self.task = self.progress.add_task("calibrating", total=1)
+
+        def update(done: int, total: int, label: str) -> None:
+            self.progress.update(self.task, completed=done, total=total, description=label)
+
+        return update
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.stop()

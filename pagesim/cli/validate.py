@@ -1,0 +1,105 @@
+"""`pagesim validate`: simulator prediction vs a real GPU run of the same requests.
+
+Two ways in:
+
+    pagesim validate --real run.json [--real ...]     compare stored real runs (any machine)
+    pagesim validate --model llama-2-7b --workload chat --request-rate 8 ...
+                                                      serve on this GPU now, then compare
+
+Writes `<name>.json` (real, predicted, error % per metric), `<name>.md` and `<name>.png`
+under `--output-dir`; a fresh real run is also stored under `<output-dir>/real/`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pagesim.cli import options as o
+from pagesim.cli.app import app
+from pagesim.errors import ConfigError
+
+
+@app.command("validate")
+def validate_command(
+    real: Annotated[list[Path] | None, typer.Option(
+        help="Stored real run(s) to compare (no GPU needed); repeatable.")] = None,
+    profile: o.ProfileOpt = None,
+    output_dir: Annotated[Path, typer.Option(help="Where the report goes.")] = Path(
+        "results/validation"),
+    name: Annotated[str, typer.Option(help="Report file stem.")] = "validation",
+    model: o.Model = None, block_size: o.BlockSize = None,
+    gpu_memory_utilization: o.GpuMemUtil = None, max_num_seqs: o.MaxNumSeqs = None,
+    max_num_batched_tokens: o.MaxBatchedTokens = None, max_model_len: o.MaxModelLen = None,
+    enable_prefix_caching: o.PrefixCaching = None,
+    workload: o.WorkloadOpt = None, num_prompts: o.NumPrompts = None,
+    request_rate: o.RequestRate = None, burstiness: o.Burstiness = None, seed: o.Seed = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16 | float16 (GPU runs)")] = "bfloat16",
+) -> None:
+    """Run (or read) a real GPU run, simulate the same requests with the calibrated profile,
+    and report per metric the real value, the prediction and the error in %."""
+    from pagesim.validate import validate_real_run, write_report
+
+    if real:
+        entries = [validate_real_run(p, profile or _default_profile(p)) for p in real]
+    else:
+        path = _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs,
+                          max_num_batched_tokens, max_model_len, enable_prefix_caching,
+                          workload, num_prompts, request_rate, burstiness, seed, dtype,
+                          output_dir)
+        entries = [validate_real_run(path, profile or _default_profile(path))]
+    paths = write_report(entries, output_dir, name)
+    from pagesim.validate import report_markdown
+
+    typer.echo(report_markdown(entries))
+    typer.echo(f"report: {paths['json']}, {paths['md']}, {paths['png']}")
+
+
+def _default_profile(real_path: Path) -> Path | None:
+    from pagesim.config import EngineConfig
+    from pagesim.sim.build import default_profile
+    from pagesim.validate import read_real_run
+
+    cfg = read_real_run(real_path)["engine_config"]
+    return default_profile(EngineConfig(**cfg))
+
+
+def _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
+               max_model_len, enable_prefix_caching, workload, num_prompts, request_rate,
+               burstiness, seed, dtype, output_dir: Path) -> Path:
+    """Measure the KV cache, serve the load on this GPU, store the real run; returns its path."""
+    from pagesim.gpu.device import require_cuda, torch_dtype
+
+    require_cuda()
+    from pagesim.config import EngineConfig
+    from pagesim.gpu.device import device_info
+    from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
+    from pagesim.gpu.model import RandomWeightDecoder
+    from pagesim.validate import load_dict, save_real_run, serve_workload
+
+    import torch
+
+    config = EngineConfig.create(
+        model=model or "llama-2-7b", gpu="h200", block_size=block_size,
+        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+        enable_prefix_caching=enable_prefix_caching)
+    if request_rate is not None and not (request_rate > 0):
+        raise ConfigError(f"--request-rate {request_rate}: must be > 0 (or inf)")
+    device = torch.device("cuda")
+    before = MemorySnapshot.take(device)
+    weights = RandomWeightDecoder(config.model_spec, torch_dtype(dtype), device,
+                                  config.block_size, seed or 0)
+    capacity = measure_kv_capacity(config, weights, before, (config.block_size,))
+    typer.echo(capacity.report())
+    load = load_dict(workload or "chat", num_prompts or 200, seed or 0,
+                     math.inf if request_rate is None else request_rate, burstiness or 1.0)
+    result, records = serve_workload(config, weights, capacity.num_gpu_blocks[config.block_size],
+                                     load)
+    rate = load["request_rate"]
+    path = output_dir / "real" / f"{config.model}-{load['workload']}-{rate}-bs{config.block_size}.json"
+    return save_real_run(path, config=config, load=load, result=result, records=records,
+                         device=device_info(device), extra={"capacity": capacity.to_dict()})

@@ -1,0 +1,107 @@
+"""CPU parts of the calibration: grid filtering, synthetic steps (as the cost model sees them),
+block sources, host-overhead binning, and a whole dry-run calibration on the tiny model whose
+profile loads and drives the calibrated cost model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagesim.config import EngineConfig
+from pagesim.cost.base import BatchShape
+from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.profile import Profile
+from pagesim.gpu.calibrate import (
+    BlockSource,
+    CalibrationGrid,
+    decode_points,
+    overhead_requests,
+    overhead_rows,
+    prefill_points,
+    synthetic_step,
+)
+from pagesim.gpu.profiler import gpu_key, run_calibration
+from pagesim.gpu.serve import ServeStep
+
+
+def test_points_respect_model_length_cache_and_batch_limits() -> None:
+    grid = CalibrationGrid(decode_batches=(1, 8, 64), decode_contexts=(100, 1000, 5000),
+                           prefill_tokens=(16, 4096, 16384), prefill_cached=(0, 2048))
+    dec = decode_points(grid, max_model_len=4096, capacity_tokens=64 * 1001, max_num_seqs=32)
+    assert (1, 4095) in dec  # the longest context is capped at max_model_len - 1
+    assert all(b <= 32 and b * (c + 1) <= 64 * 1001 and c < 4096 for b, c in dec)
+    assert (64, 100) not in dec  # over max_num_seqs
+    pre = prefill_points(grid, max_model_len=4096, max_num_batched_tokens=8192)
+    assert (16, 2048) in pre and (4096, 0) in pre
+    assert (4096, 2048) not in pre and all(n <= 8192 for n, _ in pre)
+
+
+def test_block_source_hands_out_distinct_blocks_or_none() -> None:
+    src = BlockSource(11, seed=3)
+    rows = src.take([4, 6])
+    flat = [b for r in rows for b in r]
+    assert len(flat) == len(set(flat)) == 10 and 0 not in flat
+    assert src.take([11]) is None
+    assert BlockSource(11, seed=3).ids == src.ids  # seeded
+
+
+def test_synthetic_steps_have_the_shape_the_cost_model_sees() -> None:
+    src = BlockSource(1000)
+    dec = synthetic_step([(300, 1)] * 5, 16, src)
+    shape = BatchShape.from_scheduler_output(dec)
+    assert shape.is_pure_decode and shape.num_decode_seqs == 5
+    assert shape.decode_context_tokens == [300] * 5
+    assert all(len(s.block_ids) == -(-301 // 16) for s in dec.scheduled)
+    mixed = synthetic_step([(200, 1)] * 3 + [(64, 128)], 16, src)
+    shape = BatchShape.from_scheduler_output(mixed)
+    assert shape.num_decode_seqs == 3 and shape.prefill_new_tokens == [128]
+    assert shape.prefill_context_tokens == [64] and shape.total_tokens == 131
+    assert synthetic_step([(5000, 1)] * 10, 16, src) is None  # more K/V than the cache holds
+
+
+def test_overhead_rows_bin_host_time_by_batch_size() -> None:
+    steps = [ServeStep(0.0, n, n, 0.0, 0.010, 0.0, 0.010 + 1e-4 * n) for n in
+             (1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4)]
+    rows = overhead_rows(steps, max_reqs=4)
+    by = {r.num_reqs: r.overhead_ms for r in rows}
+    assert by[1] == pytest.approx(0.1)
+    assert by[2] == pytest.approx(0.2)  # [1.41, 2.83) holds only batch 2
+    assert by[4] == pytest.approx(0.35)  # [2.83, 5.66) holds batches 3 and 4
+
+
+def test_overhead_ramp_lengths() -> None:
+    reqs = overhead_requests(4)
+    assert [r.max_tokens for r in reqs] == [2, 4, 6, 8]
+    assert all(r.arrival_time == 0.0 and r.num_prompt_tokens == 64 for r in reqs)
+
+
+def test_gpu_key() -> None:
+    assert gpu_key("NVIDIA H200") == "h200"
+    assert gpu_key("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert gpu_key("NVIDIA A100-SXM4-40GB") == "a100-40gb"
+    assert gpu_key("Some New GPU") == "some-new-gpu"
+
+
+def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
+    config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
+                                 max_num_batched_tokens=64, max_model_len=256,
+                                 num_gpu_blocks_override=64)
+    grid = CalibrationGrid(block_sizes=(16,), full_block_sizes=(16,), decode_batches=(1, 2),
+                           decode_contexts=(16,), prefill_tokens=(16,), prefill_cached=(0,),
+                           mixed=(), overhead_max_reqs=2, repeats=3)
+    seen = []
+    res = run_calibration(config, grid, dtype=torch.float32, calibration_root=tmp_path,
+                          progress=lambda d, t, label: seen.append((d, t)), log=lambda m: None,
+                          device="cpu")
+    assert seen[-1] == (3, 3)
+    prof = Profile.load(res.directory)
+    assert res.directory == tmp_path / "cpu" / "tiny-llama"
+    assert prof.metadata.synthetic and prof.metadata.num_gpu_blocks == {16: 64}
+    assert [(r.batch_size, r.context_len) for r in prof.decode] == [(1, 16), (2, 16)]
+    assert [(r.num_new_tokens, r.num_cached_tokens) for r in prof.prefill] == [(16, 0)]
+    for r in prof.decode + prof.prefill:
+        assert r.step_time_p10_ms <= r.step_time_ms <= r.step_time_p90_ms
+        assert r.attention_ms + r.other_ms == pytest.approx(r.step_time_ms)
+    assert prof.overhead and all(r.overhead_ms > 0 for r in prof.overhead)
+    model = CalibratedCostModel(prof)
+    assert model.step_time(BatchShape.decode(2, 16, 16)) > 0
