@@ -69,7 +69,6 @@ class ServingEngine:
     def _loop(self):
         env, scheduler, metrics = self.env, self.scheduler, self.metrics
         records = metrics.records
-        on_token = metrics.on_token
         while True:
             if not scheduler.has_unfinished_requests():
                 self._idle = env.event()
@@ -81,28 +80,33 @@ class ServingEngine:
                     f"scheduler made no progress at t={env.now:.6f}s with "
                     f"{scheduler.get_request_counts()} requests (running, waiting)")
             start = env.now
+            num_prefill = num_decode = 0
             for sr in out.scheduled:
-                req = sr.request
-                if sr.num_computed_tokens == (req.num_cached_tokens or 0):
-                    metrics.on_first_scheduled(req, start)
+                computed = sr.num_computed_tokens
+                if sr.num_new_tokens == 1 and computed > 0:
+                    num_decode += 1
+                else:
+                    num_prefill += sr.num_new_tokens
+                if computed == (sr.request.num_cached_tokens or 0):  # first step of an admission
+                    metrics.on_first_scheduled(sr.request, start)
             result = self.runner.execute_model(out)
             yield env.timeout(result.step_time_s)
             now = env.now
             finished = scheduler.update_from_output(out, result)
-            for request_id in result.sampled_token_ids:
-                on_token(records[request_id], now)
+            itl_append = metrics.itl_s.append
+            for request_id in result.sampled_token_ids:  # inlined MetricsCollector.on_token
+                rec = records[request_id]
+                if rec.first_token_time is None:
+                    rec.first_token_time = now
+                else:
+                    itl_append(now - rec.last_token_time)
+                rec.last_token_time = now
+                rec.num_output_tokens += 1
             for req in finished:
                 metrics.on_finish(req, now)
                 self._finished(req)
             num_running, num_waiting = scheduler.get_request_counts()
             usage, token_state, reserved, internal, external = self.kv_probe()
-            num_prefill = 0
-            num_decode = 0
-            for sr in out.scheduled:
-                if sr.num_new_tokens == 1 and sr.num_computed_tokens > 0:
-                    num_decode += 1
-                else:
-                    num_prefill += sr.num_new_tokens
             self.num_preemptions += len(out.preempted_req_ids)
             metrics.on_step((
                 start, result.step_time_s, len(out.scheduled), out.total_num_scheduled_tokens,

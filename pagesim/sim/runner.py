@@ -25,6 +25,7 @@ class CostModelRunner:
             req = sr.request
             # A request samples when this step brings its K/V up to all its tokens; a prefill
             # chunk that stops inside the prompt samples nothing.
-            if sr.num_computed_tokens + sr.num_new_tokens >= req.num_tokens:
-                sampled[req.request_id] = synthetic_token(req, len(req.output_token_ids), vocab)
+            output = req.output_token_ids
+            if sr.num_computed_tokens + sr.num_new_tokens >= len(req.prompt_token_ids) + len(output):
+                sampled[req.request_id] = synthetic_token(req, len(output), vocab)
         return ModelRunnerOutput(step_time_s=step_time_s, sampled_token_ids=sampled)
