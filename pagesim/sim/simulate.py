@@ -19,6 +19,7 @@ import simpy
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError, PagesimError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
+from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.waste import WasteAverager, kv_waste
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.request import Request
@@ -188,8 +189,15 @@ def _kv_probe(scheduler, manager, averager: WasteAverager, env: simpy.Environmen
 
 
 def _check_drained(manager) -> None:
-    """Every block free or cached-free once all requests ended (no leak)."""
-    manager.check_invariants()
+    """Every block free or cached-free once all requests ended (no leak).
+
+    The paged manager's `check_invariants` is its per-operation flag, so its checker is the
+    module function; a contiguous manager has a `check_invariants()` method.
+    """
+    if isinstance(manager, ContiguousKVCacheManager):
+        manager.check_invariants()
+    else:
+        check_kv_cache_manager(manager)
     if manager.num_free_blocks != manager.num_usable_blocks:
         raise PagesimError(f"KV blocks leaked: {manager.num_usable_blocks - manager.num_free_blocks}"
                            " still in use after all requests finished")
