@@ -4,7 +4,8 @@ Request lengths are drawn (seeded) from the ShareGPT token-count trace of sarath
 (prompt and output tokens per request); half of the prompts start with one of 16 shared 512-token
 system prompts, the rest of every prompt is unique. Everything runs in this one process, on one
 core. Each operation is timed `--repeats` times on fresh state after a warm-up; the table shows
-the median and the spread (min..max) per second.
+the median and the spread (min..max) per wall-clock second, and the median per CPU second (the
+cost on one core when the machine is shared and the process waits for a core).
 
 Operations (units in brackets):
   pool_alloc_free       BlockPool.get_new_blocks + free_blocks, 64 live requests     [blocks]
@@ -77,29 +78,47 @@ def requests_of(stream: list[tuple[list[int], int]], tag: str) -> list[Request]:
     return [Request(f"{tag}{i}", prompt, max_tokens=out) for i, (prompt, out) in enumerate(stream)]
 
 
-# ---- operations: each builds fresh state, runs, returns (work count, seconds) ---------------
-def op_pool_alloc_free(stream) -> tuple[int, float]:
+# ---- operations: each builds fresh state, runs, returns (work count, Timer) ------------------
+class Timer:
+    """Wall and CPU seconds of the timed sections. On a shared machine the CPU time is the
+    cost on one core; wall time also counts the time the process waited for a core."""
+
+    def __init__(self) -> None:
+        self.wall = self.cpu = 0.0
+        self._t0 = (0.0, 0.0)
+
+    def start(self) -> None:
+        self._t0 = (time.perf_counter(), time.process_time())
+
+    def stop(self) -> Timer:
+        self.wall += time.perf_counter() - self._t0[0]
+        self.cpu += time.process_time() - self._t0[1]
+        return self
+
+
+def op_pool_alloc_free(stream) -> tuple[int, Timer]:
     pool = BlockPool(NUM_GPU_BLOCKS, enable_caching=True)
     sizes = [-(-len(p) // BLOCK_SIZE) for p, _ in stream]
     live: list[list] = []
     count = 0
-    t0 = time.perf_counter()
+    timer = Timer()
+    timer.start()
     for n in sizes:
         live.append(pool.get_new_blocks(n))
         if len(live) > LIVE:
             blocks = live.pop(0)
             pool.free_blocks(reversed(blocks))
             count += 2 * len(blocks)
-    elapsed = time.perf_counter() - t0
-    return count, elapsed
+    return count, timer.stop()
 
 
-def _admit_free(stream, enable_caching: bool) -> tuple[int, float]:
+def _admit_free(stream, enable_caching: bool) -> tuple[int, Timer]:
     mgr = KVCacheManager(NUM_GPU_BLOCKS, BLOCK_SIZE, enable_caching=enable_caching)
     reqs = requests_of(stream, "a")
     live: list[Request] = []
     count = 0
-    t0 = time.perf_counter()
+    timer = Timer()
+    timer.start()
     for req in reqs:
         hit, num_hit = mgr.get_computed_blocks(req)
         new = mgr.allocate_slots(req, req.num_tokens - num_hit, num_hit, hit)
@@ -110,19 +129,18 @@ def _admit_free(stream, enable_caching: bool) -> tuple[int, float]:
             old = live.pop(0)
             count += len(mgr.get_block_ids(old.request_id))
             mgr.free(old)
-    elapsed = time.perf_counter() - t0
-    return count, elapsed
+    return count, timer.stop()
 
 
-def op_mgr_admit_free_nocache(stream) -> tuple[int, float]:
+def op_mgr_admit_free_nocache(stream) -> tuple[int, Timer]:
     return _admit_free(stream, enable_caching=False)
 
 
-def op_mgr_admit_free(stream) -> tuple[int, float]:
+def op_mgr_admit_free(stream) -> tuple[int, Timer]:
     return _admit_free(stream, enable_caching=True)
 
 
-def op_mgr_decode_step(stream) -> tuple[int, float]:
+def op_mgr_decode_step(stream) -> tuple[int, Timer]:
     """The simulator's per-step loop: every live request gains one token per step."""
     mgr = KVCacheManager(NUM_GPU_BLOCKS, BLOCK_SIZE, enable_caching=True)
     reqs = requests_of(stream, "d")
@@ -131,7 +149,7 @@ def op_mgr_decode_step(stream) -> tuple[int, float]:
     pending = list(reversed(reqs))
     live: list[Request] = []
     calls = 0
-    elapsed = 0.0
+    timer = Timer()
     while pending or live:
         while pending and len(live) < LIVE:
             req = pending.pop()
@@ -139,19 +157,19 @@ def op_mgr_decode_step(stream) -> tuple[int, float]:
             mgr.allocate_slots(req, req.num_tokens - num_hit, num_hit, hit)
             req.num_computed_tokens = req.num_tokens
             live.append(req)
-        t0 = time.perf_counter()
+        timer.start()
         allocate = mgr.allocate_slots
         for req in live:
             req.output_token_ids.append(7)
             allocate(req, 1)
             req.num_computed_tokens += 1
         calls += len(live)
-        elapsed += time.perf_counter() - t0
+        timer.stop()
         done = [r for r in live if len(r.output_token_ids) >= min(r.max_tokens, MAX_DECODE_TOKENS)]
         for req in done:
             mgr.free(req)
         live = [r for r in live if r not in done]
-    return calls, elapsed
+    return calls, timer
 
 
 def _populated_manager(stream) -> KVCacheManager:
@@ -164,27 +182,29 @@ def _populated_manager(stream) -> KVCacheManager:
     return mgr
 
 
-def op_prefix_lookup(stream) -> tuple[int, float]:
+def op_prefix_lookup(stream) -> tuple[int, Timer]:
     mgr = _populated_manager(stream)
     reqs = requests_of(stream, "q")
     for req in reqs:
         mgr.hasher.extend(req)
-    t0 = time.perf_counter()
+    timer = Timer()
+    timer.start()
     lookups = 0
     for req in reqs:
         hit, _ = mgr.get_computed_blocks(req)
         lookups += len(hit) + (len(hit) < (req.num_tokens - 1) // BLOCK_SIZE)
-    return lookups, time.perf_counter() - t0
+    return lookups, timer.stop()
 
 
-def op_hash_and_lookup(stream) -> tuple[int, float]:
+def op_hash_and_lookup(stream) -> tuple[int, Timer]:
     mgr = _populated_manager(stream)
     reqs = requests_of(stream, "h")
-    t0 = time.perf_counter()
+    timer = Timer()
+    timer.start()
     for req in reqs:
         mgr.get_computed_blocks(req)
-    elapsed = time.perf_counter() - t0
-    return sum(len(r.block_hashes) for r in reqs), elapsed
+    timer.stop()
+    return sum(len(r.block_hashes) for r in reqs), timer
 
 
 OPS: dict[str, tuple[str, Callable]] = {
@@ -208,18 +228,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stream = make_stream(args.num_requests, args.seed, args.trace)
     rows = []
-    print(f"{'operation':<24}{'unit':>9}{'median/s':>14}{'min/s':>14}{'max/s':>14}{'count':>11}")
+    print(f"{'operation':<24}{'unit':>9}{'median/s':>14}{'min/s':>14}{'max/s':>14}"
+          f"{'median/cpu-s':>14}{'count':>11}")
     for name in args.only or list(OPS):
         unit, op = OPS[name]
         op(stream[: max(1, len(stream) // 10)])  # warm-up
         runs = [op(stream) for _ in range(args.repeats)]
-        rates = [count / seconds for count, seconds in runs]
-        med = statistics.median(rates)
+        rates = [count / timer.wall for count, timer in runs]
+        cpu_rates = [count / timer.cpu for count, timer in runs]
+        med, cpu_med = statistics.median(rates), statistics.median(cpu_rates)
         rows.append({"operation": name, "unit": unit, "median_per_s": round(med),
                      "min_per_s": round(min(rates)), "max_per_s": round(max(rates)),
-                     "count_per_repeat": runs[0][0], "repeats": args.repeats})
+                     "median_per_cpu_s": round(cpu_med), "count_per_repeat": runs[0][0],
+                     "repeats": args.repeats})
         print(f"{name:<24}{unit:>9}{med:>14,.0f}{min(rates):>14,.0f}{max(rates):>14,.0f}"
-              f"{runs[0][0]:>11,}")
+              f"{cpu_med:>14,.0f}{runs[0][0]:>11,}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[*rows[0], "python", "machine", "date",
