@@ -49,9 +49,11 @@ class PagesimEngine:
         self.scheduler = Scheduler(config, self.kv)
         self._pool = self.kv.block_pool
 
-    def add_request(self, request: ParityRequest, prompt_token_ids: list[int]) -> None:
+    def add_request(self, request: ParityRequest, prompt_token_ids: list[int],
+                    arrival_step: int) -> None:
         req = Request(request_id=request.request_id, prompt_token_ids=prompt_token_ids,
-                      max_tokens=request.max_tokens, cache_salt=request.cache_salt)
+                      max_tokens=request.max_tokens, cache_salt=request.cache_salt,
+                      arrival_time=float(arrival_step), priority=request.priority)
         if not self.scheduler.add_request(req):
             raise ValueError(f"request {request.request_id} rejected: {req.reject_reason}")
 

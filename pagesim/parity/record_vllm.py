@@ -129,7 +129,8 @@ class VllmEngine:
                          "enable_chunked_prefill": sched_config.enable_chunked_prefill,
                          "policy": str(sched_config.policy)}
 
-    def add_request(self, request: ParityRequest, prompt_token_ids: list[int]) -> None:
+    def add_request(self, request: ParityRequest, prompt_token_ids: list[int],
+                    arrival_step: int) -> None:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
@@ -137,7 +138,7 @@ class VllmEngine:
         req = Request(request_id=request.request_id, prompt_token_ids=list(prompt_token_ids),
                       sampling_params=params, pooling_params=None,
                       cache_salt=request.cache_salt, block_hasher=self._hasher,
-                      arrival_time=0.0)
+                      arrival_time=float(arrival_step), priority=request.priority)
         self.scheduler.add_request(req)
 
     def has_unfinished_requests(self) -> bool:

@@ -45,7 +45,8 @@ class StepObservation:
 class EngineAdapter(Protocol):
     """One engine, wrapped so that `replay` can drive it."""
 
-    def add_request(self, request: ParityRequest, prompt_token_ids: list[int]) -> None: ...
+    def add_request(self, request: ParityRequest, prompt_token_ids: list[int],
+                    arrival_step: int) -> None: ...
 
     def step(self) -> StepObservation: ...
 
@@ -68,7 +69,7 @@ def replay(workload: ParityWorkload, engine: EngineAdapter, recorded_with: dict,
         ready = [r for r in pending if _arrival(r, finished_at) is not None
                  and _arrival(r, finished_at) <= t]  # type: ignore[operator]
         for r in ready:
-            engine.add_request(r, workload.prompt(r.request_id))
+            engine.add_request(r, workload.prompt(r.request_id), t)  # arrival_time = t
         pending = [r for r in pending if r not in ready]
         if not engine.has_unfinished_requests():
             t = _next_arrival(pending, finished_at, t)

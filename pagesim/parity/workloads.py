@@ -47,6 +47,7 @@ class ParityRequest:
     after: str | None = None  # arrive `delay` steps after this request finished
     delay: int = 0
     cache_salt: str | None = None
+    priority: int = 0  # lower is served first under scheduling_policy="priority"
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.request_id, "seg": [list(s) for s in self.segments],
@@ -55,13 +56,16 @@ class ParityRequest:
             d["after"], d["delay"] = self.after, self.delay
         if self.cache_salt is not None:
             d["salt"] = self.cache_salt
+        if self.priority:
+            d["prio"] = self.priority
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ParityRequest:
         return cls(request_id=d["id"], segments=tuple(tuple(s) for s in d["seg"]),
                    max_tokens=d["max_tokens"], arrival_step=d.get("arrive", 0),
-                   after=d.get("after"), delay=d.get("delay", 0), cache_salt=d.get("salt"))
+                   after=d.get("after"), delay=d.get("delay", 0), cache_salt=d.get("salt"),
+                   priority=d.get("prio", 0))
 
 
 @dataclass(frozen=True)
@@ -218,6 +222,22 @@ def random_pressure(seed: int = 3) -> ParityWorkload:
                           random_pressure.__doc__ or "")
 
 
+def priority_pressure(seed: int = 5) -> ParityWorkload:
+    """`random_pressure` under scheduling_policy="priority": 120 requests with priorities 0-2
+    (lower first) arriving over ~30 steps; victims are the lowest-priority latest arrivals."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(120):
+        n = int(rng.integers(32, 901))
+        reqs.append(ParityRequest(f"r{i}", (("k", 100 + i, n),), int(rng.integers(16, 301)),
+                                  arrival_step=int(rng.integers(0, 31)),
+                                  priority=int(rng.integers(0, 3))))
+    reqs.sort(key=lambda r: r.arrival_step)  # the order requests are added within a step
+    engine = dict(_engine(256, 512, 64), scheduling_policy="priority")
+    return ParityWorkload("priority_pressure", seed, tuple(reqs), engine,
+                          priority_pressure.__doc__ or "")
+
+
 def mooncake_slice(trace_path: str | Path, num_requests: int = 200, max_model_len: int = 16384,
                    step_ms: int = 50, seed: int = 4) -> ParityWorkload:
     """The first `num_requests` rows of Mooncake's conversation trace whose prompt + output fit
@@ -251,6 +271,7 @@ WORKLOADS: dict[str, Callable[[], ParityWorkload]] = {
     "shared_prefix": shared_prefix,
     "multi_turn": multi_turn,
     "random_pressure": random_pressure,
+    "priority_pressure": priority_pressure,
     "mooncake": lambda: mooncake_slice(default_trace_path()),
 }
 
@@ -261,6 +282,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "multi_turn": ("multi_turn", {}),
     "random_pressure": ("random_pressure", {}),
     "mooncake": ("mooncake", {}),
+    "priority_pressure": ("priority_pressure", {}),
     # the admission gate off: a waiting request is admitted when its first chunk fits
     "random_pressure_no_full_isl": ("random_pressure", {"scheduler_reserve_full_isl": False}),
 }
