@@ -32,7 +32,11 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.attention_timing import time_calls  # noqa: E402
-from pagesim.gpu.kernels.configs import decode_config, decode_partition  # noqa: E402
+from pagesim.gpu.kernels.configs import (  # noqa: E402
+    KernelConfig,
+    decode_config,
+    decode_partition,
+)
 from pagesim.gpu.kernels.paged_attention import (  # noqa: E402
     DecodeWorkspace,
     paged_attention_decode,
@@ -120,7 +124,8 @@ def time_sdpa(q, k, v, causal, row, emit):
             print(f"  sdpa_{name} unavailable: {str(e).splitlines()[0][:120]}", flush=True)
 
 
-def bench_decode(model, dtype_name, batch, ctx, env, copy_bw, emit):
+def bench_decode(model, dtype_name, batch, ctx, env, copy_bw, emit, alt_config=None):
+    """SDPA rows, then the paged kernel per block size (and `alt_config`, if given)."""
     heads, kv_heads, d = MODELS[model]
     dtype = DTYPES[dtype_name]
     l2 = int(float(env["l2_mb"]) * 2**20)
@@ -144,12 +149,16 @@ def bench_decode(model, dtype_name, batch, ctx, env, copy_bw, emit):
     del q, k, v
 
     for bs in BLOCK_SIZES:
-        t, part = time_paged_decode(model, dtype, batch, ctx, bs, n_rot, int(env["sms"]))
-        emit(finish(base | {"block_size": bs, "impl": f"triton_p{part.num_partitions}",
-                            "gqa": "group", "time_us": t.median_s * 1e6,
-                            "spread_us": (t.max_s - t.min_s) * 1e6, "rotations": n_rot,
-                            "timing": t.method}))
-        torch.cuda.empty_cache()
+        for name, cfg in (("triton", None), ("alt", alt_config)):
+            if name == "alt" and cfg is None:
+                continue
+            t, part = time_paged_decode(model, dtype, batch, ctx, bs, n_rot, int(env["sms"]),
+                                        cfg)
+            emit(finish(base | {"block_size": bs, "impl": f"{name}_p{part.num_partitions}",
+                                "gqa": "group", "time_us": t.median_s * 1e6,
+                                "spread_us": (t.max_s - t.min_s) * 1e6, "rotations": n_rot,
+                                "timing": t.method}))
+            torch.cuda.empty_cache()
 
 
 def paged_cache(n_rot, batch, ctx, bs, kv_heads, d, dtype):
@@ -162,18 +171,18 @@ def paged_cache(n_rot, batch, ctx, bs, kv_heads, d, dtype):
     return kc, vc, perm.view(n_rot, batch, per_seq).to(torch.int32)
 
 
-def time_paged_decode(model, dtype, batch, ctx, bs, n_rot, sms):
+def time_paged_decode(model, dtype, batch, ctx, bs, n_rot, sms, config=None):
     heads, kv_heads, d = MODELS[model]
     kc, vc, tables = paged_cache(n_rot, batch, ctx, bs, kv_heads, d, dtype)
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     qs = torch.randn(n_rot, batch, heads, d, dtype=dtype, device="cuda")
     outs = torch.empty_like(qs)
-    cfg = decode_config(d, heads // kv_heads, True)
-    part = decode_partition(batch, kv_heads, ctx, cfg.tile_n, sms)
+    cfg = config or decode_config(d, heads // kv_heads, True)
+    part = decode_partition(batch, kv_heads, ctx, cfg, sms)
     ws = (DecodeWorkspace.allocate(batch, heads, d, part.num_partitions, "cuda")
           if part.num_partitions > 1 else None)
     calls = [lambda r=r: paged_attention_decode(qs[r], kc, vc, tables[r], seq_lens, part,
-                                                out=outs[r], workspace=ws)
+                                                out=outs[r], workspace=ws, config=cfg)
              for r in range(n_rot)]
     return time_calls(calls), part
 
@@ -231,6 +240,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also sweep kernel configs")
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--sweep-only", action="store_true", help="only the config sweep")
+    ap.add_argument("--decode-alt", default="",
+                    help="also time decode with tile_n,warps,stages,programs_per_sm")
     args = ap.parse_args()
     # `timeout` sends SIGTERM: exit through the finally below so the tables still get written.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
@@ -264,12 +275,17 @@ def run_grid(args, env, copy_bw) -> None:
             print("  " + " ".join(f"{k}={row.get(k, '')}" for k in FIELDS[:12]), flush=True)
 
         batches, contexts = ((1, 32), (512, 8192)) if args.quick else (BATCHES, CONTEXTS)
+        alt = None
+        if args.decode_alt:
+            tile, warps, stages, per_sm = (int(x) for x in args.decode_alt.split(","))
+            alt = KernelConfig(16, tile, warps, stages, per_sm)
         try:
             for model in MODELS:
                 for dtype_name in DTYPES:
                     for batch in batches:
                         for ctx in contexts:
-                            bench_decode(model, dtype_name, batch, ctx, env, copy_bw, emit)
+                            bench_decode(model, dtype_name, batch, ctx, env, copy_bw, emit,
+                                         alt)
             if not args.skip_prefill:
                 for model in MODELS:
                     for dtype_name in DTYPES:

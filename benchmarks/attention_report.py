@@ -68,6 +68,26 @@ def prefill_table(rows) -> list[str]:
     return out
 
 
+def alt_table(rows) -> list[str]:
+    """Decode with the alternative config (`--decode-alt`) beside the default, per shape."""
+    alt = {(_key(r), str(r["block_size"])): r for r in rows
+           if r["kind"] == "decode" and r["impl"].startswith("alt_")}
+    if not alt:
+        return []
+    out = ["## Decode, alternative config", "",
+           "| model | dtype | batch | context | block | default splits | default µs "
+           "| alt splits | alt µs | alt / default time |", "|---" * 10 + "|"]
+    for r in rows:
+        a = alt.get((_key(r), str(r["block_size"])))
+        if r["kind"] != "decode" or not r["impl"].startswith("triton") or a is None:
+            continue
+        t, ta = _f(r["time_us"]), _f(a["time_us"])
+        out.append(f"| {r['model']} | {r['dtype']} | {r['batch']} | {r['context']} | "
+                   f"{r['block_size']} | {r['impl'].removeprefix('triton_p')} | {t:.1f} | "
+                   f"{a['impl'].removeprefix('alt_p')} | {ta:.1f} | {ta / t:.2f} |")
+    return out + [""]
+
+
 def summary(rows) -> list[str]:
     dec = [r for r in rows if r["kind"] == "decode" and r["impl"].startswith("triton")]
     big = [_f(r["pct_copy_bw"]) for r in dec
@@ -103,6 +123,7 @@ def write_markdown(rows, env: dict[str, str], path: str) -> None:
             "with the copy rate above. `splits` = context partitions per sequence chosen by "
             "the shape rule. SDPA runs on contiguous K/V; ratios are SDPA time / Triton time.",
             "", "## Summary", "", *summary(rows), "", "## Decode", "", *decode_table(rows),
-            "", "## Prefill (causal, whole prompts)", "", *prefill_table(rows), ""]
+            "", "## Prefill (causal, whole prompts)", "", *prefill_table(rows), "",
+            *alt_table(rows)]
     with open(path, "w") as f:
         f.write("\n".join(head))

@@ -158,7 +158,7 @@ class PagedAttentionBackend:
                            if device.type == "cuda" else DEFAULT_NUM_SMS)
             cfg = decode_config(self.head_size, self.num_queries_per_kv, device.type == "cuda")
             md.decode_partition = decode_partition(num_seqs, self.num_kv_heads, max_seq_len,
-                                                   cfg.tile_n, num_sms, self.sliding_window,
+                                                   cfg, num_sms, self.sliding_window,
                                                    self.min_partition_tokens)
             if md.decode_partition.num_partitions > 1:
                 md.decode_workspace = DecodeWorkspace.allocate(

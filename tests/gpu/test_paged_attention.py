@@ -11,6 +11,7 @@ from pagesim.gpu.kernels.configs import (
     MAX_PARTITIONS,
     MIN_PARTITION_TOKENS,
     DecodePartition,
+    KernelConfig,
     decode_config,
     decode_partition,
     fixed_partition,
@@ -24,16 +25,21 @@ UNSPLIT = None  # partition chosen as one partition covering the longest context
 SPLIT_3 = 3  # about three partitions of the longest context
 
 
-def _run(kv: PagedKV, query, partition_hint, window=None, scale=None):
+def _run(kv: PagedKV, query, partition_hint, window=None, scale=None, small_tile=True):
+    """Decode with about `partition_hint` partitions (None: one), checked for full writes.
+
+    Small shapes use the interpreter's 16-token tile on the GPU too, so that their contexts
+    still span several tiles and partitions there.
+    """
     head_size, group = query.shape[2], query.shape[1] // kv.key_cache.shape[2]
-    tile = decode_config(head_size, group, query.is_cuda).tile_n
+    cfg = decode_config(head_size, group, on_gpu=query.is_cuda and not small_tile)
     span = int(kv.seq_lens.max())
     span = min(span, window) if window else span
     part = (DecodePartition(1, span) if partition_hint is UNSPLIT
-            else fixed_partition(span, -(-span // partition_hint), tile))
+            else fixed_partition(span, -(-span // partition_hint), cfg.tile_n))
     out = torch.full_like(query, float("nan"))  # poison: every row must be written
     paged_attention_decode(query, kv.key_cache, kv.value_cache, kv.block_table, kv.seq_lens,
-                           part, scale=scale, sliding_window=window, out=out)
+                           part, scale=scale, sliding_window=window, out=out, config=cfg)
     ref = paged_attention_decode_reference(query, kv.key_cache, kv.value_cache, kv.block_table,
                                            kv.seq_lens, scale=scale, sliding_window=window)
     return out, ref, part
@@ -88,19 +94,38 @@ def test_empty_padded_sequence_gives_zeros(gen, device, split):
 
 
 def test_partition_rule():
-    tile = 64
+    cfg = KernelConfig(16, 64, 4, 3, programs_per_sm=4)  # 528 programs resident on 132 SMs
     # Few programs, long context: split, partitions cover the context, multiples of the tile.
-    p = decode_partition(1, 8, 8192, tile, num_sms=132)
-    assert p.num_partitions > 1 and p.partition_size % tile == 0
+    p = decode_partition(1, 8, 8192, cfg, num_sms=132)
+    assert p.num_partitions > 1 and p.partition_size % cfg.tile_n == 0
     assert p.partition_size >= MIN_PARTITION_TOKENS
     assert p.num_partitions * p.partition_size >= 8192 > (p.num_partitions - 1) * p.partition_size
+    # Waves: 64 programs x 8 splits fill 528 slots once; 9 splits would start a second wave.
+    assert decode_partition(8, 8, 8192, cfg, num_sms=132).num_partitions == 8
+    assert decode_partition(32, 8, 2048, cfg, num_sms=132).num_partitions == 2
     # Enough programs already: no split.
-    assert decode_partition(128, 32, 8192, tile, num_sms=132).num_partitions == 1
+    assert decode_partition(128, 32, 8192, cfg, num_sms=132).num_partitions == 1
     # Short contexts are not split below the minimum partition.
-    assert decode_partition(1, 1, 300, tile, num_sms=132).num_partitions <= 2
-    assert decode_partition(1, 1, 10**6, tile, num_sms=132).num_partitions <= MAX_PARTITIONS
+    assert decode_partition(1, 1, 300, cfg, num_sms=132).num_partitions <= 3
+    assert decode_partition(1, 1, 10**6, cfg, num_sms=132).num_partitions <= MAX_PARTITIONS
     # A sliding window bounds the span that is split.
-    assert decode_partition(1, 8, 100_000, tile, 132, sliding_window=512).num_partitions <= 2
+    assert decode_partition(1, 8, 100_000, cfg, 132, sliding_window=512).num_partitions <= 4
+
+
+def test_random_shapes(gen, device):
+    """Random ragged batches, group sizes, block sizes, windows and splits (fp32)."""
+    for _ in range(4):
+        heads, kv_heads = [(2, 2), (4, 1), (6, 2), (8, 4)][int(torch.randint(4, (1,), generator=gen))]
+        block_size = [8, 16, 32][int(torch.randint(3, (1,), generator=gen))]
+        seq_lens = torch.randint(0, 90, (int(torch.randint(1, 5, (1,), generator=gen)),),
+                                 generator=gen).tolist()
+        seq_lens[0] = max(seq_lens[0], 1)
+        window = [None, None, 1, 7, 40][int(torch.randint(5, (1,), generator=gen))]
+        kv = PagedKV(gen, seq_lens, block_size, kv_heads, 64, torch.float32, device)
+        query = randn(gen, (len(seq_lens), heads, 64), torch.float32, device)
+        split = [UNSPLIT, 2, 5][int(torch.randint(3, (1,), generator=gen))]
+        out, ref, _ = _run(kv, query, split, window=window)
+        assert_close_rel(out, ref, torch.float32)
 
 
 def test_bad_inputs_raise_one_line_errors(gen, device):
@@ -134,12 +159,12 @@ def test_decode_large_gpu(gen, dtype, num_heads, num_kv_heads, head_size, block_
                  spare_blocks=64)
     query = randn(gen, (len(seq_lens), num_heads, head_size), dtype, "cuda")
     for split in (UNSPLIT, 7, 40):
-        out, ref, _ = _run(kv, query, split)
+        out, ref, _ = _run(kv, query, split, small_tile=False)
         assert_close_rel(out, ref, dtype)
     # The shape rule's own choice, with a window as well.
-    tile = decode_config(head_size, num_heads // num_kv_heads, True).tile_n
+    cfg = decode_config(head_size, num_heads // num_kv_heads, True)
     for window in (None, 1000):
-        part = decode_partition(len(seq_lens), num_kv_heads, 8192, tile, 132, window)
+        part = decode_partition(len(seq_lens), num_kv_heads, 8192, cfg, 132, window)
         out = torch.full_like(query, float("nan"))
         paged_attention_decode(query, kv.key_cache, kv.value_cache, kv.block_table,
                                kv.seq_lens, part, sliding_window=window, out=out)

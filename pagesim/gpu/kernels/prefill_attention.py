@@ -61,6 +61,57 @@ def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _attend_tiles(
+    acc, m_i, l_i,  # running output [BLOCK_M, HEAD_SIZE], max and sum [BLOCK_M] (fp32)
+    q, q_pos,  # [BLOCK_M, HEAD_SIZE] queries and [BLOCK_M] their absolute positions
+    bt_row, k_base, v_base,  # block-table row of the sequence; caches at this KV head
+    start_lo, start_hi, hi,  # tiles start in [start_lo, start_hi); keys < hi exist
+    qk_scale, sliding_window,  #
+    stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off,  #
+    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,  #
+    MASKED: tl.constexpr,  # False: the caller guarantees every row sees every key
+    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
+):
+    """Online-softmax update over a run of context tiles (the flash-attention inner loop)."""
+    d = tl.arange(0, HEAD_SIZE)
+    offs_t = tl.arange(0, TILE_N)
+    for start in range(start_lo, start_hi, TILE_N):
+        t = start + offs_t
+        t_mask = t < hi
+        if BLOCK_SIZE >= TILE_N:  # the tile lies in one cache block
+            blk = tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64)
+        elif MASKED:
+            blk = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + t // BLOCK_SIZE).to(tl.int64)
+        off = t % BLOCK_SIZE
+        k_ptrs = k_base + (blk * stride_kc_blk + off * stride_kc_off)[:, None] + d[None, :]
+        v_ptrs = v_base + (blk * stride_vc_blk + off * stride_vc_off)[:, None] + d[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=t_mask[:, None], other=0.0)  # [TILE_N, HEAD_SIZE]
+            v = tl.load(v_ptrs, mask=t_mask[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
+        if MASKED:
+            visible = t_mask[None, :] & (t[None, :] <= q_pos[:, None])  # causal
+            if USE_WINDOW:
+                visible = visible & (q_pos[:, None] - t[None, :] < sliding_window)
+            s = tl.where(visible, s, float("-inf"))
+        # A row may see nothing in a masked tile (window edge, padding): keep its max finite.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _paged_prefill_kernel(
     out_ptr,  # [num_tokens, num_heads, head_size]
     query_ptr,  # [num_tokens, num_heads, head_size]
@@ -108,11 +159,20 @@ def _paged_prefill_kernel(
                 + d[None, :], mask=row_mask[:, None], other=0.0)  # [BLOCK_M, HEAD_SIZE]
 
     # Keys this block can see: up to its last token (causal), from its first token's window.
+    # Three runs of tiles (starts are multiples of TILE_N):
+    #   [a, b)   window edge: some rows already past some keys          -> masked
+    #   [b, c)   every row sees every key (t <= first_pos, in window)   -> no mask
+    #   [c, hi)  the diagonal: causal mask                              -> masked
     first_pos = ctx_len + local * BLOCK_Q
-    hi = tl.minimum(seq_len, first_pos + BLOCK_Q)
-    lo = 0
+    last_pos = first_pos + BLOCK_Q - 1  # of the block's rows, padding rows included
+    hi = tl.minimum(seq_len, last_pos + 1)
+    a = 0
+    b = 0
     if USE_WINDOW:
-        lo = tl.maximum(first_pos - sliding_window + 1, 0)
+        a = (tl.maximum(first_pos - sliding_window + 1, 0) // TILE_N) * TILE_N
+        b = tl.cdiv(tl.maximum(last_pos - sliding_window + 1, 0), TILE_N) * TILE_N
+        b = tl.maximum(b, a)
+    c = tl.maximum(((first_pos + 1) // TILE_N) * TILE_N, b)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -120,34 +180,18 @@ def _paged_prefill_kernel(
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
     k_base = key_cache_ptr + kv_head * stride_kc_head
     v_base = value_cache_ptr + kv_head * stride_vc_head
-    offs_t = tl.arange(0, TILE_N)
-
-    for start in range((lo // TILE_N) * TILE_N, hi, TILE_N):
-        t = start + offs_t
-        t_mask = t < hi
-        if BLOCK_SIZE >= TILE_N:
-            blk = tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64)
-        else:
-            blk = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
-        off = t % BLOCK_SIZE
-        k_rows = blk * stride_kc_blk + off * stride_kc_off  # [TILE_N] element offsets
-        v_rows = blk * stride_vc_blk + off * stride_vc_off
-        k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
-        v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
-
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
-        visible = t_mask[None, :] & (t[None, :] <= q_pos[:, None])  # causal
-        if USE_WINDOW:
-            visible = visible & (q_pos[:, None] - t[None, :] < sliding_window)
-        s = tl.where(visible, s, float("-inf"))
-        # A row may see nothing in this tile (window edge, padding rows): keep its max finite.
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, q, q_pos, bt_row, k_base, v_base, a, tl.minimum(b, hi), hi,
+        qk_scale, sliding_window, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off,
+        HEAD_SIZE, BLOCK_SIZE, TILE_N, True, USE_WINDOW, DOT_PRECISION)
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, q, q_pos, bt_row, k_base, v_base, b, c, hi,
+        qk_scale, sliding_window, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off,
+        HEAD_SIZE, BLOCK_SIZE, TILE_N, False, USE_WINDOW, DOT_PRECISION)
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, q, q_pos, bt_row, k_base, v_base, c, hi, hi,
+        qk_scale, sliding_window, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off,
+        HEAD_SIZE, BLOCK_SIZE, TILE_N, True, USE_WINDOW, DOT_PRECISION)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + tok[:, None] * stride_o_tok + heads[:, None] * stride_o_head + d[None, :],
