@@ -66,8 +66,7 @@ def replay(workload: ParityWorkload, engine: EngineAdapter, recorded_with: dict,
                       workload=workload.to_json(), initial_free_queue=list(queue), steps=[])
     t = 0
     while pending or engine.has_unfinished_requests():
-        ready = [r for r in pending if _arrival(r, finished_at) is not None
-                 and _arrival(r, finished_at) <= t]  # type: ignore[operator]
+        ready = [r for r in pending if (a := _arrival(r, finished_at)) is not None and a <= t]
         for r in ready:
             engine.add_request(r, workload.prompt(r.request_id), t)  # arrival_time = t
         pending = [r for r in pending if r not in ready]

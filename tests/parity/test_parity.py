@@ -6,12 +6,14 @@ KVCacheManager made on it; pagesim must reproduce all of them exactly (docs/pari
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pagesim.parity import golden_files, run_parity
 from pagesim.parity.decisions import DecisionLog
 
-GOLDEN = golden_files()
+GOLDEN = golden_files(Path(__file__).parent / "golden")
 
 
 def test_golden_files_cover_the_required_workloads():
