@@ -56,10 +56,12 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.enable_chunked_prefill = config.enable_chunked_prefill
         self.policy = config.scheduling_policy
-        # vLLM's SchedulerConfig: with several partial prefills and no threshold given, a
-        # prompt longer than 4% of max_model_len counts as long and is capped to that.
+        # vLLM 0.33 changed three things (see `schedule`); "0.23" keeps the older behaviour.
+        self.vllm_033 = config.vllm_compat == "0.33"
         threshold = config.long_prefill_token_threshold
-        if threshold == 0 and config.max_num_partial_prefills > 1:
+        if not self.vllm_033 and threshold == 0 and config.max_num_partial_prefills > 1:
+            # vLLM <= 0.23 SchedulerConfig: with several partial prefills and no threshold,
+            # 4% of max_model_len. vLLM 0.33 has no max_num_partial_prefills at all.
             threshold = int(config.max_model_len * 0.04)
         self.long_prefill_token_threshold = threshold
         self.reserve_full_isl = config.scheduler_reserve_full_isl
@@ -152,19 +154,29 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        """Decide this step. `num_computed_tokens` of every scheduled request is advanced."""
+        """Decide this step. `num_computed_tokens` of every scheduled request is advanced.
+
+        vLLM 0.33 (`vllm_compat="0.33"`) differs from 0.23 in three ways, all followed here:
+        `long_prefill_token_threshold` is not applied when a single request is running or
+        waiting at the start of the step (nobody to starve); and under `priority`, a victim
+        taken from before the current position steps the position back whether or not it was
+        scheduled yet, and a request that preempts itself lets the ones after it still run.
+        """
         out = SchedulerOutput(step_id=self._step_id, block_size=self.block_size,
                               finished_req_ids=self._finished_ids,
                               rejected_req_ids=self._rejected_ids)
         self._step_id += 1
         self._finished_ids = []
         self._rejected_ids = []
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        threshold = self.long_prefill_token_threshold
+        if self.vllm_033 and len(self.running) + len(self.waiting) + len(self.swapped) <= 1:
+            threshold = 0
+        budget = self._schedule_running(out, self.max_num_batched_tokens, threshold)
         if not out.preempted_req_ids:
             if self.swapped:
-                budget = self._schedule_swapped(out, budget)
+                budget = self._schedule_swapped(out, budget, threshold)
             if not self.swapped:
-                self._schedule_waiting(out, budget)
+                self._schedule_waiting(out, budget, threshold)
         out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
         total = 0
         for sr in out.scheduled:
@@ -174,11 +186,10 @@ class Scheduler:
         out.total_num_scheduled_tokens = total
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
         running = self.running
         scheduled = out.scheduled
         kv = self.kv_cache_manager
-        threshold = self.long_prefill_token_threshold
         last_position = self.max_model_len - 1  # the input position may not pass it
         priority = self.policy == "priority"
         req_index = 0
@@ -199,16 +210,22 @@ class Scheduler:
                 new_blocks = kv.allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
-                victim = running.pop(select_victim_index(running, self.policy))
+                victim_index = select_victim_index(running, self.policy)
+                victim = running.pop(victim_index)
                 if priority:
                     refund = self._unschedule(scheduled, victim)
                     if refund is not None:  # the victim was scheduled earlier in this step
                         budget += refund
+                    if self.vllm_033:
+                        req_index -= victim_index < req_index
+                    elif refund is not None:
                         req_index -= 1
                 self.preemptor.preempt(victim, self.waiting, self.swapped, out)
                 if victim is request:
                     break
             if new_blocks is None:
+                if priority and self.vllm_033:
+                    continue  # it preempted itself; running[req_index] is the next one
                 break
             scheduled.append(ScheduledRequest(
                 request, num_new, num_computed, list(kv.get_block_ids(request.request_id))))
@@ -227,16 +244,17 @@ class Scheduler:
                 return scheduled.pop(j).num_new_tokens
         return None
 
-    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
         """Swap requests back in, in queue order, before any new admission (V0 behaviour)."""
         kv = self.kv_cache_manager
         while self.swapped and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.swapped.peek_request()
             num_computed = request.num_computed_tokens
-            num_new = self._chunk(request.num_tokens - num_computed, budget)
+            num_new = self._chunk(request.num_tokens - num_computed, budget, threshold)
             if num_new is None:
                 break
-            if kv.allocate_slots(request, num_new, **self._gate(request)) is None:
+            if kv.allocate_slots(request, num_new,
+                                 full_sequence_must_fit=self.reserve_full_isl) is None:
                 break
             self.swapped.pop_request()
             block_ids = list(kv.get_block_ids(request.request_id))
@@ -248,19 +266,19 @@ class Scheduler:
             budget -= num_new
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, threshold: int) -> None:
         kv = self.kv_cache_manager
         waiting = self.waiting
         stats = self.stats
         while waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = waiting.peek_request()
             hit_blocks, num_hit = kv.get_computed_blocks(request)
-            num_new = self._chunk(request.num_tokens - num_hit, budget)
+            num_new = self._chunk(request.num_tokens - num_hit, budget, threshold)
             if num_new is None:
                 break
             if kv.allocate_slots(request, num_new, num_new_computed_tokens=num_hit,
                                  new_computed_blocks=hit_blocks, num_lookahead_tokens=0,
-                                 **self._gate(request)) is None:
+                                 full_sequence_must_fit=self.reserve_full_isl) is None:
                 break
             waiting.pop_request()
             resumed = request.status == _PREEMPTED
@@ -278,9 +296,8 @@ class Scheduler:
                 resumed=resumed, first_scheduled=not resumed, num_prefix_hit_tokens=num_hit))
             budget -= num_new
 
-    def _chunk(self, num_new: int, budget: int) -> int | None:
+    def _chunk(self, num_new: int, budget: int, threshold: int) -> int | None:
         """Tokens an admitted request computes in its first step; None: it must wait."""
-        threshold = self.long_prefill_token_threshold
         if 0 < threshold < num_new:
             num_new = threshold
         if num_new > budget:
@@ -288,9 +305,6 @@ class Scheduler:
                 return None  # vLLM: without chunked prefill the prompt waits for a fuller budget
             num_new = budget
         return num_new
-
-    def _gate(self, request: Request) -> dict:
-        return {"full_sequence_must_fit": self.reserve_full_isl}
 
     # ---- after the step ----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ its 4th block and none is free:
 
 from __future__ import annotations
 
+import pytest
 from sched_helpers import make_config, make_kv, make_scheduler, req, run_step, tokens
 
 from pagesim.request import RequestStatus
@@ -149,6 +150,22 @@ def test_priority_victim_scheduled_earlier_in_the_step_is_unscheduled() -> None:
     assert tokens(out) == {"y": 1} and out.total_num_scheduled_tokens == 1
     assert out.preempted_req_ids == ["x"] and x.num_computed_tokens == 0
     assert out.scheduled[0].block_ids == [2, 3]
+
+
+@pytest.mark.parametrize("compat,expected", [("0.33", {"a": 1, "c": 1}), ("0.23", {"a": 1})])
+def test_priority_self_preemption_lets_later_requests_run_in_033(compat, expected) -> None:
+    """running [a (p0), b (p9), c (p1)]; b needs a block, none is free, b is the victim.
+
+    vLLM 0.33 goes on with c (a decode that needs no block); 0.23 stops at b."""
+    cfg = make_config(block_size=4, scheduling_policy="priority", vllm_compat=compat)
+    s = Scheduler(cfg, make_kv(4, block_size=4))
+    s.add_request(req("a", 2, max_tokens=8, priority=0, arrival_time=0.0))
+    s.add_request(req("b", 3, max_tokens=8, priority=9, arrival_time=1.0))
+    assert tokens(run_step(s)[0]) == {"a": 2, "b": 3}
+    s.add_request(req("c", 2, max_tokens=8, priority=1, arrival_time=2.0))
+    assert tokens(run_step(s)[0]) == {"a": 1, "b": 1, "c": 2}
+    out, _ = run_step(s)
+    assert tokens(out) == expected and out.preempted_req_ids == ["b"]
 
 
 def test_no_admission_in_a_step_that_preempted() -> None:

@@ -49,10 +49,23 @@ def test_long_prefill_token_threshold_caps_every_chunk() -> None:
     assert tokens(run_step(s)[0]) == {"r1": 20, "r2": 10, "r3": 1}
 
 
-def test_partial_prefills_default_threshold_as_vllm() -> None:
-    # vLLM: max_num_partial_prefills > 1 with no threshold -> 4% of max_model_len
-    s = make_scheduler(32, max_num_partial_prefills=2, max_model_len=500)
-    assert s.long_prefill_token_threshold == 20
+def test_partial_prefills_default_threshold_as_vllm_023() -> None:
+    # vLLM 0.23: max_num_partial_prefills > 1 with no threshold -> 4% of max_model_len;
+    # vLLM 0.33 has no max_num_partial_prefills
+    kw = dict(max_num_partial_prefills=2, max_model_len=500)
+    assert make_scheduler(32, vllm_compat="0.23", **kw).long_prefill_token_threshold == 20
+    assert make_scheduler(32, vllm_compat="0.33", **kw).long_prefill_token_threshold == 0
+
+
+@pytest.mark.parametrize("compat,alone", [("0.33", 64), ("0.23", 20)])
+def test_long_prefill_threshold_and_a_lone_request(compat: str, alone: int) -> None:
+    # vLLM 0.33 does not cap a request that is alone (running + waiting == 1)
+    s = make_scheduler(32, max_num_batched_tokens=64, long_prefill_token_threshold=20,
+                       vllm_compat=compat)
+    s.add_request(req("r1", 100))
+    assert tokens(run_step(s)[0]) == {"r1": alone}
+    s.add_request(req("r2", 100))
+    assert tokens(run_step(s)[0]) == {"r1": 20, "r2": 20}
 
 
 @pytest.mark.parametrize("policy,order", [("fcfs", ["a", "b", "c"]),
