@@ -189,7 +189,8 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
         running = self.running
         scheduled = out.scheduled
-        kv = self.kv_cache_manager
+        allocate_slots = self.kv_cache_manager.allocate_slots
+        get_block_ids = self.kv_cache_manager.get_block_ids
         last_position = self.max_model_len - 1  # the input position may not pass it
         priority = self.policy == "priority"
         req_index = 0
@@ -207,7 +208,7 @@ class Scheduler:
                 req_index += 1
                 continue
             while True:
-                new_blocks = kv.allocate_slots(request, num_new)
+                new_blocks = allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
                 victim_index = select_victim_index(running, self.policy)
@@ -228,7 +229,7 @@ class Scheduler:
                     continue  # it preempted itself; running[req_index] is the next one
                 break
             scheduled.append(ScheduledRequest(
-                request, num_new, num_computed, list(kv.get_block_ids(request.request_id))))
+                request, num_new, num_computed, list(get_block_ids(request.request_id))))
             budget -= num_new
             req_index += 1
         return budget
