@@ -1,0 +1,183 @@
+"""`pagesim plan`: max request rate within SLOs, replicas for a target rate, KV sizing.
+
+    pagesim plan --workload chat --slo p99_ttft_ms<=500 --slo p99_tpot_ms<=50
+    pagesim plan ... --target-rate 40 --router prefix-aware      # + replicas needed
+    pagesim plan ... --target-rate 6 --kv-sizing                 # smallest KV cache at 6 req/s
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pagesim.cli import options as o
+from pagesim.cli.app import app
+from pagesim.errors import ConfigError
+from pagesim.planning.capacity import (
+    DEFAULT_MIN_DURATION_S,
+    CapacityResult,
+    max_sustainable_rate,
+    replicas_for_rate,
+)
+from pagesim.planning.kv_sizing import min_kv_memory
+from pagesim.planning.router import ROUTERS
+from pagesim.planning.slo import DEFAULT_ATTAINMENT, parse_slos
+from pagesim.sim.build import default_profile
+from pagesim.specs import GiB
+
+PLAN = "Plan"
+DEFAULTS = {"workload": "chat", "num_prompts": 500}
+SHOWN = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms",
+         "mean_tpot_ms", "p99_tpot_ms", "p99_e2el_ms", "kv_cache_usage_mean",
+         "prefix_cache_hit_rate", "num_preemptions")
+
+
+@app.command("plan")
+def plan_command(
+    slo: Annotated[list[str] | None, typer.Option(
+        help="Objective, repeatable: p99_ttft_ms<=500, mean_tpot_ms<50, or vllm bench goodput "
+             "items ttft:500 tpot:50", rich_help_panel=PLAN)] = None,
+    slo_attainment: Annotated[float, typer.Option(
+        help="Share of requests that must meet goodput items", rich_help_panel=PLAN)] = DEFAULT_ATTAINMENT,
+    target_rate: Annotated[float | None, typer.Option(
+        help="req/s the service must sustain: adds replicas needed", rich_help_panel=PLAN)] = None,
+    router: Annotated[str, typer.Option(help=" | ".join(ROUTERS), rich_help_panel=PLAN)] = "round-robin",
+    max_replicas: Annotated[int, typer.Option(rich_help_panel=PLAN)] = 64,
+    kv_sizing: Annotated[bool, typer.Option(
+        help="Smallest KV memory meeting the SLOs at --target-rate", rich_help_panel=PLAN)] = False,
+    rel_tol: Annotated[float, typer.Option(help="Bisection stops within this relative gap",
+                                           rich_help_panel=PLAN)] = 0.025,
+    min_duration: Annotated[float, typer.Option(
+        help="Each probe sends requests for at least this many seconds (steady state)",
+        rich_help_panel=PLAN)] = DEFAULT_MIN_DURATION_S,
+    save_result: Annotated[Path | None, typer.Option(help="Write the plan as JSON here",
+                                                     rich_help_panel=PLAN)] = None,
+    config: o.ConfigFile = None,
+    model: o.Model = None, gpu: o.Gpu = None, block_size: o.BlockSize = None,
+    gpu_memory_utilization: o.GpuMemUtil = None, num_gpu_blocks_override: o.NumBlocksOverride = None,
+    max_num_seqs: o.MaxNumSeqs = None, max_num_batched_tokens: o.MaxBatchedTokens = None,
+    max_model_len: o.MaxModelLen = None, enable_prefix_caching: o.PrefixCaching = None,
+    enable_chunked_prefill: o.ChunkedPrefill = None, long_prefill_token_threshold: o.LongPrefill = None,
+    preemption_mode: o.PreemptionMode = None, swap_space: o.SwapSpace = None,
+    scheduling_policy: o.Policy = None, allocator: o.AllocatorOpt = None,
+    contiguous_placement: o.Placement = None, kv_cache_dtype: o.KVDtype = None,
+    tensor_parallel_size: o.TP = None, vllm_compat: o.VllmCompat = None,
+    profile: o.ProfileOpt = None,
+    workload: o.WorkloadOpt = None, num_prompts: Annotated[int | None, typer.Option(
+        help="Requests per replica per probe [500]", rich_help_panel=o.LOAD)] = None,
+    burstiness: o.Burstiness = None, max_concurrency: o.MaxConcurrency = None, seed: o.Seed = None,
+    random_input_len: o.RandomInputLen = None, random_output_len: o.RandomOutputLen = None,
+    random_range_ratio: o.RandomRangeRatio = None, random_prefix_len: o.RandomPrefixLen = None,
+    metric_percentiles: o.MetricPercentiles = None,
+) -> None:
+    """Find the highest request rate within SLOs; with --target-rate, the replicas it needs."""
+    flags = dict(locals())
+    for key in ("slo", "slo_attainment", "target_rate", "router", "max_replicas", "kv_sizing",
+                "rel_tol", "min_duration", "save_result", "config"):
+        flags.pop(key)
+    values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
+    slos = parse_slos(slo, attainment=slo_attainment)
+    if slos.empty:
+        raise ConfigError("--slo: give at least one objective, e.g. --slo p99_ttft_ms<=500")
+    if kv_sizing and target_rate is None:
+        raise ConfigError("--kv-sizing needs --target-rate")
+    engine, load = o.engine_config(values), o.load_spec(values)
+    prof = values.get("profile") or default_profile(engine)
+    print(f"Plan for {engine.model} on {engine.gpu}, workload {load.workload}, "
+          f"probes of >= {load.num_prompts} requests and >= {min_duration:g} s of arrivals; "
+          f"SLO: {slos}")
+    print(f"Cost model: {prof or 'analytical (no calibration profile for this model and GPU)'}")
+    doc: dict[str, Any] = {"model": engine.model, "gpu": engine.gpu, "workload": load.workload,
+                           "slo": str(slos)}
+    if kv_sizing:
+        doc["kv_sizing"] = _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration)
+    else:
+        cap = max_sustainable_rate(engine, load, slos, profile=prof, rel_tol=rel_tol,
+                                   min_duration_s=min_duration)
+        doc["capacity"] = _capacity(cap)
+        if target_rate is not None:
+            doc["replicas"] = _replicas(engine, load, slos, target_rate, router, prof, cap,
+                                        max_replicas, rel_tol, min_duration)
+    if save_result is not None:
+        save_result.parent.mkdir(parents=True, exist_ok=True)
+        save_result.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        print(f"Saved plan to {save_result}")
+
+
+def _metrics_lines(result: dict[str, Any] | None) -> list[str]:
+    if not result:
+        return []
+    return [f"  {k:<28} {result[k]:.4g}" for k in SHOWN if isinstance(result.get(k), int | float)]
+
+
+def _capacity(cap: CapacityResult) -> dict[str, Any]:
+    print(f"Saturated throughput (all requests at t=0): {cap.saturated_throughput:.3f} req/s")
+    for p in cap.probes:
+        print(f"  rate {p.value:9.3f} req/s  {'pass' if p.passed else 'FAIL'}  "
+              + "; ".join(p.violations))
+    if cap.max_rate is None:
+        print(f"No rate down to {cap.first_failing_rate:g} req/s meets the SLOs")
+    else:
+        bound = (f"(fails at {cap.first_failing_rate:.3f})" if cap.first_failing_rate
+                 else "(the search's upper limit)")
+        print(f"Max sustainable rate: {cap.max_rate:.3f} req/s {bound}")
+        print("\n".join(_metrics_lines(cap.result)))
+    return {"max_rate": cap.max_rate, "first_failing_rate": cap.first_failing_rate,
+            "saturated_throughput": cap.saturated_throughput,
+            "probes": [{"rate": p.value, "passed": p.passed, "violations": list(p.violations)}
+                       for p in cap.probes], "result": _slim(cap.result)}
+
+
+def _replicas(engine, load, slos, target_rate, router, prof, cap, max_replicas, rel_tol,
+              min_duration):
+    plan = replicas_for_rate(engine, load, slos, target_rate, router=router, profile=prof,
+                             per_replica=cap, max_replicas=max_replicas, rel_tol=rel_tol,
+                             min_duration_s=min_duration)
+    print(f"Replicas for {target_rate:g} req/s behind {router}: estimate {plan.estimate} "
+          "from per-replica capacity, checked by simulation:")
+    for p in plan.probes:
+        hit = p.result.get("prefix_cache_hit_rate", 0.0)
+        print(f"  {int(p.value):3d} replicas  {'pass' if p.passed else 'FAIL'}  prefix hit "
+              f"{hit:.3f}  " + "; ".join(p.violations))
+    if plan.num_replicas is None:
+        print(f"Even {max_replicas} replicas miss the SLOs")
+    else:
+        gpus = plan.num_replicas * engine.tensor_parallel_size
+        print(f"Replicas needed: {plan.num_replicas} ({gpus} GPUs)")
+    return {"target_rate": target_rate, "router": router, "estimate": plan.estimate,
+            "num_replicas": plan.num_replicas,
+            "probes": [{"num_replicas": int(p.value), "passed": p.passed,
+                        "violations": list(p.violations)} for p in plan.probes],
+            "result": _slim(plan.result)}
+
+
+def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration):
+    k = min_kv_memory(engine, load, slos, target_rate, profile=prof, rel_tol=rel_tol,
+                      min_duration_s=min_duration)
+    for p in k.probes:
+        print(f"  {int(p.value):7d} blocks  {'pass' if p.passed else 'FAIL'}  "
+              + "; ".join(p.violations))
+    if k.num_gpu_blocks is None:
+        print(f"Even the largest KV cache ({k.max_num_gpu_blocks} blocks) misses the SLOs "
+              f"at {target_rate:g} req/s")
+    else:
+        util = "n/a" if k.gpu_memory_utilization is None else f"{k.gpu_memory_utilization:.3f}"
+        print(f"Smallest KV cache at {target_rate:g} req/s: {k.num_gpu_blocks} blocks = "
+              f"{k.kv_cache_memory_bytes / GiB:.2f} GiB (--kv-cache-memory-bytes "
+              f"{k.kv_cache_memory_bytes}), --gpu-memory-utilization {util}")
+        print("\n".join(_metrics_lines(k.result)))
+    return {"target_rate": target_rate, "num_gpu_blocks": k.num_gpu_blocks,
+            "kv_cache_memory_bytes": k.kv_cache_memory_bytes,
+            "gpu_memory_utilization": k.gpu_memory_utilization,
+            "max_num_gpu_blocks": k.max_num_gpu_blocks, "result": _slim(k.result)}
+
+
+def _slim(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    if result is None:
+        return None
+    return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v)
+            for k, v in result.items() if k != "engine_config"}

@@ -1,0 +1,134 @@
+"""`pagesim sweep`: a Cartesian grid of simulations, laid out as `vllm bench sweep serve`.
+
+Every engine and load flag of `pagesim run` takes a comma list here (`--block-size 8,16,32
+--request-rate 2,4,8`); `--engine-params` / `--load-params` (alias `--serve-params` /
+`--bench-params`) take JSON or YAML lists of dicts. Exit codes: 0 all runs done, 1 some runs
+failed (each reported with its settings), 2 a bad grid or flag.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pagesim.cli import options as o
+from pagesim.cli.app import app
+from pagesim.errors import ConfigError
+from pagesim.planning.backends import BACKENDS, require_ray
+from pagesim.planning.grid import build_grid, parse_axis, read_param_file
+from pagesim.planning.sweep import run_sweep
+
+E, L = o.ENGINE, o.LOAD
+SWEEP = "Sweep"
+
+
+def _list(help_text: str, panel: str):
+    return Annotated[str | None, typer.Option(help=help_text, rich_help_panel=panel)]
+
+
+@app.command("sweep")
+def sweep_command(
+    config: o.ConfigFile = None,
+    model: _list("Comma list of model names", E) = None,
+    gpu: _list("Comma list of GPU names", E) = None,
+    block_size: _list("e.g. 8,16,32", E) = None,
+    gpu_memory_utilization: _list("e.g. 0.8,0.92", E) = None,
+    num_gpu_blocks_override: _list("", E) = None,
+    kv_cache_memory_bytes: _list("", E) = None,
+    max_num_seqs: _list("", E) = None,
+    max_num_batched_tokens: _list("", E) = None,
+    max_model_len: _list("", E) = None,
+    enable_prefix_caching: _list("true,false", E) = None,
+    enable_chunked_prefill: _list("true,false", E) = None,
+    long_prefill_token_threshold: _list("", E) = None,
+    preemption_mode: _list("recompute,swap", E) = None,
+    swap_space: _list("GiB", E) = None,
+    scheduling_policy: _list("fcfs,priority", E) = None,
+    allocator: _list("paged,reserve-max,pow2,oracle", E) = None,
+    contiguous_placement: _list("buddy,first-fit", E) = None,
+    kv_cache_dtype: _list("auto,fp8", E) = None,
+    tensor_parallel_size: _list("", E) = None,
+    vllm_compat: _list("0.33,0.23", E) = None,
+    profile: _list("Calibration directories, or analytical", E) = None,
+    workload: _list("Names, files or mixes (chat:0.7+code:0.3)", L) = None,
+    num_prompts: _list("", L) = None,
+    request_rate: _list("req/s, inf = all at once", L) = None,
+    burstiness: _list("", L) = None,
+    max_concurrency: _list("", L) = None,
+    seed: _list("Base seed(s); run N uses seed + N", L) = None,
+    random_input_len: _list("", L) = None,
+    random_output_len: _list("", L) = None,
+    random_range_ratio: _list("", L) = None,
+    random_prefix_len: _list("", L) = None,
+    time_scale: _list("", L) = None,
+    goodput: o.Goodput = None, metric_percentiles: o.MetricPercentiles = None,
+    engine_params: Annotated[Path | None, typer.Option(
+        "--engine-params", "--serve-params", help="JSON/YAML list of engine setting dicts",
+        rich_help_panel=SWEEP)] = None,
+    load_params: Annotated[Path | None, typer.Option(
+        "--load-params", "--bench-params", help="JSON/YAML list of load setting dicts",
+        rich_help_panel=SWEEP)] = None,
+    num_runs: Annotated[int, typer.Option(help="Runs (seeds) per point", rich_help_panel=SWEEP)] = 1,
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", rich_help_panel=SWEEP)] = Path("results"),
+    resume: Annotated[str | None, typer.Option(
+        help="Timestamp (under --output-dir) or directory of a sweep to complete",
+        rich_help_panel=SWEEP)] = None,
+    dry_run: Annotated[bool, typer.Option(help="List the points; run nothing",
+                                          rich_help_panel=SWEEP)] = False,
+    backend: Annotated[str, typer.Option(help="local | ray", rich_help_panel=SWEEP)] = "local",
+    address: Annotated[str | None, typer.Option(help="Ray cluster to join (ray backend)",
+                                                rich_help_panel=SWEEP)] = None,
+    jobs: Annotated[int | None, typer.Option(help="Parallel runs [all cores]",
+                                             rich_help_panel=SWEEP)] = None,
+    save_records: Annotated[bool, typer.Option(help="Per-request and per-step Parquet per run",
+                                               rich_help_panel=SWEEP)] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
+) -> None:
+    """Simulate every combination of the given settings; write run JSONs and summary.csv."""
+    flags = dict(locals())
+    for key in ("config", "goodput", "metric_percentiles", "engine_params", "load_params",
+                "num_runs", "output_dir", "resume", "dry_run", "backend", "address", "jobs",
+                "save_records", "quiet"):
+        flags.pop(key)
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    file_values = o.read_config_file(config)
+    percentiles = o.parse_percentiles(metric_percentiles or file_values.pop("metric_percentiles", None))
+    slos = o.parse_goodput(goodput or file_values.pop("goodput", None))
+    if profile:
+        file_values.pop("profile", None)
+    axes = {k: parse_axis(k, v) for k, v in flags.items() if v is not None}
+    grid = build_grid(
+        axes, base={"workload": "chat", "num_prompts": 1000, **file_values},
+        engine_params=read_param_file(engine_params, "engine") if engine_params else None,
+        load_params=read_param_file(load_params, "load") if load_params else None)
+    if dry_run:
+        _print_plan(grid, num_runs)
+        return
+    if backend == "ray":
+        require_ray()
+    result = run_sweep(grid, num_runs=num_runs, output_dir=output_dir, resume=resume,
+                       backend=backend, n_jobs=jobs, address=address,
+                       save_records=save_records, percentiles=percentiles,
+                       goodput_slos_ms=slos, progress=not quiet and sys.stderr.isatty())
+    ran = len(result.summary) - result.num_skipped
+    print(f"{len(grid)} points x {num_runs} runs: {ran} run, {result.num_skipped} already done, "
+          f"{len(result.failures)} failed")
+    print(f"Results in {result.directory} (summary.csv, summary.parquet)")
+    for f in result.failures:
+        settings = ", ".join(f"{k}={v}" for k, v in f["settings"].items())
+        print(f"failed: {f['point']} run={f['run']} ({settings}): {f['error']}", file=sys.stderr)
+    if result.failures:
+        raise typer.Exit(1)
+
+
+def _print_plan(grid, num_runs: int) -> None:
+    print(f"{len(grid)} points x {num_runs} runs = {len(grid) * num_runs} simulations")
+    if grid.varying:
+        print(f"varying: {', '.join(grid.varying)}")
+    for p in grid.points:
+        settings = ", ".join(f"{k}={v}" for k, v in p.settings.items())
+        print(f"  [{p.index}] {p.name}: {settings}")
