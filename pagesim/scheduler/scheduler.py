@@ -65,11 +65,11 @@ class Scheduler:
             threshold = int(config.max_model_len * 0.04)
         self.long_prefill_token_threshold = threshold
         self.reserve_full_isl = config.scheduler_reserve_full_isl
-        model = config.model_spec
         if config.preemption_mode == "swap" and swap_pool is None:
             if page_size_bytes is None:
-                page_size_bytes = sizing.page_size_bytes(
-                    model, config.block_size, config.kv_cache_dtype, config.tensor_parallel_size)
+                page_size_bytes = sizing.page_size_bytes(config.model_spec, config.block_size,
+                                                         config.kv_cache_dtype,
+                                                         config.tensor_parallel_size)
             swap_pool = CPUSwapPool.from_swap_space(config.swap_space, page_size_bytes)
         self.swap_pool = swap_pool
         self.stats = SchedulerStats()
