@@ -61,6 +61,10 @@ class MetricsCollector:
 
     records: dict[str, RequestRecord] = field(default_factory=dict)
     itl_s: array = field(default_factory=lambda: array("d"))  # pooled inter-token gaps
+    # When output tokens became visible: one entry per distinct time (a step's end), with the
+    # number of tokens seen then; vllm bench's peak output tok/s buckets each token by its time.
+    token_times_s: array = field(default_factory=lambda: array("d"))
+    token_counts: array = field(default_factory=lambda: array("q"))
     steps: dict[str, array] = field(
         default_factory=lambda: {c: array("d") for c in STEP_COLUMNS})
 
@@ -93,6 +97,16 @@ class MetricsCollector:
             self.itl_s.append(now - rec.last_token_time)  # type: ignore[operator]
         rec.last_token_time = now
         rec.num_output_tokens += 1
+        self.on_tokens_visible(now, 1)
+
+    def on_tokens_visible(self, now: float, count: int) -> None:
+        """`count` output tokens (of any requests) became visible at `now` (non-decreasing)."""
+        times = self.token_times_s
+        if times and times[-1] == now:
+            self.token_counts[-1] += count
+        else:
+            times.append(now)
+            self.token_counts.append(count)
 
     def on_finish(self, request: Request, now: float) -> None:
         rec = self.records[request.request_id]

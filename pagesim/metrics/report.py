@@ -57,27 +57,29 @@ def latency_arrays(records: list[RequestRecord], itl_s: np.ndarray) -> dict[str,
             "tpot_per_request": tpot_per_request}
 
 
-def _peaks(records: list[RequestRecord], t0: float, duration: float) -> tuple[float, float]:
+def _peaks(records: list[RequestRecord], metrics: MetricsCollector) -> tuple[float, int]:
     """Peak output tokens/s and peak concurrent requests over 1-second buckets (vllm bench).
 
-    Output tokens are spread uniformly between a request's first and last token; a request is
-    concurrent in every bucket its [arrival, finish) interval touches. Buckets start at `t0`,
-    the first arrival.
+    As `calculate_metrics` in vllm/benchmarks/serve.py: buckets are [k, k+1) seconds after the
+    earliest start of a successful request; each output token counts in the bucket of the time
+    it became visible (`MetricsCollector.token_times_s`); a request counts in every bucket from
+    its start's to its finish's, both included.
     """
-    n = max(1, math.ceil(duration))
-    tokens = np.zeros(n)
-    concurrent = np.zeros(n + 1)
-    for r in records:
-        if r.reject_reason is not None or r.finish_time is None:
-            continue
-        a = min(int(r.arrival_time - t0), n - 1)
-        f = min(int(r.finish_time - t0), n - 1)
-        concurrent[a] += 1
-        concurrent[f + 1] -= 1
-        first, last = r.first_token_time or r.finish_time, r.last_token_time or r.finish_time
-        lo, hi = min(int(first - t0), n - 1), min(int(last - t0), n - 1)
-        tokens[lo : hi + 1] += r.num_output_tokens / (hi - lo + 1)
-    return float(tokens.max(initial=0.0)), float(np.cumsum(concurrent)[:n].max(initial=0.0))
+    done = [r for r in records if r.reject_reason is None and r.finish_time is not None]
+    if not done:
+        return 0.0, 0
+    start = min(r.arrival_time for r in done)
+    n = math.ceil(max(r.finish_time for r in done) - start) + 1  # type: ignore[operator]
+    concurrent = np.zeros(n + 1, dtype=np.int64)
+    for r in done:
+        concurrent[int(r.arrival_time - start)] += 1
+        concurrent[int(r.finish_time - start) + 1] -= 1  # type: ignore[operator]
+    times = np.frombuffer(metrics.token_times_s, dtype=np.float64)
+    counts = np.frombuffer(metrics.token_counts, dtype=np.int64)
+    buckets = (times - start).astype(np.int64)  # truncation, as int()
+    keep = (buckets >= 0) & (buckets < n)
+    tokens = np.bincount(buckets[keep], weights=counts[keep], minlength=n)
+    return float(tokens.max(initial=0.0)), int(np.cumsum(concurrent)[:n].max(initial=0))
 
 
 def summarize(
@@ -95,7 +97,7 @@ def summarize(
     total_in = sum(r.num_prompt_tokens for r in done)
     total_out = sum(r.num_output_tokens for r in done)
     arrays = latency_arrays(records, np.frombuffer(metrics.itl_s, dtype=np.float64))
-    peak_tok, peak_conc = _peaks(records, t0, duration)
+    peak_tok, peak_conc = _peaks(records, metrics)
     out: dict[str, Any] = {
         "duration": duration,
         "completed": len(done),

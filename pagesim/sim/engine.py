@@ -102,6 +102,8 @@ class ServingEngine:
                     itl_append(now - rec.last_token_time)
                 rec.last_token_time = now
                 rec.num_output_tokens += 1
+            if result.sampled_token_ids:
+                metrics.on_tokens_visible(now, len(result.sampled_token_ids))
             for req in finished:
                 metrics.on_finish(req, now)
                 self._finished(req)

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from sim_helpers import LinearCost, req, step_units, t, tiny_engine
+from sim_helpers import LinearCost, req, t, tiny_engine
 
 from pagesim.cost.base import BatchShape
 from pagesim.metrics import summarize
@@ -56,6 +56,7 @@ def test_two_requests_from_t0_exact_timeline() -> None:
     assert s["mean_tpot_ms"] == pytest.approx((65.5 + 66) / 2 * ms, rel=1e-12)
     assert s["mean_itl_ms"] == pytest.approx((66 + 66 + 65) / 3 * ms, rel=1e-12)
     assert s["completed"] == 2 and s["total_output_tokens"] == 5
+    assert s["max_output_tokens_per_s"] == 5.0 and s["max_concurrent_requests"] == 2
     assert e.kv.num_free_blocks == e.kv.num_usable_blocks
 
 
@@ -120,6 +121,11 @@ def test_idle_engine_waits_for_arrivals_without_stepping() -> None:
     assert e.env.now == 3.0 + t(74)
     assert math.isinf(e.env.peek())  # nothing scheduled: the engine waits on its idle event
     assert e.metrics.records["b"].first_scheduled_time == 3.0
+    # 1-second buckets from t=1: a's two tokens in [1, 2), b's one in [3, 4)
+    assert list(e.metrics.token_times_s) == [1.0 + t(74), 1.0 + t(139), 3.0 + t(74)]
+    s = summarize(e.metrics)
+    assert s["max_output_tokens_per_s"] == 2.0 and s["max_concurrent_requests"] == 1
+    assert s["duration"] == 3.0 + t(74)  # from the start of the run, as vllm bench
 
 
 def test_chunked_prefill_spreads_a_prompt_over_steps() -> None:
