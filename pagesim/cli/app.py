@@ -43,7 +43,7 @@ def _root() -> None:
 
 def _register() -> None:
     """Import the command modules; each adds its commands to `app`."""
-    from pagesim.cli import calibrate, kv_capacity, run, validate  # noqa: F401
+    from pagesim.cli import calibrate, kv_capacity, plan, plot, run, sweep, validate  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from pagesim.errors import ConfigError
 from pagesim.planning.backends import execute
 from pagesim.planning.grid import SweepGrid, SweepPoint
 from pagesim.planning.mix import workload_ref
-from pagesim.planning.summary import summary_frame
+from pagesim.planning.summary import metrics_row, settings_row, summary_frame
 from pagesim.sim.build import default_profile
 from pagesim.sim.output import requests_table, result_json, steps_table
 from pagesim.sim.simulate import LoadSpec, result_metadata, simulate
@@ -245,3 +245,23 @@ def iter_run_documents(directory: Path) -> Iterator[dict[str, Any]]:
     for path in sorted(Path(directory).glob("*/run=*.json")):
         if not path.name.endswith(".failed.json"):
             yield json.loads(path.read_text())
+
+
+def run_grid(grid: SweepGrid, *, num_runs: int = 1, n_jobs: int | None = 1,
+             backend: str = "local", percentiles: tuple[float, ...] = (99,),
+             goodput_slos_ms: tuple[tuple[str, float], ...] = ()) -> pd.DataFrame:
+    """The summary of a sweep run in memory, writing nothing (notebooks, tests)."""
+    tasks = make_tasks(grid, num_runs, "in-memory", percentiles=percentiles,
+                       goodput_slos_ms=goodput_slos_ms)
+    outcomes: dict[int, RunOutcome] = dict(execute(run_one, tasks, backend=backend,
+                                                   n_jobs=n_jobs))
+    rows = []
+    for i, task in enumerate(tasks):
+        row = settings_row(task)
+        outcome = outcomes[i]
+        if outcome.document is None:
+            row.update(status="failed", error=outcome.error)
+        else:
+            row.update(metrics_row(json.loads(outcome.document)))
+        rows.append(row)
+    return pd.DataFrame.from_records(rows)

@@ -1,0 +1,108 @@
+"""`pagesim plot`: figures from a sweep directory (PNG and SVG, under DIR/plots by default).
+
+    pagesim plot results/20260101_120000                    every figure the grid supports
+    pagesim plot DIR --kind latency --curve-by block_size   one kind, curves by a setting
+
+Kinds: latency (needs request_rate to vary), block-size (block_size), prefix (cache size:
+num_gpu_blocks_override or kv_cache_memory_bytes), preemption (request_rate), waste
+(allocator), timeline (runs saved with --save-records), pareto (any grid).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+
+from pagesim.cli.app import app
+from pagesim.errors import ConfigError
+from pagesim.planning import plots
+from pagesim.planning.summary import read_summary
+from pagesim.planning.waste import waste_timeline_from_steps
+
+KINDS = ("latency", "block-size", "prefix", "preemption", "waste", "timeline", "pareto")
+X_OF = {"latency": "request_rate", "block-size": "block_size", "preemption": "request_rate",
+        "waste": "allocator"}
+
+
+@app.command("plot")
+def plot_command(
+    directory: Annotated[Path, typer.Argument(help="A sweep directory (holds summary.csv)")],
+    kind: Annotated[list[str] | None, typer.Option(help=" | ".join(KINDS) + " [all that apply]")] = None,
+    curve_by: Annotated[str | None, typer.Option(help="Summary column that separates curves")] = None,
+    output_dir: Annotated[Path | None, typer.Option(help="[DIRECTORY/plots]")] = None,
+    formats: Annotated[str, typer.Option("--format", help="Comma list")] = "png,svg",
+) -> None:
+    """Plot a sweep's results."""
+    df = read_summary(directory)
+    varying = _varying(directory, df)
+    for k in kind or []:
+        if k not in KINDS:
+            raise ConfigError(f"--kind {k!r}: choose from {', '.join(KINDS)}")
+    if curve_by is not None and curve_by not in df:
+        raise ConfigError(f"--curve-by {curve_by!r}: not a column of the summary")
+    wanted = kind or [k for k in KINDS if _applies(k, varying, directory)]
+    out = output_dir or Path(directory) / "plots"
+    fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    for k in wanted:
+        fig = _figure(k, df, directory, varying, curve_by)
+        for path in plots.save_figure(fig, out, k, fmts):
+            print(f"Saved {path}")
+
+
+def _varying(directory: Path, df: pd.DataFrame) -> list[str]:
+    manifest = Path(directory) / "sweep.json"
+    if manifest.is_file():
+        return list(json.loads(manifest.read_text()).get("varying", []))
+    return [c for c in df.columns if df[c].nunique(dropna=False) > 1]
+
+
+def _cache_x(varying: list[str]) -> str | None:
+    return next((c for c in ("num_gpu_blocks_override", "kv_cache_memory_bytes",
+                             "gpu_memory_utilization") if c in varying), None)
+
+
+def _applies(kind: str, varying: list[str], directory: Path) -> bool:
+    if kind == "pareto":
+        return True
+    if kind == "prefix":
+        return _cache_x(varying) is not None
+    if kind == "timeline":
+        return any(Path(directory).glob("*/run=0.steps.parquet"))
+    return X_OF[kind] in varying
+
+
+def _pick_curve(varying: list[str], x: str, given: str | None) -> str | None:
+    if given is not None:
+        return given
+    return next((c for c in varying if c not in (x, "seed")), None)
+
+
+def _figure(kind: str, df: pd.DataFrame, directory: Path, varying: list[str],
+            curve_by: str | None):
+    if kind == "latency":
+        return plots.plot_latency_vs_rate(df, curve_by=_pick_curve(varying, "request_rate",
+                                                                     curve_by))
+    if kind == "block-size":
+        return plots.plot_block_size_curves(df, curve_by=_pick_curve(varying, "block_size",
+                                                                       curve_by))
+    if kind == "preemption":
+        return plots.plot_preemption_vs_load(df, curve_by=_pick_curve(varying, "request_rate",
+                                                                        curve_by))
+    if kind == "prefix":
+        x = _cache_x(varying) or "num_gpu_blocks_override"
+        return plots.plot_prefix_hit_vs_cache(df, x=x, xlabel=x,
+                                              curve_by=_pick_curve(varying, x, curve_by))
+    if kind == "waste":
+        table = (df[df["status"] == "ok"].groupby("allocator", sort=False)
+                 .mean(numeric_only=True))
+        return plots.plot_waste_bars(table, plots.describe(df, "KV waste by allocator"))
+    if kind == "timeline":
+        timelines = {}
+        for path in sorted(Path(directory).glob("*/run=0.steps.parquet"))[:8]:
+            timelines[path.parent.name] = waste_timeline_from_steps(pd.read_parquet(path))
+        return plots.plot_kv_timeline(timelines, plots.describe(df, "KV memory over time"))
+    return plots.plot_pareto(df, label_by=curve_by)
