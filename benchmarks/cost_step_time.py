@@ -4,7 +4,8 @@ Times `BatchShape.from_scheduler_output(out)` alone and followed by `step_time` 
 analytical and the calibrated model, on decode steps of 1, 32, 128 and 256 requests and on a
 mixed step (one 512-token chunk plus 127 decodes). Prints a table and writes
 results/cost_step_time.csv. The calibrated model reads the SYNTHETIC test profile (its speed
-does not depend on the numbers in it).
+does not depend on the numbers in it). Timed in process CPU time (`time.process_time`), best of
+the repeats, so that other processes on a shared box inflate the figures less than wall time.
 
     python benchmarks/cost_step_time.py [--repeat 7] [--number 20000]
 """
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import platform
 import sys
+import time
 import timeit
 from pathlib import Path
 
@@ -56,10 +59,12 @@ def main() -> None:
             timers[f"+ {name}.step_time"] = (
                 lambda out=out, m=m: m.step_time(BatchShape.from_scheduler_output(out)))
         for what, fn in timers.items():
-            best = min(timeit.repeat(fn, repeat=args.repeat, number=args.number))
+            best = min(timeit.repeat(fn, repeat=args.repeat, number=args.number,
+                                     timer=time.process_time))
             rows.append((case, what, best / args.number * 1e6))
-    print(f"python {platform.python_version()} on {platform.machine()}; best of "
-          f"{args.repeat} x {args.number} calls")
+    load = os.getloadavg()[0]  # other processes on the box inflate every figure
+    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"1-min load {load:.2f}; CPU time, best of {args.repeat} x {args.number} calls")
     print(f"{'step':<26}{'timed':<34}{'us/call':>9}")
     for case, what, us in rows:
         print(f"{case:<26}{what:<34}{us:>9.2f}")
@@ -67,10 +72,10 @@ def main() -> None:
     out_path.parent.mkdir(exist_ok=True)
     with open(out_path, "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
-        w.writerow(["step", "timed", "us_per_call", "python", "repeat", "number"])
+        w.writerow(["step", "timed", "us_per_call", "python", "repeat", "number", "load_1min"])
         for case, what, us in rows:
             w.writerow([case, what, f"{us:.3f}", platform.python_version(), args.repeat,
-                        args.number])
+                        args.number, f"{load:.2f}"])
     print(f"wrote {out_path}")
 
 
