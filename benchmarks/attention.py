@@ -240,6 +240,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also sweep kernel configs")
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--sweep-only", action="store_true", help="only the config sweep")
+    ap.add_argument("--sweep-set", default="splits", help="splits or short")
     ap.add_argument("--decode-alt", default="",
                     help="also time decode with tile_n,warps,stages,programs_per_sm")
     args = ap.parse_args()
@@ -254,7 +255,8 @@ def main() -> None:
         run_grid(args, env, copy_bw)
     if args.sweep or args.sweep_only:
         from benchmarks.attention_sweep import run_sweep
-        run_sweep(env, copy_bw, os.path.join(args.out, f"{args.name}_sweep.csv"))
+        run_sweep(env, copy_bw, os.path.join(args.out, f"{args.name}_sweep_{args.sweep_set}.csv"),
+                  args.sweep_set)
 
 
 def run_grid(args, env, copy_bw) -> None:

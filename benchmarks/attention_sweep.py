@@ -24,6 +24,12 @@ SPLIT_SHAPES = [("llama-3-8b", 32, 8, 1, 8192), ("llama-3-8b", 32, 8, 8, 8192),
 SPLITS = (1, 2, 3, 4, 6, 8, 16, 32, 64)
 # Head size 256 (e.g. 16 query / 2 KV heads): (tile_n, warps, stages, programs per SM).
 DECODE_CONFIGS_256 = [(64, 8, 2, 2), (32, 4, 3, 2), (64, 4, 2, 2)]
+# "short": the final config on short contexts, where the reduction launch decides the split.
+SHORT_SHAPES = [("llama-3-8b", 32, 8, 32, 512), ("llama-2-7b", 32, 32, 8, 512),
+                ("llama-3-8b", 32, 8, 1, 512), ("llama-3-8b", 32, 8, 8, 512),
+                ("llama-2-7b", 32, 32, 1, 2048), ("llama-3-8b", 32, 8, 128, 512)]
+SWEEP_SETS = {"splits": (DECODE_CONFIGS, SPLIT_SHAPES, SPLITS, True),
+              "short": ([(64, 4, 3, 4)], SHORT_SHAPES, (1, 2, 4), False)}
 
 
 def _paged(batch, ctx, kv_heads, d, bs, n_rot, dtype):
@@ -51,7 +57,10 @@ def _decode_case(heads, kv_heads, batch, ctx, cfg, part, dtype=torch.float16, d=
     return time_calls(calls).median_s, kv_bytes
 
 
-def run_sweep(env: dict[str, str], copy_bw: float, csv_path: str) -> None:
+def run_sweep(env: dict[str, str], copy_bw: float, csv_path: str,
+              sweep_set: str = "splits") -> None:
+    """Time decode over `SWEEP_SETS[sweep_set]` (configs x shapes x split counts)."""
+    configs, shapes, splits_list, with_256 = SWEEP_SETS[sweep_set]
     sms = int(env["sms"])
     rows = []
 
@@ -59,12 +68,12 @@ def run_sweep(env: dict[str, str], copy_bw: float, csv_path: str) -> None:
         rows.append(row)
         print("  sweep " + " ".join(f"{k}={v}" for k, v in row.items()), flush=True)
 
-    for name, heads, kv, batch, ctx in SPLIT_SHAPES:
-        for tile, warps, stages, per_sm in DECODE_CONFIGS:
+    for name, heads, kv, batch, ctx in shapes:
+        for tile, warps, stages, per_sm in configs:
             cfg = KernelConfig(16, tile, warps, stages, per_sm)
             rule = decode_partition(batch, kv, ctx, cfg, sms).num_partitions
             seen = set()
-            for splits in SPLITS:
+            for splits in splits_list:
                 part = fixed_partition(ctx, -(-ctx // splits), tile)
                 if part.num_partitions in seen or part.partition_size < 128:
                     continue
@@ -75,7 +84,7 @@ def run_sweep(env: dict[str, str], copy_bw: float, csv_path: str) -> None:
                      config=f"tile{tile} w{warps} s{stages}", splits=part.num_partitions,
                      rule=rule, time_us=f"{t * 1e6:.1f}",
                      pct_copy_bw=f"{100 * nbytes / t / copy_bw:.1f}")
-    for tile, warps, stages, per_sm in DECODE_CONFIGS_256:
+    for tile, warps, stages, per_sm in DECODE_CONFIGS_256 if with_256 else []:
         cfg = KernelConfig(16, tile, warps, stages, per_sm)
         part = decode_partition(8, 2, 8192, cfg, sms)
         t, nbytes = _decode_case(16, 2, 8, 8192, cfg, part, d=256)

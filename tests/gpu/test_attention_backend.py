@@ -93,11 +93,12 @@ def backend_tile(backend: PagedAttentionBackend, device: str) -> int:
 def test_steps_chunked_prefill_mixed_and_decode(gen, device, dtype, window):
     backend = PagedAttentionBackend(num_heads=4, num_kv_heads=2, head_size=64, block_size=8,
                                     sliding_window=window, min_partition_tokens=8)
-    eng = Engine(gen, backend, num_blocks=16, dtype=dtype, device=device)
+    eng = Engine(gen, backend, num_blocks=40, dtype=dtype, device=device)
     # 1: prefill chunks.  2: rest of a prompt + a decode + a new prompt (mixed).
-    # 3, 4: decode-only, unsplit (many SMs' worth of programs) and split (num_sms large).
+    # 3: decode-only, unsplit (one SM).  4: a long chunk on a cached prefix plus a decode.
+    # 5: decode-only over a 143-token context with 64 SMs: the rule splits it.
     steps = [({0: 12, 1: 7}, None), ({0: 8, 1: 1, 2: 13}, None), ({0: 1, 1: 1, 2: 1}, 1),
-             ({2: 1, 0: 1, 1: 1}, 64)]
+             ({0: 121, 2: 1}, None), ({2: 1, 0: 1, 1: 1}, 64)]
     for new_tokens, num_sms in steps:
         md, out, ref = eng.step(new_tokens, pad_to=sum(new_tokens.values()) + 2,
                                 num_sms=num_sms)

@@ -27,7 +27,8 @@ MIN_PARTITION_TOKENS = 128
 MAX_PARTITIONS = 64
 #: Per-program fixed cost of a decode program, in tile iterations (prologue, q load, epilogue).
 PROGRAM_OVERHEAD_TILES = 1
-
+#: Cost of a split's reduction kernel (a second launch plus the partials), in tile iterations.
+REDUCTION_COST_TILES = 4
 
 class KernelConfig(NamedTuple):
     """Tile shape and launch width of one attention kernel launch."""
@@ -51,11 +52,14 @@ class DecodePartition(NamedTuple):
 def decode_config(head_size: int, num_queries_per_kv: int, on_gpu: bool) -> KernelConfig:
     """Decode: all query heads of one KV head in one program, padded to the 16-row dot minimum.
 
-    On an H200 a 128-token tile with 8 warps and 3 stages read K/V fastest (92.8% of copy
-    bandwidth against 84.6% for 64 tokens / 4 warps, llama-3-8b shape, batch 32, context
-    8192, `benchmarks/attention.py --sweep-only`); 128 registers x 256 threads and 74 KiB of
-    shared memory leave room for 2 programs per SM. Head size 256 halves the tile (118
-    registers, 75 KiB: 2 per SM); head size 64 fits 3. The CPU interpreter gets small tiles.
+    On an H200 (`benchmarks/attention.py`, results/attention_h200*.csv): a 64-token tile,
+    4 warps, 3 stages; the compiler report (124 registers x 128 threads, 39 KiB shared) leaves
+    room for 4 programs per SM. Against a 128-token tile with 8 warps (2 per SM), each with
+    its own split, its time ratio was 0.87-1.03 (median 0.96) on the 48 grid shapes with
+    batch x context >= 64K tokens and 0.95-1.11 (median 1.03) on the 32 below 16K, where
+    latency rather than bandwidth rules. Head size 256: 64 tokens, 8 warps,
+    2 stages (2 per SM; best of three on one shape); head size 64: 66 registers, 7 per SM
+    (compiler report only, not timed). The CPU interpreter gets small tiles.
     """
     block_m = max(16, triton.next_power_of_2(num_queries_per_kv))
     if not on_gpu:
@@ -63,8 +67,8 @@ def decode_config(head_size: int, num_queries_per_kv: int, on_gpu: bool) -> Kern
     if head_size > 128:
         return KernelConfig(block_m, 64, 8, 2, 2)
     if head_size < 128:
-        return KernelConfig(block_m, 128, 8, 3, 3)
-    return KernelConfig(block_m, 128, 8, 3, 2)
+        return KernelConfig(block_m, 64, 4, 3, 7)
+    return KernelConfig(block_m, 64, 4, 3, 4)
 
 
 def prefill_config(head_size: int, num_queries_per_kv: int, on_gpu: bool,
@@ -99,9 +103,10 @@ def decode_partition(
 
     Cost model (wave quantisation): with `slots = num_sms * programs_per_sm` programs
     resident at once, `s` splits take `ceil(programs * s / slots)` waves, each as long as one
-    program's `ceil(span / s / tile_n)` tiles plus a fixed overhead. The cheapest `s` wins,
-    fewer partitions on ties. On an H200 this picks the measured best or a split within 4% of
-    it on the swept shapes (e.g. 8 splits, not 9, for 64 programs of 8192 tokens: one wave).
+    program's `ceil(span / s / tile_n)` tiles plus a fixed overhead, and any split adds the
+    reduction. The cheapest `s` wins, fewer partitions on ties. On an H200 it picks the
+    measured fastest split count on all 8 shapes of the split sweep (e.g. 8 splits, not 9,
+    for 64 programs of 8192 tokens: one wave instead of a second, nearly empty one).
     `max_seq_len` is the longest context of the step (tokens, new token included); with a
     sliding window only the last `sliding_window` tokens are read, so that length counts.
     """
@@ -117,6 +122,7 @@ def decode_partition(
             continue
         waves = triton.cdiv(programs * s, slots)
         cost = waves * (part.partition_size // tile + PROGRAM_OVERHEAD_TILES)
+        cost += REDUCTION_COST_TILES if s > 1 else 0
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
     return fixed_partition(span, triton.cdiv(span, best), tile)
