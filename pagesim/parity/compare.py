@@ -134,7 +134,8 @@ def compare_logs(reference: DecisionLog, candidate: DecisionLog,
                   vllm_compat=reference.vllm_compat, block_ids=block_ids,
                   summary=reference.summary())
     if not bmap.same(reference.initial_free_queue, candidate.initial_free_queue):
-        div = Divergence(0, 0, "initial free queue", None, reference.initial_free_queue[:QUEUE_SHOWN],
+        div = Divergence(0, 0, "initial free queue", None,
+                         reference.initial_free_queue[:QUEUE_SHOWN],
                          candidate.initial_free_queue[:QUEUE_SHOWN], "")
         return ParityReport(steps_compared=0, divergence=div, **report)
     ref_q, cand_q = decode_free_queues(reference), decode_free_queues(candidate)

@@ -252,7 +252,8 @@ def mooncake_slice(trace_path: str | Path, num_requests: int = 200, max_model_le
                 continue
             segs = []
             for j, h in enumerate(hashes):
-                segs.append(("k", int(h), min(MOONCAKE_BLOCK_TOKENS, n_in - j * MOONCAKE_BLOCK_TOKENS)))
+                n = min(MOONCAKE_BLOCK_TOKENS, n_in - j * MOONCAKE_BLOCK_TOKENS)
+                segs.append(("k", int(h), n))
             reqs.append(ParityRequest(f"m{len(reqs)}", tuple(segs), int(n_out),
                                       arrival_step=int(row["timestamp"]) // step_ms))
             if len(reqs) == num_requests:

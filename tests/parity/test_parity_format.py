@@ -78,7 +78,8 @@ def test_log_round_trips_through_json(tmp_path):
         back = DecisionLog.read(log.write(tmp_path / name))
         assert back.steps == log.steps and back.summary() == log.summary()
     assert log.summary()["finished"] == 4
-    assert (tmp_path / "log.json.gz").read_bytes() == log.write(tmp_path / "again.json.gz").read_bytes()
+    again = log.write(tmp_path / "again.json.gz").read_bytes()
+    assert (tmp_path / "log.json.gz").read_bytes() == again  # gzip without a timestamp
 
 
 def test_dependent_request_arrives_after_its_parent_finished():
