@@ -58,7 +58,7 @@ def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostMo
     if meta.model and meta.model != config.model:
         raise ConfigError(f"profile {profile} was measured for model {meta.model!r}, "
                           f"not {config.model!r}")
-    return CalibratedCostModel(loaded, model=config.model_spec)
+    return CalibratedCostModel(loaded, model=config.model_spec, gpu=config.gpu_spec)
 
 
 def build_scheduler(config: EngineConfig, check_invariants: bool = False) -> Scheduler:
