@@ -24,7 +24,7 @@ from pagesim.planning.capacity import (
     replicas_for_rate,
 )
 from pagesim.planning.kv_sizing import min_kv_memory
-from pagesim.planning.router import ROUTERS
+from pagesim.planning.router import ROUTERS, make_router
 from pagesim.planning.slo import DEFAULT_ATTAINMENT, parse_slos
 from pagesim.sim.build import default_profile
 from pagesim.specs import GiB
@@ -85,6 +85,7 @@ def plan_command(
         raise ConfigError("--slo: give at least one objective, e.g. --slo p99_ttft_ms<=500")
     if kv_sizing and target_rate is None:
         raise ConfigError("--kv-sizing needs --target-rate")
+    make_router(router)  # an unknown name fails before any simulation
     engine, load = o.engine_config(values), o.load_spec(values)
     prof = values.get("profile") or default_profile(engine)
     print(f"Plan for {engine.model} on {engine.gpu}, workload {load.workload}, "

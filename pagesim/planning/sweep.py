@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError
-from pagesim.planning.backends import execute
+from pagesim.planning.backends import BACKENDS, execute
 from pagesim.planning.grid import SweepGrid, SweepPoint
 from pagesim.planning.mix import workload_ref
 from pagesim.planning.summary import metrics_row, settings_row, summary_frame
@@ -127,6 +127,8 @@ def run_sweep(grid: SweepGrid, *, num_runs: int = 1, output_dir: Path | str = "r
               goodput_slos_ms: tuple[tuple[str, float], ...] = (),
               progress: bool = False) -> SweepResult:
     """Run every point `num_runs` times; write the layout above; return the summary."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     directory, date = _open_directory(grid, num_runs, Path(output_dir), timestamp, resume)
     tasks = make_tasks(grid, num_runs, date, save_records=save_records,
                        percentiles=percentiles, goodput_slos_ms=goodput_slos_ms)

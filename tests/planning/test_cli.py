@@ -1,0 +1,103 @@
+"""`pagesim sweep`, `pagesim plan`, `pagesim plot`: outputs, files and exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pagesim.cli.app import main
+
+SMALL = ["--workload", "random", "--random-input-len", "96", "--random-output-len", "24",
+         "--num-prompts", "20", "--num-gpu-blocks-override", "64"]
+
+
+def test_sweep_dry_run_writes_nothing(tmp_path: Path, capsys) -> None:
+    rc = main(["sweep", *SMALL, "--block-size", "8,16", "--request-rate", "2,4,8",
+               "--dry-run", "-o", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.splitlines()[0] == "6 points x 1 runs = 6 simulations"
+    assert "ENGINE-block_size=16-LOAD-request_rate=8" in out
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--block-size", "8,abc"], "block_size='abc': expected an integer"),
+    (["--block-size", "0,16"], "sweep point ENGINE-block_size=0"),
+    (["--allocator", "paged,slab"], "allocator='slab'"),
+    (["--workload", "chat,nope"], "workload 'nope'"),
+    (["--backend", "dask"], "--backend 'dask'"),
+    (["--engine-params", "missing.json"], "cannot read"),
+])
+def test_bad_grids_exit_2_with_one_line(tmp_path: Path, capsys, args, words) -> None:
+    rc = main(["sweep", *args, "-o", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert words in err and err.count("\n") == 1
+
+
+def test_sweep_then_plot(tmp_path: Path, capsys) -> None:
+    params = tmp_path / "bench.json"
+    params.write_text(json.dumps([{"request_rate": 4}, {"request_rate": 16}]))
+    rc = main(["sweep", *SMALL, "--block-size", "8,16", "--bench-params", str(params),
+               "-o", str(tmp_path / "res"), "--quiet", "--jobs", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "4 points x 1 runs: 4 run, 0 already done, 0 failed" in out
+    (sweep_dir,) = (tmp_path / "res").iterdir()
+    assert (sweep_dir / "summary.csv").is_file()
+    rc = main(["sweep", *SMALL, "--block-size", "8,16", "--bench-params", str(params),
+               "-o", str(tmp_path / "res"), "--resume", sweep_dir.name, "--quiet"])
+    assert rc == 0 and "0 run, 4 already done" in capsys.readouterr().out
+    rc = main(["plot", str(sweep_dir), "--format", "png"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    for kind in ("latency", "block-size", "preemption", "pareto"):
+        assert (sweep_dir / "plots" / f"{kind}.png").is_file(), out
+    assert not (sweep_dir / "plots" / "waste.png").exists()  # allocator did not vary
+    assert main(["plot", str(sweep_dir), "--kind", "bogus"]) == 2
+    assert main(["plot", str(tmp_path)]) == 2
+
+
+def test_failed_runs_exit_1_and_are_listed(tmp_path: Path, capsys) -> None:
+    rc = main(["sweep", "--workload", "random", "--num-prompts", "10", "--random-input-len",
+               "64", "--random-output-len", "8", "--model", "llama-2-7b,llama-2-70b",
+               "-o", str(tmp_path), "--quiet", "--jobs", "1"])
+    captured = capsys.readouterr()
+    assert rc == 1
+    assert "1 failed" in captured.out
+    (line,) = [x for x in captured.err.splitlines() if x.startswith("failed:")]
+    assert "ENGINE-model=llama-2-70b run=0 (" in line and "model=llama-2-70b" in line
+    assert "ConfigError: weights of llama-2-70b" in line
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--slo", "p99_ttft_ms<=fast"], "expected KEY<=VALUE"),
+    (["--slo", "p99_latency<=5"], "unknown metric 'p99_latency'"),
+    ([], "give at least one objective"),
+    (["--slo", "ttft:500", "--kv-sizing"], "--kv-sizing needs --target-rate"),
+    (["--slo", "ttft:500", "--target-rate", "5", "--router", "random"], "unknown router"),
+])
+def test_bad_plans_exit_2(capsys, args, words) -> None:
+    rc = main(["plan", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and words in err and err.count("\n") == 1
+
+
+def test_plan_reports_rate_and_replicas(tmp_path: Path, capsys) -> None:
+    out_file = tmp_path / "plan.json"
+    rc = main(["plan", "--workload", "random", "--random-input-len", "512",
+               "--random-output-len", "64", "--num-prompts", "40", "--max-num-seqs", "16",
+               "--max-num-batched-tokens", "2048", "--slo", "p99_ttft_ms<=400",
+               "--min-duration", "5", "--rel-tol", "0.1", "--target-rate", "60",
+               "--save-result", str(out_file)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    doc = json.loads(out_file.read_text())
+    rate = doc["capacity"]["max_rate"]
+    assert f"Max sustainable rate: {rate:.3f} req/s" in out
+    assert doc["capacity"]["result"]["p99_ttft_ms"] <= 400
+    n = doc["replicas"]["num_replicas"]
+    assert f"Replicas needed: {n} ({n} GPUs)" in out and n >= 2
