@@ -15,7 +15,7 @@ from paged_kv_helpers import assert_close_rel, randn
 
 from pagesim.errors import KernelInputError
 from pagesim.gpu.attention import AttentionMetadata, PagedAttentionBackend
-from pagesim.gpu.kernels.configs import decode_config
+from pagesim.gpu.kernels.configs import decode_config, decode_partition
 from pagesim.request import Request
 from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
@@ -84,10 +84,6 @@ class Engine:
             assert len(row) == math.ceil(keys.shape[0] / bs)
 
 
-def backend_tile(backend: PagedAttentionBackend, device: str) -> int:
-    return decode_config(backend.head_size, backend.num_queries_per_kv, device == "cuda").tile_n
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("window", [None, 6])
 def test_steps_chunked_prefill_mixed_and_decode(gen, device, dtype, window):
@@ -96,7 +92,8 @@ def test_steps_chunked_prefill_mixed_and_decode(gen, device, dtype, window):
     eng = Engine(gen, backend, num_blocks=40, dtype=dtype, device=device)
     # 1: prefill chunks.  2: rest of a prompt + a decode + a new prompt (mixed).
     # 3: decode-only, unsplit (one SM).  4: a long chunk on a cached prefix plus a decode.
-    # 5: decode-only over a 143-token context with 64 SMs: the rule splits it.
+    # 5: decode-only over a 143-token context with 64 SMs: the rule splits it (16-token tiles
+    #    on the CPU; on a GPU the 64-token tile keeps it whole, as measured best there).
     steps = [({0: 12, 1: 7}, None), ({0: 8, 1: 1, 2: 13}, None), ({0: 1, 1: 1, 2: 1}, 1),
              ({0: 121, 2: 1}, None), ({2: 1, 0: 1, 1: 1}, 64)]
     for new_tokens, num_sms in steps:
@@ -106,9 +103,13 @@ def test_steps_chunked_prefill_mixed_and_decode(gen, device, dtype, window):
         assert md.is_decode_only == all(v == 1 for v in new_tokens.values())
         assert_close_rel(out[:n], ref[:n], dtype)
         assert out[n:].isnan().all()  # padding rows untouched
-        tile = backend_tile(backend, device)
-        if num_sms == 64 and window is None and md.max_seq_len > tile:  # else one tile
-            assert md.decode_partition.num_partitions > 1 and md.decode_workspace is not None
+        if md.is_decode_only:  # the backend applies the shape rule with its own config
+            cfg = decode_config(64, 2, device == "cuda")
+            assert md.decode_partition == decode_partition(
+                3, 2, md.max_seq_len, cfg, num_sms, window, backend.min_partition_tokens)
+            assert (md.decode_workspace is None) == (md.decode_partition.num_partitions == 1)
+        if num_sms == 64 and window is None and device == "cpu":  # 16-token tiles: split
+            assert md.decode_partition.num_partitions > 1
         if num_sms == 1:
             assert md.decode_partition.num_partitions == 1
     eng.check_cache()

@@ -28,7 +28,7 @@ MAX_PARTITIONS = 64
 #: Per-program fixed cost of a decode program, in tile iterations (prologue, q load, epilogue).
 PROGRAM_OVERHEAD_TILES = 1
 #: Cost of a split's reduction kernel (a second launch plus the partials), in tile iterations.
-REDUCTION_COST_TILES = 4
+REDUCTION_COST_TILES = 2
 
 class KernelConfig(NamedTuple):
     """Tile shape and launch width of one attention kernel launch."""
@@ -105,8 +105,9 @@ def decode_partition(
     resident at once, `s` splits take `ceil(programs * s / slots)` waves, each as long as one
     program's `ceil(span / s / tile_n)` tiles plus a fixed overhead, and any split adds the
     reduction. The cheapest `s` wins, fewer partitions on ties. On an H200 it picks the
-    measured fastest split count on all 8 shapes of the split sweep (e.g. 8 splits, not 9,
-    for 64 programs of 8192 tokens: one wave instead of a second, nearly empty one).
+    measured fastest split count on all 13 swept shapes (results/attention_h200_sweep_*.csv;
+    e.g. 8 splits, not 9, for 64 programs of 8192 tokens: one wave instead of a second,
+    nearly empty one).
     `max_seq_len` is the longest context of the step (tokens, new token included); with a
     sliding window only the last `sliding_window` tokens are read, so that length counts.
     """
