@@ -96,7 +96,41 @@ def read_config_file(path: Path | None) -> dict[str, Any]:
     unknown = sorted(set(out) - ENGINE_FIELDS - LOAD_FIELDS - FILE_ONLY)
     if unknown:
         raise ConfigError(f"--config {path}: unknown setting(s) {', '.join(unknown)}")
-    return out
+    return {k: _typed(path, k, v) for k, v in out.items()}
+
+
+# The type each scalar setting has on the command line (`int | None` fields: int).
+_KINDS: dict[str, type] = {
+    f.name: kind
+    for f in (*dataclasses.fields(EngineConfig), *dataclasses.fields(LoadSpec))
+    if (kind := {"int": int, "float": float, "bool": bool, "str": str}.get(
+        str(f.type).replace(" | None", "").strip())) is not None
+} | {"profile": str}
+_KIND_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _typed(path: Path, key: str, value: Any) -> Any:
+    """A file value as the flag would parse it, or a one-line error naming it.
+
+    YAML reads `vllm_compat: 0.23` as a float and `1e3` as a string; both mean what the same
+    text means on the command line.
+    """
+    kind = _KINDS.get(key)
+    if kind is None or value is None:
+        return value
+    if kind is str and isinstance(value, str | int | float) and not isinstance(value, bool):
+        return str(value)
+    if kind is bool and isinstance(value, bool):
+        return value
+    if kind in (int, float) and not isinstance(value, bool):
+        if isinstance(value, int) or (kind is float and isinstance(value, float)):
+            return kind(value)
+        if isinstance(value, str):
+            try:
+                return kind(value.strip())
+            except ValueError:
+                pass
+    raise ConfigError(f"--config {path}: {key}={value!r}: expected {_KIND_WORDS[kind]}")
 
 
 def merge(file_values: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
@@ -116,6 +150,10 @@ def parse_goodput(items: list[str] | dict | None) -> tuple[tuple[str, float], ..
         return ()
     if isinstance(items, dict):
         items = [f"{k}:{v}" for k, v in items.items()]
+    elif isinstance(items, str):
+        items = [items]
+    elif not isinstance(items, list):
+        raise ConfigError(f"--goodput {items!r}: expected ttft:MS, tpot:MS or e2el:MS")
     out = []
     for item in items:
         for part in str(item).split():

@@ -1,0 +1,160 @@
+"""`pagesim run` in process: the no-argument run, the printed blocks against the saved JSON,
+result files, `--config` precedence, and the load flags' effect on the block."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+import pagesim.cli.run as run_module
+from pagesim.cli.app import main
+from pagesim.metrics import STEP_COLUMNS
+from pagesim.sim.output import REQUEST_COLUMNS
+
+SMALL = ["--workload", "random", "--random-input-len", "64", "--random-output-len", "8"]
+
+
+def run_ok(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    rc = main(["run", "--quiet", *args])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "Traceback" not in out + err
+    return out
+
+
+def block_values(out: str) -> dict[str, str]:
+    """'Label:' -> value text of every row of the printed blocks."""
+    rows = {}
+    for line in out.splitlines():
+        m = re.fullmatch(r"(.{40}) (\S+) *", line)
+        if m and m.group(1).rstrip().endswith(":"):
+            rows[m.group(1).strip()] = m.group(2)
+    return rows
+
+
+def test_run_with_no_arguments(monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's first command. The real default is 1000 chat prompts (several seconds);
+    the same path runs here with 60, everything else left at its default."""
+    assert run_module.DEFAULTS == {"workload": "chat", "num_prompts": 1000}
+    monkeypatch.setattr(run_module, "DEFAULTS", {"workload": "chat", "num_prompts": 60})
+    rc = main(["run"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "Traceback" not in out + err
+    lines = out.splitlines()
+    assert lines[0] == "============ Serving Benchmark Result ============"
+    assert "================ KV Cache Result =================" in lines
+    rows = block_values(out)
+    assert rows["Successful requests:"] == "60" and rows["Failed requests:"] == "0"
+    assert "Request rate configured (RPS):" not in rows  # inf: no rate line, as vllm bench
+    assert "Maximum request concurrency:" not in rows
+    assert float(rows["Output token throughput (tok/s):"]) > 0
+    assert int(rows["GPU KV cache blocks:"]) > 1000  # llama-2-7b on an H200 at 0.92
+
+
+def test_printed_blocks_match_the_saved_json(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_ok(capsys, *SMALL, "--num-prompts", "12", "--request-rate", "40",
+                 "--max-concurrency", "4", "--result-dir", str(tmp_path),
+                 "--result-filename", "r.json")
+    doc = json.loads((tmp_path / "r.json").read_text())
+    rows = block_values(out)
+    assert rows["Successful requests:"] == str(doc["completed"]) == "12"
+    assert rows["Maximum request concurrency:"] == "4"
+    assert rows["Request rate configured (RPS):"] == "40.00"
+    for label, key in [("Benchmark duration (s):", "duration"),
+                       ("Request throughput (req/s):", "request_throughput"),
+                       ("Output token throughput (tok/s):", "output_throughput"),
+                       ("Total token throughput (tok/s):", "total_token_throughput"),
+                       ("Mean TTFT (ms):", "mean_ttft_ms"), ("P99 ITL (ms):", "p99_itl_ms"),
+                       ("Median TPOT (ms):", "median_tpot_ms"),
+                       ("Mean E2EL (ms):", "mean_e2el_ms")]:
+        assert rows[label] == f"{doc[key]:.2f}", label
+    assert rows["Total input tokens:"] == str(doc["total_input_tokens"]) == str(12 * 64)
+    assert rows["Total generated tokens:"] == str(doc["total_output_tokens"]) == str(12 * 8)
+    assert rows["Preemptions:"] == str(doc["num_preemptions"])
+    assert rows["GPU KV cache blocks:"] == str(doc["num_gpu_blocks"])
+    for key, value in [("backend", "pagesim"), ("model_id", "llama-2-7b"), ("gpu", "h200"),
+                       ("workload", "random"), ("num_prompts", 12), ("request_rate", 40.0),
+                       ("burstiness", 1.0), ("max_concurrency", 4), ("seed", 0)]:
+        assert doc[key] == value, key
+    assert re.fullmatch(r"\d{8}-\d{6}", doc["date"])
+    assert "Saved result to" in out
+
+
+def test_result_dir_writes_parquet_records(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    run_ok(capsys, *SMALL, "--num-prompts", "9", "--result-dir", str(tmp_path / "res"),
+           "--result-filename", "x.json")
+    doc = json.loads((tmp_path / "res" / "x.json").read_text())
+    reqs = pq.read_table(tmp_path / "res" / "x.requests.parquet")
+    steps = pq.read_table(tmp_path / "res" / "x.steps.parquet")
+    assert tuple(reqs.column_names) == REQUEST_COLUMNS and reqs.num_rows == 9
+    assert tuple(steps.column_names) == STEP_COLUMNS and steps.num_rows == doc["num_steps"]
+    assert sum(reqs.column("num_output_tokens").to_pylist()) == doc["total_output_tokens"]
+
+
+def test_save_result_uses_vllm_bench_default_filename(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_ok(capsys, *SMALL, "--num-prompts", "3", "--max-concurrency", "2", "--save-result")
+    (name,) = [p.name for p in tmp_path.iterdir()]
+    assert re.fullmatch(r"pagesim-infqps-concurrency2-llama-2-7b-\d{8}-\d{6}\.json", name)
+    # no --request-rate: the workload's own arrivals (inf for random), written as null
+    assert json.loads((tmp_path / name).read_text())["request_rate"] is None
+    run_ok(capsys, *SMALL, "--num-prompts", "3", "--request-rate", "inf", "--save-result",
+           "--result-filename", "inf.json")
+    assert json.loads((tmp_path / "inf.json").read_text())["request_rate"] == "inf"
+
+
+def test_config_file_and_flags_precedence(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Flags > --config file > defaults, with vLLM's names in kebab or snake case."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("workload: random\nnum-prompts: 7\nrandom_input_len: 48\n"
+                   "random_output_len: 5\nblock_size: 32\nvllm_compat: 0.23\n"
+                   "metric_percentiles: '50,90'\ngoodput: ['ttft:100000']\n")
+    out = run_ok(capsys, "--config", str(cfg), "--num-prompts", "4", "--result-dir",
+                 str(tmp_path), "--result-filename", "c.json")
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["completed"] == 4  # the flag beats the file's 7
+    assert doc["total_input_tokens"] == 4 * 48 and doc["total_output_tokens"] == 4 * 5
+    assert doc["engine_config"]["block_size"] == 32
+    assert doc["engine_config"]["vllm_compat"] == "0.23"  # YAML's float 0.23 read as the flag
+    assert "p50_ttft_ms" in doc and "p90_itl_ms" in doc and "p99_ttft_ms" not in doc
+    rows = block_values(out)
+    assert "P90 TTFT (ms):" in rows and "P99 TTFT (ms):" not in rows
+    assert doc["request_goodput"] == pytest.approx(doc["request_throughput"])
+    assert rows["Request goodput (req/s):"] == f"{doc['request_goodput']:.2f}"
+
+
+def test_engine_flags_reach_the_engine(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    run_ok(capsys, *SMALL, "--random-output-len", "40", "--num-prompts", "20",
+           "--num-gpu-blocks-override", "12",
+           "--no-enable-prefix-caching", "--preemption-mode", "swap", "--max-num-seqs", "6",
+           "--check-invariants", "--result-dir", str(tmp_path), "--result-filename", "e.json")
+    doc = json.loads((tmp_path / "e.json").read_text())
+    eng = doc["engine_config"]
+    assert (eng["num_gpu_blocks_override"], eng["enable_prefix_caching"],
+            eng["preemption_mode"], eng["max_num_seqs"]) == (12, False, "swap", 6)
+    assert doc["num_gpu_blocks"] == 12 and doc["max_num_running"] <= 6
+    assert doc["completed"] == 20 and doc["num_swap_preemptions"] > 0
+    assert doc["prefix_cache_hit_tokens"] == 0
+
+
+def test_rejections_are_reported_in_the_kv_block(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out = run_ok(capsys, "--workload", "random", "--random-input-len", "300",
+                 "--random-range-ratio", "0.5", "--random-output-len", "4",
+                 "--max-model-len", "300", "--num-prompts", "20")
+    rows = block_values(out)
+    rejected = int(rows["Rejected requests:"])
+    assert rejected > 0 and rows["Failed requests:"] == str(rejected)
+    assert int(rows["Successful requests:"]) + rejected == 20
+    assert any(line.startswith("  prompt_too_long:") for line in out.splitlines())
