@@ -1,7 +1,8 @@
 """`pagesim sweep`: a Cartesian grid of simulations, laid out as `vllm bench sweep serve`.
 
 Every engine and load flag of `pagesim run` takes a comma list here (`--block-size 8,16,32
---request-rate 2,4,8`); `--engine-params` / `--load-params` (alias `--serve-params` /
+--request-rate 2,4,8`), and `--config FILE.yaml` takes lists as well as single values;
+`--engine-params` / `--load-params` (alias `--serve-params` /
 `--bench-params`) take JSON or YAML lists of dicts. Exit codes: 0 all runs done, 1 some runs
 failed (each reported with its settings), 2 a bad grid or flag.
 """
@@ -13,12 +14,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 
 from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
 from pagesim.planning.backends import BACKENDS, require_ray
-from pagesim.planning.grid import build_grid, parse_axis, read_param_file
+from pagesim.planning.grid import build_grid, coerce, parse_axis, read_param_file
 from pagesim.planning.sweep import run_sweep
 
 E, L = o.ENGINE, o.LOAD
@@ -95,12 +97,14 @@ def sweep_command(
         flags.pop(key)
     if backend not in BACKENDS:
         raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    file_values = o.read_config_file(config)
+    file_values, file_axes = _read_config(config)
     percentiles = o.parse_percentiles(metric_percentiles or file_values.pop("metric_percentiles", None))
     slos = o.parse_goodput(goodput or file_values.pop("goodput", None))
     if profile:
         file_values.pop("profile", None)
     axes = {k: parse_axis(k, v) for k, v in flags.items() if v is not None}
+    for key, values in file_axes.items():  # flags win over the file
+        axes.setdefault(key, values)
     grid = build_grid(
         axes, base={"workload": "chat", "num_prompts": 1000, **file_values},
         engine_params=read_param_file(engine_params, "engine") if engine_params else None,
@@ -132,3 +136,36 @@ def _print_plan(grid, num_runs: int) -> None:
     for p in grid.points:
         settings = ", ".join(f"{k}={v}" for k, v in p.settings.items())
         print(f"  [{p.index}] {p.name}: {settings}")
+
+
+def _read_config(path: Path | None) -> tuple[dict, dict]:
+    """`--config` for a sweep: single values (as `pagesim run` reads them) and lists (axes)."""
+    if path is None:
+        return {}, {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except yaml.YAMLError:
+        raise ConfigError(f"--config {path}: malformed YAML") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of settings")
+    values, axes = {}, {}
+    for k, v in data.items():
+        key = str(k).replace("-", "_")
+        if key in ("goodput", "metric_percentiles"):
+            values[key] = v
+        elif isinstance(v, list):
+            if not v:
+                raise ConfigError(f"--config {path}: {key}: empty list")
+            axes[key] = [_coerce_file(path, key, item) for item in v]
+        else:
+            values[key] = _coerce_file(path, key, v)
+    return values, axes
+
+
+def _coerce_file(path: Path, key: str, value):
+    try:
+        return coerce(key, value)
+    except ConfigError as exc:
+        raise ConfigError(f"--config {path}: {str(exc).removeprefix('sweep: ')}") from None

@@ -101,3 +101,15 @@ def test_plan_reports_rate_and_replicas(tmp_path: Path, capsys) -> None:
     assert doc["capacity"]["result"]["p99_ttft_ms"] <= 400
     n = doc["replicas"]["num_replicas"]
     assert f"Replicas needed: {n} ({n} GPUs)" in out and n >= 2
+
+
+def test_config_file_lists_are_axes(tmp_path: Path, capsys) -> None:
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text("workload: random\nnum_prompts: 10\nblock-size: [8, 16]\nrequest_rate: 4\n")
+    rc = main(["sweep", "--config", str(cfg), "--request-rate", "2,8", "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0 and out.startswith("4 points")  # the flag's list wins over the file's 4
+    assert "ENGINE-block_size=16-LOAD-request_rate=8" in out
+    cfg.write_text("block_size: [8, x]\n")
+    assert main(["sweep", "--config", str(cfg), "--dry-run"]) == 2
+    assert "block_size='x': expected an integer" in capsys.readouterr().err
