@@ -75,7 +75,10 @@ class ServingEngine:
                 yield self._idle
                 self._idle = None
             out = scheduler.schedule()
-            if not out.scheduled and not out.blocks_to_swap_out and not out.blocks_to_swap_in:
+            # A step that only preempts is progress: vLLM 0.23's priority policy stops
+            # scheduling when a request is its own victim, and vLLM then runs an empty step.
+            if not (out.scheduled or out.preempted_req_ids or out.blocks_to_swap_out
+                    or out.blocks_to_swap_in):
                 raise PagesimError(
                     f"scheduler made no progress at t={env.now:.6f}s with "
                     f"{scheduler.get_request_counts()} requests (running, waiting)")

@@ -84,7 +84,8 @@ def tiny_engine(*, num_gpu_blocks: int = 64, block_size: int = 16, max_num_seqs:
                        max_num_batched_tokens=max_num_batched_tokens,
                        max_model_len=max_model_len, **config)
     kv = KVCacheManager(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
-                        enable_caching=cfg.enable_prefix_caching, check_invariants=True)
+                        enable_caching=cfg.enable_prefix_caching,
+                        vllm_compat=cfg.vllm_compat, check_invariants=True)
     scheduler = Scheduler(cfg, kv)
     env = simpy.Environment()
     metrics = MetricsCollector()
