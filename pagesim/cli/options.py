@@ -84,6 +84,9 @@ def read_config_file(path: Path | None) -> dict[str, Any]:
         data = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise ConfigError(f"--config {path}: cannot read ({why})") from None
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         where = f" (line {line + 1})" if line is not None else ""

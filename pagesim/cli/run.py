@@ -12,6 +12,7 @@ import typer
 
 from pagesim.cli import options as o
 from pagesim.cli.app import app
+from pagesim.errors import ConfigError
 from pagesim.metrics import format_benchmark_block
 from pagesim.sim.build import default_profile
 from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
@@ -56,6 +57,9 @@ def run_command(
     engine = o.engine_config(values)
     load = o.load_spec(values)
     prof = values.get("profile") or default_profile(engine)
+    directory = result_dir or Path(".")
+    if save_result or result_dir is not None:
+        _make_dir(directory)  # before simulating: a bad --result-dir fails at once
     with _progress(load.num_prompts, quiet) as hook:
         sim = simulate(engine, load, profile=prof, check_invariants=check_invariants,
                        progress=hook)
@@ -69,14 +73,23 @@ def run_command(
         metadata["cost_model"] = str(prof) if prof else "analytical"
         date = datetime.now().strftime("%Y%m%d-%H%M%S")
         name = result_filename or default_result_filename(metadata, date)
-        directory = result_dir or Path(".")
-        directory.mkdir(parents=True, exist_ok=True)
         path = directory / name
-        path.write_text(result_json(sim.result, metadata, date=date))
-        print(f"Saved result to {path}")
-        if result_dir is not None:
-            for p in write_parquet(sim.metrics, directory, Path(name).stem):
-                print(f"Saved records to {p}")
+        try:
+            path.write_text(result_json(sim.result, metadata, date=date))
+            print(f"Saved result to {path}")
+            if result_dir is not None:
+                for p in write_parquet(sim.metrics, directory, Path(name).stem):
+                    print(f"Saved records to {p}")
+        except OSError as exc:
+            raise ConfigError(f"cannot write {exc.filename or path}: {exc.strerror}") from None
+
+
+def _make_dir(directory: Path) -> None:
+    """Create the result directory, or a one-line error naming it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--result-dir {directory}: cannot create ({exc.strerror})") from None
 
 
 class _progress:
