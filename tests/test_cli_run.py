@@ -36,6 +36,20 @@ def block_values(out: str) -> dict[str, str]:
     return rows
 
 
+def assert_block_layout(out: str) -> None:
+    """Both printed blocks: headers 50 wide, rows '{:<40} {:<10}' (51 wide for short values)."""
+    lines = out.splitlines()
+    first = lines.index("============ Serving Benchmark Result ============")
+    kv = lines.index("================ KV Cache Result =================")
+    ends = [i for i, line in enumerate(lines) if line == "=" * 50]
+    assert len(ends) == 2 and first < ends[0] < kv < ends[1]
+    for line in lines[first:ends[1] + 1]:
+        if line[0] in "=-":
+            assert len(line) == 50, line
+        else:
+            assert len(line) == 51 and line[40] == " " and line[:40].rstrip().endswith(":"), line
+
+
 def test_run_with_no_arguments(monkeypatch: pytest.MonkeyPatch,
                                capsys: pytest.CaptureFixture[str]) -> None:
     """The README's first command. The real default is 1000 chat prompts (several seconds);
@@ -54,6 +68,7 @@ def test_run_with_no_arguments(monkeypatch: pytest.MonkeyPatch,
     assert "Maximum request concurrency:" not in rows
     assert float(rows["Output token throughput (tok/s):"]) > 0
     assert int(rows["GPU KV cache blocks:"]) > 1000  # llama-2-7b on an H200 at 0.92
+    assert_block_layout(out)
 
 
 def test_printed_blocks_match_the_saved_json(tmp_path: Path,
@@ -158,3 +173,4 @@ def test_rejections_are_reported_in_the_kv_block(tmp_path: Path,
     assert rejected > 0 and rows["Failed requests:"] == str(rejected)
     assert int(rows["Successful requests:"]) + rejected == 20
     assert any(line.startswith("  prompt_too_long:") for line in out.splitlines())
+    assert_block_layout(out)
