@@ -49,6 +49,7 @@ BAD = [
     (["--num-gpu-blocks-override", "0"], "num_gpu_blocks_override=0"),
     (["--num-gpu-blocks-override", "1"], "num_gpu_blocks=1"),  # the null block only
     (["--gpu-memory-utilization", "0.1"], "max_model_len=4096"),  # no room for one request
+    (["--gpu-memory-utilization", "0.097"], "leave no KV cache memory"),  # zero blocks
     (["--block-size", "0"], "block_size=0"),
     (["--max-model-len", "999999"], "max_model_len=999999"),
     (["--model", "llama-2-70b", "--gpu", "a10g"], "do not fit"),
