@@ -93,6 +93,13 @@ def test_printed_blocks_match_the_saved_json(tmp_path: Path,
     assert rows["Total generated tokens:"] == str(doc["total_output_tokens"]) == str(12 * 8)
     assert rows["Preemptions:"] == str(doc["num_preemptions"])
     assert rows["GPU KV cache blocks:"] == str(doc["num_gpu_blocks"])
+    for label, key in [("KV cache usage, mean (%):", "kv_cache_usage_mean"),
+                       ("KV cache usage, peak (%):", "kv_cache_usage_peak"),
+                       ("Token states:", "kv_token_state_frac"), ("Free:", "kv_free_frac"),
+                       ("Prefix cache hit rate (%):", "prefix_cache_hit_rate")]:
+        assert rows[label] == f"{100 * doc[key]:.2f}", label
+    assert rows["Peak running requests:"] == str(doc["max_num_running"])
+    assert float(rows["Peak concurrent requests:"]) == doc["max_concurrent_requests"]
     for key, value in [("backend", "pagesim"), ("model_id", "llama-2-7b"), ("gpu", "h200"),
                        ("workload", "random"), ("num_prompts", 12), ("request_rate", 40.0),
                        ("burstiness", 1.0), ("max_concurrency", 4), ("seed", 0)]:
