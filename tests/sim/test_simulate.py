@@ -241,3 +241,19 @@ def test_progress_hook_reaches_the_total() -> None:
     load = LoadSpec(workload="random", num_prompts=6, random_input_len=32, random_output_len=4)
     simulate(E(), load, progress=lambda done, total: seen.append((done, total)))
     assert seen[-1] == (6, 6) and [d for d, _ in seen] == list(range(1, 7))
+
+
+def test_rejections_release_their_concurrency_slot() -> None:
+    """Refused requests end at once and free their slot: no deadlock, nothing lost, and a
+    multi-turn session goes on after a turn that outgrew max_model_len."""
+    load = LoadSpec(workload="random", num_prompts=30, random_input_len=300,
+                    random_output_len=16, random_range_ratio=0.5, max_concurrency=1,
+                    request_rate=50.0)
+    sim = simulate(E(max_model_len=256), load)
+    assert_nothing_lost(sim, 30)
+    assert sim.result["num_rejected"] > 0 and sim.result["completed"] > 0
+    turns = LoadSpec(workload="multi-turn", num_prompts=30, max_concurrency=2)
+    sim = simulate(E(max_model_len=1024), turns)
+    assert_nothing_lost(sim, 30)
+    assert sim.result["num_rejected"] > 0 and sim.result["completed"] > 0
+    assert in_flight_peak(list(sim.metrics.records.values())) <= 2
