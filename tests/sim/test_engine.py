@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from sim_helpers import LinearCost, req, t, tiny_engine
+from sim_helpers import LinearCost, req, step_units, t, tiny_engine
 
 from pagesim.cost.base import BatchShape
 from pagesim.metrics import summarize
@@ -160,6 +160,7 @@ def test_chunked_prefill_shares_the_budget_with_decodes() -> None:
     e.run()
     assert e.step_column("num_tokens") == [16, 16, 16, 3, 1]
     assert e.step_column("start_time_s") == [0.0, t(80), t(160), t(240), t(307)]
+    assert e.step_column("step_time_s") == [t(step_units(n)) for n in (16, 16, 16, 3, 1)]
     ra, rb = e.metrics.records["a"], e.metrics.records["b"]
     assert (ra.first_token_time, ra.finish_time) == (t(80), t(307))
     assert (rb.first_token_time, rb.finish_time) == (t(307), t(372))
