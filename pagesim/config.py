@@ -85,12 +85,12 @@ class EngineConfig:
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _check_choice("vllm_compat", self.vllm_compat, VLLM_COMPAT)
-        _check(self.swap_space >= 0, "swap_space", self.swap_space)
+        _check(self.swap_space >= 0, "swap_space", self.swap_space, "must be >= 0")
         _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs)
         _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens)
         _check(self.max_model_len >= 1, "max_model_len", self.max_model_len)
         _check(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
-               self.long_prefill_token_threshold)
+               self.long_prefill_token_threshold, "must be >= 0 (0: no cap)")
         _check(self.max_num_partial_prefills >= 1, "max_num_partial_prefills",
                self.max_num_partial_prefills)
         if not self.enable_chunked_prefill:

@@ -113,13 +113,7 @@ def test_a_result_file_that_cannot_be_written_is_one_line(
         "error: cannot write taken.json: Is a directory"]
 
 
-@pytest.mark.parametrize("flag", [
-    pytest.param("--swap-space", marks=pytest.mark.xfail(strict=True, reason=(
-        "pagesim/config.py: swap_space accepts >= 0 but its error says 'must be >= 1'"))),
-    pytest.param("--long-prefill-token-threshold", marks=pytest.mark.xfail(strict=True, reason=(
-        "pagesim/config.py: long_prefill_token_threshold accepts >= 0 (0: no cap) but its "
-        "error says 'must be >= 1'"))),
-])
+@pytest.mark.parametrize("flag", ["--swap-space", "--long-prefill-token-threshold"])
 def test_errors_state_the_real_bound(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["run", "--quiet", flag, "-1"])
     out, err = capsys.readouterr()
