@@ -66,8 +66,10 @@ def check_model(spec_name: str, dtype, device: str) -> float:
     from pagesim.gpu.model import RandomWeightDecoder, reference_attention_forward
     from pagesim.gpu.runner import allocate_kv_cache
 
+    import dataclasses
+
     spec = EngineConfig.create(model=spec_name).model_spec
-    small = type(spec)(**{**spec.__dict__, "num_layers": 2})
+    small = dataclasses.replace(spec, num_layers=2)
     model = RandomWeightDecoder(small, dtype, device, 16, seed=5)
     kv = allocate_kv_cache(model, 64, device)
     lens = [37, 100]
@@ -222,6 +224,11 @@ def main() -> int:
             log(f"{name}: FAILED\n{ms['error']}")
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         pack(out, work)
+    cache = Path(os.environ.get("TRITON_CACHE_DIR", ".triton_cache"))
+    if not dry and cache.is_dir():
+        with tarfile.open(out / "triton_cache.tar.gz", "w:gz") as tar:
+            tar.add(cache, arcname=".triton_cache")
+        log(f"triton cache packed: {(out / 'triton_cache.tar.gz').stat().st_size / 2**20:.1f} MiB")
     log("done")
     return 0
 
