@@ -217,6 +217,9 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         if late():
             break
         out = synthetic_step([(c, 1)] * b, block_size, blocks)
+        if out is None:  # its blocks do not fit (partial last blocks): a server cannot run it
+            tick(f"decode b={b} c={c} skipped")
+            continue
         if b not in other_by_batch:
             other_by_batch[b] = time_step(runner, out, grid, skip_attention=True)
         t = time_step(runner, out, grid)
@@ -230,6 +233,9 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         if late():
             break
         out = synthetic_step([(k, n)], block_size, blocks)
+        if out is None:
+            tick(f"prefill n={n} k={k} skipped")
+            continue
         if n not in other_by_tokens:
             other_by_tokens[n] = time_step(runner, out, grid, skip_attention=True)
         t = time_step(runner, out, grid)
@@ -242,6 +248,9 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         if late():
             break
         out = synthetic_step([(c, 1)] * b + [(k, n)], block_size, blocks)
+        if out is None:
+            tick(f"mixed n={n} b={b} skipped")
+            continue
         o = time_step(runner, out, grid, skip_attention=True).median
         t = time_step(runner, out, grid)
         mixed_rows.append(MixedRow(block_size, n, k, b, c, *_ms(t),

@@ -277,7 +277,8 @@ def reference_attention_forward(model: RandomWeightDecoder, input_ids: torch.Ten
             n, m = kk.shape[0], r1 - r0
             logits = torch.einsum("qhd,khd->hqk", q[r0:r1].float(),
                                   kk.float().repeat_interleave(group, 1)) * model.attn.scale
-            mask = torch.arange(n)[None, :] <= torch.arange(n - m, n)[:, None]
+            ar = torch.arange(n, device=q.device)
+            mask = ar[None, :] <= ar[n - m:, None]
             probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
             out[r0:r1] = torch.einsum("hqk,khd->qhd", probs,
                                       vv.float().repeat_interleave(group, 1)).to(out.dtype)
