@@ -6,7 +6,8 @@ Grid (100 points, one run each, llama-2-7b on h200, analytical cost model): bloc
 {8, 16, 32, 64, 128} x request_rate {1, 2, 3, 4, 5} req/s x enable_prefix_caching {on, off}
 x workload {chat, system-prompt}. The sweep's files go to a temporary directory; the wall
 time, runs per second and the machine go to results/sweep_speed.csv (one row appended per
-invocation), and a table is printed.
+invocation, with the machine's 15-minute load average: other processes on the same cores
+slow the sweep down), and a table is printed.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ def main() -> None:
            "requests_per_run": args.num_prompts, "jobs": args.jobs,
            "cpu_count": os.cpu_count(), "python": platform.python_version(),
            "wall_s": round(wall, 1), "runs_per_min": round(60.0 * len(res.summary) / wall, 2),
-           "sim_requests_per_s": round(len(res.summary) * args.num_prompts / wall, 1)}
+           "sim_requests_per_s": round(len(res.summary) * args.num_prompts / wall, 1),
+           # other work on the machine slows the sweep: the 15-minute load average at the end
+           "loadavg_15m_end": round(os.getloadavg()[2], 2)}
     width = max(len(k) for k in row)
     for k, v in row.items():
         print(f"{k:<{width}}  {v}")
