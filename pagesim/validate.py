@@ -14,6 +14,7 @@ later (`validate_real_run`): the GPU session ships real runs, the comparison run
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import fields
@@ -110,8 +111,9 @@ def read_real_run(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"real run {str(p)!r}: no such file")
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+        raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+        doc = json.loads(raw.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
         raise ConfigError(f"real run {str(p)!r}: not valid JSON ({e})") from None
     if doc.get("format") != REAL_RUN_FORMAT:
         raise ConfigError(f"real run {str(p)!r}: format={doc.get('format')!r} is not "
@@ -158,7 +160,7 @@ def validate_real_run(real_path: str | Path, profile: str | Path | None) -> dict
     sim = simulate_like(doc, profile)
     cfg = doc["engine_config"]
     return {
-        "run": Path(real_path).stem, "model": cfg["model"], "block_size": cfg["block_size"],
+        "run": Path(real_path).name.split(".")[0], "model": cfg["model"], "block_size": cfg["block_size"],
         "load": doc["load"], "num_gpu_blocks": doc["result"]["num_gpu_blocks"],
         "profile": str(profile) if profile is not None else None,
         "rows": compare(doc["result"], sim.result),
