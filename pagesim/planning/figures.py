@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pagesim.planning.plots import _finish, new_figure, save_figure
+from pagesim.planning.plots import _finish, log2_x, new_figure, save_figure
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,7 @@ def plot_step_time_by_block_size(df: pd.DataFrame, title: str) -> Figure:
         axes[0].plot(g["block_size"], g["step_time_ms"], "-o", ms=4, label=shape)
         axes[1].plot(g["block_size"], g["relative"], "-o", ms=4, label=shape)
     for ax, label in zip(axes, ("Step time (ms)", "Step time / smallest block's"), strict=True):
-        ax.set_xscale("log", base=2)
+        log2_x(ax)
         _finish(ax, "Block size (tokens)", label)
     fig.suptitle(title)
     return fig
@@ -113,7 +113,7 @@ def plot_vs_host_link(df: pd.DataFrame, rate: float, title: str) -> Figure:
             if len(rec):
                 ax.axhline(float(rec.iloc[0]), ls="--", color=f"C{k}",
                            label=f"recompute, block {bs}")
-        ax.set_xscale("log", base=2)
+        log2_x(ax)
         _finish(ax, "Host link bandwidth (GB/s, one way)", label)
     fig.suptitle(title)
     return fig

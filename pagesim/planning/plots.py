@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -76,6 +77,13 @@ def _curves(df: pd.DataFrame, x: str, ys: Sequence[str], curve_by: str | None):
         yield label, g.groupby(x, sort=True)[list(ys)].mean(numeric_only=True).reset_index()
 
 
+def log2_x(ax) -> None:
+    """A base-2 log x axis labelled with plain numbers (8, 16, 32 rather than 2^3 ...)."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def _finish(ax, xlabel: str, ylabel: str, legend: bool = True) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -96,7 +104,7 @@ def plot_kv_timeline(timelines: dict[str, pd.DataFrame], title: str,
             tl = tl.iloc[np.linspace(0, len(tl) - 1, max_points).astype(np.int64)]
         ax.stackplot(tl["time_s"], *(100.0 * tl[c] for c in cols), step="post",
                      labels=[WASTE_LABELS[c] for c in cols],
-                     colors=[WASTE_COLORS[c] for c in cols])
+                     colors=[WASTE_COLORS[c] for c in cols], rasterized=True)  # small SVG
         ax.set_ylim(0, 100)
         ax.set_title(name, fontsize=10, loc="left")
         _finish(ax, "", "KV memory (%)", legend=False)
@@ -143,16 +151,21 @@ def plot_latency_vs_rate(df: pd.DataFrame, *, curve_by: str | None = None,
 
 def plot_block_size_curves(df: pd.DataFrame, *, curve_by: str | None = None,
                            title: str | None = None) -> Figure:
-    """Throughput, TTFT, TPOT, internal waste and prefix hit rate against block size."""
+    """Throughput, TTFT, TPOT, internal waste and prefix hit rate against block size.
+
+    Internal waste is every allocated slot that holds no token: the accountant's reservation
+    (the unfilled tail of a request's last block, filled as it decodes) plus its internal
+    fragmentation (slots never filled)."""
     panels = [("output_throughput", "Output throughput (tok/s)", 1.0),
               ("p99_ttft_ms", "P99 TTFT (ms)", 1.0), ("p99_tpot_ms", "P99 TPOT (ms)", 1.0),
-              ("kv_internal_frag_frac", "Internal fragmentation (% of KV)", 100.0),
+              ("kv_unfilled_frac", "Allocated, empty KV slots (%)", 100.0),
               ("prefix_cache_hit_rate", "Prefix cache hit rate (%)", 100.0)]
+    df = df.assign(kv_unfilled_frac=df["kv_reserved_frac"] + df["kv_internal_frag_frac"])
     fig, axes = new_figure(1, len(panels), width=3.6, height=3.6)
     for ax, (col, label, scale) in zip(axes, panels, strict=True):
         for name, g in _curves(df, "block_size", [col], curve_by):
             ax.plot(g["block_size"], scale * g[col], "-o", ms=4, label=name)
-        ax.set_xscale("log", base=2)
+        log2_x(ax)
         _finish(ax, "Block size (tokens)", label, legend=curve_by is not None)
     fig.suptitle(title or describe(df, "Block size trade-off"))
     return fig
