@@ -11,6 +11,7 @@ from pagesim.cost.base import BatchShape, CostModel
 from pagesim.cost.calibrated import CalibratedCostModel, FitReport, FitRow, fit_report
 from pagesim.cost.profile import (
     PROFILE_FORMAT_VERSION,
+    AllReduceRow,
     DecodeRow,
     MixedRow,
     OverheadRow,
@@ -22,7 +23,7 @@ from pagesim.cost.profile import (
 )
 
 __all__ = [
-    "PROFILE_FORMAT_VERSION", "AnalyticalConstants", "AnalyticalCostModel", "BatchShape",
+    "PROFILE_FORMAT_VERSION", "AllReduceRow", "AnalyticalConstants", "AnalyticalCostModel", "BatchShape",
     "CalibratedCostModel", "CostModel", "DecodeRow", "FitReport", "FitRow", "MixedRow",
     "OverheadRow", "PrefillRow", "Profile", "ProfileError", "ProfileMetadata", "fit_report",
     "profile_dir",

@@ -6,7 +6,8 @@ The default when no calibration profile exists for a (GPU, model) pair. A step i
     linear      max(weight bytes / memory rate, GEMM FLOPs / compute rate) over all layers + lm_head
     attention   decode group and each prefill entry: max(KV bytes / memory rate,
                 attention FLOPs / compute rate), the KV bytes inflated by a per-block cost
-    allreduce   tensor parallel only: 2 all-reduces per layer over the step's hidden states
+    allreduce   tensor parallel only: 2 all-reduces per layer over the step's hidden states,
+                each a ring: latency + 2 (tp - 1) / tp * bytes / (link rate * efficiency)
     swap, copy  bytes over the host link (swap preemption), copy-on-write block copies in HBM
 
 The terms are added, not overlapped: a step's kernels run one after another on one stream.
@@ -66,13 +67,19 @@ class AnalyticalConstants:
     # copies typically reach ~80 % of the link's per-direction peak).
     host_link_efficiency: float = 0.80
     # Latency of one small all-reduce between GPUs of one node. Assumption (NCCL / vLLM's
-    # custom all-reduce over NVLink: ~10 us for the small messages of a decode step).
+    # custom all-reduce over NVLink: ~10 us for the small messages of a decode step); held
+    # constant in tp (NCCL's small-message tree/LL protocols, not a 2 (tp - 1)-hop ring).
     allreduce_latency_s: float = 10.0e-6
+    # Share of the per-direction link rate that a large all-reduce reaches as NCCL "bus
+    # bandwidth" (busbw = bytes / time * 2 (tp - 1) / tp). Assumption: nccl-tests all_reduce
+    # on 8-GPU NVLink-4 nodes without NVLS (multicast off, as pagesim runs) lands near 80 % of
+    # the 450 GB/s per-direction rate. A measured allreduce.csv replaces it.
+    allreduce_bandwidth_efficiency: float = 0.80
 
     def __post_init__(self) -> None:
         for name in ("weight_bandwidth_efficiency", "gemm_flops_efficiency",
                      "attention_bandwidth_efficiency", "attention_flops_efficiency",
-                     "host_link_efficiency"):
+                     "host_link_efficiency", "allreduce_bandwidth_efficiency"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ConfigError(f"{name}={value!r}: must be in (0, 1]")
@@ -91,6 +98,11 @@ def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str) -> int:
     return model.dtype_bytes if kv_cache_dtype == "auto" else 1
 
 
+def num_allreduces_per_step(model: ModelSpec, tensor_parallel_size: int) -> int:
+    """All-reduces of `[tokens, hidden]` per step: two per layer under TP, none without."""
+    return 2 * model.num_layers if tensor_parallel_size > 1 else 0
+
+
 def matmul_params_per_layer(model: ModelSpec) -> int:
     """Weights that one decoder layer multiplies (projections and MLP; norms are negligible)."""
     q_out = model.num_attention_heads * model.head_size
@@ -106,9 +118,13 @@ class AnalyticalCostModel:
     Per GPU, weights, attention heads and the lm_head are divided by the TP degree (Megatron-LM
     layout, Shoeybi et al. 2019); KV heads are divided too but never below one (vLLM replicates
     KV heads when there are fewer than GPUs). Two all-reduces per layer (after the attention
-    output projection and after the MLP) move the step's hidden states: ring time
-    `2 (tp - 1) / tp * bytes / link` (NCCL's bus-bandwidth formula) plus a latency, over NVLink,
-    or over the host link on GPUs without one.
+    output projection and after the MLP) move the step's hidden states,
+    `bytes = tokens * hidden_size * dtype_bytes` each: ring time
+    `2 (tp - 1) / tp * bytes / (link * allreduce_bandwidth_efficiency)` (NCCL's bus-bandwidth
+    formula) plus `allreduce_latency_s`, over NVLink (`GPUSpec.nvlink_bytes_per_s`, one
+    direction), or over the host link on GPUs without one. Not counted (under 1 % of the
+    all-reduce time of an 80-layer model): the vocab-parallel embedding's all-reduce and the
+    all-gather of the logits (`num_reqs * vocab * 4` bytes).
     """
 
     def __init__(self, model: ModelSpec, gpu: GPUSpec, tensor_parallel_size: int = 1,
@@ -146,11 +162,13 @@ class AnalyticalCostModel:
         self._block_tokens = c.paged_block_overhead_tokens
         self._copy_s_per_token = 2.0 * kv_bytes_per_token / mem_w  # read + write
         self._swap_s_per_byte = 1.0 / (gpu.host_link_bytes_per_s * c.host_link_efficiency)
-        link = gpu.nvlink_bytes_per_s or gpu.host_link_bytes_per_s
-        num_allreduces = 2 * layers if tp > 1 else 0
-        self._ar_fixed_s = num_allreduces * c.allreduce_latency_s
-        self._ar_s_per_token = (num_allreduces * 2.0 * (tp - 1) / tp
-                                * model.hidden_size * model.dtype_bytes / link)
+        link = (gpu.nvlink_bytes_per_s or gpu.host_link_bytes_per_s) \
+            * c.allreduce_bandwidth_efficiency
+        self.num_allreduces = num_allreduces_per_step(model, tp)
+        self.allreduce_bytes_per_token = model.hidden_size * model.dtype_bytes
+        self._ar_fixed_s = self.num_allreduces * c.allreduce_latency_s
+        self._ar_s_per_token = (self.num_allreduces * 2.0 * (tp - 1) / tp
+                                * self.allreduce_bytes_per_token / link)
         self._window = model.sliding_window
 
     # ---- public API ----
@@ -171,6 +189,10 @@ class AnalyticalCostModel:
         """Seconds for a step computing one prompt (or chunk) over a cached prefix."""
         return self.step_time(BatchShape.prefill(num_new_tokens, num_cached_tokens, block_size))
 
+    def allreduce_time(self, num_tokens: int) -> float:
+        """Seconds of a step's all-reduces over `num_tokens` tokens (0 at TP 1 or 0 tokens)."""
+        return (self._ar_fixed_s + self._ar_s_per_token * num_tokens) if num_tokens else 0.0
+
     # ---- the model ----
     def _components(self, b: BatchShape) -> tuple[float, float, float, float, float, float,
                                                   float]:
@@ -184,7 +206,7 @@ class AnalyticalCostModel:
         else:
             linear = 0.0
         attn, paged = self._attention(b)
-        allreduce = (self._ar_fixed_s + self._ar_s_per_token * tokens) if tokens else 0.0
+        allreduce = self.allreduce_time(tokens)
         swap = b.swap_bytes * self._swap_s_per_byte
         copy = b.num_blocks_to_copy * b.block_size * self._copy_s_per_token
         return overhead, linear, attn, paged, allreduce, swap, copy

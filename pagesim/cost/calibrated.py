@@ -8,6 +8,17 @@ A step is decomposed as
   - (parts - 1) * shared                       fixed cost that every part's residual carries
   + host overhead(num_reqs)                    overhead.csv, if measured
   + swap bytes / host link, copy-on-write copies
+  + all-reduces (TP > 1)                       only for a profile timed on one rank's shard
+
+Tensor parallelism (the profile's `tensor_parallel_size` N > 1): a step's all-reduces are
+`2 * num_layers` sum all-reduces of `tokens * hidden_size * dtype_bytes` bytes, each priced
+from the profile's `allreduce.csv` rows of tp N (piecewise linear in bytes, flat below the
+smallest measured message, along the last slope above the largest), or by the analytical
+model's all-reduce term (`AnalyticalCostModel.allreduce_time`) when the table has no rows for
+N. If the step rows were timed on the whole group (`allreduce_in_step_times`), the all-reduce
+time is already in them: it is reported as its own "allreduce" component, carved out of
+`other`, and the total is unchanged. If they were timed on one rank's shard alone, it is
+added.
 
 `other` is piecewise linear in tokens through the median `other_ms` of all measured rows with
 that token count. A row's *residual* is its measured `step_time_ms` minus `other(its tokens)`,
@@ -37,6 +48,7 @@ to [0, smallest residual]); without mixed rows it is the smallest residual.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from bisect import bisect_right
 from collections import defaultdict
@@ -45,14 +57,21 @@ from statistics import median
 
 import numpy as np
 
-from pagesim.cost.analytical import AnalyticalConstants, kv_dtype_bytes
+from pagesim.cost.analytical import (
+    AnalyticalConstants,
+    AnalyticalCostModel,
+    kv_dtype_bytes,
+    num_allreduces_per_step,
+)
 from pagesim.cost.base import BatchShape
-from pagesim.cost.profile import Profile
+from pagesim.cost.profile import TABLES, Profile
 from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
 MS = 1e-3
-BREAKDOWN_KEYS: tuple[str, ...] = ("other", "attention", "host_overhead", "swap", "copy")
+BREAKDOWN_KEYS: tuple[str, ...] = ("other", "attention", "allreduce", "host_overhead", "swap",
+                                   "copy")
+US = 1e-6
 
 
 class Pwl:
@@ -165,18 +184,26 @@ class CalibratedCostModel:
     `model` (optional) is checked against the profile's model and, with `gpu`, prices
     copy-on-write block copies; swaps use the profile's measured host-link rate, else `gpu`'s
     datasheet rate times `AnalyticalConstants.host_link_efficiency`. A step that needs a rate
-    nobody gave raises `ConfigError` rather than costing it as zero.
+    nobody gave raises `ConfigError` rather than costing it as zero. `tensor_parallel_size`
+    (optional) must equal the profile's: step times of one TP degree say nothing of another.
+    All-reduces of a TP profile are priced only with `model` (see the module docstring).
     """
 
     def __init__(self, profile: Profile, model: ModelSpec | None = None,
-                 gpu: GPUSpec | None = None):
+                 gpu: GPUSpec | None = None, tensor_parallel_size: int | None = None):
         meta = profile.metadata
         if model is not None and model.name != meta.model:
             raise ConfigError(f"model={model.name!r}: the profile was measured on "
                               f"{meta.model!r}")
         if gpu is not None and gpu.name != meta.gpu:
             raise ConfigError(f"gpu={gpu.name!r}: the profile was measured on {meta.gpu!r}")
+        if tensor_parallel_size is not None and tensor_parallel_size != \
+                meta.tensor_parallel_size:
+            raise ConfigError(f"tensor_parallel_size={tensor_parallel_size}: the profile was "
+                              f"measured at tensor_parallel_size={meta.tensor_parallel_size}")
         self.profile = profile
+        self._allreduce, self.allreduce_source = _allreduce_pricer(profile, model, gpu)
+        self._allreduce_added = not meta.allreduce_in_step_times
         other: dict[float, list[float]] = defaultdict(list)
         for r in profile.decode:
             other[r.batch_size].append(r.other_ms * MS)
@@ -240,7 +267,7 @@ class CalibratedCostModel:
         return self.step_time(BatchShape.prefill(num_new_tokens, num_cached_tokens, block_size))
 
     # ---- the model ----
-    def _components(self, b: BatchShape) -> tuple[float, float, float, float, float]:
+    def _components(self, b: BatchShape) -> tuple[float, float, float, float, float, float]:
         swap = copy = 0.0
         if b.swap_bytes:
             if self._swap_s_per_byte is None:
@@ -253,13 +280,17 @@ class CalibratedCostModel:
                                   "copy-on-write copies")
             copy = b.num_blocks_to_copy * b.block_size * self._copy_s_per_token
         if not b.total_tokens:
-            return 0.0, 0.0, 0.0, swap, copy
+            return 0.0, 0.0, 0.0, 0.0, swap, copy
         total, other = self._parts(b)
         attention = total - other  # may be < 0 where `other` over-explains a row; total is not
         if total < 0.0:  # a noisy profile extrapolated below zero: clamp, never negative
             other = attention = 0.0
+        allreduce = self._allreduce(b.total_tokens) if self._allreduce is not None else 0.0
+        if not self._allreduce_added:  # already inside the measured steps: report it apart
+            allreduce = min(allreduce, max(other, 0.0))
+            other -= allreduce
         host = self._host(b.num_decode_seqs + len(b.prefill_new_tokens)) if self._host else 0.0
-        return other, attention, host, swap, copy
+        return other, attention, allreduce, host, swap, copy
 
     def _parts(self, b: BatchShape) -> tuple[float, float]:
         """(device time, its `other` share) before clamping."""
@@ -286,6 +317,32 @@ class CalibratedCostModel:
             total -= (parts - 1) * self.shared_s
         return total, other
 
+
+
+def _allreduce_pricer(profile: Profile, model: ModelSpec | None, gpu: GPUSpec | None):
+    """(tokens -> seconds of a step's all-reduces, its source), or (None, None) when there is
+    nothing to price (TP 1) or nothing to price it with. Raises when a shard-only profile
+    (`allreduce_in_step_times` false) cannot be priced: its steps would miss their
+    communication."""
+    meta = profile.metadata
+    tp = meta.tensor_parallel_size
+    if tp == 1:
+        return None, None
+    rows = [r for r in profile.allreduce if r.tp == tp]
+    if model is not None and rows:
+        table = Pwl({r.message_bytes: [r.time_us * US] for r in rows})
+        count = num_allreduces_per_step(model, tp)
+        per_token = model.hidden_size * model.dtype_bytes
+        return (lambda tokens: count * table(tokens * per_token)), "allreduce.csv"
+    if model is not None and gpu is not None:
+        analytical = AnalyticalCostModel(model, gpu, tensor_parallel_size=tp,
+                                         kv_cache_dtype=meta.kv_cache_dtype)
+        return analytical.allreduce_time, "analytical"
+    if not meta.allreduce_in_step_times:
+        raise ConfigError(f"tensor_parallel_size={tp}: the profile timed one rank's shard "
+                          "without communication; pass model= (with an allreduce.csv for "
+                          f"tp {tp}, or gpu= for the analytical all-reduce term)")
+    return None, None
 
 
 # ---- held-out accuracy ----
@@ -330,6 +387,9 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
     """
     if not 0.0 < holdout_fraction < 1.0:
         raise ConfigError(f"holdout_fraction={holdout_fraction!r}: must be in (0, 1)")
+    if not profile.metadata.allreduce_in_step_times:  # compare device rows with device rows
+        profile = Profile(dataclasses.replace(profile.metadata, allreduce_in_step_times=True),
+                          **{name: getattr(profile, name) for name in TABLES})
     rng = np.random.default_rng(seed)
     fit_tables: dict[str, tuple] = {}
     held: dict[str, list] = {}

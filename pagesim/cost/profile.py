@@ -11,6 +11,8 @@ On disk, `calibration/<gpu>/<model>/` holds
                    block_size, num_new_tokens, num_cached_tokens, decode_batch_size,
                    decode_context_len, step_time_ms, ... (as decode)
     overhead.csv   (optional) num_reqs, overhead_ms, overhead_p10_ms, overhead_p90_ms
+    allreduce.csv  (optional) tp, message_bytes, time_us, time_p10_us, time_p90_us: one sum
+                   all-reduce of `message_bytes` over `tp` GPUs (median and spread)
 
 Semantics of a row: `step_time_ms` is the median device time of the step over repeats (p10/p90
 its spread); `attention_ms` the time inside attention kernels (all layers) and `other_ms` the
@@ -18,6 +20,13 @@ rest of the step (`attention_ms + other_ms` is about `step_time_ms`). Contexts a
 `num_computed_tokens` before the step, as in `BatchShape`: a decode row runs `batch_size`
 sequences of one new token over `context_len` cached tokens each. `overhead.csv` holds host time
 spent between steps (input preparation), outside the measured device time.
+
+Tensor parallelism: `tensor_parallel_size` N > 1 says the step rows time an N-way sharded
+model. `allreduce_in_step_times` says how: true, the steps ran on N GPUs and include their
+all-reduces; false, one rank's shard ran alone on one GPU (no communication) and the cost
+model adds the all-reduces (from `allreduce.csv`, else the analytical term). Format history:
+version 2 added `allreduce_in_step_times` and `allreduce.csv`; version 1 files load unchanged
+(read as `allreduce_in_step_times=true`) and save as version 1 again, without the new key.
 
 The GPU calibrator fills the records and saves them; the simulator loads them:
 
@@ -44,7 +53,8 @@ from typing import Any
 from pagesim.config import KV_CACHE_DTYPES
 from pagesim.errors import ConfigError
 
-PROFILE_FORMAT_VERSION = 1
+PROFILE_FORMAT_VERSION = 2
+SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2)  # what `Profile.load` reads
 PROFILE_JSON = "profile.json"
 
 
@@ -98,11 +108,22 @@ class OverheadRow:
     overhead_p90_ms: float
 
 
+@dataclass(frozen=True)
+class AllReduceRow:
+    tp: int  # GPUs in the all-reduce
+    message_bytes: int  # bytes of the reduced tensor on each GPU
+    time_us: float  # median
+    time_p10_us: float
+    time_p90_us: float
+
+
 # table name -> (row class, required?)
 TABLES: dict[str, tuple[type, bool]] = {
     "decode": (DecodeRow, True), "prefill": (PrefillRow, True),
-    "mixed": (MixedRow, False), "overhead": (OverheadRow, False)}
-_KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "overhead": 1}  # leading int columns
+    "mixed": (MixedRow, False), "overhead": (OverheadRow, False),
+    "allreduce": (AllReduceRow, False)}
+_KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "overhead": 1,
+                "allreduce": 2}  # leading int columns
 
 
 @dataclass(frozen=True)
@@ -120,6 +141,9 @@ class ProfileMetadata:
     date: str  # ISO 8601
     kv_cache_dtype: str = "auto"
     tensor_parallel_size: int = 1
+    # TP > 1 only: true, step rows were timed on the whole group (all-reduces included); false,
+    # on one rank's shard alone (the cost model adds the all-reduces). Format version 2.
+    allreduce_in_step_times: bool = True
     attention_backend: str = ""  # kernel name/version timed
     grid: dict[str, list[int]] = field(default_factory=dict)  # axis name -> measured values
     num_gpu_blocks: dict[int, int] = field(default_factory=dict)  # block_size -> blocks
@@ -137,6 +161,8 @@ class ProfileMetadata:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["num_gpu_blocks"] = {str(k): v for k, v in self.num_gpu_blocks.items()}
+        if self.format_version < 2:  # a version-1 file stays a valid version-1 file
+            del out["allreduce_in_step_times"]
         return out
 
     @classmethod
@@ -144,9 +170,12 @@ class ProfileMetadata:
         if not isinstance(data, dict):
             raise ProfileError(f"{where}: expected a JSON object")
         version = data.get("format_version")
-        if type(version) is not int or version != PROFILE_FORMAT_VERSION:
+        if type(version) is not int or version not in SUPPORTED_FORMAT_VERSIONS:
             raise ProfileError(f"{where}: format_version={version!r} is not supported "
-                               f"(this pagesim reads {PROFILE_FORMAT_VERSION})")
+                               f"(this pagesim reads "
+                               f"{', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})")
+        if version < 2 and "allreduce_in_step_times" in data:
+            raise ProfileError(f"{where}: allreduce_in_step_times needs format_version 2")
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:
@@ -186,6 +215,12 @@ class ProfileMetadata:
             raise ProfileError(f"{where}: device={self.device!r} must be an object")
         if not isinstance(self.synthetic, bool):
             raise ProfileError(f"{where}: synthetic={self.synthetic!r} must be true or false")
+        if not isinstance(self.allreduce_in_step_times, bool):
+            raise ProfileError(f"{where}: allreduce_in_step_times="
+                               f"{self.allreduce_in_step_times!r} must be true or false")
+        if not self.allreduce_in_step_times and self.tensor_parallel_size == 1:
+            raise ProfileError(f"{where}: allreduce_in_step_times=false needs "
+                               "tensor_parallel_size > 1 (one GPU has no all-reduce)")
         for name in ("gpu_memory_utilization", "host_link_bytes_per_s"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or not value > 0):
@@ -201,6 +236,7 @@ class Profile:
     prefill: tuple[PrefillRow, ...]
     mixed: tuple[MixedRow, ...] = ()
     overhead: tuple[OverheadRow, ...] = ()
+    allreduce: tuple[AllReduceRow, ...] = ()
 
     def __post_init__(self) -> None:
         for name, (row_cls, required) in TABLES.items():
@@ -266,9 +302,11 @@ class Profile:
         return cls(meta, **tables)
 
 
-def profile_dir(root: str | Path, gpu: str, model: str) -> Path:
-    """Where a profile for (gpu, model) lives under a calibration root."""
-    return Path(root) / gpu / model
+def profile_dir(root: str | Path, gpu: str, model: str, tensor_parallel_size: int = 1) -> Path:
+    """Where a profile for (gpu, model) lives under a calibration root: `<gpu>/<model>`, or
+    `<gpu>/<model>-tp<N>` for a tensor-parallel profile."""
+    name = model if tensor_parallel_size == 1 else f"{model}-tp{tensor_parallel_size}"
+    return Path(root) / gpu / name
 
 
 def _read_table(path: Path, row_cls: type) -> tuple:

@@ -11,6 +11,7 @@ from pathlib import Path
 from pagesim.config import EngineConfig
 from pagesim.cost.analytical import AnalyticalCostModel
 from pagesim.cost.base import CostModel
+from pagesim.cost.profile import profile_dir
 from pagesim.errors import ConfigError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
@@ -23,10 +24,10 @@ CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
 
 
 def default_profile(config: EngineConfig) -> Path | None:
-    """The shipped profile measured for this model on this GPU (TP 1), if there is one."""
-    if config.tensor_parallel_size != 1:
-        return None
-    candidate = CALIBRATION_DIR / config.gpu / config.model
+    """The shipped profile measured for this model on this GPU at this tensor-parallel size
+    (`calibration/<gpu>/<model>`, `<model>-tp<N>` for TP N), if there is one."""
+    candidate = profile_dir(CALIBRATION_DIR, config.gpu, config.model,
+                            config.tensor_parallel_size)
     return candidate if (candidate / "profile.json").is_file() else None
 
 
@@ -58,7 +59,8 @@ def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostMo
     if meta.model and meta.model != config.model:
         raise ConfigError(f"profile {profile} was measured for model {meta.model!r}, "
                           f"not {config.model!r}")
-    return CalibratedCostModel(loaded, model=config.model_spec, gpu=config.gpu_spec)
+    return CalibratedCostModel(loaded, model=config.model_spec, gpu=config.gpu_spec,
+                               tensor_parallel_size=config.tensor_parallel_size)
 
 
 def build_scheduler(config: EngineConfig, check_invariants: bool = False) -> Scheduler:

@@ -30,7 +30,7 @@ BARE = AnalyticalConstants(weight_bandwidth_efficiency=1.0, gemm_flops_efficienc
                            attention_bandwidth_efficiency=1.0, attention_flops_efficiency=1.0,
                            paged_block_overhead_tokens=0.0, step_overhead_s=0.0,
                            per_request_overhead_s=0.0, host_link_efficiency=1.0,
-                           allreduce_latency_s=0.0)
+                           allreduce_latency_s=0.0, allreduce_bandwidth_efficiency=1.0)
 
 # Tiny model by hand: per layer q,k,v,o = 64*64*4 = 16384, MLP 3*64*128 = 24576 -> 40960;
 # two layers 81920 plus lm_head 100*64 = 6400 -> weights 88320 * 2 bytes = 176640 bytes.

@@ -1,0 +1,304 @@
+"""Tensor-parallel execution: the scheduler on rank 0, its output broadcast, a worker loop.
+
+As vLLM runs a TP engine: rank 0 (the driver) owns the `Scheduler`; every step it broadcasts
+what the step needs and then executes its own shard; the other ranks (workers) receive the
+same step and execute their shards. The shards meet in the all-reduces inside the forward
+pass, so every rank runs every step, in the same order, on the same inputs.
+
+    rank 0:   out = scheduler.schedule()
+              TPDriverRunner.execute_model(out):  broadcast(encode(out)); local runner(out)
+              scheduler.update_from_output(...)
+    rank r:   run_worker: msg = broadcast(); out = decode(msg); local runner(out)
+
+`TPDriverRunner` implements the `ModelRunner` protocol, so the serve loop (`gpu.serve.replay`)
+and the calibration grid (`gpu.calibrate`) drive a TP engine unchanged.
+
+What is broadcast (`StepMessage`), like vLLM's new/cached request split: the prompt of a
+request the workers have not seen (once), then per step and scheduled request only its counts,
+the output tokens and block ids appended since the last step (a changed block table, after a
+preemption, is sent whole). Workers keep a mirror `Request` per request id and rebuild a real
+`SchedulerOutput` from it, so their `GPUModelRunner` is the very same code as rank 0's. Swap
+and copy-on-write block lists travel as they are (each rank moves its own KV shard).
+Control messages reconfigure the workers' runner (`Configure`), run a collective benchmark
+(`RunCollective`) or end the loop (`Stop`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pagesim.config import EngineConfig
+from pagesim.gpu.parallel import TPGroup
+from pagesim.gpu.runner import GPUModelRunner
+from pagesim.request import Request
+from pagesim.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+
+
+@dataclass(slots=True)
+class StepEntry:
+    """One scheduled request of a broadcast step (deltas against what the workers hold)."""
+
+    request_id: str
+    num_new_tokens: int
+    num_computed_tokens: int
+    keep_output: int  # output tokens the worker keeps; then `new_output` is appended
+    new_output: list[int]
+    keep_blocks: int  # block ids the worker keeps; then `new_blocks` is appended
+    new_blocks: list[int]
+
+
+@dataclass(slots=True)
+class StepMessage:
+    """Everything a worker needs to execute one step exactly as rank 0 does."""
+
+    step_id: int
+    block_size: int
+    total_num_scheduled_tokens: int
+    skip_attention: bool  # calibration's attention-off timing, mirrored on every rank
+    new_requests: list[tuple[str, list[int], int]]  # (request_id, prompt_token_ids, max_tokens)
+    entries: list[StepEntry]
+    finished_req_ids: list[str]
+    blocks_to_copy: list[tuple[int, int]]
+    blocks_to_swap_out: list[tuple[int, int]]
+    blocks_to_swap_in: list[tuple[int, int]]
+    swap_bytes: int
+
+
+@dataclass(frozen=True)
+class Configure:
+    """Build a new local runner on every worker (a block size, a KV cache size)."""
+
+    config: EngineConfig
+    num_gpu_blocks: int
+    num_cpu_blocks: int = 0
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class RunCollective:
+    """Every rank calls `fn(group, *args)` (an importable function), e.g. the all-reduce
+    benchmark; rank 0 keeps the result."""
+
+    fn: Callable[..., Any]
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End the worker loop."""
+
+
+class StepEncoder:
+    """Rank 0: `SchedulerOutput` -> `StepMessage`, remembering what the workers hold.
+
+    A request is identified by its object, not only its id: a new object under a known id (the
+    calibration grid reuses ids) is sent as a new request.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[str, Request] = {}
+        self._outputs: dict[str, int] = {}  # output tokens the workers hold
+        self._blocks: dict[str, list[int]] = {}  # block ids the workers hold
+
+    def encode(self, out: SchedulerOutput, skip_attention: bool = False) -> StepMessage:
+        for rid in out.finished_req_ids:
+            self._forget(rid)
+        new: list[tuple[str, list[int], int]] = []
+        entries: list[StepEntry] = []
+        for sr in out.scheduled:
+            req = sr.request
+            rid = req.request_id
+            if self._known.get(rid) is not req:
+                self._known[rid] = req
+                self._outputs[rid] = 0
+                self._blocks[rid] = []
+                new.append((rid, req.prompt_token_ids, req.max_tokens))
+            output = req.output_token_ids
+            keep_out = min(self._outputs[rid], len(output))
+            held = self._blocks[rid]
+            ids = sr.block_ids
+            k = len(held)
+            keep_blocks = k if k <= len(ids) and ids[:k] == held else 0
+            entries.append(StepEntry(rid, sr.num_new_tokens, sr.num_computed_tokens, keep_out,
+                                     output[keep_out:], keep_blocks, ids[keep_blocks:]))
+            self._outputs[rid] = len(output)
+            self._blocks[rid] = list(ids)
+        return StepMessage(out.step_id, out.block_size, out.total_num_scheduled_tokens,
+                           skip_attention, new, entries, list(out.finished_req_ids),
+                           out.blocks_to_copy, out.blocks_to_swap_out, out.blocks_to_swap_in,
+                           out.swap_bytes)
+
+    def _forget(self, rid: str) -> None:
+        self._known.pop(rid, None)
+        self._outputs.pop(rid, None)
+        self._blocks.pop(rid, None)
+
+
+class StepDecoder:
+    """Workers: `StepMessage` -> the `SchedulerOutput` rank 0 executes, over mirror requests."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, Request] = {}
+        self._blocks: dict[str, list[int]] = {}
+
+    def decode(self, msg: StepMessage) -> SchedulerOutput:
+        for rid in msg.finished_req_ids:
+            self.requests.pop(rid, None)
+            self._blocks.pop(rid, None)
+        for rid, prompt, max_tokens in msg.new_requests:
+            self.requests[rid] = Request(rid, prompt, max_tokens=max_tokens)
+            self._blocks[rid] = []
+        out = SchedulerOutput(step_id=msg.step_id, block_size=msg.block_size,
+                              total_num_scheduled_tokens=msg.total_num_scheduled_tokens,
+                              finished_req_ids=msg.finished_req_ids,
+                              blocks_to_copy=msg.blocks_to_copy,
+                              blocks_to_swap_out=msg.blocks_to_swap_out,
+                              blocks_to_swap_in=msg.blocks_to_swap_in, swap_bytes=msg.swap_bytes)
+        for e in msg.entries:
+            req = self.requests[e.request_id]
+            output = req.output_token_ids
+            if e.keep_output > len(output):
+                raise RuntimeError(f"request_id={e.request_id!r}: worker holds {len(output)} "
+                                   f"output tokens, rank 0 assumed {e.keep_output}")
+            del output[e.keep_output:]
+            output.extend(e.new_output)
+            blocks = self._blocks[e.request_id]
+            del blocks[e.keep_blocks:]
+            blocks.extend(e.new_blocks)
+            out.scheduled.append(ScheduledRequest(req, e.num_new_tokens, e.num_computed_tokens,
+                                                  list(blocks)))
+        return out
+
+
+def step_digest(out: SchedulerOutput, runner: GPUModelRunner) -> str:
+    """A hash of what a rank executed: the step's requests, counts and block tables, and the
+    runner's input ids, positions, slot mapping and block table. Equal on every rank iff the
+    ranks ran identical steps."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr((out.step_id, [(s.request_id, s.num_new_tokens, s.num_computed_tokens,
+                                  tuple(s.block_ids)) for s in out.scheduled])).encode())
+    inputs = runner.last_inputs
+    if out.scheduled and inputs is not None:
+        for t in (inputs.input_ids, inputs.positions, inputs.metadata.slot_mapping,
+                  inputs.metadata.block_table):
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+class TPDriverRunner:
+    """Rank 0's `ModelRunner`: broadcast the step, then run the local shard.
+
+    Creating one broadcasts `Configure`, so the workers build the matching runner; attribute
+    reads fall through to the local `GPUModelRunner` (`num_gpu_blocks`, `step_records`, ...).
+    `digests` (when `record_digests`) holds `step_digest` of every step, for tests.
+    """
+
+    def __init__(self, group: TPGroup, config: EngineConfig, num_gpu_blocks: int, *,
+                 model, num_cpu_blocks: int = 0, temperature: float = 1.0,
+                 seed: int = 0, record_digests: bool = False) -> None:
+        if not group.is_driver:
+            raise RuntimeError(f"rank {group.rank}: only rank 0 drives the engine")
+        self.group = group
+        self.encoder = StepEncoder()
+        group.broadcast_object(Configure(config, num_gpu_blocks, num_cpu_blocks, temperature))
+        self.local = GPUModelRunner(config, num_gpu_blocks, device=model.device, model=model,
+                                    seed=seed, num_cpu_blocks=num_cpu_blocks,
+                                    temperature=temperature)
+        self.record_digests = record_digests
+        self.digests: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:  # only called for names not found on self
+        local = self.__dict__.get("local")
+        if local is None:
+            raise AttributeError(name)
+        return getattr(local, name)
+
+    @property
+    def skip_attention(self) -> bool:
+        return self.local.skip_attention
+
+    @skip_attention.setter
+    def skip_attention(self, value: bool) -> None:
+        self.local.skip_attention = value
+
+    @property
+    def record_steps(self) -> bool:
+        return self.local.record_steps
+
+    @record_steps.setter
+    def record_steps(self, value: bool) -> None:
+        self.local.record_steps = value
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        msg = self.encoder.encode(scheduler_output, self.local.skip_attention)
+        self.group.broadcast_object(msg)
+        result = self.local.execute_model(scheduler_output)
+        if self.record_digests:
+            self.digests.append(step_digest(scheduler_output, self.local))
+        return result
+
+
+def broadcast_stop(group: TPGroup) -> None:
+    """Rank 0: end the workers' loops."""
+    group.broadcast_object(Stop())
+
+
+def run_collective(group: TPGroup, fn: Callable[..., Any], *args: Any) -> Any:
+    """Rank 0: have every rank (itself included) call `fn(group, *args)`; returns rank 0's."""
+    group.broadcast_object(RunCollective(fn, args))
+    return fn(group, *args)
+
+
+@dataclass
+class WorkerReport:
+    """What a worker did, for tests and logs."""
+
+    num_steps: int = 0
+    num_configures: int = 0
+    digests: list[str] = field(default_factory=list)
+
+
+def run_worker(group: TPGroup, model, *, seed: int = 0,
+               record_digests: bool = False) -> WorkerReport:
+    """Ranks > 0: execute broadcast steps with `model` (this rank's shard) until `Stop`."""
+    if group.is_driver:
+        raise RuntimeError("rank 0 drives the engine; run_worker is for ranks > 0")
+    report = WorkerReport()
+    runner: GPUModelRunner | None = None
+    decoder = StepDecoder()
+    while True:
+        msg = group.broadcast_object(None)
+        if isinstance(msg, Stop):
+            return report
+        if isinstance(msg, Configure):
+            runner = None  # free the old KV cache before the new one is allocated
+            _empty_cache(model.device)
+            runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, device=model.device,
+                                    model=model, seed=seed, num_cpu_blocks=msg.num_cpu_blocks,
+                                    temperature=msg.temperature)
+            runner.record_steps = False
+            decoder = StepDecoder()
+            report.num_configures += 1
+        elif isinstance(msg, RunCollective):
+            msg.fn(group, *msg.args)
+        elif isinstance(msg, StepMessage):
+            if runner is None:
+                raise RuntimeError("a step arrived before any Configure")
+            out = decoder.decode(msg)
+            runner.skip_attention = msg.skip_attention
+            runner.execute_model(out)
+            report.num_steps += 1
+            if record_digests:
+                report.digests.append(step_digest(out, runner))
+        else:
+            raise RuntimeError(f"unknown message {type(msg).__name__}")
+
+
+def _empty_cache(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
