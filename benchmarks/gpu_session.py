@@ -118,6 +118,8 @@ def main() -> int:
     ap.add_argument("--calib-budget-s", type=float, default=150.0)
     ap.add_argument("--arrival-window-s", type=float, default=10.0)
     ap.add_argument("--skip-runs", default="")
+    ap.add_argument("--calibrate-only", action="store_true",
+                    help="Profiles only (the real runs already exist).")
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     out = Path(args.out)
@@ -135,7 +137,7 @@ def main() -> int:
 
     from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import CalibrationGrid
-    from pagesim.gpu.device import device_info
+    from pagesim.gpu.device import ClockSampler, device_info
     from pagesim.gpu.profiler import run_calibration
     from pagesim.validate import load_dict, save_real_run, serve_workload
 
@@ -165,10 +167,13 @@ def main() -> int:
                 log(f"{name}: paged vs dense forward rel err {err:.2e} "
                     f"({'ok' if err < 3e-2 else 'TOO LARGE'})")
             calib_budget = min(args.calib_budget_s, max(30.0, left(args.budget_s) - 200))
-            res = run_calibration(config, grid, dtype=dtype, calibration_root=work / "calibration",
-                                  progress=lambda d, t, lab: log(f"  [{d}/{t}] {lab}")
-                                  if d == t or d % 10 == 0 else None,
-                                  time_budget_s=calib_budget, log=log, device=device)
+            with ClockSampler() as clocks:
+                res = run_calibration(
+                    config, grid, dtype=dtype, calibration_root=work / "calibration",
+                    progress=lambda d, t, lab: log(f"  [{d}/{t}] {lab}")
+                    if d == t or d % 20 == 0 else None,
+                    time_budget_s=calib_budget, log=log, device=device)
+            ms["calibration_clocks"] = clocks.summary()
             ms["calibration_s"] = res.elapsed_s
             ms["capacity"] = res.capacity.to_dict()
             ms["profile_rows"] = {k: len(getattr(res.profile, k)) for k in
@@ -177,7 +182,7 @@ def main() -> int:
             pack(out, work)
             model = res.model
             capacity_rps = None
-            for spec in run_plan(capacity_rps, dry):
+            for spec in ([] if args.calibrate_only else run_plan(capacity_rps, dry)):
                 if spec["name"] in skip:
                     continue
                 rate = spec["rate"]
@@ -199,20 +204,23 @@ def main() -> int:
                 load = load_dict(spec["workload"], n, 0, math.inf if rate == "inf" else rate,
                                  **params)
                 t = time.monotonic()
-                result, records = serve_workload(cfg, model, blocks, load, device=device,
-                                                 max_wall_s=remaining - 15)
+                with ClockSampler() as clocks:
+                    result, records = serve_workload(cfg, model, blocks, load, device=device,
+                                                     max_wall_s=remaining - 15)
+                records["sm_clock_mhz"] = clocks.samples
+                result["sm_clock"] = clocks.summary()
                 if device == "cuda":
                     torch.cuda.empty_cache()
                 save_real_run(work / "real" / name / f"{spec['name']}.json", config=cfg,
                               load=load, result=result, records=records, device=info,
-                              extra={"capacity_rps": capacity_rps})
+                              extra={"capacity_rps": capacity_rps, "sm_clock": clocks.summary()})
                 if spec["name"].startswith("chat-inf-bs16"):
                     capacity_rps = result["request_throughput"]
                 ms["runs"][spec["name"]] = {k: result[k] for k in (
                     "completed", "failed", "duration", "request_throughput", "output_throughput",
                     "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "p99_e2el_ms",
                     "num_preemptions", "prefix_cache_hit_rate", "truncated",
-                    "gpu_host_overhead_s_mean")}
+                    "gpu_host_overhead_s_mean", "sm_clock")}
                 log(f"{name} {spec['name']}: rate {rate} n {n} in {time.monotonic() - t:.0f} s: "
                     + json.dumps(ms["runs"][spec["name"]]))
                 pack(out, work)

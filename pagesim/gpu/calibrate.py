@@ -3,13 +3,17 @@
 Every grid point is a synthetic `SchedulerOutput` executed by the real `GPUModelRunner`
 (`execute_model`, the very call a served step makes: input preparation, the forward pass, the
 LM head, the sampler and the sync), timed on the host clock around the call, which ends with a
-device sync. Per point: one warm-up call (Triton compiles on first use), then `repeats` timed
-calls; the profile keeps the median and the 10th/90th percentiles.
+device sync. Per point: two warm-up calls (Triton compiles on first use), then one timed call
+per round; the profile keeps the median and the 10th/90th percentiles over the rounds.
 
     decode   batch B x context C (cached tokens per sequence), one new token each
     prefill  one request: N new tokens over K cached tokens (chunked prefill with a prefix)
     mixed    one prefill chunk plus a decode batch (the chunked-prefill step)
     overhead host time per engine step outside execute_model (schedule + update), by batch
+
+Timing is interleaved (`measure_interleaved`): every point is warmed up, then timed once per
+round in a shuffled order, so that slow drifts of the machine's state (GPU clocks under a
+launch-bound eager runner) spread over all points instead of biasing whole rows.
 
 Attention vs the rest: the same step is timed again with every layer's attention replaced by
 the identity (`GPUModelRunner.skip_attention`); that time is `other_ms` and
@@ -56,9 +60,8 @@ class CalibrationGrid:
     # changes the attention kernels, which the decode rows measure; `other` is shared).
     full_block_sizes: tuple[int, ...] = (16, 32)
     overhead_max_reqs: int = 256
-    repeats: int = 5
-    min_repeats: int = 3
-    target_point_s: float = 0.25  # fewer repeats for slow points, never under min_repeats
+    repeats: int = 5  # timed rounds (each times every point once)
+    min_repeats: int = 3  # rounds kept even when the deadline is near
 
     def to_json(self) -> dict[str, list[int]]:
         return {"block_sizes": list(self.block_sizes),
@@ -137,35 +140,51 @@ def synthetic_step(entries: list[tuple[int, int]], block_size: int,
     return out
 
 
-def time_step(runner, out: SchedulerOutput, grid: CalibrationGrid,
-              skip_attention: bool = False) -> Timing:
-    """Warm up twice, then time `execute_model(out)` on the host clock (it ends synced).
+def measure_interleaved(runner, items: list[tuple[SchedulerOutput, bool]],
+                        grid: CalibrationGrid, *, seed: int = 0,
+                        deadline: float | None = None,
+                        tick: Callable[[], None] | None = None) -> list[Timing]:
+    """Time `execute_model(out)` (with attention skipped where the flag says so) for every
+    item, in interleaved rounds, on the host clock (the call ends with a device sync).
 
-    Python's cyclic GC is paused while timing, as it is during a real run (`serve.replay`).
+    Two warm-up calls per item in grid order (Triton compiles on first use), then rounds: each
+    round times every item once, in a fresh seeded random order. Why rounds and not all repeats
+    of one point back to back: a launch-bound eager step's time depends on the GPU's clock
+    state, which drifts over seconds (measured: runs of ~30 slow steps after a heavy step), so
+    consecutive repeats share one state and neighbouring grid points would land in different
+    ones; interleaving spreads every point over the same mix of states. The number of rounds
+    fits the deadline (at least `grid.min_repeats`, at most `grid.repeats`). Python's cyclic GC
+    is paused while timing, as during a real run (`serve.replay`).
     """
-    runner.skip_attention = skip_attention
-    runner.record_steps = False
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        t = time.perf_counter()
-        runner.execute_model(out)
-        first = time.perf_counter() - t
-        t = time.perf_counter()
-        runner.execute_model(out)  # second warm-up: the first may have compiled kernels
-        warm = time.perf_counter() - t
-        n = max(grid.min_repeats, min(grid.repeats, math.ceil(grid.target_point_s /
-                                                              max(warm, 1e-6))))
-        samples = []
-        for _ in range(n):
+        est = []
+        for out, skip in items:
+            runner.skip_attention = skip
+            runner.execute_model(out)
             t = time.perf_counter()
             runner.execute_model(out)
-            samples.append(time.perf_counter() - t)
-        del first
-        return Timing.of(samples)
+            est.append(time.perf_counter() - t)
+            if tick is not None:
+                tick()
+        per_round = max(sum(est), 1e-6)
+        rounds = grid.repeats
+        if deadline is not None:
+            fit = int((deadline - time.monotonic()) / per_round)
+            rounds = max(grid.min_repeats, min(grid.repeats, fit))
+        rng = np.random.default_rng([seed, 0xCA11])
+        samples: list[list[float]] = [[] for _ in items]
+        for _ in range(rounds):
+            for i in rng.permutation(len(items)).tolist():
+                out, skip = items[i]
+                runner.skip_attention = skip
+                t = time.perf_counter()
+                runner.execute_model(out)
+                samples[i].append(time.perf_counter() - t)
+        return [Timing.of(x) for x in samples]
     finally:
         runner.skip_attention = False
-        runner.record_steps = True
         if gc_was_enabled:
             gc.enable()
 
@@ -191,71 +210,60 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                          progress: Progress | None = None, seed: int = 0,
                          deadline: float | None = None
                          ) -> tuple[list[DecodeRow], list[PrefillRow], list[MixedRow]]:
-    """All rows of one block size (the runner's cache must use `block_size`)."""
+    """All rows of one block size (the runner's cache must use `block_size`).
+
+    `other_ms` (attention skipped) is timed once per decode batch, per prefill token count and
+    per mixed point, in the same interleaved rounds as the full steps.
+    """
     blocks = BlockSource(runner.num_gpu_blocks, seed)
     capacity = (runner.num_gpu_blocks - 1) * block_size
-    dec = decode_points(grid, max_model_len, capacity, max_num_seqs)
-    pre = prefill_points(grid, max_model_len, max_num_batched_tokens) if full else []
-    mix = [m for m in grid.mixed if m[2] * (m[3] + 1) + m[0] + m[1] <= capacity
-           and m[0] + m[1] <= max_model_len and m[0] + m[2] <= max_num_batched_tokens] \
-        if full else []
-    total = len(dec) + len(pre) + len(mix)
+    entries: list[tuple[str, tuple[int, ...], list[tuple[int, int]], tuple]] = []
+    for b, c in decode_points(grid, max_model_len, capacity, max_num_seqs):
+        entries.append(("decode", (b, c), [(c, 1)] * b, ("decode", b)))
+    if full:
+        for n, k in prefill_points(grid, max_model_len, max_num_batched_tokens):
+            entries.append(("prefill", (n, k), [(k, n)], ("prefill", n)))
+        for n, k, b, c in grid.mixed:
+            if n + k <= max_model_len and n + b <= max_num_batched_tokens:
+                entries.append(("mixed", (n, k, b, c), [(c, 1)] * b + [(k, n)],
+                                ("mixed", n, k, b, c)))
+    points = []  # (kind, key, out, other key); a point whose blocks do not fit is dropped
+    for kind, key, spec, other in entries:
+        out = synthetic_step(spec, block_size, blocks)
+        if out is not None:
+            points.append((kind, key, out, other))
+    other_index: dict[tuple, int] = {}
+    items: list[tuple[SchedulerOutput, bool]] = [(p[2], False) for p in points]
+    for p in points:
+        if p[3] not in other_index:
+            other_index[p[3]] = len(items)
+            items.append((p[2], True))
+    total = len(items)
     done = 0
 
-    def tick(label: str) -> None:
+    def tick() -> None:
         nonlocal done
         done += 1
         if progress is not None:
-            progress(done, total, f"bs={block_size} {label}")
+            progress(done, total, f"bs={block_size} warm-up")
 
-    def late() -> bool:
-        return deadline is not None and time.monotonic() > deadline
-
+    timings = measure_interleaved(runner, items, grid, seed=seed, deadline=deadline, tick=tick)
+    if progress is not None:
+        progress(total, total, f"bs={block_size} {len(timings[0].samples) if timings else 0} "
+                               "rounds timed")
     decode_rows: list[DecodeRow] = []
-    other_by_batch: dict[int, Timing] = {}
-    for b, c in dec:
-        if late():
-            break
-        out = synthetic_step([(c, 1)] * b, block_size, blocks)
-        if out is None:  # its blocks do not fit (partial last blocks): a server cannot run it
-            tick(f"decode b={b} c={c} skipped")
-            continue
-        if b not in other_by_batch:
-            other_by_batch[b] = time_step(runner, out, grid, skip_attention=True)
-        t = time_step(runner, out, grid)
-        o = other_by_batch[b].median
-        decode_rows.append(DecodeRow(block_size, b, c, *_ms(t), max(0.0, t.median - o) * 1e3,
-                                     min(o, t.median) * 1e3))
-        tick(f"decode b={b} c={c}")
     prefill_rows: list[PrefillRow] = []
-    other_by_tokens: dict[int, Timing] = {}
-    for n, k in pre:
-        if late():
-            break
-        out = synthetic_step([(k, n)], block_size, blocks)
-        if out is None:
-            tick(f"prefill n={n} k={k} skipped")
-            continue
-        if n not in other_by_tokens:
-            other_by_tokens[n] = time_step(runner, out, grid, skip_attention=True)
-        t = time_step(runner, out, grid)
-        o = other_by_tokens[n].median
-        prefill_rows.append(PrefillRow(block_size, n, k, *_ms(t), max(0.0, t.median - o) * 1e3,
-                                       min(o, t.median) * 1e3))
-        tick(f"prefill n={n} k={k}")
     mixed_rows: list[MixedRow] = []
-    for n, k, b, c in mix:
-        if late():
-            break
-        out = synthetic_step([(c, 1)] * b + [(k, n)], block_size, blocks)
-        if out is None:
-            tick(f"mixed n={n} b={b} skipped")
-            continue
-        o = time_step(runner, out, grid, skip_attention=True).median
-        t = time_step(runner, out, grid)
-        mixed_rows.append(MixedRow(block_size, n, k, b, c, *_ms(t),
-                                   max(0.0, t.median - o) * 1e3, min(o, t.median) * 1e3))
-        tick(f"mixed n={n} b={b}")
+    for i, (kind, key, _, other) in enumerate(points):
+        t = timings[i]
+        o = timings[other_index[other]].median
+        split = (max(0.0, t.median - o) * 1e3, min(o, t.median) * 1e3)
+        if kind == "decode":
+            decode_rows.append(DecodeRow(block_size, *key, *_ms(t), *split))
+        elif kind == "prefill":
+            prefill_rows.append(PrefillRow(block_size, *key, *_ms(t), *split))
+        else:
+            mixed_rows.append(MixedRow(block_size, *key, *_ms(t), *split))
     return decode_rows, prefill_rows, mixed_rows
 
 

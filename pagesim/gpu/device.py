@@ -80,3 +80,59 @@ def _driver_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
+
+
+class ClockSampler:
+    """Samples the GPU's SM clock (MHz, through NVML) every `interval_s` on a thread.
+
+    Diagnostic only: a launch-bound step's time depends on the clock the driver picked, so a
+    real run or a calibration keeps the clock trace beside its timings. Without NVML (or on a
+    CPU) it records nothing. Use as a context manager; `samples` holds (seconds, MHz).
+    """
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        import threading
+
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read(self):
+        import torch
+
+        try:
+            return int(torch.cuda.clock_rate())
+        except Exception:  # no NVML binding, or no GPU: nothing to sample
+            return None
+
+    def _run(self) -> None:
+        import time
+
+        t0 = time.perf_counter()
+        while not self._stop.is_set():
+            mhz = self._read()
+            if mhz is None:
+                return
+            self.samples.append((time.perf_counter() - t0, mhz))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> ClockSampler:
+        import torch
+
+        if torch.cuda.is_available():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+
+    def summary(self) -> dict[str, float | int]:
+        mhz = [m for _, m in self.samples]
+        if not mhz:
+            return {"num_samples": 0}
+        return {"num_samples": len(mhz), "mean_mhz": sum(mhz) / len(mhz), "min_mhz": min(mhz),
+                "max_mhz": max(mhz),
+                "frac_below_1500_mhz": sum(m < 1500 for m in mhz) / len(mhz)}

@@ -41,9 +41,11 @@ ATTENTION_BACKEND = ("pagesim Triton paged attention: reshape_and_cache, split-K
                      "varlen prefill (eager, no CUDA graphs)")
 METHOD = ("step_time_ms: host wall time of GPUModelRunner.execute_model (input preparation, "
           "forward, LM head, random sampling, device sync) on a synthetic SchedulerOutput; "
-          "2 warm-up calls, then median and p10/p90 of 3-5 timed calls. other_ms: the same "
-          "with attention replaced by the identity, timed once per (block size, batch) for "
-          "decode rows and per (block size, new tokens) for prefill rows; attention_ms = "
+          "2 warm-up calls per point, then 3-5 interleaved rounds (every point timed once per "
+          "round, in a seeded random order); median and p10/p90 over the rounds. other_ms: "
+          "the same with attention replaced by the identity, timed once per (block size, "
+          "batch) for decode rows, per (block size, new tokens) for prefill rows and per "
+          "mixed point; attention_ms = "
           "step - other. overhead_ms: host time per engine step outside execute_model "
           "(schedule + update_from_output + metrics), from a real replay of a decode ramp at "
           "block size {bs}, median by batch size.")

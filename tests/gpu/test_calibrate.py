@@ -93,7 +93,7 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
     res = run_calibration(config, grid, dtype=torch.float32, calibration_root=tmp_path,
                           progress=lambda d, t, label: seen.append((d, t)), log=lambda m: None,
                           device="cpu")
-    assert seen[-1] == (3, 3)
+    assert seen[-1][0] == seen[-1][1] == 6  # 3 points + 3 attention-skipped variants
     prof = Profile.load(res.directory)
     assert res.directory == tmp_path / "cpu" / "tiny-llama"
     assert prof.metadata.synthetic and prof.metadata.num_gpu_blocks == {16: 64}
@@ -105,3 +105,31 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
     assert prof.overhead and all(r.overhead_ms > 0 for r in prof.overhead)
     model = CalibratedCostModel(prof)
     assert model.step_time(BatchShape.decode(2, 16, 16)) > 0
+
+
+class _RecordingRunner:
+    """Records which (step, skip_attention) each execute_model call ran."""
+
+    def __init__(self) -> None:
+        self.skip_attention = False
+        self.calls: list[tuple[int, bool]] = []
+
+    def execute_model(self, out):
+        self.calls.append((out.step_id, self.skip_attention))
+
+
+def test_interleaved_rounds_time_every_item_once_per_round_in_shuffled_order() -> None:
+    from pagesim.gpu.calibrate import measure_interleaved
+    from pagesim.scheduler.output import SchedulerOutput
+
+    items = [(SchedulerOutput(step_id=i), i % 2 == 1) for i in range(6)]
+    runner = _RecordingRunner()
+    grid = CalibrationGrid(repeats=4)
+    timings = measure_interleaved(runner, items, grid, seed=1)
+    warm, timed = runner.calls[:12], runner.calls[12:]
+    assert warm == [c for i in range(6) for c in [(i, i % 2 == 1)] * 2]  # 2 warm-ups each
+    rounds = [timed[r * 6:(r + 1) * 6] for r in range(4)]
+    assert len(timed) == 24 and all(sorted(r) == [(i, i % 2 == 1) for i in range(6)]
+                                    for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # the order changes between rounds
+    assert all(len(t.samples) == 4 for t in timings) and runner.skip_attention is False
