@@ -82,7 +82,7 @@ def coerce(key: str, value: Any) -> Any:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ConfigError(f"{where}: expected an integer")
         try:
-            return int(value) if not isinstance(value, float) else int(value)
+            return int(value)
         except ValueError:
             raise ConfigError(f"{where}: expected an integer") from None
     if base is float:

@@ -164,6 +164,9 @@ def _open_directory(grid: SweepGrid, num_runs: int, output_dir: Path, timestamp:
         if stored.get("points") != json.loads(text)["points"]:
             raise ConfigError(f"--resume {resume}: the grid differs from the one in "
                               f"{stored_path}; give the same settings")
+        if num_runs > stored.get("num_runs", 0):  # more seeds per point than before
+            stored["num_runs"] = num_runs
+            stored_path.write_text(json.dumps(stored, indent=1) + "\n")
         return directory, stored["timestamp"]
     date = timestamp or datetime.now().strftime("%Y%m%d_%H%M%S")
     directory = output_dir / date
