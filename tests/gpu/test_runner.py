@@ -16,7 +16,7 @@ import torch
 
 from pagesim.config import EngineConfig
 from pagesim.gpu.model import reference_attention_forward
-from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.runner import GPUModelRunner, table_width
 from pagesim.gpu.serve import make_engine
 from pagesim.kvcache.block_table import build_block_table, build_slot_mapping
 from pagesim.request import Request
@@ -83,7 +83,8 @@ def _lockstep(config: EngineConfig, num_gpu_blocks: int, make_requests, max_step
             starts = [s.num_computed_tokens for s in out_g.scheduled]
             news = [s.num_new_tokens for s in out_g.scheduled]
             assert md.slot_mapping.tolist() == build_slot_mapping(rows, starts, news, 16)
-            assert md.block_table.tolist() == build_block_table(rows)
+            assert md.block_table.tolist() == build_block_table(rows, table_width(
+                max(len(r) for r in rows)))
             if step % check_every == 0:
                 ref = _dense_rows(runner.model, out_g.scheduled)
                 err = (runner.last_hidden - ref).norm() / ref.norm()
@@ -122,6 +123,10 @@ def test_lockstep_through_swap_preemption() -> None:
     cfg = _config(preemption_mode="swap", max_num_batched_tokens=64, swap_space=0.001)
     seen = _lockstep(cfg, 6, make, check_every=3)
     assert seen["preemptions"] >= 1 and seen["swaps"] >= 1
+
+
+def test_table_width_is_a_multiple_of_16() -> None:
+    assert [table_width(n) for n in (1, 15, 16, 17, 40)] == [16, 16, 16, 32, 48]
 
 
 def test_copy_on_write_copies_every_layer() -> None:
