@@ -22,36 +22,13 @@ from tempfile import TemporaryDirectory
 
 import numpy as np
 import pandas as pd
-import simpy
 import yaml
 
 from pagesim.config import EngineConfig
 from pagesim.metrics import MetricsCollector
 from pagesim.request import Request
-from pagesim.sim.build import build_cost_model, build_scheduler
-from pagesim.sim.engine import ServingEngine
-from pagesim.sim.runner import CostModelRunner
+from pagesim.sim.cluster import simulate_requests
 from pagesim.workload import WORKLOADS_DIR
-
-
-def replay_requests(config: EngineConfig, requests: list[Request],
-                    profile: str | Path | None = None) -> MetricsCollector:
-    """Serve explicit requests (each at its `arrival_time`) on one engine; their records."""
-    env = simpy.Environment()
-    scheduler = build_scheduler(config)
-    runner = CostModelRunner(build_cost_model(config, profile),
-                             vocab_size=config.model_spec.vocab_size)
-    metrics = MetricsCollector()
-    engine = ServingEngine(env, scheduler, runner, metrics, lambda: (0.0, 0.0, 0.0, 0.0, 0.0))
-
-    def send(request: Request):
-        yield env.timeout(request.arrival_time)
-        engine.add_request(request)
-
-    for request in requests:
-        env.process(send(request))
-    env.run()
-    return metrics
 
 
 def _tokens(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
@@ -71,7 +48,7 @@ def probe_attack(config: EngineConfig, prefix_len: int, *, salted: bool, suffix_
         Request("right-guess", secret + _tokens(rng, suffix_len, vocab), 1, attacker_salt, 10.0),
         Request("wrong-guess", other + _tokens(rng, suffix_len, vocab), 1, attacker_salt, 20.0),
     ]
-    records = replay_requests(config, reqs, profile).records
+    records = simulate_requests(config, reqs, profile=profile).records
     ttft = {k: 1000.0 * (r.first_token_time - r.arrival_time) for k, r in records.items()}
     return {"prefix_len": prefix_len, "salted": salted,
             "right_guess_ttft_ms": ttft["right-guess"], "wrong_guess_ttft_ms": ttft["wrong-guess"],

@@ -198,3 +198,26 @@ def aggregate_replica_keys(replicas: list[dict[str, Any]]) -> dict[str, Any]:
     out["replica_num_requests"] = [r["num_requests"] for r in replicas]
     out["replica_prefix_cache_hit_rate"] = [r.get("prefix_cache_hit_rate", 0.0) for r in replicas]
     return out
+
+
+def simulate_requests(config: EngineConfig, requests: list[Request], *,
+                      profile: str | Path | None = None,
+                      cost_model: CostModel | None = None) -> MetricsCollector:
+    """Serve explicit requests, each sent at its `arrival_time`, on one engine; return their
+    records. For staged scenarios that no workload describes (a probe after a victim)."""
+    env = simpy.Environment()
+    scheduler = build_scheduler(config)
+    cost = cost_model if cost_model is not None else build_cost_model(config, profile)
+    metrics = MetricsCollector()
+    probe = _kv_probe(scheduler, scheduler.kv_cache_manager, WasteAverager(), env)
+    engine = ServingEngine(env, scheduler, CostModelRunner(cost, config.model_spec.vocab_size),
+                           metrics, probe)
+
+    def send(request: Request):
+        yield env.timeout(request.arrival_time)
+        engine.add_request(request)
+
+    for request in requests:
+        env.process(send(request))
+    env.run()
+    return metrics
