@@ -235,7 +235,7 @@ def plot_errors(entries: list[dict[str, Any]], path: str | Path) -> None:
         xs = [j - 0.4 + (i + 0.5) * width for j in range(len(metrics))]
         ys = [max(-60.0, min(60.0, by.get(m, 0.0))) for m in metrics]
         rate = e["load"]["request_rate"]
-        ax.bar(xs, ys, width, label=f"{e['model']} bs{e['block_size']} {e['load']['workload']}"
+        ax.bar(xs, ys, width, color=plt.cm.tab20(i % 20), label=f"{e['model']} bs{e['block_size']} {e['load']['workload']}"
                                     f" @ {rate}")
     ax.axhline(0.0, color="k", lw=0.8)
     ax.set_xticks(range(len(metrics)))
