@@ -60,13 +60,13 @@ def pack(out: Path, work: Path) -> None:
 
 def check_model(spec_name: str, dtype, device: str) -> float:
     """Relative error of the paged forward (prefill, then a decode step) against dense fp32."""
+    import dataclasses
+
     import torch
 
     from pagesim.config import EngineConfig
     from pagesim.gpu.model import RandomWeightDecoder, reference_attention_forward
     from pagesim.gpu.runner import allocate_kv_cache
-
-    import dataclasses
 
     spec = EngineConfig.create(model=spec_name).model_spec
     small = dataclasses.replace(spec, num_layers=2)

@@ -74,13 +74,13 @@ def _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs, max_num_
     from pagesim.gpu.device import require_cuda, torch_dtype
 
     require_cuda()
+    import torch
+
     from pagesim.config import EngineConfig
     from pagesim.gpu.device import device_info
     from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
     from pagesim.gpu.model import RandomWeightDecoder
     from pagesim.validate import load_dict, save_real_run, serve_workload
-
-    import torch
 
     config = EngineConfig.create(
         model=model or "llama-2-7b", gpu="h200", block_size=block_size,

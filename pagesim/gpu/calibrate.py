@@ -133,7 +133,7 @@ def synthetic_step(entries: list[tuple[int, int]], block_size: int,
         return None
     out = SchedulerOutput(step_id=step_id, block_size=block_size)
     prompts: dict[int, list[int]] = {}
-    for k, ((ctx, new), row) in enumerate(zip(entries, rows)):
+    for k, ((ctx, new), row) in enumerate(zip(entries, rows, strict=False)):
         req = _request(f"cal-{k}", ctx, new, prompts)
         out.scheduled.append(ScheduledRequest(req, new, ctx, row))
         out.total_num_scheduled_tokens += new

@@ -160,7 +160,7 @@ class GPUModelRunner:
         news = [sr.num_new_tokens for sr in sched]
         vocab = self.vocab_size
         ids: list[int] = []
-        for sr, start, n in zip(sched, starts, news):
+        for sr, start, n in zip(sched, starts, news, strict=False):
             req = sr.request
             if n == 1 and start >= req.num_prompt_tokens:  # decode: the last sampled token
                 ids.append(req.output_token_ids[start - req.num_prompt_tokens] % vocab)
@@ -189,13 +189,13 @@ class GPUModelRunner:
         if out.blocks_to_swap_out:
             src, dst = _index_pair(out.blocks_to_swap_out)
             src_d = src.to(self.device)
-            for (gk, gv), (ck, cv) in zip(self.kv_caches, self.cpu_caches):
+            for (gk, gv), (ck, cv) in zip(self.kv_caches, self.cpu_caches, strict=False):
                 ck[dst] = gk.index_select(0, src_d).cpu()
                 cv[dst] = gv.index_select(0, src_d).cpu()
         if out.blocks_to_swap_in:
             src, dst = _index_pair(out.blocks_to_swap_in)
             dst_d = dst.to(self.device)
-            for (gk, gv), (ck, cv) in zip(self.kv_caches, self.cpu_caches):
+            for (gk, gv), (ck, cv) in zip(self.kv_caches, self.cpu_caches, strict=False):
                 gk.index_copy_(0, dst_d, ck.index_select(0, src).to(self.device,
                                                                     non_blocking=True))
                 gv.index_copy_(0, dst_d, cv.index_select(0, src).to(self.device,

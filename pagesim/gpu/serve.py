@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from pagesim.config import EngineConfig
-from pagesim.errors import ConfigError, WorkloadError
+from pagesim.errors import WorkloadError
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.kvcache.sizing import page_size_bytes
 from pagesim.metrics import MetricsCollector, summarize

@@ -46,7 +46,7 @@ def _paged_vs_dense(model: RandomWeightDecoder, block_size: int) -> None:
     for computed, new in (([0, 0], [37, 20]), ([37, 20], [1, 9])):
         md = model.attn.build_metadata(rows, computed, new, "cpu")
         ids = torch.randint(0, model.spec.vocab_size, (sum(new),), generator=gen)
-        pos = torch.cat([torch.arange(c, c + n) for c, n in zip(computed, new)])
+        pos = torch.cat([torch.arange(c, c + n) for c, n in zip(computed, new, strict=False)])
         li = (md.query_start_loc[1:] - 1).long()
         out = model.forward(ids, pos, md, kv, li)
         ranges = [(0, new[0], 0), (new[0], new[0] + new[1], 1)]

@@ -36,7 +36,7 @@ def _config(**kw) -> EngineConfig:
 
 
 def _requests(prompts: list[list[int]], max_tokens: list[int]) -> list[Request]:
-    return [Request(f"r{i}", p, max_tokens=m) for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+    return [Request(f"r{i}", p, max_tokens=m) for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=False))]
 
 
 def _dense_rows(model, sched) -> torch.Tensor:
@@ -60,7 +60,7 @@ def _lockstep(config: EngineConfig, num_gpu_blocks: int, make_requests, max_step
     runner = GPUModelRunner(config, num_gpu_blocks, device="cpu", dtype=torch.float32, seed=3,
                             num_cpu_blocks=num_cpu, temperature=0.0)
     sim_runner = CostModelRunner(_ConstantCost(), vocab_size=config.model_spec.vocab_size)
-    for a, b in zip(make_requests(), make_requests()):
+    for a, b in zip(make_requests(), make_requests(), strict=False):
         gpu_sched.add_request(a)
         sim_sched.add_request(b)
     seen = {"steps": 0, "prefix_hits": 0, "preemptions": 0, "swaps": 0, "chunks": 0}
