@@ -81,11 +81,12 @@ class Configure:
 
 @dataclass(frozen=True)
 class RunCollective:
-    """Every rank calls `fn(group, *args)` (an importable function), e.g. the all-reduce
-    benchmark; rank 0 keeps the result."""
+    """Every rank calls `fn(group, *args, **kwargs)` (an importable function), e.g. the
+    all-reduce benchmark; rank 0 keeps the result."""
 
     fn: Callable[..., Any]
     args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -248,10 +249,11 @@ def broadcast_stop(group: TPGroup) -> None:
     group.broadcast_object(Stop())
 
 
-def run_collective(group: TPGroup, fn: Callable[..., Any], *args: Any) -> Any:
-    """Rank 0: have every rank (itself included) call `fn(group, *args)`; returns rank 0's."""
-    group.broadcast_object(RunCollective(fn, args))
-    return fn(group, *args)
+def run_collective(group: TPGroup, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Rank 0: have every rank (itself included) call `fn(group, *args, **kwargs)`; returns
+    rank 0's result."""
+    group.broadcast_object(RunCollective(fn, args, kwargs))
+    return fn(group, *args, **kwargs)
 
 
 @dataclass
@@ -285,7 +287,7 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
             decoder = StepDecoder()
             report.num_configures += 1
         elif isinstance(msg, RunCollective):
-            msg.fn(group, *msg.args)
+            msg.fn(group, *msg.args, **msg.kwargs)
         elif isinstance(msg, StepMessage):
             if runner is None:
                 raise RuntimeError("a step arrived before any Configure")

@@ -1,0 +1,211 @@
+"""Tensor parallelism on CPUs: two processes over gloo, the tiny Llama split two ways.
+
+One spawn of two ranks runs three checks (process start-up costs seconds, so they share it):
+
+1. the sharded model equals the unsharded one: the same prefill then decode steps through
+   `GPUModelRunner` with the TP shard and with the whole model give the same final hidden rows
+   and the same `[S, vocab]` logits (fp32, summation order aside), on both ranks; each rank's
+   KV cache holds its one KV head, and its weights are half the model plus the replicated norms;
+2. the broadcast drives identical steps: rank 0 serves requests through the real scheduler
+   (chunked prefill, several sequences) with `TPDriverRunner`, rank 1 runs `run_worker`; both
+   record a digest of every executed step (requests, counts, block tables, input ids,
+   positions, slot mapping) and the lists must be equal, step for step;
+3. the all-reduce benchmark runs as a collective from inside the worker loop (tiny sizes).
+
+The encoder/decoder pair is also checked alone (no processes) across a changed block table,
+a request id reused by a new request, and finished requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagesim.config import EngineConfig
+from pagesim.gpu.allreduce_bench import bench_allreduce
+from pagesim.gpu.model import RandomWeightDecoder
+from pagesim.gpu.parallel import (
+    MULTICAST_OFF_ENV,
+    TPGroup,
+    destroy_tensor_parallel,
+    init_tensor_parallel,
+    kv_head_range,
+    launch,
+    multicast_off_env,
+    vocab_range,
+)
+from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.serve import make_engine, replay
+from pagesim.gpu.tp_model import TensorParallelDecoder
+from pagesim.gpu.tp_runner import (
+    StepDecoder,
+    StepEncoder,
+    TPDriverRunner,
+    broadcast_stop,
+    run_collective,
+    run_worker,
+)
+from pagesim.request import Request
+from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
+from pagesim.specs import ModelSpec
+
+TP = 2
+SEED = 3
+
+
+def _config() -> EngineConfig:
+    return EngineConfig.create(model="tiny-llama", gpu="h200", block_size=16, max_num_seqs=3,
+                               max_num_batched_tokens=48, max_model_len=256)
+
+
+def _two_steps() -> list[SchedulerOutput]:
+    """A prefill of two prompts (20 and 9 tokens), then one decode step of both."""
+    a = Request("a", [(7 * i + 1) % 512 for i in range(20)], max_tokens=4)
+    b = Request("b", [(11 * i + 5) % 512 for i in range(9)], max_tokens=4)
+    s1 = SchedulerOutput(step_id=0, block_size=16, total_num_scheduled_tokens=29)
+    s1.scheduled = [ScheduledRequest(a, 20, 0, [1, 2]), ScheduledRequest(b, 9, 0, [5])]
+    s2 = SchedulerOutput(step_id=1, block_size=16, total_num_scheduled_tokens=2)
+    s2.scheduled = [ScheduledRequest(a, 1, 20, [1, 2]), ScheduledRequest(b, 1, 9, [5])]
+    return [s1, s2]
+
+
+def _equivalence(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
+    """Check 1: TP shard vs whole model on the same two steps (see the module docstring)."""
+    config = _config()
+    full = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, SEED)
+    tp_runner = GPUModelRunner(config, 8, device="cpu", model=tp_model, temperature=0.0)
+    full_runner = GPUModelRunner(config, 8, device="cpu", model=full, temperature=0.0)
+    errors = []
+    for out in _two_steps():
+        got, want = tp_runner.execute_model(out), full_runner.execute_model(out)
+        assert got.sampled_token_ids == want.sampled_token_ids
+        h_tp, h_full = tp_runner.last_hidden, full_runner.last_hidden
+        torch.testing.assert_close(h_tp, h_full, rtol=1e-5, atol=1e-5)
+        logits_tp, logits_full = tp_model.compute_logits(h_tp), full.compute_logits(h_full)
+        assert logits_tp.shape == logits_full.shape == (2, 512)
+        torch.testing.assert_close(logits_tp, logits_full, rtol=1e-5, atol=1e-5)
+        errors.append(float((logits_tp - logits_full).abs().max()))
+        for sr in out.scheduled:  # the runner's sampled token, as the scheduler would append
+            sr.request.output_token_ids.append(got.sampled_token_ids[sr.request_id])
+    norms = sum(t.numel() * 4 for layer in full.layers for k, t in layer.items()
+                if k.startswith("norm")) + full.final_norm[0].numel() * 4
+    return {"max_logit_error": max(errors), "kv_heads": tp_runner.kv_caches[0][0].shape[2],
+            "shard_bytes": tp_model.weight_bytes, "full_bytes": full.weight_bytes,
+            "norm_bytes": norms}
+
+
+def _serve(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
+    """Checks 2 and 3 on rank 0: serve through the broadcast, then benchmark all-reduce."""
+    config = _config()
+    driver = TPDriverRunner(group, config, 40, model=tp_model, seed=SEED, record_digests=True)
+    prompts = [[(13 * i + k) % 512 for i in range(n)] for k, n in enumerate((30, 17, 40))]
+    requests = [Request(f"r{k}", p, max_tokens=3 + k) for k, p in enumerate(prompts)]
+    run = replay(requests, make_engine(config, 40), driver, disable_gc=False)
+    rows = run_collective(group, bench_allreduce, (64, 4096), dtype=torch.float32,
+                          device="cpu", warmup=1, repeats=3, inner=2)
+    broadcast_stop(group)
+    finished = sum(r.finish_time is not None for r in run.metrics.records.values())
+    return {"digests": driver.digests, "finished": finished,
+            "rows": [[r.tp, r.message_bytes, r.time_us, r.time_p10_us, r.time_p90_us]
+                     for r in rows]}
+
+
+def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    group = init_tensor_parallel(rank, world_size, init_method, timeout_s=120.0)
+    try:
+        spec = ModelSpec.from_name("tiny-llama")
+        tp_model = TensorParallelDecoder(spec, torch.float32, "cpu", 16, group, seed=SEED)
+        facts = _equivalence(group, tp_model)
+        facts["env"] = {k: os.environ.get(k) for k in MULTICAST_OFF_ENV}
+        if group.is_driver:
+            facts.update(_serve(group, tp_model))
+        else:
+            report = run_worker(group, tp_model, seed=SEED, record_digests=True)
+            facts.update(digests=report.digests, configures=report.num_configures)
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(facts))
+    finally:
+        destroy_tensor_parallel()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("tp")
+    launch(_rank_main, TP, str(out))
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(TP)]
+
+
+def test_sharded_model_equals_the_whole_model(ranks):
+    for facts in ranks:
+        assert facts["max_logit_error"] < 1e-5
+        assert facts["kv_heads"] == 1  # tiny-llama: 2 KV heads over 2 ranks
+        assert 2 * facts["shard_bytes"] == facts["full_bytes"] + facts["norm_bytes"]
+
+
+def test_broadcast_drives_identical_steps_on_both_ranks(ranks):
+    driver, worker = ranks
+    assert driver["finished"] == 3
+    assert worker["configures"] == 1
+    assert len(driver["digests"]) >= 5  # chunked prefills and decodes of three requests
+    assert worker["digests"] == driver["digests"]
+
+
+def test_allreduce_bench_runs_on_gloo(ranks):
+    rows = ranks[0]["rows"]
+    assert [r[:2] for r in rows] == [[2, 64], [2, 4096]]
+    for _, _, median, p10, p90 in rows:
+        assert 0 < p10 <= median <= p90
+
+
+def test_every_rank_runs_with_multicast_off(ranks):
+    for facts in ranks:
+        assert facts["env"] == dict(MULTICAST_OFF_ENV)
+    env = multicast_off_env({"PATH": "/bin", "NCCL_NVLS_ENABLE": "1"})
+    assert env == {"PATH": "/bin", **MULTICAST_OFF_ENV}
+
+
+# ---- no processes ------------------------------------------------------------------------
+def test_encoder_and_decoder_keep_workers_in_step():
+    enc, dec = StepEncoder(), StepDecoder()
+    a = Request("a", list(range(40)), max_tokens=5)
+
+    def step(i: int, entries, finished=()) -> SchedulerOutput:
+        out = SchedulerOutput(step_id=i, block_size=16, finished_req_ids=list(finished))
+        out.scheduled = [ScheduledRequest(r, n, c, list(b)) for r, n, c, b in entries]
+        out.total_num_scheduled_tokens = sum(e[1] for e in entries)
+        return out
+
+    def same(out: SchedulerOutput) -> None:
+        got = dec.decode(enc.encode(out))
+        assert [(s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids,
+                 s.request.prompt_token_ids, s.request.output_token_ids)
+                for s in got.scheduled] == \
+            [(s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids,
+              s.request.prompt_token_ids, s.request.output_token_ids) for s in out.scheduled]
+
+    same(step(0, [(a, 32, 0, [4, 9])]))
+    same(step(1, [(a, 8, 32, [4, 9, 2])]))
+    a.output_token_ids.append(17)
+    msg = enc.encode(step(2, [(a, 1, 40, [4, 9, 2])]))
+    assert msg.new_requests == [] and msg.entries[0].new_output == [17]
+    assert msg.entries[0].keep_blocks == 3 and msg.entries[0].new_blocks == []
+    dec.decode(msg)
+    same(step(3, [(a, 41, 0, [7, 3, 6])]))  # preempted and recomputed: a new block table
+    b = Request("a", list(range(5)), max_tokens=1)  # the id reused by another request
+    same(step(4, [(b, 5, 0, [8])]))
+    msg = enc.encode(step(5, [], finished=["a"]))
+    dec.decode(msg)
+    assert dec.requests == {}
+
+
+def test_sharding_ranges():
+    assert [kv_head_range(8, r, 4) for r in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert [kv_head_range(2, r, 8) for r in range(8)] == [(0, 1)] * 4 + [(1, 2)] * 4
+    assert [vocab_range(10, r, 4) for r in range(4)] == [(0, 3, 3), (3, 6, 3), (6, 9, 3),
+                                                         (9, 10, 3)]
+    with pytest.raises(Exception, match="tensor_parallel_size=3: must divide num_kv_heads=8"):
+        kv_head_range(8, 0, 3)
