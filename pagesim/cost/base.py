@@ -17,6 +17,7 @@ entry, described by its new tokens and its context.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -36,7 +37,10 @@ class BatchShape:
     total_tokens: int  # sum of new tokens over all entries (== num_decode_seqs + prefill tokens)
     num_decode_seqs: int = 0
     decode_context_sum: int = 0  # sum of decode contexts (tokens)
-    decode_context_tokens: list[int] = field(default_factory=list)  # [num_decode_seqs]
+    # [num_decode_seqs]; a list, or another sequence (the simulator's decode fast path gives
+    # a view that computes its contexts when read: cost models that only need the sum
+    # never pay for it)
+    decode_context_tokens: Sequence[int] = field(default_factory=list)
     prefill_new_tokens: list[int] = field(default_factory=list)  # [num_prefill_reqs]
     prefill_context_tokens: list[int] = field(default_factory=list)  # [num_prefill_reqs]
     swap_bytes: int = 0  # bytes over the host link this step (swap out + swap in)

@@ -71,13 +71,18 @@ class KVSlots:
 
 
 def contiguous_slots(manager: ContiguousKVCacheManager,
-                     next_request: Request | None = None) -> KVSlots:
-    """The split for a contiguous manager; `next_request` is the head of the waiting queue."""
+                     next_request: Request | None = None, tokens: int | None = None) -> KVSlots:
+    """The split for a contiguous manager; `next_request` is the head of the waiting queue.
+
+    `tokens`: the sum of `num_computed_tokens` over the requests holding regions, when the
+    caller keeps it up to date (the simulator's decode fast path); summed here when None.
+    """
     bs = manager.block_size
     alloc = manager.allocator
-    tokens = 0
-    for res in manager.reservations.values():
-        tokens += res.request.num_computed_tokens
+    if tokens is None:
+        tokens = 0
+        for res in manager.reservations.values():
+            tokens += res.request.num_computed_tokens
     fillable = manager.num_fillable_slots
     free_units = alloc.num_free_units
     external = 0
@@ -98,9 +103,12 @@ def paged_slots(manager, running: Iterable[Request]) -> KVSlots:
     internal fragmentation beyond. Every other used slot holds K/V, counted once however many
     requests share it: token_states = used slots - tails.
     """
+    return paged_slots_from_tails(manager, *paged_tails(manager, running))
+
+
+def paged_tails(manager, running: Iterable[Request]) -> tuple[int, int]:
+    """(reserved, internal fragmentation) slots of the requests' row tails (see `paged_slots`)."""
     bs = manager.block_size
-    usable = manager.num_usable_blocks
-    used = (usable - manager.num_free_blocks) * bs
     reserved = internal = 0
     rows = manager.req_to_block_ids  # read-only; the hot loop skips a method call per request
     for request in running:
@@ -113,6 +121,15 @@ def paged_slots(manager, running: Iterable[Request]) -> KVSlots:
         fill_to = span if span < final else (final if final > computed else computed)
         reserved += fill_to - computed
         internal += span - fill_to
+    return reserved, internal
+
+
+def paged_slots_from_tails(manager, reserved: int, internal: int) -> KVSlots:
+    """The paged split from the running requests' summed tails (see `paged_slots`): `reserved`
+    and `internal` slots, in tokens. For callers that keep those sums up to date themselves."""
+    bs = manager.block_size
+    usable = manager.num_usable_blocks
+    used = (usable - manager.num_free_blocks) * bs
     tokens = used - reserved - internal
     if tokens < 0:  # tails shared by forked requests counted twice; never below zero
         internal += tokens

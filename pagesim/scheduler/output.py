@@ -102,3 +102,10 @@ def synthetic_token(request: Request, index: int, vocab_size: int = 32000) -> in
     p = request.prompt_token_ids
     seed = (p[-1] * 1_000_003 + len(p) * 7919 + (p[0] if p else 0)) if p else 0
     return (seed + 104_729 * (index + 1)) % vocab_size
+
+
+def synthetic_tokens(request: Request, start: int, stop: int, vocab_size: int = 32000) -> list[int]:
+    """`[synthetic_token(request, i, vocab_size) for i in range(start, stop)]`, in one pass."""
+    p = request.prompt_token_ids
+    seed = (p[-1] * 1_000_003 + len(p) * 7919 + (p[0] if p else 0)) if p else 0
+    return [(seed + 104_729 * (i + 1)) % vocab_size for i in range(start, stop)]

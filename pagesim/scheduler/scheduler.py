@@ -153,7 +153,7 @@ class Scheduler:
 
     # ---- one step ----------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, num_lead_decodes: int = 0) -> SchedulerOutput:
         """Decide this step. `num_computed_tokens` of every scheduled request is advanced.
 
         vLLM 0.33 (`vllm_compat="0.33"`) differs from 0.23 in three ways, all followed here:
@@ -161,6 +161,13 @@ class Scheduler:
         waiting at the start of the step (nobody to starve); and under `priority`, a victim
         taken from before the current position steps the position back whether or not it was
         scheduled yet, and a request that preempts itself lets the ones after it still run.
+
+        `num_lead_decodes` (the simulator's decode fast path): the caller has already given the
+        first `num_lead_decodes` running requests one decode token each, with their
+        `allocate_slots` calls, and advances them itself; they are left out of the output and
+        of `total_num_scheduled_tokens`, and the step continues from the next running request
+        with the budget they left. The caller guarantees that none of them can be preempted
+        in this step (fcfs victims come from the end of the running list).
         """
         out = SchedulerOutput(step_id=self._step_id, block_size=self.block_size,
                               finished_req_ids=self._finished_ids,
@@ -171,7 +178,8 @@ class Scheduler:
         threshold = self.long_prefill_token_threshold
         if self.vllm_033 and len(self.running) + len(self.waiting) + len(self.swapped) <= 1:
             threshold = 0
-        budget = self._schedule_running(out, self.max_num_batched_tokens, threshold)
+        budget = self._schedule_running(out, self.max_num_batched_tokens - num_lead_decodes,
+                                        threshold, num_lead_decodes)
         if not out.preempted_req_ids:
             if self.swapped:
                 budget = self._schedule_swapped(out, budget, threshold)
@@ -186,14 +194,15 @@ class Scheduler:
         out.total_num_scheduled_tokens = total
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int) -> int:
+    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int,
+                          start: int = 0) -> int:
         running = self.running
         scheduled = out.scheduled
         allocate_slots = self.kv_cache_manager.allocate_slots
         get_block_ids = self.kv_cache_manager.get_block_ids
         last_position = self.max_model_len - 1  # the input position may not pass it
         priority = self.policy == "priority"
-        req_index = 0
+        req_index = start
         while req_index < len(running) and budget > 0:
             request = running[req_index]
             num_computed = request.num_computed_tokens
@@ -308,6 +317,24 @@ class Scheduler:
         return num_new
 
     # ---- after the step ----------------------------------------------------------------------
+
+    def finish_decoded(self, requests: list[Request]) -> None:
+        """Finish lead decodes (see `schedule(num_lead_decodes)`) that reached their length.
+
+        The caller has appended their last sampled token. They are finished as
+        `update_from_output` would have finished them, in the given (running) order, and must
+        be passed before `update_from_output` is called for the same step.
+        """
+        if not requests:
+            return
+        kv = self.kv_cache_manager
+        for request in requests:
+            request.status = _FINISHED_LENGTH
+            kv.free(request)
+            del self.requests[request.request_id]
+            self._finished_ids.append(request.request_id)
+        self.running = [r for r in self.running if r.status == _RUNNING]
+        self.stats.num_finished += len(requests)
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[Request]:

@@ -82,8 +82,11 @@ class _Frontend:
 
 def simulate_cluster(config: EngineConfig, load: LoadSpec, num_replicas: int, router: Router,
                      *, profile: str | Path | None = None, cost_model: CostModel | None = None,
-                     progress: ProgressHook | None = None) -> ClusterResult:
-    """Run `load` against `num_replicas` replicas of `config` behind `router`."""
+                     progress: ProgressHook | None = None,
+                     fast_path: bool = True) -> ClusterResult:
+    """Run `load` against `num_replicas` replicas of `config` behind `router`.
+
+    `fast_path=False` keeps every step on the per-request path (same results)."""
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
         raise ConfigError(f"num_replicas={num_replicas!r}: must be an integer >= 1")
     workload = load_workload(
@@ -102,7 +105,8 @@ def simulate_cluster(config: EngineConfig, load: LoadSpec, num_replicas: int, ro
         metrics, averager = MetricsCollector(), WasteAverager()
         probe = _kv_probe(scheduler, scheduler.kv_cache_manager, averager, env)
         runner = CostModelRunner(cost, vocab_size=model.vocab_size)
-        engines.append(ServingEngine(env, scheduler, runner, metrics, probe))
+        engines.append(ServingEngine(env, scheduler, runner, metrics, probe,
+                                     fast_path=fast_path))
         parts.append((scheduler, metrics, averager))
     frontend = _Frontend(engines, router)
     clients = _Clients(env, frontend, plan, arrivals, load.max_concurrency, progress)

@@ -4,20 +4,27 @@ The engine loop is vLLM's busy loop with time made explicit:
 
     schedule() -> runner.execute_model() -> yield env.timeout(step_time) -> update_from_output()
 
+Where its parts allow it (`DecodeFastPath.supports`), steps go through the decode fast path
+(`pagesim/sim/fast_path.py`): running requests that only decode are advanced in bulk and
+brought up to date when anything can observe them, with the same results byte for byte;
+`fast_path=False` keeps every step on the per-request path.
+
 An idle engine waits on an event that `add_request` triggers; simulated time moves only through
 `env.timeout`. Tokens become visible to clients at the end of the step that sampled them.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 
 import simpy
 
 from pagesim.errors import PagesimError
+from pagesim.metrics.collector import MetricsCollector
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner
-from pagesim.metrics.collector import MetricsCollector
+from pagesim.sim.fast_path import DecodeFastPath
 
 # () -> (kv_usage, token_state, reserved, internal_frag, external_frag): fractions of KV memory
 KVProbe = Callable[[], tuple[float, float, float, float, float]]
@@ -38,6 +45,7 @@ class ServingEngine:
         runner: ModelRunner,
         metrics: MetricsCollector,
         kv_probe: KVProbe,
+        fast_path: bool = True,
     ) -> None:
         self.env = env
         self.scheduler = scheduler
@@ -47,6 +55,10 @@ class ServingEngine:
         self.on_finish: list[FinishCallback] = []
         self.num_preemptions = 0
         self._idle: simpy.Event | None = None
+        # The decode fast path (same results, less work per step) where its parts allow it.
+        self.fast_path = (DecodeFastPath(scheduler, runner, metrics.records)
+                          if fast_path and DecodeFastPath.supports(scheduler, runner, kv_probe)
+                          else None)
         self.process = env.process(self._loop())
 
     def add_request(self, request: Request) -> None:
@@ -67,54 +79,122 @@ class ServingEngine:
             callback(request)
 
     def _loop(self):
-        env, scheduler, metrics = self.env, self.scheduler, self.metrics
-        records = metrics.records
+        env, scheduler = self.env, self.scheduler
+        fast = self.fast_path
+        timeout = env.timeout
         while True:
             if not scheduler.has_unfinished_requests():
                 self._idle = env.event()
                 yield self._idle
                 self._idle = None
-            out = scheduler.schedule()
-            # A step that only preempts is progress: vLLM 0.23's priority policy stops
-            # scheduling when a request is its own victim, and vLLM then runs an empty step.
-            if not (out.scheduled or out.preempted_req_ids or out.blocks_to_swap_out
-                    or out.blocks_to_swap_in):
-                raise PagesimError(
-                    f"scheduler made no progress at t={env.now:.6f}s with "
-                    f"{scheduler.get_request_counts()} requests (running, waiting)")
             start = env.now
-            num_prefill = num_decode = 0
-            for sr in out.scheduled:
-                computed = sr.num_computed_tokens
-                if sr.num_new_tokens == 1 and computed > 0:
-                    num_decode += 1
-                else:
-                    num_prefill += sr.num_new_tokens
-                if computed == (sr.request.num_cached_tokens or 0):  # first step of an admission
-                    metrics.on_first_scheduled(sr.request, start)
-            result = self.runner.execute_model(out)
-            yield env.timeout(result.step_time_s)
-            now = env.now
-            finished = scheduler.update_from_output(out, result)
-            itl_append = metrics.itl_s.append
-            for request_id in result.sampled_token_ids:  # inlined MetricsCollector.on_token
-                rec = records[request_id]
-                if rec.first_token_time is None:
-                    rec.first_token_time = now
-                else:
-                    itl_append(now - rec.last_token_time)
-                rec.last_token_time = now
-                rec.num_output_tokens += 1
-            if result.sampled_token_ids:
-                metrics.on_tokens_visible(now, len(result.sampled_token_ids))
-            for req in finished:
-                metrics.on_finish(req, now)
-                self._finished(req)
-            num_running, num_waiting = scheduler.get_request_counts()
-            usage, token_state, reserved, internal, external = self.kv_probe()
-            self.num_preemptions += len(out.preempted_req_ids)
-            metrics.on_step((
-                start, result.step_time_s, len(out.scheduled), out.total_num_scheduled_tokens,
-                num_prefill, num_decode, num_running, num_waiting, usage, token_state, reserved,
-                internal, external, len(out.preempted_req_ids), out.swap_bytes,
-            ))
+            if fast is not None and fast.begin_step(start):
+                out, result, num_prefill, num_decode = self._fast_begin(fast, start)
+                yield timeout(result.step_time_s)
+                self._fast_end(fast, start, out, result, num_prefill, num_decode)
+            else:
+                out, result, num_prefill, num_decode = self._slow_begin(start)
+                yield timeout(result.step_time_s)
+                self._slow_end(start, out, result, num_prefill, num_decode)
+
+    def _slow_begin(self, start: float):
+        """schedule() and execute_model() of a step through the per-request path."""
+        scheduler = self.scheduler
+        out = scheduler.schedule()
+        # A step that only preempts is progress: vLLM 0.23's priority policy stops scheduling
+        # when a request is its own victim, and vLLM then runs an empty step.
+        if not (out.scheduled or out.preempted_req_ids or out.blocks_to_swap_out
+                or out.blocks_to_swap_in):
+            raise PagesimError(
+                f"scheduler made no progress at t={start:.6f}s with "
+                f"{scheduler.get_request_counts()} requests (running, waiting)")
+        num_prefill, num_decode = self._note_scheduled(out, start)
+        return out, self.runner.execute_model(out), num_prefill, num_decode
+
+    def _slow_end(self, start: float, out, result, num_prefill: int, num_decode: int) -> None:
+        """update_from_output() and the step's records, once its time has passed."""
+        scheduler, metrics = self.scheduler, self.metrics
+        now = self.env.now
+        finished = scheduler.update_from_output(out, result)
+        self._note_tokens(result.sampled_token_ids, now, 0)
+        for req in finished:
+            metrics.on_finish(req, now)
+            self._finished(req)
+        num_running, num_waiting = scheduler.get_request_counts()
+        usage, token_state, reserved, internal, external = self.kv_probe()
+        self.num_preemptions += len(out.preempted_req_ids)
+        metrics.on_step((
+            start, result.step_time_s, len(out.scheduled), out.total_num_scheduled_tokens,
+            num_prefill, num_decode, num_running, num_waiting, usage, token_state, reserved,
+            internal, external, len(out.preempted_req_ids), out.swap_bytes,
+        ))
+
+    def _fast_begin(self, fast: DecodeFastPath, start: float):
+        """A step whose first running requests are the fast path's lazy decodes (their events
+        of this step already run by `begin_step`): the rest of it through the scheduler."""
+        num_lead = len(fast.lazies)
+        out = self.scheduler.schedule(num_lead)
+        num_prefill, num_decode = self._note_scheduled(out, start)
+        result = self.runner.execute_with_lead_decodes(
+            out, num_lead, fast.lead_context_sum(), fast.lead_contexts())
+        return out, result, num_prefill, num_decode + num_lead
+
+    def _fast_end(self, fast: DecodeFastPath, start: float, out, result, num_prefill: int,
+                  num_decode: int) -> None:
+        """`_slow_end` for a fast step: lazy decodes first (as they come first in the batch)."""
+        scheduler, metrics = self.scheduler, self.metrics
+        now = self.env.now
+        num_lead = len(fast.lazies)
+        lead_finished = fast.end_step(now)
+        scheduler.finish_decoded(lead_finished)
+        finished = scheduler.update_from_output(out, result)
+        self._note_tokens(result.sampled_token_ids, now, num_lead, now - start)
+        if lead_finished:
+            finished = lead_finished + finished
+        for req in finished:
+            metrics.on_finish(req, now)
+            self._finished(req)
+        num_running, num_waiting = scheduler.get_request_counts()
+        usage, token_state, reserved, internal, external = self.kv_probe.with_lead_sums(
+            *fast.probe_sums())
+        self.num_preemptions += len(out.preempted_req_ids)
+        metrics.on_step((
+            start, result.step_time_s, len(out.scheduled) + num_lead,
+            out.total_num_scheduled_tokens + num_lead, num_prefill, num_decode, num_running,
+            num_waiting, usage, token_state, reserved, internal, external,
+            len(out.preempted_req_ids), out.swap_bytes,
+        ))
+
+    def _note_scheduled(self, out, start: float) -> tuple[int, int]:
+        """(prefill tokens, decode requests) of the scheduled entries; first schedulings."""
+        metrics = self.metrics
+        num_prefill = num_decode = 0
+        for sr in out.scheduled:
+            computed = sr.num_computed_tokens
+            if sr.num_new_tokens == 1 and computed > 0:
+                num_decode += 1
+            else:
+                num_prefill += sr.num_new_tokens
+            if computed == (sr.request.num_cached_tokens or 0):  # first step of an admission
+                metrics.on_first_scheduled(sr.request, start)
+        return num_prefill, num_decode
+
+    def _note_tokens(self, sampled: dict[str, int], now: float, num_lead: int,
+                     lead_gap_s: float = 0.0) -> None:
+        """Token metrics of a step: `num_lead` lazy decodes first (each a gap of
+        `lead_gap_s`), then the sampled requests in order (inlined MetricsCollector.on_token)."""
+        metrics = self.metrics
+        records = metrics.records
+        itl = metrics.itl_s
+        if num_lead:
+            itl.extend(array("d", (lead_gap_s,)) * num_lead)
+        for request_id in sampled:
+            rec = records[request_id]
+            if rec.first_token_time is None:
+                rec.first_token_time = now
+            else:
+                itl.append(now - rec.last_token_time)
+            rec.last_token_time = now
+            rec.num_output_tokens += 1
+        if sampled or num_lead:
+            metrics.on_tokens_visible(now, len(sampled) + num_lead)

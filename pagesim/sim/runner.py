@@ -6,6 +6,8 @@ scheduler cannot tell a simulated step from a real one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pagesim.cost.base import BatchShape, CostModel
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
 
@@ -19,6 +21,36 @@ class CostModelRunner:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         step_time_s = self.cost_model.step_time(BatchShape.from_scheduler_output(scheduler_output))
+        return ModelRunnerOutput(step_time_s=step_time_s,
+                                 sampled_token_ids=self._sample(scheduler_output))
+
+    def execute_with_lead_decodes(self, scheduler_output: SchedulerOutput, num_lead: int,
+                                  lead_context_sum: int,
+                                  lead_contexts: Sequence[int]) -> ModelRunnerOutput:
+        """`execute_model` for a step whose batch also holds `num_lead` decodes ahead of
+        `scheduler_output.scheduled` (see `Scheduler.schedule(num_lead_decodes)`), given by
+        their context sum and contexts (tokens, before the step). Their sampled tokens are the
+        caller's (`synthetic_token`); only the others' are returned.
+
+        The cost model sees the same `BatchShape` values as for the whole batch in one output.
+        """
+        if not scheduler_output.scheduled:  # lead decodes only (the common step)
+            shape = BatchShape(scheduler_output.block_size, num_lead, num_lead, lead_context_sum,
+                               lead_contexts, [], [], scheduler_output.swap_bytes,
+                               len(scheduler_output.blocks_to_copy))
+            return ModelRunnerOutput(step_time_s=self.cost_model.step_time(shape))
+        shape = BatchShape.from_scheduler_output(scheduler_output)
+        if num_lead:
+            shape.total_tokens += num_lead
+            shape.num_decode_seqs += num_lead
+            shape.decode_context_sum += lead_context_sum
+            rest = shape.decode_context_tokens
+            shape.decode_context_tokens = (_Joined(lead_contexts, rest) if rest
+                                           else lead_contexts)
+        return ModelRunnerOutput(step_time_s=self.cost_model.step_time(shape),
+                                 sampled_token_ids=self._sample(scheduler_output))
+
+    def _sample(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
         sampled: dict[str, int] = {}
         vocab = self.vocab_size
         for sr in scheduler_output.scheduled:
@@ -28,4 +60,23 @@ class CostModelRunner:
             output = req.output_token_ids
             if sr.num_computed_tokens + sr.num_new_tokens >= len(req.prompt_token_ids) + len(output):
                 sampled[req.request_id] = synthetic_token(req, len(output), vocab)
-        return ModelRunnerOutput(step_time_s=step_time_s, sampled_token_ids=sampled)
+        return sampled
+
+
+class _Joined(Sequence):
+    """Two sequences read as one (lead decode contexts, then the scheduled decodes')."""
+
+    __slots__ = ("_a", "_b")
+
+    def __init__(self, a: Sequence[int], b: Sequence[int]) -> None:
+        self._a, self._b = a, b
+
+    def __len__(self) -> int:
+        return len(self._a) + len(self._b)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return list(self)[i]
+
+    def __iter__(self):
+        yield from self._a
+        yield from self._b

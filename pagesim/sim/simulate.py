@@ -20,12 +20,13 @@ from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError, PagesimError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.invariants import check_kv_cache_manager
-from pagesim.kvcache.waste import WasteAverager, kv_waste
+from pagesim.kvcache.waste import WasteAverager
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.request import Request
 from pagesim.sim.arrivals import session_arrival_times
 from pagesim.sim.build import build_cost_model, build_scheduler
 from pagesim.sim.engine import ServingEngine
+from pagesim.sim.probe import KVProbe
 from pagesim.sim.runner import CostModelRunner
 from pagesim.workload import load_workload
 
@@ -77,9 +78,13 @@ ProgressHook = Callable[[int, int], None]  # (requests done, total)
 
 
 def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None = None,
-             check_invariants: bool = False, progress: ProgressHook | None = None
-             ) -> SimulationResult:
-    """Run `load` against one replica of `config` and summarise it."""
+             check_invariants: bool = False, progress: ProgressHook | None = None,
+             fast_path: bool = True) -> SimulationResult:
+    """Run `load` against one replica of `config` and summarise it.
+
+    `fast_path=False` runs every step through the scheduler's per-request path (the reference
+    the decode fast path is tested against); results are the same, byte for byte.
+    """
     workload = load_workload(
         load.workload, random_input_len=load.random_input_len,
         random_output_len=load.random_output_len, random_range_ratio=load.random_range_ratio,
@@ -95,7 +100,7 @@ def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None
     metrics = MetricsCollector()
     averager = WasteAverager()
     probe = _kv_probe(scheduler, manager, averager, env)
-    engine = ServingEngine(env, scheduler, runner, metrics, probe)
+    engine = ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast_path)
     clients = _Clients(env, engine, plan, arrivals, load.max_concurrency, progress)
     env.run()
 
@@ -167,25 +172,9 @@ class _Clients:
             yield from self._send(request)
 
 
-def _kv_probe(scheduler, manager, averager: WasteAverager, env: simpy.Environment):
+def _kv_probe(scheduler, manager, averager: WasteAverager, env: simpy.Environment) -> KVProbe:
     """Per-step KV state: usage and the four-way waste split, time-weighted into `averager`."""
-    contiguous = isinstance(manager, ContiguousKVCacheManager)
-    # The state after a step lasts until the next probe: weight the previous snapshot by the
-    # time since it was taken (an idle gap included).
-    last: list = [0.0, None]
-
-    def probe() -> tuple[float, float, float, float, float]:
-        waiting = scheduler.waiting
-        head = waiting.peek_request() if (contiguous and waiting) else None
-        w = kv_waste(manager, scheduler.running, head)
-        now = env.now
-        if last[1] is not None:
-            averager.add(last[1], now - last[0])
-        last[0], last[1] = now, w
-        return (manager.usage, w.token_states, w.reserved, w.internal_fragmentation,
-                w.external_fragmentation)
-
-    return probe
+    return KVProbe(scheduler, manager, averager, env)
 
 
 def _check_drained(manager) -> None:

@@ -1,0 +1,350 @@
+"""The simulator's decode fast path: a step costs O(requests that have something to do).
+
+Near saturation a step gives each of ~50 running requests one decode token, and for almost all
+of them that is all that happens: `allocate_slots` neither takes a block nor fills one, the
+request does not finish, and its new token only moves counters forward by one. The fast path
+keeps such requests *lazy*: their counters are not touched in those steps, and are brought up
+to date exactly when anything can read them.
+
+Lazy requests are always the first `n` requests of the running list (requests join the
+running list at its end, so this prefix only shrinks when a lazy request finishes). In a
+lazy request's steps its state is a function of the tick (fast-step counter) `g`:
+
+    num_computed_tokens at the start of tick g     = offset + g             (= c)
+    output tokens at the start of tick g           = c + 1 - prompt_len     (decode shape)
+    record.last_token_time / num_output_tokens     = end of the last tick / + 1 per tick
+
+Its *events* are the ticks at which the slow path would do more than count: `alloc_at` (c at
+which `allocate_slots` takes a block: c == row span), `hash_at` (c at which the step fills a
+block, hashed for the prefix cache: (c + 1) // block_size > cached blocks) and `finish_at` (c of
+the step that samples its last token). At an event the request is brought up to date and the
+real `allocate_slots` / `finish_decoded` runs, in running order, at the same point of the step
+as in the slow path; in the other steps the skipped `allocate_slots(request, 1)` calls are
+no-ops (the manager's fast path returns without changing anything).
+
+A step runs fast when at least one running request is lazy and nothing the lazy requests do in
+it can differ from the slow path: every lazy request gets its token (they are at most
+`max_num_batched_tokens`), their block allocations cannot fail (the blocks they need now are
+free), and no request behind them can preempt one of them (fcfs preempts from the end of the
+running list; under `priority` the step must have no other running request). The rest of the
+step (the other running requests, swap-ins, admissions) goes through the real scheduler with
+the budget the lazy requests left. Any other step is a slow step: every lazy request is brought
+up to date first (`dissolve`).
+
+The time-weighted waste split needs, after each step, sum(computed), sum(min(span, final)) and
+sum(span - min(span, final)) over the lazy requests (`KVProbe.with_lead_sums`): the first is
+`sum(offset) + n * g`, the other two change only at allocation events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pagesim.errors import PagesimError
+from pagesim.kvcache.contiguous import ContiguousKVCacheManager
+from pagesim.kvcache.kv_cache_manager import KVCacheManager
+from pagesim.metrics.collector import RequestRecord
+from pagesim.request import Request
+from pagesim.scheduler.output import synthetic_tokens
+from pagesim.scheduler.scheduler import Scheduler
+from pagesim.sim.probe import KVProbe
+from pagesim.sim.runner import CostModelRunner
+
+_NEVER = 1 << 62  # an event position that is never reached (no prefix caching)
+
+
+@dataclass(slots=True, eq=False)
+class _Lazy:
+    """One lazy request. Positions (`*_at`) are num_computed_tokens at the start of a step."""
+
+    request: Request
+    record: RequestRecord
+    seq: int  # running order among lazy requests
+    offset: int  # num_computed_tokens at the start of tick g is offset + g
+    g0: int  # the tick it became lazy at
+    num_record_tokens0: int  # record.num_output_tokens then
+    prompt_len: int
+    final: int  # final K/V length: prompt + max_tokens - 1
+    span: int  # slots of its block-table row (paged) or of its row (contiguous)
+    alloc_at: int  # == span: that step's token needs a new block
+    hash_at: int  # that step's token fills a block (prefix caching); _NEVER without caching
+    finish_at: int  # that step samples its last token
+    done: bool = False
+
+
+def _seq(lazy: _Lazy) -> int:
+    return lazy.seq
+
+
+class DecodeFastPath:
+    """The lazy requests of one replica and their events (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler, runner: CostModelRunner, records) -> None:
+        manager = scheduler.kv_cache_manager
+        self.scheduler = scheduler
+        self.manager = manager
+        self.records: dict[str, RequestRecord] = records
+        self.vocab_size = runner.vocab_size
+        self.paged = isinstance(manager, KVCacheManager)
+        self.caching = self.paged and manager.enable_caching
+        self.block_size = manager.block_size
+        self.max_model_len = scheduler.max_model_len
+        self.budget = scheduler.max_num_batched_tokens
+        self.priority = scheduler.policy == "priority"
+        self.tick = 0  # fast steps so far
+        self.last_tick_time = 0.0  # end of the last fast step
+        self.lazies: list[_Lazy] = []  # running order
+        self.offsets: list[int] = []  # their offsets, same order (decode contexts)
+        self.due: dict[int, list[_Lazy]] = {}  # tick -> lazy requests with an event then
+        self.finishing: list[_Lazy] = []  # lazy requests that sample their last token now
+        self._next_seq = 0
+        self.offset_sum = 0
+        self.min_span_sum = 0  # sum of min(span, final), paged
+        self.over_final_sum = 0  # sum of span - min(span, final), paged
+
+    @staticmethod
+    def supports(scheduler, runner, probe) -> bool:
+        """Whether this engine's parts are ones whose per-step behaviour the fast path knows."""
+        if type(scheduler) is not Scheduler or type(runner) is not CostModelRunner:
+            return False
+        if not isinstance(probe, KVProbe):
+            return False
+        manager = scheduler.kv_cache_manager
+        if type(manager) is KVCacheManager:
+            return manager.sliding_window is None  # a window frees blocks on every call
+        return type(manager) is ContiguousKVCacheManager
+
+    # ---- one step --------------------------------------------------------------------------
+    def begin_step(self, now: float) -> bool:
+        """At the start of a step: make eligible running requests lazy and run the lazy
+        requests' events of this tick. False: this step must be a slow one (then no lazy
+        request is left)."""
+        running = self.scheduler.running
+        lazies = self.lazies
+        n = len(lazies)
+        if n and (len(running) < n or running[n - 1] is not lazies[-1].request):
+            raise PagesimError("decode fast path: the running list changed outside a step")
+        if len(running) > n and n < self.budget:
+            n = self._convert(running, n, now)
+        if not n:
+            return False
+        if self.priority and n < len(running):
+            self.dissolve()
+            return False
+        g = self.tick
+        due = self.due.pop(g, None)
+        if due is not None:
+            if len(due) > 1:
+                due.sort(key=_seq)
+            if self.paged:
+                need = 0
+                for lazy in due:
+                    if lazy.alloc_at == lazy.offset + g:
+                        need += 1
+                if need > self.manager.num_free_blocks:  # an allocation could preempt
+                    self.due[g] = due
+                    self.dissolve()
+                    return False
+            self._run_events(due, g)
+        return True
+
+    def lead_context_sum(self) -> int:
+        """Sum of the lazy requests' contexts (num_computed_tokens before this step)."""
+        return self.offset_sum + len(self.lazies) * self.tick
+
+    def lead_contexts(self) -> Sequence[int]:
+        """The lazy requests' contexts before this step, in running order (computed on read)."""
+        return _Contexts(tuple(self.offsets), self.tick)
+
+    def end_step(self, now: float) -> list[Request]:
+        """After the step's time has passed: the lazy requests that finished, up to date (last
+        token appended, in running order) for `Scheduler.finish_decoded`."""
+        g = self.tick
+        done = self.finishing
+        finished: list[Request] = []
+        if done:
+            for lazy in done:
+                request = lazy.request
+                c = lazy.offset + g
+                request.num_computed_tokens = c + 1
+                self._fill_outputs(lazy, c + 2 - lazy.prompt_len)
+                record = lazy.record
+                record.last_token_time = now
+                record.num_output_tokens = lazy.num_record_tokens0 + g + 1 - lazy.g0
+                lazy.done = True
+                self._forget(lazy)
+                finished.append(request)
+            self.lazies = [lazy for lazy in self.lazies if not lazy.done]
+            self.offsets = [lazy.offset for lazy in self.lazies]
+            self.finishing = []
+        self.tick = g + 1
+        self.last_tick_time = now
+        return finished
+
+    def probe_sums(self) -> tuple[int, int, int, int]:
+        """(n, computed sum, min-span sum, over-final sum) after `end_step`, for the probe."""
+        n = len(self.lazies)
+        return n, self.offset_sum + n * self.tick, self.min_span_sum, self.over_final_sum
+
+    def dissolve(self) -> None:
+        """Bring every lazy request up to date (start of the current tick); none stays lazy."""
+        g = self.tick
+        for lazy in self.lazies:
+            request = lazy.request
+            c = lazy.offset + g
+            request.num_computed_tokens = c
+            self._fill_outputs(lazy, c + 1 - lazy.prompt_len)
+            if g > lazy.g0:
+                lazy.record.last_token_time = self.last_tick_time
+                lazy.record.num_output_tokens = lazy.num_record_tokens0 + g - lazy.g0
+        self.lazies = []
+        self.offsets = []
+        self.due = {}
+        self.finishing = []
+        self.offset_sum = self.min_span_sum = self.over_final_sum = 0
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _convert(self, running: list[Request], n: int, now: float) -> int:
+        """Make running[n], running[n+1], ... lazy while they are eligible: decode shape with a
+        token sampled at the end of the previous step (so that their ITL is that step's
+        duration), a row, no copy-on-write, nothing overdue. Returns the new lazy count."""
+        g = self.tick
+        records = self.records
+        bs = self.block_size
+        paged, caching = self.paged, self.caching
+        manager = self.manager
+        if paged:
+            rows = manager.req_to_block_ids
+            cached = manager.num_cached_block
+            cow = manager._cow_req_ids
+        else:
+            reservations = manager.reservations
+        last_c = self.max_model_len - 2  # a decode past it gets no token (max_model_len cap)
+        limit = min(len(running), self.budget)
+        lazies, offsets, due = self.lazies, self.offsets, self.due
+        while n < limit:
+            request = running[n]
+            c = request.num_computed_tokens
+            prompt_len = len(request.prompt_token_ids)
+            num_out = len(request.output_token_ids)
+            if not num_out or c != prompt_len + num_out - 1 or c > last_c or c < 1:
+                break
+            rid = request.request_id
+            record = records[rid]
+            if record.last_token_time != now:
+                break
+            if paged:
+                row = rows.get(rid)
+                if row is None or rid in cow:
+                    break
+                span = len(row) * bs
+                hash_at = (cached[rid] + 1) * bs - 1 if caching else _NEVER
+            else:
+                res = reservations.get(rid)
+                if res is None:
+                    break
+                span = len(res.row) * bs
+                hash_at = _NEVER
+            if span < c or hash_at < c:
+                break
+            max_tokens = request.max_tokens
+            finish_at = min(prompt_len + max_tokens - 2, last_c)
+            if finish_at < c:
+                finish_at = c
+            lazy = _Lazy(request, record, self._next_seq, c - g, g, record.num_output_tokens,
+                         prompt_len, prompt_len + max_tokens - 1, span, span, hash_at,
+                         finish_at)
+            self._next_seq += 1
+            lazies.append(lazy)
+            offsets.append(c - g)
+            self.offset_sum += c - g
+            self._add_span(lazy.final, span, 1)
+            at = min(span, hash_at, finish_at) - c + g
+            bucket = due.get(at)
+            if bucket is None:
+                due[at] = [lazy]
+            else:
+                bucket.append(lazy)
+            n += 1
+        return n
+
+    def _run_events(self, due: list[_Lazy], g: int) -> None:
+        """This tick's events, in running order: the real allocate_slots where the slow path
+        would change something, and the finishing requests noted for `end_step`."""
+        allocate = self.manager.allocate_slots
+        bs = self.block_size
+        caching = self.caching
+        buckets = self.due
+        for lazy in due:
+            c = lazy.offset + g
+            alloc = lazy.alloc_at == c
+            if alloc or lazy.hash_at == c:
+                request = lazy.request
+                request.num_computed_tokens = c
+                self._fill_outputs(lazy, c + 1 - lazy.prompt_len)
+                if allocate(request, 1) is None:
+                    raise PagesimError(f"decode fast path: allocate_slots failed for "
+                                       f"{request.request_id!r} with its blocks free")
+                if alloc:
+                    span = self._span(request)
+                    self._add_span(lazy.final, lazy.span, -1)
+                    self._add_span(lazy.final, span, 1)
+                    lazy.span = lazy.alloc_at = span
+                if caching:
+                    lazy.hash_at = (self.manager.num_cached_block[request.request_id] + 1) * bs - 1
+                if lazy.alloc_at <= c or lazy.hash_at <= c:
+                    raise PagesimError(f"decode fast path: {request.request_id!r} still has an "
+                                       "allocation due after allocate_slots")
+            if lazy.finish_at == c:
+                self.finishing.append(lazy)
+                continue
+            at = min(lazy.alloc_at, lazy.hash_at, lazy.finish_at) - lazy.offset
+            bucket = buckets.get(at)
+            if bucket is None:
+                buckets[at] = [lazy]
+            else:
+                bucket.append(lazy)
+
+    def _span(self, request: Request) -> int:
+        rid = request.request_id
+        if self.paged:
+            return len(self.manager.req_to_block_ids[rid]) * self.block_size
+        return len(self.manager.reservations[rid].row) * self.block_size
+
+    def _add_span(self, final: int, span: int, sign: int) -> None:
+        fill_to = span if span < final else final
+        self.min_span_sum += sign * fill_to
+        self.over_final_sum += sign * (span - fill_to)
+
+    def _forget(self, lazy: _Lazy) -> None:
+        self.offset_sum -= lazy.offset
+        self._add_span(lazy.final, lazy.span, -1)
+
+    def _fill_outputs(self, lazy: _Lazy, count: int) -> None:
+        """Append the synthetic output tokens the runner would have sampled, up to `count`."""
+        out = lazy.request.output_token_ids
+        have = len(out)
+        if have < count:
+            out += synthetic_tokens(lazy.request, have, count, self.vocab_size)
+
+
+class _Contexts(Sequence):
+    """Decode contexts `offset + tick` of the lazy requests, computed when read."""
+
+    __slots__ = ("_offsets", "_tick")
+
+    def __init__(self, offsets: tuple[int, ...], tick: int) -> None:
+        self._offsets, self._tick = offsets, tick
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [o + self._tick for o in self._offsets[i]]
+        return self._offsets[i] + self._tick
+
+    def __iter__(self):
+        tick = self._tick
+        return (o + tick for o in self._offsets)
