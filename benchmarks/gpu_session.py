@@ -3,7 +3,9 @@
     PYTHONPATH=. python3 benchmarks/gpu_session.py --models llama-2-7b --budget-s 420
 
 Per model: (1) a correctness check of the random-weight model on the GPU (paged attention
-against a dense fp32 forward), (2) `run_calibration` (the profile), (3) real runs through
+against a dense fp32 forward), (2) `run_calibration` (the profile), (2b) decode steps timed
+with CUDA graphs and eagerly in the same runner (`graph_vs_eager.json`; skipped with
+`--enforce-eager`), (3) real runs through
 `Scheduler` + `GPUModelRunner` in wall-clock time: chat at rate inf (its throughput is the
 measured capacity), chat at 50/85/95 % of it, code and system-prompt (prefix caching on), and
 block size 32, in that order of priority, each skipped when the time budget cannot hold it.
@@ -86,6 +88,50 @@ def check_model(spec_name: str, dtype, device: str) -> float:
     return err
 
 
+def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 15) -> list[dict]:
+    """Decode steps (batch x context) timed on the host clock with graph replay and eagerly
+    in one runner (same KV cache; graphs set aside for the eager calls), alternating, and the
+    relative difference of their final hidden rows (the same step run twice writes the same
+    K/V, so both see the same cache)."""
+    import statistics
+
+    from pagesim.gpu.calibrate import BlockSource, synthetic_step
+    from pagesim.gpu.runner import GPUModelRunner
+
+    runner = GPUModelRunner(config, num_gpu_blocks, device=model.device, model=model)
+    if runner.graphs is None:
+        return []
+    graphs = runner.graphs
+    shapes = [(1, 40), (4, 40)] if dry else [(1, 512), (8, 512), (32, 1024), (64, 512),
+                                             (128, 512), (256, 512)]
+    rows = []
+    for b, c in shapes:
+        out = synthetic_step([(c, 1)] * b, config.block_size, BlockSource(num_gpu_blocks, 0))
+        times = {"graph": [], "eager": []}
+        hidden = {}
+        for i in range(reps + 2):
+            for mode in ("graph", "eager"):
+                runner.graphs = graphs if mode == "graph" else None
+                t = time.perf_counter()
+                runner.execute_model(out)
+                if i >= 2:  # two warm-ups (capture, compiles)
+                    times[mode].append(time.perf_counter() - t)
+                hidden[mode] = runner.last_hidden.float().clone()
+        runner.graphs = graphs
+        err = float((hidden["graph"] - hidden["eager"]).norm() / hidden["eager"].norm())
+        rows.append({"batch": b, "context": c, "reps": reps,
+                     "graph_ms": 1e3 * statistics.median(times["graph"]),
+                     "eager_ms": 1e3 * statistics.median(times["eager"]),
+                     "graph_ms_p90": 1e3 * sorted(times["graph"])[int(0.9 * reps)],
+                     "eager_ms_p90": 1e3 * sorted(times["eager"])[int(0.9 * reps)],
+                     "hidden_rel_diff": err, "graph_failed": graphs.failed})
+        log(f"  decode b={b} c={c}: graph {rows[-1]['graph_ms']:.2f} ms, eager "
+            f"{rows[-1]['eager_ms']:.2f} ms, hidden rel diff {err:.1e}"
+            + (f" (graphs FAILED: {graphs.failed})" if graphs.failed else ""))
+    del runner, graphs
+    return rows
+
+
 def run_plan(capacity_rps: float | None, dry: bool) -> list[dict]:
     """The real runs, in priority order. `rate` is "inf" or a fraction of chat capacity."""
     if dry:
@@ -121,6 +167,8 @@ def main() -> int:
     ap.add_argument("--calibrate-only", action="store_true",
                     help="Profiles only (the real runs already exist).")
     ap.add_argument("--dry-run-cpu", action="store_true")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="No CUDA graphs (calibration and runs).")
     args = ap.parse_args()
     out = Path(args.out)
     work = out / "work"
@@ -129,6 +177,7 @@ def main() -> int:
     sys.stdout = Tee(sys.__stdout__, logf)
     sys.stderr = Tee(sys.__stderr__, logf)
     dry = args.dry_run_cpu
+    graphs_on = not args.enforce_eager
     if dry:
         os.environ["TRITON_INTERPRET"] = "1"
     else:
@@ -145,7 +194,7 @@ def main() -> int:
     dtype = torch.float32 if dry else torch.bfloat16
     info = device_info(None if dry else device)
     log(f"device {info}")
-    summary: dict = {"device": info, "models": {}}
+    summary: dict = {"device": info, "models": {}, "cuda_graphs": graphs_on}
     skip = set(filter(None, args.skip_runs.split(",")))
     for name in args.models.split(","):
         ms: dict = {"runs": {}}
@@ -172,7 +221,8 @@ def main() -> int:
                     config, grid, dtype=dtype, calibration_root=work / "calibration",
                     progress=lambda d, t, lab: log(f"  [{d}/{t}] {lab}")
                     if d == t or d % 20 == 0 else None,
-                    time_budget_s=calib_budget, log=log, device=device)
+                    time_budget_s=calib_budget, log=log, device=device,
+                    cuda_graphs=graphs_on)
             ms["calibration_clocks"] = clocks.summary()
             ms["calibration_s"] = res.elapsed_s
             ms["capacity"] = res.capacity.to_dict()
@@ -181,6 +231,21 @@ def main() -> int:
             log(f"{name}: calibrated in {res.elapsed_s:.0f} s: {ms['profile_rows']}")
             pack(out, work)
             model = res.model
+            if graphs_on and not dry and not args.calibrate_only:
+                try:
+                    bs0 = config.block_size
+                    model.set_block_size(bs0)
+                    with ClockSampler() as clocks:
+                        ms["graph_vs_eager"] = graph_vs_eager(
+                            config, model, res.capacity.num_gpu_blocks[bs0], dry)
+                    ms["graph_vs_eager_clocks"] = clocks.summary()
+                    (work / f"graph_vs_eager_{name}.json").write_text(json.dumps(
+                        {"rows": ms["graph_vs_eager"], "sm_clock": clocks.summary()},
+                        indent=1))
+                except Exception:  # a diagnostic: the runs still go ahead
+                    log(f"graph_vs_eager FAILED\n{traceback.format_exc()}")
+                if device == "cuda":
+                    torch.cuda.empty_cache()
             capacity_rps = None
             for spec in ([] if args.calibrate_only else run_plan(capacity_rps, dry)):
                 if spec["name"] in skip:
@@ -206,7 +271,8 @@ def main() -> int:
                 t = time.monotonic()
                 with ClockSampler() as clocks:
                     result, records = serve_workload(cfg, model, blocks, load, device=device,
-                                                     max_wall_s=remaining - 15)
+                                                     max_wall_s=remaining - 15,
+                                                     cuda_graphs=graphs_on, log=log)
                 records["sm_clock_mhz"] = clocks.samples
                 result["sm_clock"] = clocks.summary()
                 if device == "cuda":
@@ -220,7 +286,8 @@ def main() -> int:
                     "completed", "failed", "duration", "request_throughput", "output_throughput",
                     "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "p99_e2el_ms",
                     "num_preemptions", "prefix_cache_hit_rate", "truncated",
-                    "gpu_host_overhead_s_mean", "sm_clock")}
+                    "gpu_host_overhead_s_mean", "sm_clock", "gpu_cuda_graphs",
+                    "gpu_graphs_captured", "gpu_graph_capture_s", "gpu_graph_error")}
                 log(f"{name} {spec['name']}: rate {rate} n {n} in {time.monotonic() - t:.0f} s: "
                     + json.dumps(ms["runs"][spec["name"]]))
                 pack(out, work)

@@ -80,10 +80,16 @@ def save_real_run(path: str | Path, *, config: EngineConfig, load: dict[str, Any
 
 def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[str, Any], *,
                    device: str = "cuda", max_wall_s: float | None = None,
-                   temperature: float = 1.0) -> tuple[dict[str, Any], dict[str, Any]]:
+                   temperature: float = 1.0, cuda_graphs: bool = True,
+                   log=None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Serve `load` for real (wall clock) with `model` (a `RandomWeightDecoder`) over a KV
-    cache of `num_gpu_blocks`; returns (result keys, raw records)."""
-    from pagesim.gpu.runner import GPUModelRunner
+    cache of `num_gpu_blocks`; returns (result keys, raw records).
+
+    With `cuda_graphs` (CUDA only) every decode graph the run can meet is captured before
+    the clock starts (`gpu_graph_capture_s`, `gpu_graphs_captured` in the result); the
+    runner's per-step records (graph replayed or eager, device times) go under
+    `records["runner_steps"]`."""
+    from pagesim.gpu.runner import GPUModelRunner, step_record_columns
     from pagesim.gpu.serve import make_engine, replay, run_records, serve_result
 
     rate = load["request_rate"]
@@ -96,13 +102,21 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     scheduler = make_engine(config, num_gpu_blocks)
     num_cpu = scheduler.swap_pool.num_blocks if scheduler.swap_pool is not None else 0
     runner = GPUModelRunner(config, num_gpu_blocks, device=device, model=model,
-                            num_cpu_blocks=num_cpu, temperature=temperature)
+                            num_cpu_blocks=num_cpu, temperature=temperature,
+                            cuda_graphs=cuda_graphs, log=log)
+    graphs = runner.graphs
+    captured, capture_s = graphs.capture_all() if graphs is not None else (0, 0.0)
     run = replay(requests, scheduler, runner, max_wall_s=max_wall_s)
     result = serve_result(run, scheduler, config)
+    result["gpu_cuda_graphs"] = graphs is not None and graphs.failed is None
+    result["gpu_graphs_captured"] = captured
+    result["gpu_graph_capture_s"] = capture_s
+    result["gpu_graph_error"] = graphs.failed if graphs is not None else None
     result["truncated"] = any(r.reject_reason == "wall-clock limit"
                               for r in run.metrics.records.values())
     records = run_records(run)
-    del runner
+    records["runner_steps"] = step_record_columns(runner.step_records)
+    del runner, graphs
     return result, records
 
 

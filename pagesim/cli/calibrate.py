@@ -45,6 +45,9 @@ def calibrate_command(
     time_budget_s: Annotated[float, typer.Option(
         help="Stop measuring new grid points after this many seconds.")] = 240.0,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    enforce_eager: Annotated[bool, typer.Option(
+        "--enforce-eager", help="No CUDA graphs: decode steps launch eagerly too (vLLM's "
+        "flag).")] = False,
 ) -> None:
     """Sweep decode, prefill and mixed step shapes per block size on this GPU (random weights),
     measure KV capacity and host overhead, and write a versioned profile."""
@@ -64,7 +67,8 @@ def calibrate_command(
     with _bar(quiet) as progress:
         result = run_calibration(config, grid, dtype=torch_dtype(dtype), seed=seed,
                                  calibration_root=output_dir, progress=progress,
-                                 time_budget_s=time_budget_s, log=typer.echo)
+                                 time_budget_s=time_budget_s, log=typer.echo,
+                                 cuda_graphs=not enforce_eager)
     p = result.profile
     typer.echo(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} prefill, "
                f"{len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "

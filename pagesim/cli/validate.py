@@ -38,6 +38,8 @@ def validate_command(
     workload: o.WorkloadOpt = None, num_prompts: o.NumPrompts = None,
     request_rate: o.RequestRate = None, burstiness: o.Burstiness = None, seed: o.Seed = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 | float16 (GPU runs)")] = "bfloat16",
+    enforce_eager: Annotated[bool, typer.Option(
+        "--enforce-eager", help="GPU runs: no CUDA graphs (vLLM's flag).")] = False,
 ) -> None:
     """Run (or read) a real GPU run, simulate the same requests with the calibrated profile,
     and report per metric the real value, the prediction and the error in %."""
@@ -49,7 +51,7 @@ def validate_command(
         path = _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs,
                           max_num_batched_tokens, max_model_len, enable_prefix_caching,
                           workload, num_prompts, request_rate, burstiness, seed, dtype,
-                          output_dir)
+                          output_dir, enforce_eager)
         entries = [validate_real_run(path, profile or _default_profile(path))]
     paths = write_report(entries, output_dir, name)
     from pagesim.validate import report_markdown
@@ -69,7 +71,7 @@ def _default_profile(real_path: Path) -> Path | None:
 
 def _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
                max_model_len, enable_prefix_caching, workload, num_prompts, request_rate,
-               burstiness, seed, dtype, output_dir: Path) -> Path:
+               burstiness, seed, dtype, output_dir: Path, enforce_eager: bool = False) -> Path:
     """Measure the KV cache, serve the load on this GPU, store the real run; returns its path."""
     from pagesim.gpu.device import require_cuda, torch_dtype
 
@@ -98,7 +100,7 @@ def _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs, max_num_
     load = load_dict(workload or "chat", num_prompts or 200, seed or 0,
                      math.inf if request_rate is None else request_rate, burstiness or 1.0)
     result, records = serve_workload(config, weights, capacity.num_gpu_blocks[config.block_size],
-                                     load)
+                                     load, cuda_graphs=not enforce_eager, log=typer.echo)
     rate = load["request_rate"]
     path = output_dir / "real" / f"{config.model}-{load['workload']}-{rate}-bs{config.block_size}.json"
     return save_real_run(path, config=config, load=load, result=result, records=records,

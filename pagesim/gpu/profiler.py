@@ -38,7 +38,10 @@ from pagesim.gpu.serve import make_engine, replay
 from pagesim.kvcache.sizing import page_size_bytes
 
 ATTENTION_BACKEND = ("pagesim Triton paged attention: reshape_and_cache, split-K decode, "
-                     "varlen prefill (eager, no CUDA graphs)")
+                     "varlen prefill")
+RUNNER_MODES = {True: "decode-only steps replay CUDA graphs (batch padded to a captured size, "
+                      "forward + LM head in the graph, sampler eager); other steps eager",
+                False: "eager (no CUDA graphs, --enforce-eager)"}
 METHOD = ("step_time_ms: host wall time of GPUModelRunner.execute_model (input preparation, "
           "forward, LM head, random sampling, device sync) on a synthetic SchedulerOutput; "
           "2 warm-up calls per point, then 3-5 interleaved rounds (every point timed once per "
@@ -99,10 +102,12 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
                     seed: int = 0, calibration_root: str | Path | None = "calibration",
                     progress: Progress | None = None, time_budget_s: float | None = None,
                     log: Callable[[str], None] = print,
-                    device: str = "cuda") -> CalibrationResult:
+                    device: str = "cuda", cuda_graphs: bool = True) -> CalibrationResult:
     """Calibrate `config.model` on this GPU; save the profile if `calibration_root` is set.
 
-    `device="cpu"` is a dry run for tests (Triton interpreter): the KV cache then has
+    `cuda_graphs` is the runner's flag (decode steps replay graphs, captured lazily: each
+    point's warm-up calls capture its graph). `device="cpu"` is a dry run for tests (Triton
+    interpreter; no graphs): the KV cache then has
     `config.num_gpu_blocks_override` blocks for every block size and no memory or host-link
     measurement is made.
     """
@@ -133,7 +138,8 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
             continue
         model.set_block_size(bs)
         runner = GPUModelRunner(config.replace(block_size=bs), capacity.num_gpu_blocks[bs],
-                                device=dev, model=model, seed=seed)
+                                device=dev, model=model, seed=seed, cuda_graphs=cuda_graphs,
+                                log=log)
         d, p, m = calibrate_block_size(
             runner, bs, grid, max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
@@ -142,18 +148,25 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         decode += d
         prefill += p
         mixed += m
+        graphs = runner.graphs
         log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed rows, "
-            f"{time.monotonic() - t_start:.0f} s so far")
+            f"{time.monotonic() - t_start:.0f} s so far"
+            + ("" if graphs is None else f"; {len(graphs.graphs)} CUDA graphs captured in "
+               f"{graphs.capture_s_total:.1f} s" + (f" (FAILED: {graphs.failed})"
+                                                     if graphs.failed else "")))
+        del graphs
         del runner
         _empty_cache(dev)
-    overhead = measure_overhead(config, model, capacity, grid, seed)
+    overhead = measure_overhead(config, model, capacity, grid, seed, cuda_graphs)
     log(f"host overhead rows: {len(overhead)}")
     host_link = measure_host_link(dev) if dev.type == "cuda" else None
     meta = ProfileMetadata(
         gpu=gpu_key(info["gpu_name"]), model=config.model, gpu_name=info["gpu_name"],
         driver=info.get("driver", ""), cuda=info["cuda"], torch=info["torch"],
         triton=info["triton"], dtype=str(dtype).removeprefix("torch."), date=info["date"],
-        kv_cache_dtype=config.kv_cache_dtype, attention_backend=ATTENTION_BACKEND,
+        kv_cache_dtype=config.kv_cache_dtype,
+        attention_backend=f"{ATTENTION_BACKEND}; runner: "
+                          f"{RUNNER_MODES[cuda_graphs and dev.type == 'cuda']}",
         grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
         gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
         device={k: v for k, v in info.items() if k in (
@@ -193,14 +206,15 @@ def _empty_cache(device: torch.device) -> None:
 
 
 def measure_overhead(config: EngineConfig, model: RandomWeightDecoder,
-                     capacity: MeasuredKVCapacity, grid: CalibrationGrid, seed: int):
+                     capacity: MeasuredKVCapacity, grid: CalibrationGrid, seed: int,
+                     cuda_graphs: bool = True):
     """Replay a decode ramp (all requests at t=0, staggered lengths) and bin host time."""
     bs = config.block_size
     model.set_block_size(bs)
     cfg = config.replace(block_size=bs)
     scheduler = make_engine(cfg, capacity.num_gpu_blocks[bs])
     runner = GPUModelRunner(cfg, capacity.num_gpu_blocks[bs], device=model.device, model=model,
-                            seed=seed)
+                            seed=seed, cuda_graphs=cuda_graphs)
     n = min(grid.overhead_max_reqs, config.max_num_seqs)
     run = replay(overhead_requests(n, block_size=bs), scheduler, runner)
     del runner

@@ -17,20 +17,25 @@ Timing: CUDA events between the device phases (`time_breakdown_s`: "swap", "copy
 wall time of the whole call. Every step is also appended to `step_records` with its batch
 shape, for calibration checks and the per-step records of a real run.
 
-Eager execution only (no CUDA graphs): every step launches its kernels from Python. This is
-slower than vLLM's graph-captured decode for small batches; the calibration measures the
-same eager path, so the simulator predicts what this runner does.
+Decode-only steps replay CUDA graphs (`pagesim.gpu.cuda_graphs`, vLLM's approach: batch padded
+to a captured size, static input buffers, forward and LM head in the graph, sampler eager);
+every other step (prefill, chunked prefill, mixed) runs eagerly, launching its kernels from
+Python. `cuda_graphs=False` (`--enforce-eager`, vLLM's name) runs everything eagerly. The
+calibration measures the same paths, so the simulator predicts what this runner does. On a
+graph step the "forward" event span includes the LM head.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from pagesim.config import EngineConfig
 from pagesim.gpu.attention import AttentionMetadata
+from pagesim.gpu.cuda_graphs import DecodeGraphs, GraphKey
 from pagesim.gpu.model import KVCache, RandomWeightDecoder
 from pagesim.kvcache.block_table import build_positions
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
@@ -63,6 +68,9 @@ class StepRecord:
     forward_s: float  # device: the forward pass
     sample_s: float  # device: LM head + sampler
     wall_s: float  # the whole execute_model call, host wall clock
+    cuda_graph: bool = False  # the forward replayed a CUDA graph
+    padded_reqs: int = 0  # the graph's batch size (num_reqs when eager)
+    graph_captured: bool = False  # this step captured its graph first (lazy capture)
 
 
 class GPUModelRunner:
@@ -76,7 +84,8 @@ class GPUModelRunner:
                  device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  seed: int = 0, num_cpu_blocks: int = 0, temperature: float = 1.0,
                  model: RandomWeightDecoder | None = None, time_steps: bool = True,
-                 spec: ModelSpec | None = None) -> None:
+                 spec: ModelSpec | None = None, cuda_graphs: bool = True,
+                 log: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.spec = spec or config.model_spec
         self.device = torch.device(device)
@@ -104,12 +113,33 @@ class GPUModelRunner:
         self.last_hidden: torch.Tensor | None = None
         self._events = ([torch.cuda.Event(enable_timing=True) for _ in range(5)]
                         if self.time_steps else None)
+        # CUDA graphs of decode-only steps (CUDA only; tests may attach a capture=False one)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and self.device.type == "cuda":
+            try:
+                self.graphs = self.make_graphs(capture=True, log=log)
+            except Exception as e:  # a model graphs cannot serve runs eagerly
+                if log is not None:
+                    log(f"CUDA graphs off for this runner: {type(e).__name__}: {e}")
+
+    def make_graphs(self, capture: bool = True,
+                    log: Callable[[str], None] | None = None) -> DecodeGraphs:
+        """Static buffers (and graphs, if `capture`) for this runner's decode-only steps."""
+        cfg = self.config
+        return DecodeGraphs(self.model, self.kv_caches, block_size=self.block_size,
+                            max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
+                            capture=capture, log=log)
 
     # ---- the protocol ---------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()
         out = scheduler_output
-        inputs = self.prepare_inputs(out) if out.scheduled else None
+        key = self._graph_key(out)
+        inputs = None
+        if key is not None:
+            self.graphs.load(out.scheduled, self._input_ids(out.scheduled), key.size)
+        elif out.scheduled:
+            inputs = self.prepare_inputs(out)
         t_prep = time.perf_counter() - t0
         ev = self._events
         if ev is not None:
@@ -121,14 +151,29 @@ class GPUModelRunner:
         if ev is not None:
             ev[2].record()
         sampled: dict[str, int] = {}
+        captured = False
+        logits: torch.Tensor | None = None
+        if key is not None:
+            try:
+                hidden, logits, captured = self.graphs.run(key)
+            except Exception:  # capture failed (logged, graphs off): this step runs eagerly
+                key, captured = None, True
+                inputs = self.prepare_inputs(out)
+            else:
+                n = len(out.scheduled)
+                self.last_inputs, self.last_hidden = None, hidden[:n]
+                logits = logits[:n]
         if inputs is not None:
             hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.metadata,
                                         self.kv_caches, inputs.logits_indices,
                                         skip_attention=self.skip_attention)
             self.last_inputs, self.last_hidden = inputs, hidden
+        if out.scheduled:
             if ev is not None:
                 ev[3].record()
-            ids = self.model.sample(self.model.compute_logits(hidden), self.temperature)
+            if logits is None:
+                logits = self.model.compute_logits(hidden)
+            ids = self.model.sample(logits, self.temperature)
             if ev is not None:
                 ev[4].record()
             ids.tolist()  # the per-step device sync vLLM makes to read the sampled tokens
@@ -148,9 +193,14 @@ class GPUModelRunner:
         wall = time.perf_counter() - t0
         breakdown = self._breakdown(t_prep)
         if self.record_steps:
-            self._record(out, breakdown, wall)
+            self._record(out, breakdown, wall, key, captured)
         return ModelRunnerOutput(step_time_s=wall, sampled_token_ids=sampled,
                                  time_breakdown_s=breakdown)
+
+    def _graph_key(self, out: SchedulerOutput) -> GraphKey | None:
+        if self.graphs is None or not out.scheduled:
+            return None
+        return self.graphs.key_for(out.scheduled, self.skip_attention)
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
@@ -158,14 +208,7 @@ class GPUModelRunner:
         sched = out.scheduled
         starts = [sr.num_computed_tokens for sr in sched]
         news = [sr.num_new_tokens for sr in sched]
-        vocab = self.vocab_size
-        ids: list[int] = []
-        for sr, start, n in zip(sched, starts, news, strict=False):
-            req = sr.request
-            if n == 1 and start >= req.num_prompt_tokens:  # decode: the last sampled token
-                ids.append(req.output_token_ids[start - req.num_prompt_tokens] % vocab)
-            else:
-                ids.extend(t % vocab for t in req.token_ids_slice(start, start + n))
+        ids = self._input_ids(sched)
         positions = build_positions(starts, news)
         rows = [sr.block_ids for sr in sched]
         metadata = self.model.attn.build_metadata(
@@ -177,6 +220,18 @@ class GPUModelRunner:
             positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
             logits_indices=(metadata.query_start_loc[1:] - 1).to(torch.int64),
             metadata=metadata)
+
+    def _input_ids(self, sched) -> list[int]:
+        """Token ids of the step's new tokens, sequences in order (ids modulo the vocab)."""
+        vocab = self.vocab_size
+        ids: list[int] = []
+        for sr in sched:
+            req, start, n = sr.request, sr.num_computed_tokens, sr.num_new_tokens
+            if n == 1 and start >= req.num_prompt_tokens:  # decode: the last sampled token
+                ids.append(req.output_token_ids[start - req.num_prompt_tokens] % vocab)
+            else:
+                ids.extend(t % vocab for t in req.token_ids_slice(start, start + n))
+        return ids
 
     # ---- block movement ---------------------------------------------------------------------
     def _swap(self, out: SchedulerOutput) -> None:
@@ -220,7 +275,8 @@ class GPUModelRunner:
         return {"prepare": prepare_s, "swap": ms[0], "copy": ms[1], "forward": ms[2],
                 "sample": ms[3]}
 
-    def _record(self, out: SchedulerOutput, b: dict[str, float], wall: float) -> None:
+    def _record(self, out: SchedulerOutput, b: dict[str, float], wall: float,
+                key: GraphKey | None, captured: bool) -> None:
         num_decode = 0
         prefill = 0
         ctx = 0
@@ -233,11 +289,18 @@ class GPUModelRunner:
         self.step_records.append(StepRecord(
             out.step_id, len(out.scheduled), out.total_num_scheduled_tokens, num_decode, prefill,
             ctx, b["prepare"], b.get("swap", 0.0), b.get("copy", 0.0), b.get("forward", 0.0),
-            b.get("sample", 0.0), wall))
+            b.get("sample", 0.0), wall, key is not None,
+            key.size if key is not None else len(out.scheduled), captured))
 
 
 #: Block-table rows are padded to a multiple of this many entries.
 TABLE_WIDTH_MULTIPLE = 16
+
+
+def step_record_columns(records: list[StepRecord]) -> dict[str, list]:
+    """`StepRecord`s as JSON-ready columns (field name -> one value per step)."""
+    names = StepRecord.__dataclass_fields__
+    return {name: [getattr(r, name) for r in records] for name in names}
 
 
 def table_width(longest_row: int) -> int:

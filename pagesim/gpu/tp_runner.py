@@ -209,7 +209,7 @@ class TPDriverRunner:
         group.broadcast_object(Configure(config, num_gpu_blocks, num_cpu_blocks, temperature))
         self.local = GPUModelRunner(config, num_gpu_blocks, device=model.device, model=model,
                                     seed=seed, num_cpu_blocks=num_cpu_blocks,
-                                    temperature=temperature)
+                                    temperature=temperature, cuda_graphs=False)
         self.record_digests = record_digests
         self.digests: list[str] = []
 
@@ -282,7 +282,7 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
             _empty_cache(model.device)
             runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, device=model.device,
                                     model=model, seed=seed, num_cpu_blocks=msg.num_cpu_blocks,
-                                    temperature=msg.temperature)
+                                    temperature=msg.temperature, cuda_graphs=False)
             runner.record_steps = False
             decoder = StepDecoder()
             report.num_configures += 1

@@ -1,0 +1,170 @@
+"""CUDA graphs of decode-only steps (`pagesim.gpu.cuda_graphs`).
+
+On a CPU the padded static-buffer path runs eagerly (`capture=False`): the very buffers a graph
+replay reads (batch padded to a captured size, fixed-width block table, PAD_SLOT_ID slots,
+seq_len 0 rows, the bucketed split-K partition) against the unpadded eager path of a second
+runner with the same weights, step by step on the same schedule: same final hidden rows, same
+K/V written, nothing written for padding rows. The real capture and replay is the `gpu` test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagesim.config import EngineConfig
+from pagesim.gpu.cuda_graphs import (
+    CAPTURE_SIZES,
+    GraphKey,
+    capture_sizes,
+    span_bucket,
+)
+from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.serve import make_engine
+from pagesim.request import Request
+
+
+def _config(**kw) -> EngineConfig:
+    base = dict(model="tiny-llama", gpu="h200", block_size=16, max_num_seqs=8,
+                max_num_batched_tokens=128, max_model_len=256)
+    base.update(kw)
+    return EngineConfig.create(**base)
+
+
+def _requests() -> list[Request]:
+    # 3 sequences: a decode batch of 3 pads to 4 (2 after the first finishes). Contexts stay
+    # below 128 tokens, so the eager step runs unsplit while the static path uses the split-K
+    # partition of its 256-token span bucket.
+    prompts = [list(range(1, 40)), list(range(300, 320)), list(range(50, 61))]
+    return [Request(f"r{i}", p, max_tokens=m) for i, (p, m) in enumerate(
+        zip(prompts, [6, 3, 5], strict=True))]
+
+
+def test_capture_sizes_cover_every_batch() -> None:
+    assert capture_sizes(1024) == CAPTURE_SIZES
+    assert capture_sizes(3) == (1, 2, 3)
+    assert capture_sizes(100) == (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 100)
+    assert capture_sizes(1024, max_size=64)[-1] == 64
+
+
+def test_span_bucket_is_a_power_of_two_within_limits() -> None:
+    assert span_bucket(1, 4096) == 256
+    assert span_bucket(257, 4096) == 512
+    assert span_bucket(4096, 4096) == 4096
+    assert span_bucket(3000, 3500) == 3500  # capped at max_model_len, never below the step
+
+
+def test_static_padded_path_equals_unpadded_eager_path() -> None:
+    cfg = _config()
+    blocks = 64
+    eager = GPUModelRunner(cfg, blocks, device="cpu", dtype=torch.float32, seed=3,
+                           temperature=0.0)
+    static = GPUModelRunner(cfg, blocks, device="cpu", dtype=torch.float32, seed=3,
+                            temperature=0.0)
+    assert eager.graphs is None  # no graphs on a CPU unless attached
+    static.graphs = static.make_graphs(capture=False)
+    scheds = [make_engine(cfg, blocks), make_engine(cfg, blocks)]
+    for s in scheds:
+        for r in _requests():
+            s.add_request(r)
+    keys: set[GraphKey] = set()
+    padded_steps = 0
+    eager_unsplit = 0
+    for step in range(40):
+        if not scheds[0].has_unfinished_requests():
+            break
+        outs = [s.schedule() for s in scheds]
+        assert [(x.request_id, x.num_new_tokens, x.num_computed_tokens, x.block_ids)
+                for x in outs[0].scheduled] == [
+            (x.request_id, x.num_new_tokens, x.num_computed_tokens, x.block_ids)
+            for x in outs[1].scheduled]
+        res = [eager.execute_model(outs[0]), static.execute_model(outs[1])]
+        assert res[0].sampled_token_ids == res[1].sampled_token_ids
+        rec = static.step_records[-1]
+        decode_only = all(x.num_new_tokens == 1 for x in outs[1].scheduled)
+        assert rec.cuda_graph == decode_only, f"step {step}"
+        assert not eager.step_records[-1].cuda_graph
+        if decode_only:
+            key = static.graphs.key_for(outs[1].scheduled)
+            keys.add(key)
+            assert rec.padded_reqs == key.size >= rec.num_reqs
+            padded_steps += rec.padded_reqs > rec.num_reqs
+            eager_unsplit += eager.last_inputs.metadata.decode_partition.num_partitions == 1
+            # the static buffers hold the step, padding rows after it
+            n, p = rec.num_reqs, rec.padded_reqs
+            assert static.graphs.pack[2, n:p].eq(-1).all()
+            assert static.graphs.seq_lens[n:p].eq(0).all()
+            assert static.graphs.block_table[n:p].eq(0).all()
+        err = (static.last_hidden - eager.last_hidden).abs().max().item()
+        assert static.last_hidden.shape == eager.last_hidden.shape
+        assert err < 1e-4, f"step {step}: hidden rows differ by {err:.2e}"
+        for (ka, va), (kb, vb) in zip(eager.kv_caches, static.kv_caches, strict=True):
+            assert torch.allclose(ka, kb, atol=1e-5) and torch.allclose(va, vb, atol=1e-5)
+            assert kb[0].eq(0).all() and vb[0].eq(0).all()  # the null block stays untouched
+        for s, o, r in zip(scheds, outs, res, strict=True):
+            s.update_from_output(o, r)
+    assert not scheds[0].has_unfinished_requests()
+    assert padded_steps >= 1  # 3 sequences ran in the size-4 buffers
+    assert any(k.num_partitions > 1 for k in keys)  # the bucket's split-K partition ran
+    assert eager_unsplit >= 1  # against an unsplit eager step: same result
+
+
+def test_static_path_skips_attention_for_calibration() -> None:
+    cfg = _config()
+    runner = GPUModelRunner(cfg, 32, device="cpu", dtype=torch.float32, seed=1,
+                            temperature=0.0)
+    runner.graphs = runner.make_graphs(capture=False)
+    from pagesim.gpu.calibrate import BlockSource, synthetic_step
+
+    out = synthetic_step([(40, 1)] * 3, 16, BlockSource(32, 0))
+    runner.skip_attention = True
+    runner.execute_model(out)
+    before = [k.clone() for k, _ in runner.kv_caches]
+    rec = runner.step_records[-1]
+    assert rec.cuda_graph and rec.padded_reqs == 4
+    assert runner.graphs.key_for(out.scheduled, True) == GraphKey(4, 1, 0, True)
+    assert all(torch.equal(a, k) for a, (k, _) in zip(before, runner.kv_caches, strict=True))
+
+
+def test_steps_larger_than_the_largest_size_run_eagerly() -> None:
+    cfg = _config(max_num_seqs=2)
+    runner = GPUModelRunner(cfg, 32, device="cpu", dtype=torch.float32)
+    graphs = runner.make_graphs(capture=False)
+    from pagesim.gpu.calibrate import BlockSource, synthetic_step
+
+    out = synthetic_step([(20, 1)] * 3, 16, BlockSource(32, 0))
+    assert graphs.key_for(out.scheduled) is None
+    mixed = synthetic_step([(20, 1), (0, 8)], 16, BlockSource(32, 0))
+    assert graphs.key_for(mixed.scheduled) is None
+
+
+@pytest.mark.gpu
+def test_graph_replay_matches_eager_on_the_gpu() -> None:
+    """Real capture: same hidden rows as eager (bf16 tolerance), graphs replayed, every key of
+    the run captured up front by capture_all, a second replay of a key reuses its graph."""
+    cfg = _config(max_num_seqs=16)
+    blocks = 64
+    eager = GPUModelRunner(cfg, blocks, device="cuda", dtype=torch.bfloat16, seed=3,
+                           temperature=0.0, cuda_graphs=False)
+    graphed = GPUModelRunner(cfg, blocks, device="cuda", dtype=torch.bfloat16, seed=3,
+                             temperature=0.0)
+    assert eager.graphs is None and graphed.graphs is not None
+    n, secs = graphed.graphs.capture_all()
+    assert graphed.graphs.failed is None and n == len(graphed.graphs.all_keys()) and secs > 0
+    scheds = [make_engine(cfg, blocks), make_engine(cfg, blocks)]
+    for s in scheds:
+        for r in _requests():
+            s.add_request(r)
+    replayed = 0
+    while scheds[0].has_unfinished_requests():
+        outs = [s.schedule() for s in scheds]
+        res = [eager.execute_model(outs[0]), graphed.execute_model(outs[1])]
+        rec = graphed.step_records[-1]
+        replayed += rec.cuda_graph
+        assert not rec.graph_captured
+        err = (graphed.last_hidden.float() - eager.last_hidden.float()).norm() / \
+            eager.last_hidden.float().norm()
+        assert err < 2e-2
+        for s, o, r in zip(scheds, outs, res, strict=True):
+            s.update_from_output(o, r)
+    assert replayed >= 5
