@@ -85,7 +85,8 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     """Serve `load` for real (wall clock) with `model` (a `RandomWeightDecoder`) over a KV
     cache of `num_gpu_blocks`; returns (result keys, raw records).
 
-    With `cuda_graphs` (CUDA only) every decode graph the run can meet is captured before
+    With `cuda_graphs` (CUDA only) every decode graph the run can meet (batches up to the
+    number of requests) is captured before
     the clock starts (`gpu_graph_capture_s`, `gpu_graphs_captured` in the result); the
     runner's per-step records (graph replayed or eager, device times) go under
     `records["runner_steps"]`."""
@@ -105,7 +106,8 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
                             num_cpu_blocks=num_cpu, temperature=temperature,
                             cuda_graphs=cuda_graphs, log=log)
     graphs = runner.graphs
-    captured, capture_s = graphs.capture_all() if graphs is not None else (0, 0.0)
+    captured, capture_s = (graphs.capture_all(max_batch=len(requests)) if graphs is not None
+                           else (0, 0.0))
     run = replay(requests, scheduler, runner, max_wall_s=max_wall_s)
     result = serve_result(run, scheduler, config)
     result["gpu_cuda_graphs"] = graphs is not None and graphs.failed is None

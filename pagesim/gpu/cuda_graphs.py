@@ -173,14 +173,17 @@ class DecodeGraphs:
         return decode_partition(size, m.num_kv_heads, span, self._decode_cfg, self.num_sms,
                                 m.spec.sliding_window, m.attn.min_partition_tokens)
 
-    def all_keys(self) -> list[GraphKey]:
-        """Every key a served run can meet (sizes x span buckets), largest size first."""
+    def all_keys(self, max_batch: int | None = None) -> list[GraphKey]:
+        """Every key a served run can meet (sizes x span buckets), largest size first; with
+        `max_batch`, only the sizes up to the one that batch pads to."""
+        top = self.padded_size(max_batch) if max_batch is not None else None
+        sizes = [s for s in self.sizes if top is None or s <= top]
         spans, b = [], MIN_SPAN_BUCKET
         while b < self.max_model_len:
             spans.append(b)
             b *= 2
         spans.append(self.max_model_len)
-        keys = {self._key(s, sp) for s in self.sizes for sp in spans}
+        keys = {self._key(s, sp) for s in sizes for sp in spans}
         return sorted(keys, key=lambda k: (-k.size, k.num_partitions, k.partition_size))
 
     # ---- static buffers -------------------------------------------------------------------------
@@ -277,13 +280,14 @@ class DecodeGraphs:
         self.graphs[key] = entry
         return entry
 
-    def capture_all(self) -> tuple[int, float]:
-        """Capture every key of `all_keys` not captured yet (padding buffers, so the warm-ups
-        write nothing). Returns (graphs captured now, seconds). Stops at the first failure."""
+    def capture_all(self, max_batch: int | None = None) -> tuple[int, float]:
+        """Capture every key of `all_keys(max_batch)` not captured yet (padding buffers, so
+        the warm-ups write nothing). Returns (graphs captured now, seconds). Stops at the
+        first failure. A run of R requests never batches more than R: pass it as max_batch."""
         t0 = time.perf_counter()
         self._reset_buffers()
         n = 0
-        for key in self.all_keys():
+        for key in self.all_keys(max_batch):
             if key in self.graphs:
                 continue
             try:
