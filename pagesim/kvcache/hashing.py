@@ -94,6 +94,7 @@ class BlockHasher:
         self.block_size = block_size
         self.none_hash = parent_none_hash
         self._count_prefix = block_size.to_bytes(4, "little")  # every hashed block is full
+        self._pack_block = struct.Struct(f"<{block_size}i").pack  # one block's token ids
 
     def extend(self, request: Request, num_blocks: int | None = None) -> None:
         """Hash the request's full blocks that have no hash yet, up to `num_blocks` in total.
@@ -107,6 +108,19 @@ class BlockHasher:
         num_full = (len(request.prompt_token_ids) + len(request.output_token_ids)) // bs
         end = num_full if num_blocks is None or num_blocks > num_full else num_blocks
         if start >= end:
+            return
+        if start + 1 == end and start and request.lora_name is None:
+            # One block after the first (a decode filling a block): no extra keys; the same
+            # bytes as below, packed with a precompiled format.
+            n_prompt = len(request.prompt_token_ids)
+            lo = start * bs
+            tokens = (request.output_token_ids[lo - n_prompt:lo - n_prompt + bs]
+                      if lo >= n_prompt else request.token_ids_slice(lo, lo + bs))
+            try:
+                data = self._pack_block(*tokens)
+            except struct.error:
+                data = _pack_tokens(bs, tokens, f"request {request.request_id!r}")
+            hashes.append(hashlib.blake2b(hashes[-1] + self._count_prefix + data).digest()[:16])
             return
         tokens = request.token_ids_slice(start * bs, end * bs)
         data = _pack_tokens(len(tokens), tokens, f"request {request.request_id!r}")

@@ -127,6 +127,19 @@ def paged_tails(manager, running: Iterable[Request]) -> tuple[int, int]:
 def paged_slots_from_tails(manager, reserved: int, internal: int) -> KVSlots:
     """The paged split from the running requests' summed tails (see `paged_slots`): `reserved`
     and `internal` slots, in tokens. For callers that keep those sums up to date themselves."""
+    total, tokens, reserved, internal, free = _paged_split(manager, reserved, internal)
+    return KVSlots(total=total, token_states=tokens, reserved=reserved,
+                   internal_fragmentation=internal, external_fragmentation=0, free=free)
+
+
+def paged_waste_from_tails(manager, reserved: int, internal: int) -> KVWaste:
+    """`paged_slots_from_tails(...).fractions()`, without the intermediate record (hot path)."""
+    total, tokens, reserved, internal, free = _paged_split(manager, reserved, internal)
+    return KVWaste(tokens / total, reserved / total, internal / total, 0 / total, free / total)
+
+
+def _paged_split(manager, reserved: int, internal: int) -> tuple[int, int, int, int, int]:
+    """(total, token states, reserved, internal fragmentation, free) slots."""
     bs = manager.block_size
     usable = manager.num_usable_blocks
     used = (usable - manager.num_free_blocks) * bs
@@ -134,9 +147,8 @@ def paged_slots_from_tails(manager, reserved: int, internal: int) -> KVSlots:
     if tokens < 0:  # tails shared by forked requests counted twice; never below zero
         internal += tokens
         tokens = 0
-    return KVSlots(total=usable * bs, token_states=tokens, reserved=reserved,
-                   internal_fragmentation=internal, external_fragmentation=0,
-                   free=(usable * bs) - used)
+    total = usable * bs
+    return total, tokens, reserved, internal, total - used
 
 
 def kv_slots(manager, running: Iterable[Request] | None = None,
@@ -171,11 +183,15 @@ class WasteAverager:
         if duration_s < 0:
             raise ConfigError(f"duration_s={duration_s}: must be >= 0")
         w = snapshot.fractions() if isinstance(snapshot, KVSlots) else snapshot
+        tokens, reserved, internal, external, free = w
         sums = self._sums
-        for i, value in enumerate(w):
-            sums[i] += value * duration_s
+        sums[0] += tokens * duration_s
+        sums[1] += reserved * duration_s
+        sums[2] += internal * duration_s
+        sums[3] += external * duration_s
+        sums[4] += free * duration_s
         self.duration_s += duration_s
-        used = w.token_states + w.reserved + w.internal_fragmentation
+        used = tokens + reserved + internal
         if used > self.max_used:
             self.max_used = used
 

@@ -175,6 +175,10 @@ class Scheduler:
         self._step_id += 1
         self._finished_ids = []
         self._rejected_ids = []
+        if num_lead_decodes == len(self.running) and not self.waiting and not self.swapped:
+            # Nothing but the lead decodes to schedule (what the steps below would find).
+            out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
+            return out
         threshold = self.long_prefill_token_threshold
         if self.vllm_033 and len(self.running) + len(self.waiting) + len(self.swapped) <= 1:
             threshold = 0
@@ -344,6 +348,8 @@ class Scheduler:
         got no token is a runner bug and raises. Tokens for partial prefill chunks are ignored
         (vLLM discards them too). Finished requests free their blocks here, in scheduled order.
         """
+        if not scheduler_output.scheduled:
+            return []
         sampled = model_runner_output.sampled_token_ids
         max_model_len = self.max_model_len
         kv = self.kv_cache_manager

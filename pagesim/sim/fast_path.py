@@ -46,7 +46,7 @@ from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.metrics.collector import RequestRecord
 from pagesim.request import Request
-from pagesim.scheduler.output import synthetic_tokens
+from pagesim.scheduler.output import synthetic_token, synthetic_tokens
 from pagesim.scheduler.scheduler import Scheduler
 from pagesim.sim.probe import KVProbe
 from pagesim.sim.runner import CostModelRunner
@@ -73,10 +73,6 @@ class _Lazy:
     done: bool = False
 
 
-def _seq(lazy: _Lazy) -> int:
-    return lazy.seq
-
-
 class DecodeFastPath:
     """The lazy requests of one replica and their events (see the module docstring)."""
 
@@ -96,7 +92,8 @@ class DecodeFastPath:
         self.last_tick_time = 0.0  # end of the last fast step
         self.lazies: list[_Lazy] = []  # running order
         self.offsets: list[int] = []  # their offsets, same order (decode contexts)
-        self.due: dict[int, list[_Lazy]] = {}  # tick -> lazy requests with an event then
+        # tick -> (seq, lazy request) with an event at that tick
+        self.due: dict[int, list[tuple[int, _Lazy]]] = {}
         self.finishing: list[_Lazy] = []  # lazy requests that sample their last token now
         self._next_seq = 0
         self.offset_sum = 0
@@ -136,10 +133,10 @@ class DecodeFastPath:
         due = self.due.pop(g, None)
         if due is not None:
             if len(due) > 1:
-                due.sort(key=_seq)
+                due.sort()  # running order (seq numbers are unique)
             if self.paged:
                 need = 0
-                for lazy in due:
+                for _, lazy in due:
                     if lazy.alloc_at == lazy.offset + g:
                         need += 1
                 if need > self.manager.num_free_blocks:  # an allocation could preempt
@@ -263,54 +260,63 @@ class DecodeFastPath:
             at = min(span, hash_at, finish_at) - c + g
             bucket = due.get(at)
             if bucket is None:
-                due[at] = [lazy]
+                due[at] = [(lazy.seq, lazy)]
             else:
-                bucket.append(lazy)
+                bucket.append((lazy.seq, lazy))
             n += 1
         return n
 
-    def _run_events(self, due: list[_Lazy], g: int) -> None:
+    def _run_events(self, due: list[tuple[int, _Lazy]], g: int) -> None:
         """This tick's events, in running order: the real allocate_slots where the slow path
         would change something, and the finishing requests noted for `end_step`."""
-        allocate = self.manager.allocate_slots
+        manager = self.manager
+        allocate = manager.allocate_slots
         bs = self.block_size
-        caching = self.caching
+        vocab = self.vocab_size
+        paged, caching = self.paged, self.caching
         buckets = self.due
-        for lazy in due:
+        for _, lazy in due:
             c = lazy.offset + g
             alloc = lazy.alloc_at == c
             if alloc or lazy.hash_at == c:
                 request = lazy.request
+                rid = request.request_id
                 request.num_computed_tokens = c
-                self._fill_outputs(lazy, c + 1 - lazy.prompt_len)
+                out = request.output_token_ids
+                have = len(out)
+                want = c + 1 - lazy.prompt_len
+                if want == have + 1:
+                    out.append(synthetic_token(request, have, vocab))
+                elif want > have:
+                    out += synthetic_tokens(request, have, want, vocab)
                 if allocate(request, 1) is None:
-                    raise PagesimError(f"decode fast path: allocate_slots failed for "
-                                       f"{request.request_id!r} with its blocks free")
+                    raise PagesimError(f"decode fast path: allocate_slots failed for {rid!r} "
+                                       "with its blocks free")
                 if alloc:
-                    span = self._span(request)
+                    span = (len(manager.req_to_block_ids[rid]) if paged
+                            else len(manager.reservations[rid].row)) * bs
                     self._add_span(lazy.final, lazy.span, -1)
                     self._add_span(lazy.final, span, 1)
                     lazy.span = lazy.alloc_at = span
                 if caching:
-                    lazy.hash_at = (self.manager.num_cached_block[request.request_id] + 1) * bs - 1
+                    lazy.hash_at = (manager.num_cached_block[rid] + 1) * bs - 1
                 if lazy.alloc_at <= c or lazy.hash_at <= c:
-                    raise PagesimError(f"decode fast path: {request.request_id!r} still has an "
-                                       "allocation due after allocate_slots")
+                    raise PagesimError(f"decode fast path: {rid!r} still has an allocation "
+                                       "due after allocate_slots")
             if lazy.finish_at == c:
                 self.finishing.append(lazy)
                 continue
-            at = min(lazy.alloc_at, lazy.hash_at, lazy.finish_at) - lazy.offset
+            at = lazy.alloc_at
+            if lazy.hash_at < at:
+                at = lazy.hash_at
+            if lazy.finish_at < at:
+                at = lazy.finish_at
+            at -= lazy.offset
             bucket = buckets.get(at)
             if bucket is None:
-                buckets[at] = [lazy]
+                buckets[at] = [(lazy.seq, lazy)]
             else:
-                bucket.append(lazy)
-
-    def _span(self, request: Request) -> int:
-        rid = request.request_id
-        if self.paged:
-            return len(self.manager.req_to_block_ids[rid]) * self.block_size
-        return len(self.manager.reservations[rid].row) * self.block_size
+                bucket.append((lazy.seq, lazy))
 
     def _add_span(self, final: int, span: int, sign: int) -> None:
         fill_to = span if span < final else final

@@ -22,7 +22,7 @@ from pagesim.kvcache.waste import (
     WasteAverager,
     contiguous_slots,
     kv_waste,
-    paged_slots_from_tails,
+    paged_waste_from_tails,
     paged_tails,
 )
 
@@ -68,8 +68,8 @@ class KVProbe:
             slots = contiguous_slots(manager, head, tokens)
         else:
             reserved, internal = paged_tails(manager, rest) if rest else (0, 0)
-            slots = paged_slots_from_tails(manager, reserved + min_span_sum - computed_sum,
-                                           internal + over_final_sum)
+            return self._record(paged_waste_from_tails(
+                manager, reserved + min_span_sum - computed_sum, internal + over_final_sum))
         return self._record(slots.fractions())
 
     def _record(self, w: KVWaste) -> ProbeValues:
