@@ -22,8 +22,8 @@ from pagesim.kvcache.waste import (
     WasteAverager,
     contiguous_slots,
     kv_waste,
-    paged_waste_from_tails,
     paged_tails,
+    paged_waste_from_tails,
 )
 
 # (kv_usage, token_state, reserved, internal_frag, external_frag): fractions of KV memory
