@@ -47,3 +47,14 @@ def step_time_by_block_size(config: EngineConfig, block_sizes: Sequence[int], *,
     first = df.groupby("shape")["step_time_ms"].transform("first")
     df["relative"] = df["step_time_ms"] / first
     return df
+
+
+def measured_block_sizes(config: EngineConfig, profile: str | Path | None = None
+                         ) -> list[int] | None:
+    """Block sizes the calibration profile measured (None: no profile for this config)."""
+    found = profile or default_profile(config)
+    if not found:
+        return None
+    from pagesim.cost.profile import Profile
+
+    return sorted(int(b) for b in Profile.load(found).block_sizes)
