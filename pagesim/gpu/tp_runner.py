@@ -16,7 +16,7 @@ and the calibration grid (`gpu.calibrate`) drive a TP engine unchanged.
 What is broadcast (`StepMessage`), like vLLM's new/cached request split: the prompt of a
 request the workers have not seen (once), then per step and scheduled request only its counts,
 the output tokens and block ids appended since the last step (a changed block table, after a
-preemption, is sent whole). Workers keep a mirror `Request` per request id and rebuild a real
+preemption, is sent whole). Workers keep a mirror `Request` per request and rebuild a real
 `SchedulerOutput` from it, so their `GPUModelRunner` is the very same code as rank 0's. Swap
 and copy-on-write block lists travel as they are (each rank moves its own KV shard).
 Control messages reconfigure the workers' runner (`Configure`), run a collective benchmark
@@ -43,7 +43,7 @@ from pagesim.scheduler.output import ModelRunnerOutput, ScheduledRequest, Schedu
 class StepEntry:
     """One scheduled request of a broadcast step (deltas against what the workers hold)."""
 
-    request_id: str
+    key: int  # the request's wire key (see `StepEncoder`)
     num_new_tokens: int
     num_computed_tokens: int
     keep_output: int  # output tokens the worker keeps; then `new_output` is appended
@@ -60,8 +60,10 @@ class StepMessage:
     block_size: int
     total_num_scheduled_tokens: int
     skip_attention: bool  # calibration's attention-off timing, mirrored on every rank
-    new_requests: list[tuple[str, list[int], int]]  # (request_id, prompt_token_ids, max_tokens)
+    # (key, request_id, prompt_token_ids, max_tokens) of requests the workers have not seen
+    new_requests: list[tuple[int, str, list[int], int]]
     entries: list[StepEntry]
+    finished_keys: list[int]  # wire keys of the step's finished_req_ids
     finished_req_ids: list[str]
     blocks_to_copy: list[tuple[int, int]]
     blocks_to_swap_out: list[tuple[int, int]]
@@ -77,6 +79,7 @@ class Configure:
     num_gpu_blocks: int
     num_cpu_blocks: int = 0
     temperature: float = 1.0
+    cuda_graphs: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,66 +97,75 @@ class Stop:
     """End the worker loop."""
 
 
+@dataclass(slots=True)
+class _Held:
+    """What the workers hold of one request: its wire key, output tokens and block ids."""
+
+    request: Request
+    key: int
+    num_outputs: int = 0
+    blocks: list[int] = field(default_factory=list)
+
+
 class StepEncoder:
     """Rank 0: `SchedulerOutput` -> `StepMessage`, remembering what the workers hold.
 
-    A request is identified by its object, not only its id: a new object under a known id (the
-    calibration grid reuses ids) is sent as a new request.
+    Every request *object* gets a wire key when first scheduled, and the workers keep a mirror
+    per key: request ids may repeat across objects (the calibration grid reuses `cal-0` ...
+    for every point and interleaves points), and a repeated step then costs no resend. A
+    request's state is dropped when its id appears in `finished_req_ids`.
     """
 
     def __init__(self) -> None:
-        self._known: dict[str, Request] = {}
-        self._outputs: dict[str, int] = {}  # output tokens the workers hold
-        self._blocks: dict[str, list[int]] = {}  # block ids the workers hold
+        self._held: dict[int, _Held] = {}  # id(request object) -> held state (keeps it alive)
+        self._current: dict[str, int] = {}  # request_id -> id() of its latest object
+        self._next_key = 0
 
     def encode(self, out: SchedulerOutput, skip_attention: bool = False) -> StepMessage:
+        finished_keys = []
         for rid in out.finished_req_ids:
-            self._forget(rid)
-        new: list[tuple[str, list[int], int]] = []
+            obj = self._current.pop(rid, None)
+            if obj is not None:
+                finished_keys.append(self._held.pop(obj).key)
+        new: list[tuple[int, str, list[int], int]] = []
         entries: list[StepEntry] = []
         for sr in out.scheduled:
             req = sr.request
-            rid = req.request_id
-            if self._known.get(rid) is not req:
-                self._known[rid] = req
-                self._outputs[rid] = 0
-                self._blocks[rid] = []
-                new.append((rid, req.prompt_token_ids, req.max_tokens))
+            h = self._held.get(id(req))
+            if h is None:
+                h = self._held[id(req)] = _Held(req, self._next_key)
+                self._next_key += 1
+                new.append((h.key, req.request_id, req.prompt_token_ids, req.max_tokens))
+            self._current[req.request_id] = id(req)
             output = req.output_token_ids
-            keep_out = min(self._outputs[rid], len(output))
-            held = self._blocks[rid]
+            keep_out = min(h.num_outputs, len(output))
             ids = sr.block_ids
-            k = len(held)
-            keep_blocks = k if k <= len(ids) and ids[:k] == held else 0
-            entries.append(StepEntry(rid, sr.num_new_tokens, sr.num_computed_tokens, keep_out,
+            k = len(h.blocks)
+            keep_blocks = k if k <= len(ids) and ids[:k] == h.blocks else 0
+            entries.append(StepEntry(h.key, sr.num_new_tokens, sr.num_computed_tokens, keep_out,
                                      output[keep_out:], keep_blocks, ids[keep_blocks:]))
-            self._outputs[rid] = len(output)
-            self._blocks[rid] = list(ids)
+            h.num_outputs = len(output)
+            h.blocks = list(ids)
         return StepMessage(out.step_id, out.block_size, out.total_num_scheduled_tokens,
-                           skip_attention, new, entries, list(out.finished_req_ids),
-                           out.blocks_to_copy, out.blocks_to_swap_out, out.blocks_to_swap_in,
-                           out.swap_bytes)
-
-    def _forget(self, rid: str) -> None:
-        self._known.pop(rid, None)
-        self._outputs.pop(rid, None)
-        self._blocks.pop(rid, None)
+                           skip_attention, new, entries, finished_keys,
+                           list(out.finished_req_ids), out.blocks_to_copy,
+                           out.blocks_to_swap_out, out.blocks_to_swap_in, out.swap_bytes)
 
 
 class StepDecoder:
-    """Workers: `StepMessage` -> the `SchedulerOutput` rank 0 executes, over mirror requests."""
+    """Workers: `StepMessage` -> the `SchedulerOutput` rank 0 executes, over mirror requests
+    (`requests`: wire key -> mirror)."""
 
     def __init__(self) -> None:
-        self.requests: dict[str, Request] = {}
-        self._blocks: dict[str, list[int]] = {}
+        self.requests: dict[int, Request] = {}
+        self._blocks: dict[int, list[int]] = {}
 
     def decode(self, msg: StepMessage) -> SchedulerOutput:
-        for rid in msg.finished_req_ids:
-            self.requests.pop(rid, None)
-            self._blocks.pop(rid, None)
-        for rid, prompt, max_tokens in msg.new_requests:
-            self.requests[rid] = Request(rid, prompt, max_tokens=max_tokens)
-            self._blocks[rid] = []
+        for key in msg.finished_keys:
+            del self.requests[key], self._blocks[key]
+        for key, rid, prompt, max_tokens in msg.new_requests:
+            self.requests[key] = Request(rid, prompt, max_tokens=max_tokens)
+            self._blocks[key] = []
         out = SchedulerOutput(step_id=msg.step_id, block_size=msg.block_size,
                               total_num_scheduled_tokens=msg.total_num_scheduled_tokens,
                               finished_req_ids=msg.finished_req_ids,
@@ -161,14 +173,14 @@ class StepDecoder:
                               blocks_to_swap_out=msg.blocks_to_swap_out,
                               blocks_to_swap_in=msg.blocks_to_swap_in, swap_bytes=msg.swap_bytes)
         for e in msg.entries:
-            req = self.requests[e.request_id]
+            req = self.requests[e.key]
             output = req.output_token_ids
             if e.keep_output > len(output):
-                raise RuntimeError(f"request_id={e.request_id!r}: worker holds {len(output)} "
+                raise RuntimeError(f"request_id={req.request_id!r}: worker holds {len(output)} "
                                    f"output tokens, rank 0 assumed {e.keep_output}")
             del output[e.keep_output:]
             output.extend(e.new_output)
-            blocks = self._blocks[e.request_id]
+            blocks = self._blocks[e.key]
             del blocks[e.keep_blocks:]
             blocks.extend(e.new_blocks)
             out.scheduled.append(ScheduledRequest(req, e.num_new_tokens, e.num_computed_tokens,
@@ -197,19 +209,24 @@ class TPDriverRunner:
     Creating one broadcasts `Configure`, so the workers build the matching runner; attribute
     reads fall through to the local `GPUModelRunner` (`num_gpu_blocks`, `step_records`, ...).
     `digests` (when `record_digests`) holds `step_digest` of every step, for tests.
+
+    `cuda_graphs` is off by default: the runner's lazy capture would put NCCL collectives
+    inside CUDA graphs, which every rank must capture at the same step and which has not run
+    on a multi-GPU machine yet, so TP steps run eagerly unless asked (on every rank alike).
     """
 
     def __init__(self, group: TPGroup, config: EngineConfig, num_gpu_blocks: int, *,
                  model, num_cpu_blocks: int = 0, temperature: float = 1.0,
-                 seed: int = 0, record_digests: bool = False) -> None:
+                 seed: int = 0, record_digests: bool = False, cuda_graphs: bool = False) -> None:
         if not group.is_driver:
             raise RuntimeError(f"rank {group.rank}: only rank 0 drives the engine")
         self.group = group
         self.encoder = StepEncoder()
-        group.broadcast_object(Configure(config, num_gpu_blocks, num_cpu_blocks, temperature))
+        group.broadcast_object(Configure(config, num_gpu_blocks, num_cpu_blocks, temperature,
+                                         cuda_graphs))
         self.local = GPUModelRunner(config, num_gpu_blocks, device=model.device, model=model,
                                     seed=seed, num_cpu_blocks=num_cpu_blocks,
-                                    temperature=temperature, cuda_graphs=False)
+                                    temperature=temperature, cuda_graphs=cuda_graphs)
         self.record_digests = record_digests
         self.digests: list[str] = []
 
@@ -282,7 +299,7 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
             _empty_cache(model.device)
             runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, device=model.device,
                                     model=model, seed=seed, num_cpu_blocks=msg.num_cpu_blocks,
-                                    temperature=msg.temperature, cuda_graphs=False)
+                                    temperature=msg.temperature, cuda_graphs=msg.cuda_graphs)
             runner.record_steps = False
             decoder = StepDecoder()
             report.num_configures += 1

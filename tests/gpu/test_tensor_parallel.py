@@ -10,7 +10,9 @@ One spawn of two ranks runs three checks (process start-up costs seconds, so the
    (chunked prefill, several sequences) with `TPDriverRunner`, rank 1 runs `run_worker`; both
    record a digest of every executed step (requests, counts, block tables, input ids,
    positions, slot mapping) and the lists must be equal, step for step;
-3. the all-reduce benchmark runs as a collective from inside the worker loop (tiny sizes).
+3. the all-reduce benchmark runs as a collective from inside the worker loop (tiny sizes);
+4. `calibrate_tensor_parallel` runs its whole flow (grid through the broadcast, host overhead,
+   all-reduce table) on a tiny grid and writes a TP-2 profile that loads back.
 
 The encoder/decoder pair is also checked alone (no processes) across a changed block table,
 a request id reused by a new request, and finished requests.
@@ -26,7 +28,9 @@ import pytest
 import torch
 
 from pagesim.config import EngineConfig
+from pagesim.cost.profile import Profile
 from pagesim.gpu.allreduce_bench import bench_allreduce
+from pagesim.gpu.calibrate import CalibrationGrid
 from pagesim.gpu.model import RandomWeightDecoder
 from pagesim.gpu.parallel import (
     MULTICAST_OFF_ENV,
@@ -41,6 +45,7 @@ from pagesim.gpu.parallel import (
 from pagesim.gpu.runner import GPUModelRunner
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.gpu.tp_model import TensorParallelDecoder
+from pagesim.gpu.tp_profiler import calibrate_tensor_parallel
 from pagesim.gpu.tp_runner import (
     StepDecoder,
     StepEncoder,
@@ -114,6 +119,29 @@ def _serve(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
                      for r in rows]}
 
 
+def _calibrate(group: TPGroup, tp_model: TensorParallelDecoder, out_dir: str) -> dict:
+    """Check 4 (every rank calls it; rank 0 reports)."""
+    config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
+                                 max_num_batched_tokens=64, max_model_len=256,
+                                 num_gpu_blocks_override=64)
+    grid = CalibrationGrid(block_sizes=(16,), full_block_sizes=(16,), decode_batches=(2,),
+                           decode_contexts=(16,), prefill_tokens=(16,), prefill_cached=(0,),
+                           mixed=(), overhead_max_reqs=2, repeats=1, min_repeats=1)
+    result = calibrate_tensor_parallel(group, tp_model, config, grid, seed=SEED,
+                                       calibration_root=out_dir, log=lambda _: None,
+                                       allreduce_bytes=(256,), allreduce_repeats=2)
+    if result is None:
+        return {}
+    loaded = Profile.load(result.directory)
+    return {"profile_dir": Path(result.directory).relative_to(out_dir).as_posix(),
+            "profile_equal": loaded == result.profile,
+            "profile_tp": loaded.metadata.tensor_parallel_size,
+            "in_steps": loaded.metadata.allreduce_in_step_times,
+            "rows": {k: len(getattr(loaded, k)) for k in ("decode", "prefill", "overhead",
+                                                          "allreduce")},
+            "allreduce_tp": [r.tp for r in loaded.allreduce]}
+
+
 def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     group = init_tensor_parallel(rank, world_size, init_method, timeout_s=120.0)
@@ -127,6 +155,7 @@ def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> No
         else:
             report = run_worker(group, tp_model, seed=SEED, record_digests=True)
             facts.update(digests=report.digests, configures=report.num_configures)
+        facts["calibration"] = _calibrate(group, tp_model, out_dir)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(facts))
     finally:
         destroy_tensor_parallel()
@@ -159,6 +188,15 @@ def test_allreduce_bench_runs_on_gloo(ranks):
     assert [r[:2] for r in rows] == [[2, 64], [2, 4096]]
     for _, _, median, p10, p90 in rows:
         assert 0 < p10 <= median <= p90
+
+
+def test_tp_calibration_dry_run_writes_a_tp2_profile(ranks):
+    cal = ranks[0]["calibration"]
+    assert cal["profile_dir"] == "cpu/tiny-llama-tp2" and cal["profile_equal"]
+    assert cal["profile_tp"] == 2 and cal["in_steps"] is True
+    assert cal["rows"]["decode"] == 1 and cal["rows"]["prefill"] == 1
+    assert cal["allreduce_tp"] == [2]
+    assert ranks[1]["calibration"] == {}
 
 
 def test_every_rank_runs_with_multicast_off(ranks):
@@ -197,9 +235,12 @@ def test_encoder_and_decoder_keep_workers_in_step():
     same(step(3, [(a, 41, 0, [7, 3, 6])]))  # preempted and recomputed: a new block table
     b = Request("a", list(range(5)), max_tokens=1)  # the id reused by another request
     same(step(4, [(b, 5, 0, [8])]))
-    msg = enc.encode(step(5, [], finished=["a"]))
+    msg = enc.encode(step(5, [(a, 1, 41, [7, 3, 6])]))  # interleaved again: nothing resent
+    assert msg.new_requests == [] and msg.entries[0].new_blocks == []
+    assert msg.entries[0].new_output == [] and msg.entries[0].keep_output == 1
     dec.decode(msg)
-    assert dec.requests == {}
+    dec.decode(enc.encode(step(6, [], finished=["a"])))  # the latest "a" finished
+    assert [r.prompt_token_ids for r in dec.requests.values()] == [list(range(5))]
 
 
 def test_sharding_ranges():

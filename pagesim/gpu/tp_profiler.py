@@ -1,0 +1,306 @@
+"""Calibration and real runs of a tensor-parallel engine: N GPUs, or one rank's shard on one.
+
+Two ways to calibrate `config.model` at `config.tensor_parallel_size` N:
+
+    calibrate_tensor_parallel   N processes, one per GPU (`launch(calibration_main, N, ...)`):
+                                the step grid through rank 0's scheduler-output broadcast, so
+                                every step time includes its all-reduces; then the all-reduce
+                                benchmark on the same group -> profile `<gpu>/<model>-tp<N>/`
+                                with `allreduce_in_step_times=true` and `allreduce.csv`
+    calibrate_shard             one process, one GPU: rank 0's shard alone (a solo group, no
+                                communication) -> profile `<gpu>/<model>-tp<N>-shard/` with
+                                `allreduce_in_step_times=false`; the cost model adds the
+                                all-reduces (a measured table, or the analytical term)
+
+Both reuse the single-GPU grid (`gpu.calibrate`), host-overhead replay and profile format.
+KV capacity is measured per rank as vLLM's workers do (`gpu.memory`), and the group keeps the
+smallest block count (vLLM takes the minimum over workers). A shard measured alone lacks the
+NCCL buffers (vLLM#10511: about 1.75 GiB per GPU at TP 2), so its block counts run high.
+
+`serve_tp` is the real (wall-clock) run of a TP engine, for validation: rank 0 replays the
+requests through the shared scheduler and `TPDriverRunner`; the other ranks run `run_worker`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pagesim.config import EngineConfig
+from pagesim.cost.profile import Profile, ProfileMetadata, profile_dir
+from pagesim.gpu.allreduce_bench import DEFAULT_MESSAGE_BYTES, bench_allreduce
+from pagesim.gpu.allreduce_bench import METHOD as ALLREDUCE_METHOD
+from pagesim.gpu.calibrate import (
+    CalibrationGrid,
+    Progress,
+    calibrate_block_size,
+    overhead_requests,
+    overhead_rows,
+)
+from pagesim.gpu.device import device_info
+from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
+from pagesim.gpu.parallel import TPGroup, destroy_tensor_parallel, init_tensor_parallel
+from pagesim.gpu.profiler import (
+    ATTENTION_BACKEND,
+    METHOD,
+    RUNNER_MODES,
+    gpu_key,
+    measure_host_link,
+    override_capacity,
+)
+from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.serve import make_engine, replay, run_records, serve_result
+from pagesim.gpu.tp_model import TensorParallelDecoder
+from pagesim.gpu.tp_runner import TPDriverRunner, broadcast_stop, run_collective, run_worker
+
+MakeRunner = Callable[[EngineConfig, int], Any]  # (config, num_gpu_blocks) -> ModelRunner
+
+
+@dataclass(frozen=True)
+class TPCalibrationResult:
+    profile: Profile
+    capacity: MeasuredKVCapacity  # rank 0's, with the group's smallest block counts
+    directory: Path | None
+    elapsed_s: float
+
+
+def block_order(config: EngineConfig, grid: CalibrationGrid) -> list[int]:
+    """Fully measured block sizes first (a spent time budget leaves the useful rows)."""
+    return sorted(set(grid.block_sizes) | {config.block_size},
+                  key=lambda b: (b not in grid.full_block_sizes, b))
+
+
+def group_capacity(config: EngineConfig, model: TensorParallelDecoder,
+                   before: MemorySnapshot | None, group: TPGroup,
+                   order: tuple[int, ...]) -> MeasuredKVCapacity:
+    """vLLM's start-up measurement on every rank (a collective forward) for the block sizes
+    `order`, the smallest block count of the group kept; on a CPU the override is the
+    capacity."""
+    if model.device.type != "cuda":
+        return override_capacity(config, order)
+    cap = measure_kv_capacity(config, model, before, order)
+    per_rank = group.gather_objects(cap.num_gpu_blocks)
+    smallest = {bs: min(blocks[bs] for blocks in per_rank) for bs in order}
+    return dataclasses.replace(cap, num_gpu_blocks=smallest)
+
+
+def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGrid,
+              num_gpu_blocks: dict[int, int], *, seed: int, deadline: float | None,
+              progress: Progress | None, log: Callable[[str], None]):
+    """(decode, prefill, mixed) rows over the grid's block sizes, one runner per size."""
+    decode, prefill, mixed = [], [], []
+    for bs in block_order(config, grid):
+        if bs not in grid.block_sizes:
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            log(f"time budget spent: block size {bs} not measured")
+            continue
+        runner = make_runner(config.replace(block_size=bs), num_gpu_blocks[bs])
+        d, p, m = calibrate_block_size(
+            runner, bs, grid, max_model_len=config.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
+            progress=progress, seed=seed, deadline=deadline)
+        decode += d
+        prefill += p
+        mixed += m
+        log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed rows")
+        del runner
+        _empty_cache()
+    return decode, prefill, mixed
+
+
+def host_overhead_rows(make_runner: MakeRunner, config: EngineConfig,
+                       num_gpu_blocks: dict[int, int], grid: CalibrationGrid):
+    """Host time per step by batch size, from a replayed decode ramp (`gpu.calibrate`)."""
+    bs = config.block_size
+    runner = make_runner(config, num_gpu_blocks[bs])
+    n = min(grid.overhead_max_reqs, config.max_num_seqs)
+    run = replay(overhead_requests(n, block_size=bs, vocab=config.model_spec.vocab_size),
+                 make_engine(config, num_gpu_blocks[bs]), runner)
+    del runner
+    _empty_cache()
+    return overhead_rows(run.steps[1:], max_reqs=n)
+
+
+def _metadata(config: EngineConfig, grid: CalibrationGrid, model: TensorParallelDecoder,
+              capacity: MeasuredKVCapacity, *, seed: int, in_steps: bool,
+              host_link: float | None, method: str, notes: str,
+              cuda_graphs: bool) -> ProfileMetadata:
+    info = device_info(model.device if model.device.type == "cuda" else None)
+    return ProfileMetadata(
+        gpu=gpu_key(info["gpu_name"]), model=config.model, gpu_name=info["gpu_name"],
+        driver=info.get("driver", ""), cuda=info["cuda"], torch=info["torch"],
+        triton=info["triton"], dtype=str(model.dtype).removeprefix("torch."), date=info["date"],
+        kv_cache_dtype=config.kv_cache_dtype, tensor_parallel_size=model.tp_size,
+        allreduce_in_step_times=in_steps,
+        attention_backend=(f"{ATTENTION_BACKEND}; runner: "
+                           f"{RUNNER_MODES[cuda_graphs and model.device.type == 'cuda']}"),
+        grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
+        gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
+        device={k: v for k, v in info.items() if k in (
+            "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
+        method=method, synthetic=model.device.type != "cuda",
+        notes=(f"random-weight {config.model} (seed {seed}), tensor_parallel_size "
+               f"{model.tp_size}: {notes}; max_num_seqs {config.max_num_seqs}, "
+               f"max_num_batched_tokens {config.max_num_batched_tokens}, max_model_len "
+               f"{config.max_model_len}"))
+
+
+def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
+                              config: EngineConfig, grid: CalibrationGrid, *,
+                              before: MemorySnapshot | None = None, seed: int = 0,
+                              calibration_root: str | Path | None = None,
+                              progress: Progress | None = None,
+                              time_budget_s: float | None = None,
+                              log: Callable[[str], None] = print,
+                              allreduce_bytes: tuple[int, ...] = DEFAULT_MESSAGE_BYTES,
+                              allreduce_repeats: int = 20,
+                              cuda_graphs: bool = False) -> TPCalibrationResult | None:
+    """Every rank of the group calls this; rank 0 returns the result, the others None.
+
+    `before`: the memory snapshot taken before `model` was built (CUDA); on a CPU,
+    `config.num_gpu_blocks_override` is the KV cache (a dry run over gloo).
+    """
+    t0 = time.monotonic()
+    capacity = group_capacity(config, model, before, group, tuple(block_order(config, grid)))
+    if not group.is_driver:
+        run_worker(group, model, seed=seed)
+        return None
+    log(capacity.report())
+    deadline = None if time_budget_s is None else t0 + time_budget_s
+
+    def make_runner(cfg: EngineConfig, blocks: int) -> TPDriverRunner:
+        return TPDriverRunner(group, cfg, blocks, model=model, seed=seed,
+                              cuda_graphs=cuda_graphs)
+
+    try:
+        decode, prefill, mixed = grid_rows(make_runner, config, grid, capacity.num_gpu_blocks,
+                                           seed=seed, deadline=deadline, progress=progress,
+                                           log=log)
+        overhead = host_overhead_rows(make_runner, config, capacity.num_gpu_blocks, grid)
+        allreduce = run_collective(group, bench_allreduce, allreduce_bytes, dtype=model.dtype,
+                                   device=model.device, repeats=allreduce_repeats)
+    finally:
+        broadcast_stop(group)
+    host_link = measure_host_link(model.device) if model.device.type == "cuda" else None
+    method = (METHOD.format(bs=config.block_size) + " Steps ran on all "
+              f"{group.world_size} ranks (rank 0 broadcasts each step; times are rank 0's "
+              "and include the all-reduces). "
+              + ALLREDUCE_METHOD.format(dtype=str(model.dtype).removeprefix("torch."),
+                                        backend="NCCL" if model.device.type == "cuda"
+                                        else "gloo", warmup=5, repeats=allreduce_repeats))
+    meta = _metadata(config, grid, model, capacity, seed=seed, in_steps=True,
+                     host_link=host_link, method=method,
+                     notes=f"{group.world_size} processes; smallest KV block count of the group",
+                     cuda_graphs=cuda_graphs)
+    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead),
+                      tuple(allreduce))
+    directory = None
+    if calibration_root is not None:
+        directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model,
+                                             group.world_size))
+    return TPCalibrationResult(profile, capacity, directory, time.monotonic() - t0)
+
+
+def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch.dtype,
+                    seed: int = 0, calibration_root: str | Path | None = None,
+                    progress: Progress | None = None, time_budget_s: float | None = None,
+                    log: Callable[[str], None] = print, device: str = "cuda",
+                    rank: int = 0, cuda_graphs: bool = False) -> TPCalibrationResult:
+    """Rank `rank`'s shard of an N-way model (N = `config.tensor_parallel_size`) on one GPU,
+    no communication; saved under `<gpu>/<model>-tp<N>-shard/`. Eager by default, as the TP
+    group runs (`TPDriverRunner`), so that both kinds of profile time the same code path."""
+    t0 = time.monotonic()
+    group = TPGroup.solo(config.tensor_parallel_size, rank)
+    dev = torch.device(device)
+    before = MemorySnapshot.take(dev) if dev.type == "cuda" else None
+    model = TensorParallelDecoder(config.model_spec, dtype, dev, config.block_size, group, seed)
+    capacity = group_capacity(config, model, before, group, tuple(block_order(config, grid)))
+    log(capacity.report())
+    deadline = None if time_budget_s is None else t0 + time_budget_s
+
+    def make_runner(cfg: EngineConfig, blocks: int) -> GPUModelRunner:
+        return GPUModelRunner(cfg, blocks, device=dev, model=model, seed=seed,
+                              cuda_graphs=cuda_graphs)
+
+    decode, prefill, mixed = grid_rows(make_runner, config, grid, capacity.num_gpu_blocks,
+                                       seed=seed, deadline=deadline, progress=progress, log=log)
+    overhead = host_overhead_rows(make_runner, config, capacity.num_gpu_blocks, grid)
+    method = (METHOD.format(bs=config.block_size) + f" Rank {rank}'s shard of a "
+              f"{group.world_size}-way split alone on one GPU: no all-reduce, no logits "
+              "all-gather in the times.")
+    meta = _metadata(config, grid, model, capacity, seed=seed, in_steps=False,
+                     host_link=measure_host_link(dev) if dev.type == "cuda" else None,
+                     method=method, notes="one rank's shard alone; KV capacity lacks the NCCL "
+                     "buffers of a real group", cuda_graphs=cuda_graphs)
+    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead))
+    directory = None
+    if calibration_root is not None:
+        base = profile_dir(calibration_root, meta.gpu, config.model, group.world_size)
+        directory = profile.save(base.with_name(base.name + "-shard"))
+    return TPCalibrationResult(profile, capacity, directory, time.monotonic() - t0)
+
+
+def calibration_main(rank: int, world_size: int, init_method: str, config: EngineConfig,
+                     grid: CalibrationGrid, dtype: torch.dtype, seed: int,
+                     calibration_root: str | None, time_budget_s: float | None,
+                     device_type: str = "cuda") -> None:
+    """`launch(calibration_main, N, config, grid, ...)`: one process per GPU (rank r on
+    cuda:r), or per CPU process over gloo with `device_type="cpu"` (a dry run)."""
+    device = torch.device(f"cuda:{rank}" if device_type == "cuda" else "cpu")
+    group = init_tensor_parallel(rank, world_size, init_method, device)
+    try:
+        before = MemorySnapshot.take(device) if device.type == "cuda" else None
+        model = TensorParallelDecoder(config.model_spec, dtype, device, config.block_size,
+                                      group, seed)
+
+        def log(msg: str) -> None:
+            if group.is_driver:
+                print(msg, flush=True)
+
+        result = calibrate_tensor_parallel(group, model, config, grid, before=before,
+                                           seed=seed, calibration_root=calibration_root,
+                                           time_budget_s=time_budget_s, log=log)
+        if result is not None:
+            p = result.profile
+            log(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "
+                f"prefill, {len(p.mixed)} mixed, {len(p.overhead)} overhead, "
+                f"{len(p.allreduce)} all-reduce rows) in {result.elapsed_s:.0f} s")
+    finally:
+        destroy_tensor_parallel()
+
+
+def serve_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
+             num_gpu_blocks: int, requests: list | None = None, *,
+             max_wall_s: float | None = None, seed: int = 0, temperature: float = 1.0,
+             cuda_graphs: bool = False) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """A real run of a TP engine. Rank 0 passes the requests and gets (result keys, raw
+    records) as `validate.serve_workload` returns them; other ranks pass None and get None."""
+    if not group.is_driver:
+        run_worker(group, model, seed=seed)
+        return None
+    scheduler = make_engine(config, num_gpu_blocks)
+    num_cpu = scheduler.swap_pool.num_blocks if scheduler.swap_pool is not None else 0
+    try:
+        runner = TPDriverRunner(group, config, num_gpu_blocks, model=model, seed=seed,
+                                num_cpu_blocks=num_cpu, temperature=temperature,
+                                cuda_graphs=cuda_graphs)
+        run = replay(requests or [], scheduler, runner, max_wall_s=max_wall_s)
+    finally:
+        broadcast_stop(group)
+    result = serve_result(run, scheduler, config)
+    result["truncated"] = any(r.reject_reason == "wall-clock limit"
+                              for r in run.metrics.records.values())
+    return result, run_records(run)
+
+
+def _empty_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
