@@ -114,12 +114,19 @@ class BlockPool:
         append = out.append
         # One pass does the queue pop, the eviction and the ref count (hot path).
         if self.enable_caching:
+            cache = self.cached_block_hash_to_block
+            plain = not self.enable_kv_cache_events
             for _ in range(num_blocks):
                 append(block)
                 nxt = block.next_free_block
                 block.prev_free_block = block.next_free_block = None
-                if block.block_hash is not None:
-                    self._evict_cached_block(block)
+                block_hash = block.block_hash
+                if block_hash is not None:
+                    if plain and cache.get(block_hash) is block:  # the common eviction, inlined
+                        del cache[block_hash]
+                        block.block_hash = None
+                    else:
+                        self._evict_cached_block(block)
                 block.ref_cnt = 1
                 block = nxt
         else:

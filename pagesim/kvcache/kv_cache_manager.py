@@ -212,7 +212,10 @@ class KVCacheManager:
                 return None
             new_blocks = pool.get_new_blocks(num_new_blocks)
             row.extend(new_blocks)
-            self.req_to_block_ids[rid].extend([b.block_id for b in new_blocks])
+            if num_new_blocks == 1:  # a decode crossing into a new block
+                self.req_to_block_ids[rid].append(new_blocks[0].block_id)
+            else:
+                self.req_to_block_ids[rid].extend([b.block_id for b in new_blocks])
             result = KVCacheBlocks(new_blocks)
         if self.enable_caching:
             num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)

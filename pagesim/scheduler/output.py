@@ -108,4 +108,5 @@ def synthetic_tokens(request: Request, start: int, stop: int, vocab_size: int = 
     """`[synthetic_token(request, i, vocab_size) for i in range(start, stop)]`, in one pass."""
     p = request.prompt_token_ids
     seed = (p[-1] * 1_000_003 + len(p) * 7919 + (p[0] if p else 0)) if p else 0
-    return [(seed + 104_729 * (i + 1)) % vocab_size for i in range(start, stop)]
+    step = 104_729  # the values seed + step * (i + 1), as a range: no per-token arithmetic
+    return [x % vocab_size for x in range(seed + step * (start + 1), seed + step * (stop + 1), step)]

@@ -26,6 +26,7 @@ from pagesim.metrics import MetricsCollector
 from pagesim.request import Request
 from pagesim.scheduler.output import synthetic_token, synthetic_tokens
 from pagesim.scheduler.scheduler import Scheduler
+from pagesim.sim.build import default_profile
 from pagesim.sim.cluster import simulate_cluster
 from pagesim.sim.engine import ServingEngine
 from pagesim.sim.output import requests_table, result_json, steps_table
@@ -89,6 +90,17 @@ def test_simulate_fast_equals_slow(name: str) -> None:
     for a, b in zip(_outputs(fast.metrics, fast.result), _outputs(slow.metrics, slow.result),
                     strict=True):
         assert a == b
+
+
+def test_calibrated_cost_model_fast_equals_slow() -> None:
+    """The shipped calibration profile's cost model sees the same batch shapes."""
+    config = EngineConfig.create(model="llama-2-7b", gpu="h200")
+    profile = default_profile(config)
+    if profile is None:
+        pytest.skip("no shipped llama-2-7b/h200 calibration profile")
+    runs = [simulate(config, LoadSpec(**CHAT), profile=profile, fast_path=flag)
+            for flag in (True, False)]
+    assert _outputs(runs[0].metrics, runs[0].result) == _outputs(runs[1].metrics, runs[1].result)
 
 
 def test_cluster_fast_equals_slow() -> None:
