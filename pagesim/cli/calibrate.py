@@ -48,9 +48,15 @@ def calibrate_command(
     enforce_eager: Annotated[bool, typer.Option(
         "--enforce-eager", help="No CUDA graphs: decode steps launch eagerly too (vLLM's "
         "flag).")] = False,
+    tensor_parallel_size: o.TP = None,
+    shard_only: Annotated[bool, typer.Option(
+        "--shard-only", help="With --tensor-parallel-size N: time rank 0's shard alone on this "
+        "one GPU (no communication; the cost model adds the all-reduces).")] = False,
 ) -> None:
     """Sweep decode, prefill and mixed step shapes per block size on this GPU (random weights),
-    measure KV capacity and host overhead, and write a versioned profile."""
+    measure KV capacity and host overhead, and write a versioned profile. With
+    --tensor-parallel-size N: one process per GPU, steps through rank 0's broadcast, plus the
+    all-reduce table (profile <root>/<gpu>/<model>-tp<N>/; TP runs are eager)."""
     from pagesim.gpu.device import require_cuda, torch_dtype
 
     require_cuda()
@@ -61,9 +67,13 @@ def calibrate_command(
     config = EngineConfig.create(
         model=model or "llama-2-7b", gpu="h200", gpu_memory_utilization=gpu_memory_utilization,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len)
+        max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size)
     grid = CalibrationGrid(block_sizes=parse_int_list(block_sizes, "block-sizes"),
                            full_block_sizes=parse_int_list(full_block_sizes, "full-block-sizes"))
+    if config.tensor_parallel_size > 1 or shard_only:
+        _calibrate_tp(config, grid, torch_dtype(dtype), seed, output_dir, time_budget_s,
+                      shard_only, quiet)
+        return
     with _bar(quiet) as progress:
         result = run_calibration(config, grid, dtype=torch_dtype(dtype), seed=seed,
                                  calibration_root=output_dir, progress=progress,
@@ -73,6 +83,40 @@ def calibrate_command(
     typer.echo(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} prefill, "
                f"{len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
                f"{result.elapsed_s:.0f} s")
+
+
+def _calibrate_tp(config, grid, dtype, seed: int, output_dir: Path, time_budget_s: float,
+                  shard_only: bool, quiet: bool) -> None:
+    """`--tensor-parallel-size N`: N processes (one per GPU), or rank 0's shard alone."""
+    import torch
+
+    from pagesim.gpu.tp_model import check_tensor_parallel
+
+    tp = config.tensor_parallel_size
+    if tp < 2:
+        raise ConfigError("--shard-only: give --tensor-parallel-size N with N >= 2")
+    check_tensor_parallel(config.model_spec, tp)
+    if shard_only:
+        from pagesim.gpu.tp_profiler import calibrate_shard
+
+        with _bar(quiet) as progress:
+            result = calibrate_shard(config, grid, dtype=dtype, seed=seed,
+                                     calibration_root=output_dir, progress=progress,
+                                     time_budget_s=time_budget_s, log=typer.echo)
+        p = result.profile
+        typer.echo(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "
+                   f"prefill, {len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
+                   f"{result.elapsed_s:.0f} s")
+        return
+    if torch.cuda.device_count() < tp:
+        raise ConfigError(f"--tensor-parallel-size {tp}: needs {tp} GPUs, this machine has "
+                          f"{torch.cuda.device_count()} (--shard-only times one rank's shard "
+                          "on one GPU)")
+    from pagesim.gpu.parallel import launch
+    from pagesim.gpu.tp_profiler import calibration_main
+
+    launch(calibration_main, tp, config, grid, dtype, seed, str(output_dir), time_budget_s,
+           "cuda")
 
 
 class _bar:
