@@ -1,7 +1,10 @@
 """Why real steps and calibrated steps disagree: the two speeds of a launch-bound eager step.
 
-Reads the stored real runs (results/validation/real/<model>/*.json.gz) and the H200 profiles
-(calibration/h200/<model>/decode.csv) and measures, without a GPU:
+Reads the stored real runs of the eager runner (results/validation/eager/real/<model>/) and the
+H200 profiles they were predicted with (results/validation/eager/profile/h200/llama-2-7b,
+calibration/h200/llama-3-8b) and measures, without a GPU (the CUDA-graph runs have no
+launch-bound floor, so "slow" would only mean a larger batch there: benchmarks/graph_steps.py
+compares them with the profile step by step instead):
 
 - per real run, decode-only steps with fewer than 64 requests (launch-bound: the GPU work is
   a third of the step): the fast-mode time (25th percentile), the share of "slow" steps
@@ -22,8 +25,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT / "results" / "validation" / "real"
 OUT = ROOT / "results" / "validation"
+# (runner, real runs, profile roots searched in order for <gpu>/<model>/decode.csv)
+SOURCES = (
+    ("eager", OUT / "eager" / "real", (OUT / "eager" / "profile" / "h200",
+                                       ROOT / "calibration" / "h200")),
+)
 SLOW = 1.35  # a step slower than this multiple of the run's fast-mode time is "slow"
 SINCE_BINS = ((1, 10), (10, 30), (30, 100), (100, 10**9))
 
@@ -74,13 +81,16 @@ def profile_stats(path: Path) -> dict:
 
 def main() -> None:
     doc = {"slow_threshold": SLOW, "runs": {}, "profiles": {}}
-    for model_dir in sorted(p for p in REAL.iterdir() if p.is_dir()):
-        doc["runs"][model_dir.name] = [run_stats(p) for p in sorted(model_dir.glob("*.json.gz"))]
-        prof = ROOT / "calibration" / "h200" / model_dir.name / "decode.csv"
-        if prof.is_file():
-            doc["profiles"][model_dir.name] = profile_stats(prof)
+    for runner, real, roots in SOURCES:
+        for model_dir in sorted(p for p in real.iterdir() if p.is_dir()):
+            key = f"{model_dir.name} ({runner})"
+            doc["runs"][key] = [run_stats(p) for p in sorted(model_dir.glob("*.json.gz"))]
+            prof = next((r / model_dir.name / "decode.csv" for r in roots
+                         if (r / model_dir.name / "decode.csv").is_file()), None)
+            if prof is not None:
+                doc["profiles"][key] = profile_stats(prof)
     (OUT / "step_regimes.json").write_text(json.dumps(doc, indent=1) + "\n")
-    lines = ["| model | run | decode steps (<64 reqs) | fast ms | median ms | mean ms | slow share "
+    lines = ["| model (runner) | run | decode steps (<64 reqs) | fast ms | median ms | mean ms | slow share "
              "| lag-1 autocorr | slow share by steps since prefill |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for model, runs in doc["runs"].items():
@@ -92,7 +102,7 @@ def main() -> None:
                          f"{r['slow_lag1_autocorr']} | "
                          + ", ".join(f"{k}: {v}" for k, v in
                                      r["slow_share_by_steps_since_prefill"].items()) + " |")
-    lines += ["", "| model | block size | decode rows (batch <= 32) | fast ms | rows in the slow "
+    lines += ["", "| model (runner) | block size | decode rows (batch <= 32) | fast ms | rows in the slow "
               "cluster |", "| --- | ---: | ---: | ---: | ---: |"]
     for model, per_bs in doc["profiles"].items():
         for bs, s in per_bs.items():
