@@ -187,8 +187,12 @@ def launch(fn: Callable[..., None], world_size: int, *args: Any,
 
     if world_size < 1:
         raise ConfigError(f"tensor_parallel_size={world_size!r}: must be >= 1")
-    method = init_method or file_init_method()
-    mp.spawn(_entry, args=(fn, world_size, method, args), nprocs=world_size, join=True)
+    if init_method is not None:
+        mp.spawn(_entry, args=(fn, world_size, init_method, args), nprocs=world_size, join=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="pagesim-tp-") as rendezvous:
+        mp.spawn(_entry, args=(fn, world_size, file_init_method(rendezvous), args),
+                 nprocs=world_size, join=True)
 
 
 def _entry(rank: int, fn: Callable[..., None], world_size: int, init_method: str,
