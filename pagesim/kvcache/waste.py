@@ -24,7 +24,9 @@ space is external fragmentation. With no request waiting nothing is blocked, and
 Paged: any free block serves any request, so it is 0 (the paper's point).
 
 Cost per snapshot: O(running requests) with one attribute read or two per request; the
-contiguous manager keeps its region sums up to date as it allocates and frees.
+contiguous manager keeps its region sums up to date as it allocates and frees. Callers that keep
+the running requests' sums themselves (the simulator's decode fast path) pass them in
+(`paged_waste_from_tails`, `contiguous_slots(..., tokens=)`) and pay O(1).
 """
 
 from __future__ import annotations

@@ -205,17 +205,24 @@ def _run(fast: bool, cfg: EngineConfig, allocator: str, num_blocks: int,
     policy=st.sampled_from(["fcfs", "priority"]),
     compat=st.sampled_from(["0.33", "0.23"]),
     allocator=st.sampled_from(["paged", "paged", "pow2", "oracle"]),
+    threshold=st.sampled_from([0, 0, 8, 32]),
+    reserve_full_isl=st.booleans(),
+    chunked=st.sampled_from([True, True, False]),
     requests=st.lists(st.tuples(st.sampled_from([0.0, 0.03, 0.1, 0.25, 0.6]),
                                 st.integers(1, 70), st.integers(1, 40), st.integers(0, 2)),
                       min_size=1, max_size=14),
 )
 def test_engine_fast_equals_slow(block_size, num_blocks, budget, max_num_seqs, caching, mode,
-                                 policy, compat, allocator, requests) -> None:
-    cfg = EngineConfig(block_size=block_size, max_num_batched_tokens=budget,
+                                 policy, compat, allocator, threshold, reserve_full_isl,
+                                 chunked, requests) -> None:
+    cfg = EngineConfig(block_size=block_size,
+                       max_num_batched_tokens=budget if chunked else budget + 128,
                        max_num_seqs=max_num_seqs, max_model_len=128,
                        enable_prefix_caching=caching and allocator == "paged",
-                       preemption_mode=mode if allocator == "paged" else "recompute",
-                       scheduling_policy=policy, vllm_compat=compat, swap_space=0.0001)
+                       preemption_mode=mode, scheduling_policy=policy, vllm_compat=compat,
+                       swap_space=0.0001, long_prefill_token_threshold=threshold,
+                       scheduler_reserve_full_isl=reserve_full_isl,
+                       enable_chunked_prefill=chunked)
     num_blocks = max(num_blocks, -(-128 // block_size) + 2)  # any one request fits
     assert _run(True, cfg, allocator, num_blocks, requests) == \
         _run(False, cfg, allocator, num_blocks, requests)
