@@ -215,6 +215,8 @@ class ContiguousKVCacheManager:
             self.check_invariants()
 
     # ---- the paged manager's other entry points --------------------------------------------
+    num_blocks_to_copy = 0  # no sharing, so no copy-on-write
+
     def take_blocks_to_copy(self) -> list[tuple[int, int]]:
         return []  # no sharing, so no copy-on-write
 

@@ -363,6 +363,11 @@ class KVCacheManager:
         if self.check_invariants:
             check_kv_cache_manager(self)
 
+    @property
+    def num_blocks_to_copy(self) -> int:
+        """Copies waiting for `take_blocks_to_copy` (0 unless forked requests wrote)."""
+        return len(self._blocks_to_copy)
+
     def take_blocks_to_copy(self) -> list[tuple[int, int]]:
         """(src_block_id, dst_block_id) copies made since the last call, in order."""
         out, self._blocks_to_copy = self._blocks_to_copy, []

@@ -198,6 +198,19 @@ class Scheduler:
         out.total_num_scheduled_tokens = total
         return out
 
+    def skip_lead_only_step(self, num_lead_decodes: int) -> bool:
+        """Account for a step of lead decodes only (see `schedule(num_lead_decodes)`) without
+        building its output, when that output would carry nothing: no other request to
+        schedule, no finished, rejected or preempted ids, no swap and no copy. True: the step
+        is counted (its step id) and nothing else changes. False: nothing changed; call
+        `schedule(num_lead_decodes)`."""
+        if (num_lead_decodes != len(self.running) or self.waiting or self.swapped
+                or self._finished_ids or self._rejected_ids
+                or self.kv_cache_manager.num_blocks_to_copy):
+            return False
+        self._step_id += 1
+        return True
+
     def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int,
                           start: int = 0) -> int:
         running = self.running

@@ -89,6 +89,14 @@ class ServingEngine:
                 self._idle = None
             start = env.now
             if fast is not None and fast.begin_step(start):
+                num_lead = len(fast.lazies)
+                if scheduler.skip_lead_only_step(num_lead):  # the common step: decodes only
+                    step_time = self.runner.lead_decode_step_time(
+                        scheduler.block_size, num_lead, fast.lead_context_sum(),
+                        fast.lead_contexts())
+                    yield timeout(step_time)
+                    self._lead_only_end(fast, start, step_time)
+                    continue
                 out, result, num_prefill, num_decode = self._fast_begin(fast, start)
                 yield timeout(result.step_time_s)
                 self._fast_end(fast, start, out, result, num_prefill, num_decode)
@@ -163,6 +171,26 @@ class ServingEngine:
             out.total_num_scheduled_tokens + num_lead, num_prefill, num_decode, num_running,
             num_waiting, usage, token_state, reserved, internal, external,
             len(out.preempted_req_ids), out.swap_bytes,
+        ))
+
+    def _lead_only_end(self, fast: DecodeFastPath, start: float, step_time_s: float) -> None:
+        """`_fast_end` for a step of lazy decodes only (no scheduler or runner output)."""
+        scheduler, metrics = self.scheduler, self.metrics
+        now = self.env.now
+        num_lead = len(fast.lazies)
+        finished = fast.end_step(now)
+        scheduler.finish_decoded(finished)
+        metrics.itl_s.extend(array("d", (now - start,)) * num_lead)
+        metrics.on_tokens_visible(now, num_lead)
+        for req in finished:
+            metrics.on_finish(req, now)
+            self._finished(req)
+        num_running, num_waiting = scheduler.get_request_counts()
+        usage, token_state, reserved, internal, external = self.kv_probe.with_lead_sums(
+            *fast.probe_sums())
+        metrics.on_step((
+            start, step_time_s, num_lead, num_lead, 0, num_lead, num_running, num_waiting,
+            usage, token_state, reserved, internal, external, 0, 0,
         ))
 
     def _note_scheduled(self, out, start: float) -> tuple[int, int]:

@@ -50,6 +50,13 @@ class CostModelRunner:
         return ModelRunnerOutput(step_time_s=self.cost_model.step_time(shape),
                                  sampled_token_ids=self._sample(scheduler_output))
 
+    def lead_decode_step_time(self, block_size: int, num_lead: int, lead_context_sum: int,
+                              lead_contexts: Sequence[int]) -> float:
+        """Step time of a batch of `num_lead` decodes and nothing else (no swap, no copy): the
+        time `execute_with_lead_decodes` gives for an empty output."""
+        return self.cost_model.step_time(BatchShape(block_size, num_lead, num_lead,
+                                                    lead_context_sum, lead_contexts, [], []))
+
     def _sample(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
         sampled: dict[str, int] = {}
         vocab = self.vocab_size
