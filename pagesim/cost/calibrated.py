@@ -40,6 +40,16 @@ v = cached tokens) is a *backbone* plus a *deviation*:
 Why not bilinear interpolation of the raw times: on a ragged grid a row may hold a single
 point, and extrapolating it (flat or along the row's own last segment) ignores what the other
 rows say about the context slope; log space would bend the affine memory-bound law.
+CUDA-graph decode steps (the profile's `cuda_graph_sizes` is not empty): a decode-only step of
+n sequences replays the graph of the smallest captured size P >= n, whose GEMMs run P rows and
+whose attention grid has P programs per head, so it is priced as the grid point (P, mean
+context): other(P) + decode(P, mean context). The grid's batches are capture sizes, so a
+measured row is reproduced; a batch between two rows is no longer interpolated in n (9 decodes
+cost what 16 cost, as on the GPU). Checked per step against the real CUDA-graph runs
+(results/validation/README.md): the mean context fits; the longest context, which the split-K
+kernel's step waits for, over-prices (+36 % mean error). Steps above the largest size, mixed
+and prefill steps run eagerly and are priced as before.
+
 Block sizes between measured ones interpolate linearly in log2(block size); outside the
 measured range the nearest is used (the block-size effect is not extrapolated). The total is
 never negative. `shared` is fitted on mixed.csv (median of sum-of-parts minus measured, clamped
@@ -50,7 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import median
@@ -212,6 +222,7 @@ class CalibratedCostModel:
         for r in profile.mixed:
             other[r.num_new_tokens + r.decode_batch_size].append(r.other_ms * MS)
         self._other = Pwl(other)
+        self._graph_sizes = tuple(meta.cuda_graph_sizes)
         dec: dict[int, list] = defaultdict(list)
         for r in profile.decode:
             residual = r.step_time_ms * MS - self._other(r.batch_size)
@@ -258,6 +269,14 @@ class CalibratedCostModel:
         """Seconds per component, keyed by `BREAKDOWN_KEYS` ("attention" holds every residual
         after the shared-cost correction, so it can include per-sequence non-GEMM work)."""
         return dict(zip(BREAKDOWN_KEYS, self._components(batch), strict=True))
+
+    def padded_batch(self, num_decode_seqs: int) -> int:
+        """The batch a decode-only step of `num_decode_seqs` runs at: the smallest captured
+        CUDA-graph size >= it, or itself when graphs were off or it exceeds every size."""
+        sizes = self._graph_sizes
+        if not sizes or num_decode_seqs > sizes[-1]:
+            return num_decode_seqs
+        return sizes[bisect_left(sizes, num_decode_seqs)]
 
     def decode_time(self, batch_size: int, context_len: int, block_size: int = 16) -> float:
         return self.step_time(BatchShape.decode(batch_size, context_len, block_size))
@@ -306,6 +325,11 @@ class CalibratedCostModel:
         n = b.num_decode_seqs
         if n:
             c = b.decode_context_sum / n
+            if self._graph_sizes and not b.prefill_new_tokens:
+                padded = self.padded_batch(n)
+                if padded != n:
+                    n = padded
+                    total = other = self._other(n)
             for w, s in dec_w:
                 total += w * s(n, c)
             parts = 1

@@ -27,6 +27,10 @@ all-reduces; false, one rank's shard ran alone on one GPU (no communication) and
 model adds the all-reduces (from `allreduce.csv`, else the analytical term). Format history:
 version 2 added `allreduce_in_step_times` and `allreduce.csv`; version 1 files load unchanged
 (read as `allreduce_in_step_times=true`) and save as version 1 again, without the new key.
+Version 3 added `cuda_graph_sizes`: the batch sizes at which the runner replayed CUDA graphs
+for decode-only steps (a step of n decodes runs the graph of the smallest size >= n, so it
+costs what that padded batch costs); empty when every step ran eagerly. Version 1 and 2 files
+(eager runners) load with it empty and save without it.
 
 The GPU calibrator fills the records and saves them; the simulator loads them:
 
@@ -53,8 +57,8 @@ from typing import Any
 from pagesim.config import KV_CACHE_DTYPES
 from pagesim.errors import ConfigError
 
-PROFILE_FORMAT_VERSION = 2
-SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2)  # what `Profile.load` reads
+PROFILE_FORMAT_VERSION = 3
+SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3)  # what `Profile.load` reads
 PROFILE_JSON = "profile.json"
 
 
@@ -147,6 +151,9 @@ class ProfileMetadata:
     attention_backend: str = ""  # kernel name/version timed
     grid: dict[str, list[int]] = field(default_factory=dict)  # axis name -> measured values
     num_gpu_blocks: dict[int, int] = field(default_factory=dict)  # block_size -> blocks
+    # decode-only steps replayed CUDA graphs at these padded batch sizes, ascending; empty:
+    # eager decode steps (and every version-1/2 file). Format version 3.
+    cuda_graph_sizes: list[int] = field(default_factory=list)
     gpu_memory_utilization: float | None = None
     host_link_bytes_per_s: float | None = None  # measured pinned copy rate (swap costs)
     device: dict[str, Any] = field(default_factory=dict)  # SM count, clocks, memory, ...
@@ -163,6 +170,8 @@ class ProfileMetadata:
         out["num_gpu_blocks"] = {str(k): v for k, v in self.num_gpu_blocks.items()}
         if self.format_version < 2:  # a version-1 file stays a valid version-1 file
             del out["allreduce_in_step_times"]
+        if self.format_version < 3:  # likewise for version 2
+            del out["cuda_graph_sizes"]
         return out
 
     @classmethod
@@ -176,6 +185,8 @@ class ProfileMetadata:
                                f"{', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})")
         if version < 2 and "allreduce_in_step_times" in data:
             raise ProfileError(f"{where}: allreduce_in_step_times needs format_version 2")
+        if version < 3 and "cuda_graph_sizes" in data:
+            raise ProfileError(f"{where}: cuda_graph_sizes needs format_version 3")
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:
@@ -189,8 +200,10 @@ class ProfileMetadata:
             kw["grid"] = {str(k): [int(v) for v in vs] for k, vs in kw.get("grid", {}).items()}
             kw["num_gpu_blocks"] = {int(k): int(v)
                                     for k, v in kw.get("num_gpu_blocks", {}).items()}
+            kw["cuda_graph_sizes"] = [int(v) for v in kw.get("cuda_graph_sizes", [])]
         except (TypeError, ValueError, AttributeError) as e:
-            raise ProfileError(f"{where}: grid/num_gpu_blocks must map to integers ({e})") from None
+            raise ProfileError(f"{where}: grid/num_gpu_blocks/cuda_graph_sizes must map to "
+                               f"integers ({e})") from None
         try:
             return cls(**kw)
         except ProfileError as e:  # re-anchor the message on the file's path
@@ -221,6 +234,11 @@ class ProfileMetadata:
         if not self.allreduce_in_step_times and self.tensor_parallel_size == 1:
             raise ProfileError(f"{where}: allreduce_in_step_times=false needs "
                                "tensor_parallel_size > 1 (one GPU has no all-reduce)")
+        sizes = self.cuda_graph_sizes
+        if not isinstance(sizes, list) or any(
+                not isinstance(v, int) or v < 1 for v in sizes) or sizes != sorted(set(sizes)):
+            raise ProfileError(f"{where}: cuda_graph_sizes={sizes!r} must be ascending distinct "
+                               "integers >= 1")
         for name in ("gpu_memory_utilization", "host_link_bytes_per_s"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or not value > 0):

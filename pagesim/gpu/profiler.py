@@ -30,6 +30,7 @@ from pagesim.gpu.calibrate import (
     overhead_requests,
     overhead_rows,
 )
+from pagesim.gpu.cuda_graphs import capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
 from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
 from pagesim.gpu.model import RandomWeightDecoder
@@ -168,6 +169,8 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         attention_backend=f"{ATTENTION_BACKEND}; runner: "
                           f"{RUNNER_MODES[cuda_graphs and dev.type == 'cuda']}",
         grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
+        cuda_graph_sizes=(list(capture_sizes(config.max_num_seqs))
+                          if cuda_graphs and dev.type == "cuda" else []),
         gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
         device={k: v for k, v in info.items() if k in (
             "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
