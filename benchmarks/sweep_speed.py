@@ -2,7 +2,8 @@
 
     python benchmarks/sweep_speed.py [--jobs 2] [--num-prompts 2000] [--quick]
 
-Grid (100 points, one run each, llama-2-7b on h200, analytical cost model): block_size
+Grid (100 points, one run each, llama-2-7b on h200, the shipped calibration when present, else
+the analytical cost model): block_size
 {8, 16, 32, 64, 128} x request_rate {1, 2, 3, 4, 5} req/s x enable_prefix_caching {on, off}
 x workload {chat, system-prompt}. The sweep's files go to a temporary directory; the wall
 time, runs per second and the machine go to results/sweep_speed.csv (one row appended per
@@ -54,6 +55,8 @@ def main() -> None:
     row = {"date": datetime.now().strftime("%Y-%m-%d %H:%M"), "commit": commit,
            "points": len(g), "runs": len(res.summary), "ok_runs": ok,
            "requests_per_run": args.num_prompts, "jobs": args.jobs,
+           "cost_model": "calibrated" if (res.summary["profile"] != "analytical").any()
+           else "analytical",
            "cpu_count": os.cpu_count(), "python": platform.python_version(),
            "wall_s": round(wall, 1), "runs_per_min": round(60.0 * len(res.summary) / wall, 2),
            "sim_requests_per_s": round(len(res.summary) * args.num_prompts / wall, 1),
