@@ -140,7 +140,6 @@ class DecodeFastPath:
                     if lazy.alloc_at == lazy.offset + g:
                         need += 1
                 if need > self.manager.num_free_blocks:  # an allocation could preempt
-                    self.due[g] = due
                     self.dissolve()
                     return False
             self._run_events(due, g)
