@@ -151,7 +151,7 @@ class DecodeFastPath:
 
     def lead_contexts(self) -> Sequence[int]:
         """The lazy requests' contexts before this step, in running order (computed on read)."""
-        return _Contexts(tuple(self.offsets), self.tick)
+        return _Contexts(self.offsets, len(self.offsets), self.tick)
 
     def end_step(self, now: float) -> list[Request]:
         """After the step's time has passed: the lazy requests that finished, up to date (last
@@ -335,21 +335,25 @@ class DecodeFastPath:
 
 
 class _Contexts(Sequence):
-    """Decode contexts `offset + tick` of the lazy requests, computed when read."""
+    """Decode contexts `offset + tick` of the first `n` lazy requests, computed when read.
 
-    __slots__ = ("_offsets", "_tick")
+    `offsets` is the fast path's list: it only ever grows at its end (new lazy requests) or is
+    replaced by a new list (finished ones removed), so its first `n` items never change and
+    the view needs no copy.
+    """
 
-    def __init__(self, offsets: tuple[int, ...], tick: int) -> None:
-        self._offsets, self._tick = offsets, tick
+    __slots__ = ("_offsets", "_n", "_tick")
+
+    def __init__(self, offsets: list[int], n: int, tick: int) -> None:
+        self._offsets, self._n, self._tick = offsets, n, tick
 
     def __len__(self) -> int:
-        return len(self._offsets)
+        return self._n
 
     def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            return [o + self._tick for o in self._offsets[i]]
-        return self._offsets[i] + self._tick
+        values = [o + self._tick for o in self._offsets[:self._n]]
+        return values[i]
 
     def __iter__(self):
         tick = self._tick
-        return (o + tick for o in self._offsets)
+        return (o + tick for o in self._offsets[:self._n])

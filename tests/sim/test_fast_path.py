@@ -143,10 +143,15 @@ def test_synthetic_tokens_match_one_by_one() -> None:
 
 # ---- engine level: random small runs --------------------------------------------------------
 class _Linear:
-    """Dyadic step costs: every simulated time is exact, ties between events are common."""
+    """Dyadic step costs: every simulated time is exact, ties between events are common. It
+    reads the per-entry decode contexts too (the fast path gives them as a view)."""
 
     def step_time(self, batch: BatchShape) -> float:
-        return (64 + batch.total_tokens + (batch.decode_context_sum % 7)) * 2.0**-10
+        contexts = batch.decode_context_tokens
+        assert len(contexts) == batch.num_decode_seqs
+        assert sum(contexts) == batch.decode_context_sum
+        spread = (max(contexts) - contexts[0]) % 5 if contexts else 0
+        return (64 + batch.total_tokens + batch.decode_context_sum % 7 + spread) * 2.0**-10
 
 
 def _run(fast: bool, cfg: EngineConfig, allocator: str, num_blocks: int,
