@@ -36,6 +36,7 @@ from pagesim.errors import WorkloadError
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.kvcache.sizing import page_size_bytes
 from pagesim.metrics import MetricsCollector, summarize
+from pagesim.metrics.report import engine_keys
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.scheduler import Scheduler
 
@@ -225,39 +226,11 @@ def serve_result(run: ServeRun, scheduler, config: EngineConfig,
     the scheduler and KV counters the simulator reports. The waste split is not measured on
     the GPU (None). Host and device time per step are added under `gpu_*` keys."""
     result = summarize(run.metrics, percentiles=percentiles)
-    steps = run.metrics.steps
-    dt = np.frombuffer(steps["step_time_s"], dtype=np.float64)
-    running = np.frombuffer(steps["num_reqs"], dtype=np.float64)
-    usage = np.frombuffer(steps["kv_usage"], dtype=np.float64)
-    busy = float(dt.sum())
-    stats = scheduler.stats
-    reasons: dict[str, int] = {}
-    for rec in run.metrics.records.values():
-        if rec.reject_reason is not None:
-            key = rec.reject_reason.split(":")[0]
-            reasons[key] = reasons.get(key, 0) + 1
-    query = stats.num_prefix_query_tokens
+    result.update(engine_keys(run.metrics, scheduler.stats,
+                              scheduler.kv_cache_manager.num_usable_blocks + 1))
     result.update({
-        "num_rejected": stats.num_rejected,
-        "rejected_reasons": dict(sorted(reasons.items())),
-        "num_preemptions": stats.num_preemptions,
-        "num_swap_preemptions": stats.num_swap_preemptions,
-        "preempted_computed_tokens": stats.preempted_computed_tokens,
-        "recomputed_tokens": stats.recomputed_tokens,
-        "swapped_out_bytes": stats.swapped_out_bytes,
-        "swapped_in_bytes": stats.swapped_in_bytes,
-        "mean_num_running": float((running * dt).sum() / busy) if busy > 0 else 0.0,
-        "max_num_running": int(running.max(initial=0)),
-        "num_steps": run.metrics.num_steps,
-        "busy_time_s": busy,
-        "prefix_cache_query_tokens": query,
-        "prefix_cache_hit_tokens": stats.num_prefix_hit_tokens,
-        "prefix_cache_hit_rate": stats.num_prefix_hit_tokens / query if query else 0.0,
-        "kv_cache_usage_mean": float((usage * dt).sum() / busy) if busy > 0 else 0.0,
-        "kv_cache_usage_peak": float(usage.max(initial=0.0)),
         "kv_token_state_frac": None, "kv_reserved_frac": None,
         "kv_internal_frag_frac": None, "kv_external_frag_frac": None, "kv_free_frac": None,
-        "num_gpu_blocks": scheduler.kv_cache_manager.num_usable_blocks + 1,
         "engine_config": asdict(config),
         "gpu_wall_s": run.wall_s,
         "gpu_schedule_s_mean": _mean([s.schedule_s for s in run.steps]),

@@ -166,3 +166,43 @@ def format_benchmark_block(result: Mapping[str, Any], *, request_rate: float,
             lines.append(row_f.format(f"{label} {short} (ms):", result[f"{key}_{name}_ms"]))
     lines.append("=" * 50)
     return "\n".join(lines)
+
+
+def engine_keys(metrics: MetricsCollector, stats, num_gpu_blocks: int) -> dict[str, Any]:
+    """pagesim's counters shared by simulated and real runs: rejections, preemption, swap,
+    batch size and KV usage (time-weighted by step time), prefix cache.
+
+    `stats` is the scheduler's `SchedulerStats`. The waste split is added by the caller that
+    measures it (the simulator).
+    """
+    steps = metrics.steps
+    dt = np.frombuffer(steps["step_time_s"], dtype=np.float64)
+    running = np.frombuffer(steps["num_reqs"], dtype=np.float64)
+    usage = np.frombuffer(steps["kv_usage"], dtype=np.float64)
+    busy = float(dt.sum())
+    reasons: dict[str, int] = {}
+    for rec in metrics.records.values():
+        if rec.reject_reason is not None:
+            key = rec.reject_reason.split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+    query = stats.num_prefix_query_tokens
+    return {
+        "num_rejected": stats.num_rejected,
+        "rejected_reasons": dict(sorted(reasons.items())),
+        "num_preemptions": stats.num_preemptions,
+        "num_swap_preemptions": stats.num_swap_preemptions,
+        "preempted_computed_tokens": stats.preempted_computed_tokens,
+        "recomputed_tokens": stats.recomputed_tokens,
+        "swapped_out_bytes": stats.swapped_out_bytes,
+        "swapped_in_bytes": stats.swapped_in_bytes,
+        "mean_num_running": float((running * dt).sum() / busy) if busy > 0 else 0.0,
+        "max_num_running": int(running.max(initial=0)),
+        "num_steps": metrics.num_steps,
+        "busy_time_s": busy,
+        "prefix_cache_query_tokens": query,
+        "prefix_cache_hit_tokens": stats.num_prefix_hit_tokens,
+        "prefix_cache_hit_rate": stats.num_prefix_hit_tokens / query if query else 0.0,
+        "kv_cache_usage_mean": float((usage * dt).sum() / busy) if busy > 0 else 0.0,
+        "kv_cache_usage_peak": float(usage.max(initial=0.0)),
+        "num_gpu_blocks": num_gpu_blocks,
+    }

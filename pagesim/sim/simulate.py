@@ -22,6 +22,7 @@ from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.waste import WasteAverager
 from pagesim.metrics import MetricsCollector, summarize
+from pagesim.metrics.report import engine_keys
 from pagesim.request import Request
 from pagesim.sim.arrivals import session_arrival_times
 from pagesim.sim.build import build_cost_model, build_scheduler
@@ -194,46 +195,18 @@ def _check_drained(manager) -> None:
 
 def _pagesim_keys(config: EngineConfig, scheduler, metrics: MetricsCollector,
                   averager: WasteAverager) -> dict[str, Any]:
-    """pagesim's own result keys: KV usage and waste, prefix cache, preemption, batch size."""
-    steps = metrics.steps
-    dt = np.frombuffer(steps["step_time_s"], dtype=np.float64)
-    running = np.frombuffer(steps["num_reqs"], dtype=np.float64)
-    usage = np.frombuffer(steps["kv_usage"], dtype=np.float64)
-    busy = float(dt.sum())
-    stats = scheduler.stats
+    """pagesim's own result keys: the shared engine counters plus the time-weighted waste."""
+    keys = engine_keys(metrics, scheduler.stats, scheduler.kv_cache_manager.num_usable_blocks + 1)
     waste = averager.mean()
-    reasons: dict[str, int] = {}
-    for rec in metrics.records.values():
-        if rec.reject_reason is not None:
-            key = rec.reject_reason.split(":")[0]
-            reasons[key] = reasons.get(key, 0) + 1
-    query = stats.num_prefix_query_tokens
-    return {
-        "num_rejected": stats.num_rejected,
-        "rejected_reasons": dict(sorted(reasons.items())),
-        "num_preemptions": stats.num_preemptions,
-        "num_swap_preemptions": stats.num_swap_preemptions,
-        "preempted_computed_tokens": stats.preempted_computed_tokens,
-        "recomputed_tokens": stats.recomputed_tokens,
-        "swapped_out_bytes": stats.swapped_out_bytes,
-        "swapped_in_bytes": stats.swapped_in_bytes,
-        "mean_num_running": float((running * dt).sum() / busy) if busy > 0 else 0.0,
-        "max_num_running": int(running.max(initial=0)),
-        "num_steps": metrics.num_steps,
-        "busy_time_s": busy,
-        "prefix_cache_query_tokens": query,
-        "prefix_cache_hit_tokens": stats.num_prefix_hit_tokens,
-        "prefix_cache_hit_rate": stats.num_prefix_hit_tokens / query if query else 0.0,
-        "kv_cache_usage_mean": float((usage * dt).sum() / busy) if busy > 0 else 0.0,
-        "kv_cache_usage_peak": float(usage.max(initial=0.0)),
+    keys.update({
         "kv_token_state_frac": waste.token_states if waste else 0.0,
         "kv_reserved_frac": waste.reserved if waste else 0.0,
         "kv_internal_frag_frac": waste.internal_fragmentation if waste else 0.0,
         "kv_external_frag_frac": waste.external_fragmentation if waste else 0.0,
         "kv_free_frac": waste.free if waste else 0.0,
-        "num_gpu_blocks": scheduler.kv_cache_manager.num_usable_blocks + 1,
         "engine_config": asdict(config),
-    }
+    })
+    return keys
 
 
 def result_metadata(config: EngineConfig, load: LoadSpec) -> dict[str, Any]:
