@@ -43,8 +43,7 @@ def _root() -> None:
 
 def _register() -> None:
     """Import the command modules; each adds its commands to `app`."""
-    from pagesim.cli import (  # noqa: F401
-        calibrate, kv_capacity, parity, plan, plot, run, sweep, validate)
+    from pagesim.cli import calibrate, kv_capacity, parity, plan, plot, run, sweep, validate  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

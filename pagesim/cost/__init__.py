@@ -8,7 +8,8 @@ Imports numpy and pagesim's first row only: never simpy, torch, `sim` or `gpu`.
 
 from pagesim.cost.analytical import AnalyticalConstants, AnalyticalCostModel
 from pagesim.cost.base import BatchShape, CostModel
-from pagesim.cost.calibrated import CalibratedCostModel, FitReport, FitRow, fit_report
+from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.fit import FitReport, FitRow, fit_report
 from pagesim.cost.profile import (
     PROFILE_FORMAT_VERSION,
     AllReduceRow,

@@ -58,11 +58,9 @@ to [0, smallest residual]); without mixed rows it is the smallest residual.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from dataclasses import dataclass
 from statistics import median
 
 import numpy as np
@@ -74,7 +72,7 @@ from pagesim.cost.analytical import (
     num_allreduces_per_step,
 )
 from pagesim.cost.base import BatchShape
-from pagesim.cost.profile import TABLES, Profile
+from pagesim.cost.profile import Profile
 from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
@@ -367,93 +365,3 @@ def _allreduce_pricer(profile: Profile, model: ModelSpec | None, gpu: GPUSpec | 
                           "without communication; pass model= (with an allreduce.csv for "
                           f"tp {tp}, or gpu= for the analytical all-reduce term)")
     return None, None
-
-
-# ---- held-out accuracy ----
-@dataclass(frozen=True)
-class FitRow:
-    """Held-out error of one table (or "all"), in percent of the measured median step time."""
-
-    table: str
-    num_fit: int
-    num_holdout: int
-    mape_pct: float | None  # mean |predicted - measured| / measured; None with no held-out row
-    max_abs_pct: float | None
-    bias_pct: float | None  # mean signed error: > 0 means the model predicts too slow
-
-
-@dataclass(frozen=True)
-class FitReport:
-    holdout_fraction: float
-    seed: int
-    rows: tuple[FitRow, ...]
-
-    def to_markdown(self) -> str:
-        """A table for the README: one line per table plus "all"."""
-        lines = ["| table | fitted rows | held-out rows | MAPE % | max abs % | bias % |",
-                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        for r in self.rows:
-            cells = [f"{v:.2f}" if v is not None else "n/a"
-                     for v in (r.mape_pct, r.max_abs_pct, r.bias_pct)]
-            lines.append(f"| {r.table} | {r.num_fit} | {r.num_holdout} | " + " | ".join(cells)
-                         + " |")
-        return "\n".join(lines)
-
-
-def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -> FitReport:
-    """Fit on part of the measured steps and report the error on the rest.
-
-    Per table and block size, `round(holdout_fraction * rows)` rows drawn with
-    `numpy.random.default_rng(seed)` are held out (decode and prefill keep at least two rows
-    per block size so a model can be fitted). The model is fitted on the remaining rows of all
-    tables and predicts each held-out row's device step time (host overhead excluded, as
-    `step_time_ms` excludes it).
-    """
-    if not 0.0 < holdout_fraction < 1.0:
-        raise ConfigError(f"holdout_fraction={holdout_fraction!r}: must be in (0, 1)")
-    if not profile.metadata.allreduce_in_step_times:  # compare device rows with device rows
-        profile = Profile(dataclasses.replace(profile.metadata, allreduce_in_step_times=True),
-                          **{name: getattr(profile, name) for name in TABLES})
-    rng = np.random.default_rng(seed)
-    fit_tables: dict[str, tuple] = {}
-    held: dict[str, list] = {}
-    for name in ("decode", "prefill", "mixed"):
-        rows = getattr(profile, name)
-        groups: dict[int, list[int]] = defaultdict(list)
-        for i, r in enumerate(rows):
-            groups[r.block_size].append(i)
-        out: set[int] = set()
-        for bs in sorted(groups):
-            idx = groups[bs]
-            k = int(round(holdout_fraction * len(idx)))
-            if name != "mixed":
-                k = min(k, len(idx) - 2)
-            if k > 0:
-                out.update(idx[j] for j in rng.permutation(len(idx))[:k])
-        fit_tables[name] = tuple(r for i, r in enumerate(rows) if i not in out)
-        held[name] = [r for i, r in enumerate(rows) if i in out]
-    model = CalibratedCostModel(profile.replace_tables(overhead=(), **fit_tables))
-    shapes = {
-        "decode": lambda r: BatchShape.decode(r.batch_size, r.context_len, r.block_size),
-        "prefill": lambda r: BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens,
-                                                r.block_size),
-        "mixed": lambda r: BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens,
-                                            r.decode_batch_size, r.decode_context_len,
-                                            r.block_size)}
-    report: list[FitRow] = []
-    every: list[float] = []
-    for name in ("decode", "prefill", "mixed"):
-        errors = [100.0 * (model.step_time(shapes[name](r)) - r.step_time_ms * MS)
-                  / (r.step_time_ms * MS) for r in held[name] if r.step_time_ms > 0]
-        every += errors
-        report.append(_fit_row(name, len(fit_tables[name]), errors))
-    report.append(_fit_row("all", sum(len(t) for t in fit_tables.values()), every))
-    return FitReport(holdout_fraction, seed, tuple(report))
-
-
-def _fit_row(table: str, num_fit: int, errors: list[float]) -> FitRow:
-    if not errors:
-        return FitRow(table, num_fit, 0, None, None, None)
-    e = np.asarray(errors)
-    return FitRow(table, num_fit, len(errors), float(np.mean(np.abs(e))),
-                  float(np.max(np.abs(e))), float(np.mean(e)))

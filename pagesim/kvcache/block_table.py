@@ -56,7 +56,7 @@ def build_slot_mapping(
     if not (len(block_ids_per_seq) == len(start_positions) == len(num_new_tokens)):
         raise ValueError("block_ids_per_seq, start_positions and num_new_tokens differ in length")
     slots: list[int] = []
-    for row, start, n in zip(block_ids_per_seq, start_positions, num_new_tokens):
+    for row, start, n in zip(block_ids_per_seq, start_positions, num_new_tokens, strict=True):
         end = start + n
         if n and (end - 1) // block_size >= len(row):
             raise ValueError(f"position {end - 1} needs block {(end - 1) // block_size}, "
@@ -73,7 +73,7 @@ def build_slot_mapping(
 def build_positions(start_positions: Sequence[int], num_new_tokens: Sequence[int]) -> list[int]:
     """Token positions (for rotary embeddings), concatenated in sequence order."""
     out: list[int] = []
-    for start, n in zip(start_positions, num_new_tokens):
+    for start, n in zip(start_positions, num_new_tokens, strict=True):
         out.extend(range(start, start + n))
     return out
 

@@ -18,7 +18,6 @@ from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.kvcache.sizing import kv_capacity, page_size_bytes
 from pagesim.scheduler.scheduler import Scheduler
 
-
 # Shipped calibration profiles: calibration/<gpu>/<model>/ in the source tree.
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
 

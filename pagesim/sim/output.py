@@ -70,7 +70,7 @@ def write_parquet(metrics: MetricsCollector, directory: Path, stem: str) -> list
     """`<stem>.requests.parquet` and `<stem>.steps.parquet` in `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / f"{stem}.requests.parquet", directory / f"{stem}.steps.parquet"]
-    for table, path in zip((requests_table(metrics), steps_table(metrics)), paths):
+    for table, path in zip((requests_table(metrics), steps_table(metrics)), paths, strict=True):
         pq.write_table(table, path, compression="zstd", write_statistics=False)
     return paths
 

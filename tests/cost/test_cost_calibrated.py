@@ -15,11 +15,10 @@ from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import (
     BREAKDOWN_KEYS,
     CalibratedCostModel,
-    FitReport,
     Pwl,
     Surface,
-    fit_report,
 )
+from pagesim.cost.fit import FitReport, fit_report
 from pagesim.cost.profile import DecodeRow, MixedRow, PrefillRow, Profile, ProfileMetadata
 from pagesim.errors import ConfigError
 

@@ -18,7 +18,8 @@ from pagesim.cli.app import main
 from pagesim.config import EngineConfig
 from pagesim.cost.analytical import AnalyticalConstants, AnalyticalCostModel
 from pagesim.cost.base import BatchShape
-from pagesim.cost.calibrated import CalibratedCostModel, fit_report
+from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.fit import fit_report
 from pagesim.cost.profile import AllReduceRow, Profile, ProfileError, profile_dir
 from pagesim.errors import ConfigError
 from pagesim.kvcache.sizing import kv_bytes_per_token, kv_capacity
