@@ -29,12 +29,17 @@ from pagesim.errors import ConfigError, PagesimError
 from pagesim.kvcache.waste import WasteAverager
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.request import Request
-from pagesim.sim.arrivals import session_arrival_times
 from pagesim.sim.build import build_cost_model, build_scheduler
 from pagesim.sim.engine import ServingEngine
 from pagesim.sim.runner import CostModelRunner
-from pagesim.sim.simulate import LoadSpec, ProgressHook, _Clients, _kv_probe, _pagesim_keys
-from pagesim.workload import load_workload
+from pagesim.sim.simulate import (
+    LoadSpec,
+    ProgressHook,
+    _Clients,
+    _kv_probe,
+    _pagesim_keys,
+    sample_traffic,
+)
 
 
 class Router(Protocol):
@@ -89,13 +94,8 @@ def simulate_cluster(config: EngineConfig, load: LoadSpec, num_replicas: int, ro
     `fast_path=False` keeps every step on the per-request path (same results)."""
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
         raise ConfigError(f"num_replicas={num_replicas!r}: must be an integer >= 1")
-    workload = load_workload(
-        load.workload, random_input_len=load.random_input_len,
-        random_output_len=load.random_output_len, random_range_ratio=load.random_range_ratio,
-        random_prefix_len=load.random_prefix_len, time_scale=load.time_scale)
     model = config.model_spec
-    plan = workload.sample(load.num_prompts, seed=load.seed, vocab_size=model.vocab_size)
-    arrivals = session_arrival_times(plan, load.request_rate, load.burstiness, load.seed)
+    plan, arrivals = sample_traffic(load, model.vocab_size)
     cost = cost_model if cost_model is not None else build_cost_model(config, profile)
 
     env = simpy.Environment()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +72,19 @@ class SimulationResult:
     metrics: MetricsCollector
     config: EngineConfig
     load: LoadSpec
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 ProgressHook = Callable[[int, int], None]  # (requests done, total)
+
+
+def sample_traffic(load: LoadSpec, vocab_size: int):
+    """The workload's request plan for `load` and each session's arrival time (seconds)."""
+    workload = load_workload(
+        load.workload, random_input_len=load.random_input_len,
+        random_output_len=load.random_output_len, random_range_ratio=load.random_range_ratio,
+        random_prefix_len=load.random_prefix_len, time_scale=load.time_scale)
+    plan = workload.sample(load.num_prompts, seed=load.seed, vocab_size=vocab_size)
+    return plan, session_arrival_times(plan, load.request_rate, load.burstiness, load.seed)
 
 
 def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None = None,
@@ -86,14 +95,8 @@ def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None
     `fast_path=False` runs every step through the scheduler's per-request path (the reference
     the decode fast path is tested against); results are the same, byte for byte.
     """
-    workload = load_workload(
-        load.workload, random_input_len=load.random_input_len,
-        random_output_len=load.random_output_len, random_range_ratio=load.random_range_ratio,
-        random_prefix_len=load.random_prefix_len, time_scale=load.time_scale)
     model = config.model_spec
-    plan = workload.sample(load.num_prompts, seed=load.seed, vocab_size=model.vocab_size)
-    arrivals = session_arrival_times(plan, load.request_rate, load.burstiness, load.seed)
-
+    plan, arrivals = sample_traffic(load, model.vocab_size)
     scheduler = build_scheduler(config, check_invariants)
     manager = scheduler.kv_cache_manager
     runner = CostModelRunner(build_cost_model(config, profile), vocab_size=model.vocab_size)
