@@ -33,11 +33,10 @@ import numpy as np
 
 from pagesim.config import EngineConfig
 from pagesim.errors import WorkloadError
-from pagesim.kvcache.kv_cache_manager import KVCacheManager
-from pagesim.kvcache.sizing import page_size_bytes
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.metrics.report import engine_keys
 from pagesim.request import Request, RequestStatus
+from pagesim.scheduler.factory import make_scheduler
 from pagesim.scheduler.scheduler import Scheduler
 
 # () -> (kv_usage, token_state, reserved, internal_frag, external_frag), fractions of KV memory
@@ -71,21 +70,13 @@ class ServeRun:
 
     metrics: MetricsCollector
     steps: list[ServeStep] = field(default_factory=list)
-    num_preemptions: int = 0
     wall_s: float = 0.0
 
 
 def make_engine(config: EngineConfig, num_gpu_blocks: int) -> Scheduler:
-    """The scheduler over a paged KV cache of `num_gpu_blocks`, assembled as the simulator
-    assembles it (`pagesim.sim.build`, which this layer may not import): same manager
-    arguments, same swap pool sizing."""
-    manager = KVCacheManager(
-        num_gpu_blocks=num_gpu_blocks, block_size=config.block_size,
-        enable_caching=config.enable_prefix_caching,
-        sliding_window=config.model_spec.sliding_window, vllm_compat=config.vllm_compat)
-    page = page_size_bytes(config.model_spec, config.block_size, config.kv_cache_dtype,
-                           config.tensor_parallel_size)
-    return Scheduler(config, manager, page_size_bytes=page)
+    """The scheduler over a KV cache of `num_gpu_blocks`, assembled as the simulator assembles
+    it (`pagesim.scheduler.factory`): same manager arguments, same swap pool sizing."""
+    return make_scheduler(config, num_gpu_blocks)
 
 
 def replay(requests: Sequence[Request], scheduler, runner, *, kv_probe: KVProbe | None = None,
@@ -175,7 +166,6 @@ def _loop(pending, scheduler, runner, metrics, records, probe, run, clock, sleep
                 on_token(rec, visible)
         for req in finished:
             metrics.on_finish(req, visible)
-        run.num_preemptions += len(out.preempted_req_ids)
         _on_step(metrics, out, scheduler, probe, start, visible - start)
         t_end = clock()
         last = ServeStep(start, len(out.scheduled), out.total_num_scheduled_tokens,

@@ -1,4 +1,5 @@
-"""Assemble one replica from an `EngineConfig`: KV cache manager, scheduler, cost model, runner.
+"""Assemble one replica from an `EngineConfig`: scheduler (over `pagesim.scheduler.factory`),
+cost model.
 
 The same assembly serves `pagesim run`, sweeps, capacity plans and the validation report, so a
 setting means the same thing everywhere.
@@ -13,9 +14,8 @@ from pagesim.cost.analytical import AnalyticalCostModel
 from pagesim.cost.base import CostModel
 from pagesim.cost.profile import profile_dir
 from pagesim.errors import ConfigError
-from pagesim.kvcache.contiguous import ContiguousKVCacheManager
-from pagesim.kvcache.kv_cache_manager import KVCacheManager
-from pagesim.kvcache.sizing import kv_capacity, page_size_bytes
+from pagesim.kvcache.sizing import kv_capacity
+from pagesim.scheduler.factory import make_scheduler
 from pagesim.scheduler.scheduler import Scheduler
 
 # Shipped calibration profiles: calibration/<gpu>/<model>/ in the source tree.
@@ -28,20 +28,6 @@ def default_profile(config: EngineConfig) -> Path | None:
     candidate = profile_dir(CALIBRATION_DIR, config.gpu, config.model,
                             config.tensor_parallel_size)
     return candidate if (candidate / "profile.json").is_file() else None
-
-
-def build_kv_cache_manager(config: EngineConfig, num_gpu_blocks: int,
-                           check_invariants: bool = False):
-    """The paged manager, or a contiguous baseline over the same KV memory."""
-    if config.allocator == "paged":
-        return KVCacheManager(
-            num_gpu_blocks=num_gpu_blocks, block_size=config.block_size,
-            enable_caching=config.enable_prefix_caching,
-            sliding_window=config.model_spec.sliding_window,
-            vllm_compat=config.vllm_compat, check_invariants=check_invariants)
-    return ContiguousKVCacheManager(
-        num_gpu_blocks=num_gpu_blocks, block_size=config.block_size, policy=config.allocator,
-        placement=config.contiguous_placement, max_model_len=config.max_model_len, check_invariants=check_invariants)
 
 
 def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostModel:
@@ -64,11 +50,4 @@ def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostMo
 
 def build_scheduler(config: EngineConfig, check_invariants: bool = False) -> Scheduler:
     """A scheduler over a freshly sized KV cache."""
-    capacity = kv_capacity(config)
-    if capacity.num_gpu_blocks < 2:
-        raise ConfigError(f"num_gpu_blocks={capacity.num_gpu_blocks}: need at least 2 "
-                          "(one is the null block)")
-    manager = build_kv_cache_manager(config, capacity.num_gpu_blocks, check_invariants)
-    page = page_size_bytes(config.model_spec, config.block_size, config.kv_cache_dtype,
-                           config.tensor_parallel_size)
-    return Scheduler(config, manager, page_size_bytes=page)
+    return make_scheduler(config, kv_capacity(config).num_gpu_blocks, check_invariants)

@@ -53,7 +53,6 @@ class ServingEngine:
         self.metrics = metrics
         self.kv_probe = kv_probe
         self.on_finish: list[FinishCallback] = []
-        self.num_preemptions = 0
         self._idle: simpy.Event | None = None
         # The decode fast path (same results, less work per step) where its parts allow it.
         self.fast_path = (DecodeFastPath(scheduler, runner, metrics.records)
@@ -130,7 +129,6 @@ class ServingEngine:
             self._finished(req)
         num_running, num_waiting = scheduler.get_request_counts()
         usage, token_state, reserved, internal, external = self.kv_probe()
-        self.num_preemptions += len(out.preempted_req_ids)
         metrics.on_step((
             start, result.step_time_s, len(out.scheduled), out.total_num_scheduled_tokens,
             num_prefill, num_decode, num_running, num_waiting, usage, token_state, reserved,
@@ -165,7 +163,6 @@ class ServingEngine:
         num_running, num_waiting = scheduler.get_request_counts()
         usage, token_state, reserved, internal, external = self.kv_probe.with_lead_sums(
             *fast.probe_sums())
-        self.num_preemptions += len(out.preempted_req_ids)
         metrics.on_step((
             start, result.step_time_s, len(out.scheduled) + num_lead,
             out.total_num_scheduled_tokens + num_lead, num_prefill, num_decode, num_running,
