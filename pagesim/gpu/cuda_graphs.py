@@ -1,25 +1,36 @@
-"""CUDA graphs for decode-only steps: static buffers, padded batch sizes, capture and replay.
+"""CUDA graphs for the steps of `GPUModelRunner`: static buffers, padded sizes, capture, replay.
 
-An eager decode step launches every layer's kernels from Python (~17 ms for a 7B model on an
-H200 whatever the batch below ~64, while the weights stream in ~3-4 ms), so small decode steps
-are launch-bound. vLLM captures the decode forward in CUDA graphs; this module does the same
-for `GPUModelRunner`:
+An eager step launches every layer's kernels from Python (~17-35 ms for a 7B model on an H200
+whatever the batch below ~64 tokens, while the weights stream in ~3-4 ms), so small steps are
+launch-bound. vLLM captures them in CUDA graphs; this module does the same, in two families:
 
-    capture sizes    1, 2, 4, 8, 16, 24, 32, 48, 64, ... 512 (up to max_num_seqs); a step of
-                     n decodes runs the graph of the next size p >= n
-    static buffers   input ids, positions, slot mapping, seq lens [max size]; block table
-                     [max size, W] with W = table_width(max_model_len / block_size); rows n..p-1
-                     are padding: slot PAD_SLOT_ID (reshape_and_cache skips it), seq_len 0 (the
-                     decode kernel writes zeros), block row all null block, id 0, position 0
-    one graph per    (size, decode partition, skip_attention): the split-K partition depends on
-                     the longest context, so the step's longest context is rounded up to a
-                     power of two (`span_bucket`, at least 256, at most max_model_len) and the
-                     partition is the one `decode_partition` picks for that span; partitions
-                     past a sequence's end exit at once, so one graph serves every context in
-                     its bucket. Unsplit partitions are one key whatever the span.
-    in the graph     embedding .. final norm, and the LM head (fp32 logits [p, vocab]); the
-                     sampler runs eagerly on the first n rows (its seeded generator stays
-                     outside the graph), so padded rows' outputs are never read
+    decode graphs    decode-only steps (one new token per sequence). Capture sizes 1, 2, 4, 8,
+                     16, 24, 32, 48, 64, ... 512 (up to max_num_seqs); a step of n decodes runs
+                     the graph of the next size p >= n. One graph per (size, decode partition):
+                     the split-K partition depends on the longest context, so that context is
+                     rounded up to a power of two (`span_bucket`, at least 256, at most
+                     max_model_len) and the partition is the one `decode_partition` picks for
+                     that span; partitions past a sequence's end exit at once, so one graph
+                     serves every context in its bucket. The forward and the LM head are in
+                     the graph (fp32 logits [p, vocab]).
+    mixed graphs     every other step (prefill, chunked prefill, prefill chunks with decodes)
+                     of at most 512 tokens (and max_num_batched_tokens): tokens padded to the
+                     next capture size t, sequences to s = min(t, largest decode size). The
+                     variable-length attention kernel's grid depends only on (tokens,
+                     sequences), and padded sequences own no query rows, so one graph serves
+                     every mix of prefill and decode rows of its size (vLLM's full graphs for
+                     mixed batches). The graph ends at the final norm of each sequence's last
+                     row; the LM head runs eagerly on the real rows (padding them to s rows
+                     would cost s full LM-head GEMM rows). Larger steps run eagerly: their
+                     GEMMs, not the launches, set their time.
+
+Static buffers (the largest size of either family): input ids, positions, slot mapping
+`[tokens]`; seq lens `[seqs]`; block table `[seqs, W]` with W = table_width(max_model_len /
+block_size); query start locations and logits indices of mixed steps. Padding rows: slot
+PAD_SLOT_ID (reshape_and_cache skips it), seq_len 0 (kernels write zeros or nothing), block row
+all null block, id 0, position 0; padded sequences of a mixed step start at the last real
+token, so they own no rows. The sampler always runs eagerly on the real rows (its seeded
+generator stays outside the graph), so padded rows' outputs are never read.
 
 Capture is lazy (first use of a key, inside the step that needs it: a warm-up forward, which
 also compiles any new Triton variant, then the capture) and `capture_all` captures every key a
@@ -44,7 +55,7 @@ import torch
 from pagesim.gpu.attention import DEFAULT_NUM_SMS, AttentionMetadata
 from pagesim.gpu.kernels.configs import DecodePartition, decode_config, decode_partition
 from pagesim.gpu.kernels.paged_attention import DecodeWorkspace
-from pagesim.kvcache.block_table import PAD_SLOT_ID
+from pagesim.kvcache.block_table import PAD_SLOT_ID, build_positions, build_slot_mapping
 
 #: Batch sizes captured (vLLM's list is 1, 2, 4 and multiples of 8 up to 512; coarser here so
 #: that capture stays short: a decode step's GEMMs cost nearly the same for 129 and 160 rows).
@@ -59,10 +70,11 @@ MIN_SPAN_BUCKET = 256
 class GraphKey(NamedTuple):
     """What a captured graph is specialised on."""
 
-    size: int  # padded batch (sequences = tokens)
-    num_partitions: int  # decode split count (1: unsplit)
+    size: int  # padded batch: sequences = tokens (decode); tokens (mixed)
+    num_partitions: int  # decode split count (1: unsplit; always 1 for mixed graphs)
     partition_size: int  # tokens per partition (0 when unsplit: unused by the kernel)
     skip_attention: bool  # calibration's attention-free timing
+    mixed: bool = False  # a mixed-step graph (variable-length attention kernel)
 
 
 @dataclass(slots=True)
@@ -72,8 +84,8 @@ class CapturedGraph:
     key: GraphKey
     metadata: AttentionMetadata | None  # None when attention is skipped
     graph: torch.cuda.CUDAGraph | None  # None in capture=False mode
-    hidden: torch.Tensor | None = None  # [size, hidden] of the last replay (graph output)
-    logits: torch.Tensor | None = None  # [size, vocab] fp32
+    hidden: torch.Tensor | None = None  # [rows, hidden] of the last replay (graph output)
+    logits: torch.Tensor | None = None  # [size, vocab] fp32 (decode graphs only)
     capture_s: float = 0.0
 
 
@@ -85,6 +97,12 @@ def capture_sizes(max_num_seqs: int, max_size: int = MAX_CAPTURE_SIZE) -> tuple[
     if top not in sizes:
         sizes.append(top)
     return tuple(sizes)
+
+
+def token_capture_sizes(max_num_batched_tokens: int,
+                        max_size: int = MAX_CAPTURE_SIZE) -> tuple[int, ...]:
+    """Token counts of the mixed graphs: the capture list up to the step's token budget."""
+    return capture_sizes(max_num_batched_tokens, max_size)
 
 
 def span_bucket(max_seq_len: int, max_model_len: int) -> int:
@@ -101,15 +119,25 @@ def is_decode_only(scheduled) -> bool:
     return bool(scheduled) and all(sr.num_new_tokens == 1 for sr in scheduled)
 
 
-class DecodeGraphs:
-    """Static buffers and graphs of one runner's decode-only steps (one KV cache).
+def _pad_to(sizes: tuple[int, ...], n: int) -> int | None:
+    """The smallest size >= n, or None if n exceeds them all."""
+    for s in sizes:
+        if s >= n:
+            return s
+    return None
+
+
+class StepGraphs:
+    """Static buffers and graphs of one runner's steps (one KV cache): decode and mixed.
 
     `model` is the runner's `RandomWeightDecoder`, `kv_caches` its caches (graphs bake their
-    addresses in, so graphs belong to one cache). `log` receives one line per capture problem.
+    addresses in, so graphs belong to one cache). `mixed=False` keeps mixed steps eager (the
+    decode-only graphs of the earlier runner). `log` receives one line per capture problem.
     """
 
     def __init__(self, model, kv_caches, *, block_size: int, max_num_seqs: int,
-                 max_model_len: int, capture: bool = True, max_size: int = MAX_CAPTURE_SIZE,
+                 max_model_len: int, max_num_batched_tokens: int | None = None,
+                 capture: bool = True, max_size: int = MAX_CAPTURE_SIZE, mixed: bool = True,
                  log: Callable[[str], None] | None = None) -> None:
         from pagesim.gpu.runner import table_width
 
@@ -120,6 +148,8 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.capture = capture and self.device.type == "cuda"
         self.sizes = capture_sizes(max_num_seqs, max_size)
+        self.token_sizes = (token_capture_sizes(max_num_batched_tokens or max_size, max_size)
+                            if mixed else ())
         self.width = table_width(-(-max_model_len // block_size))
         self.log = log or (lambda msg: None)
         self.failed: str | None = None  # first capture error; graphs are off after it
@@ -127,15 +157,22 @@ class DecodeGraphs:
                         if self.device.type == "cuda" else DEFAULT_NUM_SMS)
         self._decode_cfg = decode_config(model.head_size, model.num_heads // model.num_kv_heads,
                                          self.device.type == "cuda")
-        m, dev = self.sizes[-1], self.device
+        self.max_seqs = self.sizes[-1]
+        m = max(self.max_seqs, *self.token_sizes) if self.token_sizes else self.max_seqs
+        dev = self.device
         # Same dtypes as the eager path's tensors (Triton compiles one variant per pointer
         # dtype); rows of `pack` padded to 16 entries so every row starts 16-byte aligned.
         # pack rows: input ids, positions, slot mapping (int64)
         self.pack = torch.zeros((3, -(-m // 16) * 16), dtype=torch.int64, device=dev)
-        self.seq_lens = torch.zeros(m, dtype=torch.int32, device=dev)
-        self.block_table = torch.zeros((m, self.width), dtype=torch.int32, device=dev)
-        self.query_start_loc = torch.arange(m + 1, dtype=torch.int32, device=dev)
-        self.logits_indices = torch.arange(m, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.zeros(self.max_seqs, dtype=torch.int32, device=dev)
+        self.block_table = torch.zeros((self.max_seqs, self.width), dtype=torch.int32,
+                                       device=dev)
+        self.query_start_loc = torch.arange(self.max_seqs + 1, dtype=torch.int32, device=dev)
+        self.logits_indices = torch.arange(self.max_seqs, dtype=torch.int64, device=dev)
+        # Mixed steps: their own query starts and last rows, loaded per step.
+        self.mixed_query_start_loc = torch.zeros(self.max_seqs + 1, dtype=torch.int32,
+                                                 device=dev)
+        self.mixed_logits_indices = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
         self._reset_buffers()
         self.graphs: dict[GraphKey, CapturedGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
@@ -143,17 +180,24 @@ class DecodeGraphs:
 
     # ---- choosing a graph ---------------------------------------------------------------------
     def padded_size(self, num_seqs: int) -> int | None:
-        """The captured size a batch of `num_seqs` runs at, or None if it is too large."""
-        for s in self.sizes:
-            if s >= num_seqs:
-                return s
-        return None
+        """The captured size a decode batch of `num_seqs` runs at, or None if too large."""
+        return _pad_to(self.sizes, num_seqs)
+
+    def mixed_seqs(self, size: int) -> int:
+        """Sequences of a mixed graph of `size` tokens (each sequence has >= 1 token)."""
+        return min(size, self.max_seqs)
 
     def key_for(self, scheduled, skip_attention: bool = False) -> GraphKey | None:
-        """The graph a step runs, or None when it must run eagerly (not decode-only, larger
-        than the largest size, or graphs failed earlier)."""
-        if self.failed is not None or not is_decode_only(scheduled):
+        """The graph a step runs, or None when it must run eagerly (larger than the largest
+        size of its family, or graphs failed earlier)."""
+        if self.failed is not None or not scheduled:
             return None
+        if not is_decode_only(scheduled):
+            tokens = sum(sr.num_new_tokens for sr in scheduled)
+            size = _pad_to(self.token_sizes, tokens)
+            if size is None or len(scheduled) > self.mixed_seqs(size):
+                return None
+            return GraphKey(size, 1, 0, skip_attention, True)
         size = self.padded_size(len(scheduled))
         if size is None:
             return None
@@ -174,8 +218,9 @@ class DecodeGraphs:
                                 m.spec.sliding_window, m.attn.min_partition_tokens)
 
     def all_keys(self, max_batch: int | None = None) -> list[GraphKey]:
-        """Every key a served run can meet (sizes x span buckets), largest size first; with
-        `max_batch`, only the sizes up to the one that batch pads to."""
+        """Every key a served run can meet: decode sizes x span buckets, largest size first
+        (with `max_batch`, only the sizes up to the one that batch pads to), then every mixed
+        size, largest first."""
         top = self.padded_size(max_batch) if max_batch is not None else None
         sizes = [s for s in self.sizes if top is None or s <= top]
         spans, b = [], MIN_SPAN_BUCKET
@@ -184,7 +229,9 @@ class DecodeGraphs:
             b *= 2
         spans.append(self.max_model_len)
         keys = {self._key(s, sp) for s in sizes for sp in spans}
-        return sorted(keys, key=lambda k: (-k.size, k.num_partitions, k.partition_size))
+        decode = sorted(keys, key=lambda k: (-k.size, k.num_partitions, k.partition_size))
+        mixed = [GraphKey(t, 1, 0, False, True) for t in sorted(self.token_sizes, reverse=True)]
+        return decode + mixed
 
     # ---- static buffers -------------------------------------------------------------------------
     def _reset_buffers(self) -> None:
@@ -193,17 +240,20 @@ class DecodeGraphs:
         self.pack[2].fill_(PAD_SLOT_ID)
         self.seq_lens.zero_()
         self.block_table.zero_()
+        self.mixed_query_start_loc.zero_()
+        self.mixed_logits_indices.zero_()
 
-    def load(self, scheduled, input_ids: list[int], size: int) -> None:
-        """Fill rows 0..size-1 of the static buffers for a decode-only step (rows past the
-        batch: padding). Host arrays are built with numpy, then copied in three transfers."""
+    def load(self, scheduled, input_ids: list[int], key: GraphKey) -> None:
+        """Fill the static buffers for a step of `key`'s size (rows past the step: padding).
+        Host arrays are built with numpy, then copied in a few transfers."""
+        if key.mixed:
+            self._load_mixed(scheduled, input_ids, key.size)
+            return
+        size = key.size
         n = len(scheduled)
         bs = self.block_size
         pos = np.fromiter((sr.num_computed_tokens for sr in scheduled), np.int64, n)
-        table = np.zeros((size, self.width), dtype=np.int32)
-        for i, sr in enumerate(scheduled):
-            row = sr.block_ids
-            table[i, :len(row)] = row
+        table = self._table(scheduled, size)
         pack = np.zeros((3, size), dtype=np.int64)
         pack[0, :n] = input_ids
         pack[1, :n] = pos
@@ -215,10 +265,49 @@ class DecodeGraphs:
         self.seq_lens[:size].copy_(torch.from_numpy(seq_lens), non_blocking=True)
         self.block_table[:size].copy_(torch.from_numpy(table), non_blocking=True)
 
+    def _table(self, scheduled, rows: int) -> np.ndarray:
+        table = np.zeros((rows, self.width), dtype=np.int32)
+        for i, sr in enumerate(scheduled):
+            row = sr.block_ids
+            table[i, :len(row)] = row
+        return table
+
+    def _load_mixed(self, scheduled, input_ids: list[int], size: int) -> None:
+        """A mixed step of T <= size tokens and n sequences: rows T.. and sequences n.. pad."""
+        n = len(scheduled)
+        seqs = self.mixed_seqs(size)
+        starts = [sr.num_computed_tokens for sr in scheduled]
+        news = [sr.num_new_tokens for sr in scheduled]
+        rows = [sr.block_ids for sr in scheduled]
+        t = len(input_ids)
+        pack = np.zeros((3, size), dtype=np.int64)
+        pack[0, :t] = input_ids
+        pack[1, :t] = build_positions(starts, news)
+        pack[2] = build_slot_mapping(rows, starts, news, self.block_size, pad_to=size)
+        qsl = np.full(seqs + 1, t, dtype=np.int32)
+        qsl[0] = 0
+        qsl[1:n + 1] = np.cumsum(news)
+        seq_lens = np.zeros(seqs, dtype=np.int32)
+        seq_lens[:n] = np.asarray(starts) + np.asarray(news)
+        last = np.zeros(seqs, dtype=np.int64)
+        last[:n] = qsl[1:n + 1] - 1
+        self.pack[:, :size].copy_(torch.from_numpy(pack), non_blocking=True)
+        self.seq_lens[:seqs].copy_(torch.from_numpy(seq_lens), non_blocking=True)
+        self.block_table[:seqs].copy_(torch.from_numpy(self._table(scheduled, seqs)),
+                                      non_blocking=True)
+        self.mixed_query_start_loc[:seqs + 1].copy_(torch.from_numpy(qsl), non_blocking=True)
+        self.mixed_logits_indices[:seqs].copy_(torch.from_numpy(last), non_blocking=True)
+
     def _metadata(self, key: GraphKey) -> AttentionMetadata | None:
         if key.skip_attention:
             return None
         p = key.size
+        if key.mixed:
+            s = self.mixed_seqs(p)
+            return AttentionMetadata(
+                num_seqs=s, num_actual_tokens=p, max_query_len=p, max_seq_len=self.max_model_len,
+                slot_mapping=self.pack[2, :p], block_table=self.block_table[:s],
+                seq_lens=self.seq_lens[:s], query_start_loc=self.mixed_query_start_loc[:s + 1])
         if key.num_partitions == 1:
             part = DecodePartition(1, self._decode_cfg.tile_n)
             ws = None
@@ -233,19 +322,24 @@ class DecodeGraphs:
             seq_lens=self.seq_lens[:p], query_start_loc=self.query_start_loc[:p + 1],
             decode_partition=part, decode_workspace=ws)
 
-    def _forward(self, entry: CapturedGraph) -> tuple[torch.Tensor, torch.Tensor]:
-        """The padded forward over the static buffers: final hidden rows and fp32 logits."""
+    def _forward(self, entry: CapturedGraph) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The padded forward over the static buffers: final hidden rows and, for decode
+        graphs, fp32 logits (mixed graphs: None, the LM head runs on the real rows)."""
         p, skip = entry.key.size, entry.key.skip_attention
+        if entry.key.mixed:
+            last = self.mixed_logits_indices[:self.mixed_seqs(p)]
+        else:
+            last = self.logits_indices[:p]
         hidden = self.model.forward(self.pack[0, :p], self.pack[1, :p], entry.metadata,
-                                    None if skip else self.kv_caches, self.logits_indices[:p],
+                                    None if skip else self.kv_caches, last,
                                     skip_attention=skip)
-        return hidden, self.model.compute_logits(hidden)
+        return hidden, None if entry.key.mixed else self.model.compute_logits(hidden)
 
     # ---- capture and replay ---------------------------------------------------------------------
-    def run(self, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """Hidden rows `[size, hidden]` and logits `[size, vocab]` of the loaded step, and
-        whether a graph was captured for it now. Raises on a capture failure (the caller then
-        runs the step eagerly; `failed` stays set so no other capture is tried)."""
+    def run(self, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """Hidden rows and logits (None for a mixed graph) of the loaded step, and whether a
+        graph was captured for it now. Raises on a capture failure (the caller then runs the
+        step eagerly; `failed` stays set so no other capture is tried)."""
         entry = self.graphs.get(key)
         captured = False
         if entry is None:

@@ -157,12 +157,14 @@ class RandomWeightDecoder:
                    kv_caches: KVCache | None, skip: bool) -> torch.Tensor:
         """`[T, q_size]` attention output of layer `i` from its fused `[T, qkv]` projection."""
         t = qkv.shape[0]
-        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_size)
-        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(
-            t, self.num_kv_heads, self.head_size)
-        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_size)
-        if cos is not None:
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_size
+        v = qkv[:, self.q_size + self.kv_size :].view(t, kv, d)
+        if cos is not None:  # one rotation of the q and k heads together: half the launches
+            qk = _rope(qkv[:, : self.q_size + self.kv_size].view(t, h + kv, d), cos, sin)
+            q, k = qk[:, :h], qk[:, h:]
+        else:
+            q = qkv[:, : self.q_size].view(t, h, d)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, kv, d)
         if skip:
             return q.reshape(t, self.q_size)
         key_cache, value_cache = kv_caches[i]

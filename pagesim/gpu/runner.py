@@ -17,12 +17,14 @@ Timing: CUDA events between the device phases (`time_breakdown_s`: "swap", "copy
 wall time of the whole call. Every step is also appended to `step_records` with its batch
 shape, for calibration checks and the per-step records of a real run.
 
-Decode-only steps replay CUDA graphs (`pagesim.gpu.cuda_graphs`, vLLM's approach: batch padded
-to a captured size, static input buffers, forward and LM head in the graph, sampler eager);
-every other step (prefill, chunked prefill, mixed) runs eagerly, launching its kernels from
-Python. `cuda_graphs=False` (`--enforce-eager`, vLLM's name) runs everything eagerly. The
-calibration measures the same paths, so the simulator predicts what this runner does. On a
-graph step the "forward" event span includes the LM head.
+Steps of at most 512 tokens replay CUDA graphs (`pagesim.gpu.cuda_graphs`, vLLM's approach:
+sizes padded to a captured size, static input buffers): decode-only steps with the LM head in
+the graph, every other step (prefill, chunked prefill, mixed) up to the final norm, its LM
+head eager. Larger steps run eagerly, launching their kernels from Python; so does everything
+with `cuda_graphs=False` (`--enforce-eager`, vLLM's name), and `mixed_graphs=False` keeps only
+the decode graphs. The calibration measures the same paths, so the simulator predicts what
+this runner does. On a decode-graph step the "forward" event span includes the LM head.
+Steps run under `torch.inference_mode()`, as vLLM's do (no autograd bookkeeping per op).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 
 from pagesim.config import EngineConfig
 from pagesim.gpu.attention import AttentionMetadata
-from pagesim.gpu.cuda_graphs import DecodeGraphs, GraphKey
+from pagesim.gpu.cuda_graphs import GraphKey, StepGraphs
 from pagesim.gpu.model import KVCache, RandomWeightDecoder
 from pagesim.kvcache.block_table import build_positions
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
@@ -69,8 +71,10 @@ class StepRecord:
     sample_s: float  # device: LM head + sampler
     wall_s: float  # the whole execute_model call, host wall clock
     cuda_graph: bool = False  # the forward replayed a CUDA graph
-    padded_reqs: int = 0  # the graph's batch size (num_reqs when eager)
+    padded_reqs: int = 0  # the graph's sequences (num_reqs when eager)
     graph_captured: bool = False  # this step captured its graph first (lazy capture)
+    padded_tokens: int = 0  # the graph's tokens (num_tokens when eager)
+    mixed_graph: bool = False  # the graph was a mixed-step one (not decode-only)
 
 
 class GPUModelRunner:
@@ -85,6 +89,7 @@ class GPUModelRunner:
                  seed: int = 0, num_cpu_blocks: int = 0, temperature: float = 1.0,
                  model: RandomWeightDecoder | None = None, time_steps: bool = True,
                  spec: ModelSpec | None = None, cuda_graphs: bool = True,
+                 mixed_graphs: bool = True,
                  log: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.spec = spec or config.model_spec
@@ -113,8 +118,10 @@ class GPUModelRunner:
         self.last_hidden: torch.Tensor | None = None
         self._events = ([torch.cuda.Event(enable_timing=True) for _ in range(5)]
                         if self.time_steps else None)
-        # CUDA graphs of decode-only steps (CUDA only; tests may attach a capture=False one)
-        self.graphs: DecodeGraphs | None = None
+        # CUDA graphs of decode and mixed steps (CUDA only; tests may attach a capture=False
+        # one)
+        self.mixed_graphs = mixed_graphs
+        self.graphs: StepGraphs | None = None
         if cuda_graphs and self.device.type == "cuda":
             try:
                 self.graphs = self.make_graphs(capture=True, log=log)
@@ -123,21 +130,23 @@ class GPUModelRunner:
                     log(f"CUDA graphs off for this runner: {type(e).__name__}: {e}")
 
     def make_graphs(self, capture: bool = True,
-                    log: Callable[[str], None] | None = None) -> DecodeGraphs:
-        """Static buffers (and graphs, if `capture`) for this runner's decode-only steps."""
+                    log: Callable[[str], None] | None = None) -> StepGraphs:
+        """Static buffers (and graphs, if `capture`) for this runner's graph steps."""
         cfg = self.config
-        return DecodeGraphs(self.model, self.kv_caches, block_size=self.block_size,
-                            max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
-                            capture=capture, log=log)
+        return StepGraphs(self.model, self.kv_caches, block_size=self.block_size,
+                          max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
+                          max_num_batched_tokens=cfg.max_num_batched_tokens,
+                          mixed=self.mixed_graphs, capture=capture, log=log)
 
     # ---- the protocol ---------------------------------------------------------------------
+    @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()
         out = scheduler_output
         key = self._graph_key(out)
         inputs = None
         if key is not None:
-            self.graphs.load(out.scheduled, self._input_ids(out.scheduled), key.size)
+            self.graphs.load(out.scheduled, self._input_ids(out.scheduled), key)
         elif out.scheduled:
             inputs = self.prepare_inputs(out)
         t_prep = time.perf_counter() - t0
@@ -161,8 +170,9 @@ class GPUModelRunner:
                 inputs = self.prepare_inputs(out)
             else:
                 n = len(out.scheduled)
-                self.last_inputs, self.last_hidden = None, hidden[:n]
-                logits = logits[:n]
+                hidden = hidden[:n]
+                self.last_inputs, self.last_hidden = None, hidden
+                logits = None if logits is None else logits[:n]
         if inputs is not None:
             hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.metadata,
                                         self.kv_caches, inputs.logits_indices,
@@ -290,7 +300,10 @@ class GPUModelRunner:
             out.step_id, len(out.scheduled), out.total_num_scheduled_tokens, num_decode, prefill,
             ctx, b["prepare"], b.get("swap", 0.0), b.get("copy", 0.0), b.get("forward", 0.0),
             b.get("sample", 0.0), wall, key is not None,
-            key.size if key is not None else len(out.scheduled), captured))
+            len(out.scheduled) if key is None else (
+                self.graphs.mixed_seqs(key.size) if key.mixed else key.size), captured,
+            key.size if key is not None else out.total_num_scheduled_tokens,
+            key is not None and key.mixed))
 
 
 #: Block-table rows are padded to a multiple of this many entries.

@@ -1,10 +1,11 @@
-"""CUDA graphs of decode-only steps (`pagesim.gpu.cuda_graphs`).
+"""CUDA graphs of decode and mixed steps (`pagesim.gpu.cuda_graphs`).
 
 On a CPU the padded static-buffer path runs eagerly (`capture=False`): the very buffers a graph
-replay reads (batch padded to a captured size, fixed-width block table, PAD_SLOT_ID slots,
-seq_len 0 rows, the bucketed split-K partition) against the unpadded eager path of a second
-runner with the same weights, step by step on the same schedule: same final hidden rows, same
-K/V written, nothing written for padding rows. The real capture and replay is the `gpu` test.
+replay reads (batch or tokens padded to a captured size, fixed-width block table, PAD_SLOT_ID
+slots, seq_len 0 rows, padded sequences owning no rows, the bucketed split-K partition) against
+the unpadded eager path of a second runner with the same weights, step by step on the same
+schedule: same final hidden rows, same K/V written, nothing written for padding rows. The real
+capture and replay is the `gpu` test.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
             s.add_request(r)
     keys: set[GraphKey] = set()
     padded_steps = 0
+    mixed_steps = 0
     eager_unsplit = 0
     for step in range(40):
         if not scheds[0].has_unfinished_requests():
@@ -82,8 +84,19 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
         assert res[0].sampled_token_ids == res[1].sampled_token_ids
         rec = static.step_records[-1]
         decode_only = all(x.num_new_tokens == 1 for x in outs[1].scheduled)
-        assert rec.cuda_graph == decode_only, f"step {step}"
+        assert rec.cuda_graph, f"step {step}"  # every step fits the 128-token budget
+        assert rec.mixed_graph == (not decode_only)
         assert not eager.step_records[-1].cuda_graph
+        if not decode_only:
+            mixed_steps += 1
+            key = static.graphs.key_for(outs[1].scheduled)
+            n, t, s = rec.num_reqs, rec.num_tokens, rec.padded_reqs
+            assert key.mixed and rec.padded_tokens == key.size >= t
+            assert s == min(key.size, static.graphs.max_seqs) >= n
+            g = static.graphs
+            assert g.pack[2, t:key.size].eq(-1).all()  # padded rows write nothing
+            assert g.seq_lens[n:s].eq(0).all() and g.block_table[n:s].eq(0).all()
+            assert g.mixed_query_start_loc[n:s + 1].eq(t).all()  # padded seqs own no rows
         if decode_only:
             key = static.graphs.key_for(outs[1].scheduled)
             keys.add(key)
@@ -105,6 +118,7 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
             s.update_from_output(o, r)
     assert not scheds[0].has_unfinished_requests()
     assert padded_steps >= 1  # 3 sequences ran in the size-4 buffers
+    assert mixed_steps >= 1  # the prefill step ran through the mixed graph's buffers
     assert any(k.num_partitions > 1 for k in keys)  # the bucket's split-K partition ran
     assert eager_unsplit >= 1  # against an unsplit eager step: same result
 
@@ -135,7 +149,23 @@ def test_steps_larger_than_the_largest_size_run_eagerly() -> None:
     out = synthetic_step([(20, 1)] * 3, 16, BlockSource(32, 0))
     assert graphs.key_for(out.scheduled) is None
     mixed = synthetic_step([(20, 1), (0, 8)], 16, BlockSource(32, 0))
-    assert graphs.key_for(mixed.scheduled) is None
+    assert graphs.key_for(mixed.scheduled) == GraphKey(16, 1, 0, False, True)
+    big = synthetic_step([(0, 129)], 16, BlockSource(32, 0))  # above the 128-token budget
+    assert graphs.key_for(big.scheduled) is None
+    decode_only = runner.make_graphs(capture=False)
+    decode_only.token_sizes = ()  # what mixed_graphs=False builds
+    assert decode_only.key_for(mixed.scheduled) is None
+
+
+def test_mixed_graphs_off_keeps_mixed_steps_eager() -> None:
+    runner = GPUModelRunner(_config(), 32, device="cpu", dtype=torch.float32,
+                            mixed_graphs=False)
+    graphs = runner.make_graphs(capture=False)
+    from pagesim.gpu.calibrate import BlockSource, synthetic_step
+
+    assert graphs.token_sizes == ()
+    assert all(not k.mixed for k in graphs.all_keys())
+    assert graphs.key_for(synthetic_step([(0, 8)], 16, BlockSource(32, 0)).scheduled) is None
 
 
 @pytest.mark.gpu

@@ -45,7 +45,7 @@ from pagesim.gpu.kernels.configs import DecodePartition, KernelConfig, decode_co
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["partition_size", "max_parts", "sliding_window"])
 def _paged_decode_kernel(
     out_ptr,  # [num_seqs, num_heads, head_size]          (written when unsplit)
     part_out_ptr,  # [num_seqs, num_heads, max_parts, head_size] fp32 (written when split)
@@ -143,7 +143,7 @@ def _paged_decode_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["partition_size", "max_parts", "sliding_window"])
 def _paged_decode_reduce_kernel(
     out_ptr,  # [num_seqs, num_heads, head_size]
     part_out_ptr,  # [num_seqs, num_heads, max_parts, head_size] fp32

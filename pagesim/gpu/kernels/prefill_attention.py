@@ -111,7 +111,7 @@ def _attend_tiles(
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "sliding_window"])
 def _paged_prefill_kernel(
     out_ptr,  # [num_tokens, num_heads, head_size]
     query_ptr,  # [num_tokens, num_heads, head_size]
