@@ -47,13 +47,26 @@ context): other(P) + decode(P, mean context). The grid's batches are capture siz
 measured row is reproduced; a batch between two rows is no longer interpolated in n (9 decodes
 cost what 16 cost, as on the GPU). Checked per step against the real CUDA-graph runs
 (results/validation/README.md): the mean context fits; the longest context, which the split-K
-kernel's step waits for, over-prices (+36 % mean error). Steps above the largest size, mixed
-and prefill steps run eagerly and are priced as before.
+kernel's step waits for, over-prices (+36 % mean error). Steps above the largest size run
+eagerly and are priced at their true batch.
+
+Mixed CUDA graphs (`cuda_graph_token_sizes` not empty, format 4): every other step of T tokens
+up to the largest size replays the graph of the smallest size T' >= T, so its `other` is
+other(T'). A graph step and an eager step of equal tokens are different things (an eager step
+of a 7B model carries ~10-30 ms of Python launches that a graph replay does not), so such a
+profile keeps two `other` lines: one through the rows that ran as graphs, one through the rows
+that ran eagerly (each row's mode follows from its shape and the profile's sizes). Residuals
+are taken against the line of their own mode. Profiles without token sizes keep one line.
 
 Block sizes between measured ones interpolate linearly in log2(block size); outside the
 measured range the nearest is used (the block-size effect is not extrapolated). The total is
-never negative. `shared` is fitted on mixed.csv (median of sum-of-parts minus measured, clamped
-to [0, smallest residual]); without mixed rows it is the smallest residual.
+never negative. `shared` is what one more part adds less than its residual says: every part's
+residual carries the attention launches, which a step with several parts pays once (one
+variable-length kernel per layer for all entries). It is fitted on the rows with several parts
+(mixed.csv: one chunk plus a decode batch; multi_prefill.csv: k alike prefill entries) as the
+median of (sum of parts - measured) / (parts - 1), clamped to [0, smallest residual]; with
+mixed graphs, once over the rows that ran as graphs and once over the eager ones. Without such
+rows it is the smallest residual.
 """
 
 from __future__ import annotations
@@ -72,7 +85,7 @@ from pagesim.cost.analytical import (
     num_allreduces_per_step,
 )
 from pagesim.cost.base import BatchShape
-from pagesim.cost.profile import Profile
+from pagesim.cost.profile import DecodeRow, Profile
 from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
@@ -212,38 +225,54 @@ class CalibratedCostModel:
         self.profile = profile
         self._allreduce, self.allreduce_source = _allreduce_pricer(profile, model, gpu)
         self._allreduce_added = not meta.allreduce_in_step_times
-        other: dict[float, list[float]] = defaultdict(list)
-        for r in profile.decode:
-            other[r.batch_size].append(r.other_ms * MS)
-        for r in profile.prefill:
-            other[r.num_new_tokens].append(r.other_ms * MS)
-        for r in profile.mixed:
-            other[r.num_new_tokens + r.decode_batch_size].append(r.other_ms * MS)
-        self._other = Pwl(other)
         self._graph_sizes = tuple(meta.cuda_graph_sizes)
+        self._token_sizes = tuple(meta.cuda_graph_token_sizes)
+        rows = _row_shapes(profile)
+        other: dict[bool, dict[float, list[float]]] = {True: defaultdict(list),
+                                                       False: defaultdict(list)}
+        for _, tokens, row in rows:
+            other[self._is_graph_row(row, tokens)][tokens].append(row.other_ms * MS)
+        if not self._token_sizes or not other[False] or not other[True]:
+            merged: dict[float, list[float]] = defaultdict(list)
+            for table in other.values():
+                for x, ys in table.items():
+                    merged[x].extend(ys)
+            self._other_graph = self._other_eager = Pwl(merged)
+        else:
+            self._other_graph, self._other_eager = Pwl(other[True]), Pwl(other[False])
         dec: dict[int, list] = defaultdict(list)
-        for r in profile.decode:
-            residual = r.step_time_ms * MS - self._other(r.batch_size)
-            dec[r.block_size].append((r.batch_size, r.context_len, residual))
         pre: dict[int, list] = defaultdict(list)
-        for r in profile.prefill:
-            residual = r.step_time_ms * MS - self._other(r.num_new_tokens)
-            pre[r.block_size].append((r.num_new_tokens, r.num_cached_tokens, residual))
+        for kind, tokens, r in rows:
+            if kind not in ("decode", "prefill"):
+                continue
+            residual = r.step_time_ms * MS - self._other_for(self._is_graph_row(r, tokens),
+                                                             tokens)
+            if kind == "decode":
+                dec[r.block_size].append((r.batch_size, r.context_len, residual))
+            else:
+                pre[r.block_size].append((r.num_new_tokens, r.num_cached_tokens, residual))
         self._decode = {bs: Surface(p, prefill=False) for bs, p in sorted(dec.items())}
         self._prefill = {bs: Surface(p, prefill=True) for bs, p in sorted(pre.items())}
         self._weights: dict[int, tuple] = {}  # block size -> blend weights, filled lazily
         residuals = [z for s in (*self._decode.values(), *self._prefill.values())
                      for z in s.values]
         floor = max(min(residuals), 0.0)
-        self.shared_s = 0.0  # `_parts` subtracts it: zero while measuring the mixed excess
-        if not profile.mixed:
-            self.shared_s = floor
-        else:
-            excess = [self._parts(BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens,
-                                                   r.decode_batch_size, r.decode_context_len,
-                                                   r.block_size))[0] - r.step_time_ms * MS
-                      for r in profile.mixed]
-            self.shared_s = min(max(median(excess), 0.0), floor)
+        # `_parts` subtracts shared costs: zero while measuring the multi-part excess
+        self._shared = {True: 0.0, False: 0.0}
+        excess: dict[bool, list[float]] = {True: [], False: []}
+        for kind, tokens, r in rows:
+            shape = _multi_part_shape(kind, r)
+            if shape is not None:
+                parts = len(shape.prefill_new_tokens) + (shape.num_decode_seqs > 0)
+                total = self._parts(shape)[0]
+                excess[self._is_graph_row(r, tokens)].append(
+                    (total - r.step_time_ms * MS) / (parts - 1))
+        every = excess[True] + excess[False]
+        for mode in (True, False):
+            fit = excess[mode] if (excess[mode] and self._token_sizes) else every
+            self._shared[mode] = min(max(median(fit), 0.0), floor) if fit else floor
+        self.shared_s = self._shared[False]  # eager steps' (and every step's without graphs)
+        self.shared_graph_s = self._shared[True]  # mixed-graph steps'
         self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
                       if profile.overhead else None)
         self._swap_s_per_byte = self._copy_s_per_token = None
@@ -309,6 +338,23 @@ class CalibratedCostModel:
         host = self._host(b.num_decode_seqs + len(b.prefill_new_tokens)) if self._host else 0.0
         return other, attention, allreduce, host, swap, copy
 
+    def padded_tokens(self, num_tokens: int) -> int | None:
+        """The token count a step with prefill entries runs its mixed graph at, or None when
+        it runs eagerly (no mixed graphs, or more tokens than the largest size)."""
+        sizes = self._token_sizes
+        if not sizes or num_tokens > sizes[-1]:
+            return None
+        return sizes[bisect_left(sizes, num_tokens)]
+
+    def _is_graph_row(self, row, tokens: int) -> bool:
+        """Whether the runner replayed a graph for a calibration row of `tokens` tokens."""
+        if isinstance(row, DecodeRow):
+            return bool(self._graph_sizes) and row.batch_size <= self._graph_sizes[-1]
+        return bool(self._token_sizes) and tokens <= self._token_sizes[-1]
+
+    def _other_for(self, graph: bool, tokens: float) -> float:
+        return (self._other_graph if graph else self._other_eager)(tokens)
+
     def _parts(self, b: BatchShape) -> tuple[float, float]:
         """(device time, its `other` share) before clamping."""
         weights = self._weights.get(b.block_size)
@@ -317,17 +363,20 @@ class CalibratedCostModel:
                 _blend_weights(self._decode, b.block_size),
                 _blend_weights(self._prefill, b.block_size))
         dec_w, pre_w = weights
-        other = self._other(b.total_tokens)
-        total = other
-        parts = 0
         n = b.num_decode_seqs
+        if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
+            graph = bool(self._graph_sizes) and n <= self._graph_sizes[-1]
+            if graph:
+                n = self.padded_batch(n)
+            tokens = n
+        else:
+            padded = self.padded_tokens(b.total_tokens)
+            graph = padded is not None
+            tokens = padded if graph else b.total_tokens
+        total = other = self._other_for(graph, tokens)
+        parts = 0
         if n:
-            c = b.decode_context_sum / n
-            if self._graph_sizes and not b.prefill_new_tokens:
-                padded = self.padded_batch(n)
-                if padded != n:
-                    n = padded
-                    total = other = self._other(n)
+            c = b.decode_context_sum / b.num_decode_seqs
             for w, s in dec_w:
                 total += w * s(n, c)
             parts = 1
@@ -336,9 +385,31 @@ class CalibratedCostModel:
                 total += w * s(q, ctx)
             parts += 1
         if parts > 1:
-            total -= (parts - 1) * self.shared_s
+            total -= (parts - 1) * self._shared[graph]
         return total, other
 
+
+def _row_shapes(profile: Profile) -> list[tuple[str, int, object]]:
+    """(kind, tokens of the step, row) for every step row of the profile."""
+    rows: list[tuple[str, int, object]] = []
+    rows += [("decode", r.batch_size, r) for r in profile.decode]
+    rows += [("prefill", r.num_new_tokens, r) for r in profile.prefill]
+    rows += [("mixed", r.num_new_tokens + r.decode_batch_size, r) for r in profile.mixed]
+    rows += [("multi", r.num_entries * r.num_new_tokens, r) for r in profile.multi_prefill]
+    return rows
+
+
+def _multi_part_shape(kind: str, r) -> BatchShape | None:
+    """The batch of a row with several parts (a mixed or multi-prefill row), else None."""
+    if kind == "mixed":
+        return BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens, r.decode_batch_size,
+                                r.decode_context_len, r.block_size)
+    if kind == "multi" and r.num_entries > 1:
+        k = r.num_entries
+        return BatchShape(r.block_size, k * r.num_new_tokens,
+                          prefill_new_tokens=[r.num_new_tokens] * k,
+                          prefill_context_tokens=[r.num_cached_tokens] * k)
+    return None
 
 
 def _allreduce_pricer(profile: Profile, model: ModelSpec | None, gpu: GPUSpec | None):

@@ -10,6 +10,9 @@ On disk, `calibration/<gpu>/<model>/` holds
     mixed.csv      (optional) one prefill chunk plus a decode batch of equal contexts:
                    block_size, num_new_tokens, num_cached_tokens, decode_batch_size,
                    decode_context_len, step_time_ms, ... (as decode)
+    multi_prefill.csv  (optional) several prefill entries in one step, all alike:
+                   block_size, num_entries, num_new_tokens, num_cached_tokens (each entry's),
+                   step_time_ms, ... (as decode)
     overhead.csv   (optional) num_reqs, overhead_ms, overhead_p10_ms, overhead_p90_ms
     allreduce.csv  (optional) tp, message_bytes, time_us, time_p10_us, time_p90_us: one sum
                    all-reduce of `message_bytes` over `tp` GPUs (median and spread)
@@ -30,7 +33,11 @@ version 2 added `allreduce_in_step_times` and `allreduce.csv`; version 1 files l
 Version 3 added `cuda_graph_sizes`: the batch sizes at which the runner replayed CUDA graphs
 for decode-only steps (a step of n decodes runs the graph of the smallest size >= n, so it
 costs what that padded batch costs); empty when every step ran eagerly. Version 1 and 2 files
-(eager runners) load with it empty and save without it.
+(eager runners) load with it empty and save without it. Version 4 added
+`cuda_graph_token_sizes`: the token counts at which every other step (prefill, chunked
+prefill, mixed) replayed a CUDA graph (a step of T tokens runs the graph of the smallest size
+>= T; larger steps ran eagerly), and the optional `multi_prefill.csv`; earlier files load with
+it empty and save without it.
 
 The GPU calibrator fills the records and saves them; the simulator loads them:
 
@@ -57,8 +64,8 @@ from typing import Any
 from pagesim.config import KV_CACHE_DTYPES
 from pagesim.errors import ConfigError
 
-PROFILE_FORMAT_VERSION = 3
-SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3)  # what `Profile.load` reads
+PROFILE_FORMAT_VERSION = 4
+SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3, 4)  # what `Profile.load` reads
 PROFILE_JSON = "profile.json"
 
 
@@ -105,6 +112,22 @@ class MixedRow:
 
 
 @dataclass(frozen=True)
+class MultiPrefillRow:
+    """`num_entries` prefill entries of `num_new_tokens` new tokens over `num_cached_tokens`
+    cached ones each, in one step (what a burst of arrivals with a shared cached prefix makes)."""
+
+    block_size: int
+    num_entries: int
+    num_new_tokens: int  # per entry
+    num_cached_tokens: int  # per entry
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
 class OverheadRow:
     num_reqs: int
     overhead_ms: float
@@ -124,9 +147,9 @@ class AllReduceRow:
 # table name -> (row class, required?)
 TABLES: dict[str, tuple[type, bool]] = {
     "decode": (DecodeRow, True), "prefill": (PrefillRow, True),
-    "mixed": (MixedRow, False), "overhead": (OverheadRow, False),
-    "allreduce": (AllReduceRow, False)}
-_KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "overhead": 1,
+    "mixed": (MixedRow, False), "multi_prefill": (MultiPrefillRow, False),
+    "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False)}
+_KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "multi_prefill": 4, "overhead": 1,
                 "allreduce": 2}  # leading int columns
 
 
@@ -154,6 +177,9 @@ class ProfileMetadata:
     # decode-only steps replayed CUDA graphs at these padded batch sizes, ascending; empty:
     # eager decode steps (and every version-1/2 file). Format version 3.
     cuda_graph_sizes: list[int] = field(default_factory=list)
+    # every other step of at most max(these) tokens replayed a CUDA graph at the smallest of
+    # these token counts >= its tokens; empty: eager. Format version 4.
+    cuda_graph_token_sizes: list[int] = field(default_factory=list)
     gpu_memory_utilization: float | None = None
     host_link_bytes_per_s: float | None = None  # measured pinned copy rate (swap costs)
     device: dict[str, Any] = field(default_factory=dict)  # SM count, clocks, memory, ...
@@ -172,6 +198,8 @@ class ProfileMetadata:
             del out["allreduce_in_step_times"]
         if self.format_version < 3:  # likewise for version 2
             del out["cuda_graph_sizes"]
+        if self.format_version < 4:  # and for version 3
+            del out["cuda_graph_token_sizes"]
         return out
 
     @classmethod
@@ -187,6 +215,8 @@ class ProfileMetadata:
             raise ProfileError(f"{where}: allreduce_in_step_times needs format_version 2")
         if version < 3 and "cuda_graph_sizes" in data:
             raise ProfileError(f"{where}: cuda_graph_sizes needs format_version 3")
+        if version < 4 and "cuda_graph_token_sizes" in data:
+            raise ProfileError(f"{where}: cuda_graph_token_sizes needs format_version 4")
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:
@@ -200,10 +230,11 @@ class ProfileMetadata:
             kw["grid"] = {str(k): [int(v) for v in vs] for k, vs in kw.get("grid", {}).items()}
             kw["num_gpu_blocks"] = {int(k): int(v)
                                     for k, v in kw.get("num_gpu_blocks", {}).items()}
-            kw["cuda_graph_sizes"] = [int(v) for v in kw.get("cuda_graph_sizes", [])]
+            for key in ("cuda_graph_sizes", "cuda_graph_token_sizes"):
+                kw[key] = [int(v) for v in kw.get(key, [])]
         except (TypeError, ValueError, AttributeError) as e:
-            raise ProfileError(f"{where}: grid/num_gpu_blocks/cuda_graph_sizes must map to "
-                               f"integers ({e})") from None
+            raise ProfileError(f"{where}: grid/num_gpu_blocks/cuda_graph_sizes/"
+                               f"cuda_graph_token_sizes must map to integers ({e})") from None
         try:
             return cls(**kw)
         except ProfileError as e:  # re-anchor the message on the file's path
@@ -234,11 +265,12 @@ class ProfileMetadata:
         if not self.allreduce_in_step_times and self.tensor_parallel_size == 1:
             raise ProfileError(f"{where}: allreduce_in_step_times=false needs "
                                "tensor_parallel_size > 1 (one GPU has no all-reduce)")
-        sizes = self.cuda_graph_sizes
-        if not isinstance(sizes, list) or any(
-                not isinstance(v, int) or v < 1 for v in sizes) or sizes != sorted(set(sizes)):
-            raise ProfileError(f"{where}: cuda_graph_sizes={sizes!r} must be ascending distinct "
-                               "integers >= 1")
+        for name in ("cuda_graph_sizes", "cuda_graph_token_sizes"):
+            sizes = getattr(self, name)
+            if not isinstance(sizes, list) or any(not isinstance(v, int) or v < 1
+                                                  for v in sizes) or sizes != sorted(set(sizes)):
+                raise ProfileError(f"{where}: {name}={sizes!r} must be ascending distinct "
+                                   "integers >= 1")
         for name in ("gpu_memory_utilization", "host_link_bytes_per_s"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or not value > 0):
@@ -255,6 +287,7 @@ class Profile:
     mixed: tuple[MixedRow, ...] = ()
     overhead: tuple[OverheadRow, ...] = ()
     allreduce: tuple[AllReduceRow, ...] = ()
+    multi_prefill: tuple[MultiPrefillRow, ...] = ()
 
     def __post_init__(self) -> None:
         for name, (row_cls, required) in TABLES.items():

@@ -9,6 +9,7 @@ per round; the profile keeps the median and the 10th/90th percentiles over the r
     decode   batch B x context C (cached tokens per sequence), one new token each
     prefill  one request: N new tokens over K cached tokens (chunked prefill with a prefix)
     mixed    one prefill chunk plus a decode batch (the chunked-prefill step)
+    multi    k alike prefill entries in one step (a burst of arrivals sharing a prefix)
     overhead host time per engine step outside execute_model (schedule + update), by batch
 
 Timing is interleaved (`measure_interleaved`): every point is warmed up, then timed once per
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagesim.cost.profile import DecodeRow, MixedRow, OverheadRow, PrefillRow
+from pagesim.cost.profile import DecodeRow, MixedRow, MultiPrefillRow, OverheadRow, PrefillRow
 from pagesim.request import Request
 from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
@@ -50,12 +51,17 @@ class CalibrationGrid:
     block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128)
     decode_batches: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 192, 256, 384, 512)
     decode_contexts: tuple[int, ...] = (128, 512, 1024, 2048, 4096, 8192)
-    prefill_tokens: tuple[int, ...] = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+    # 384/512 and 768 pin both sides of the largest mixed graph (512 tokens)
+    prefill_tokens: tuple[int, ...] = (16, 64, 128, 256, 384, 512, 768, 1024, 2048, 4096,
+                                       8192)
     prefill_cached: tuple[int, ...] = (0, 1024, 4096)
     # (new tokens, cached tokens, decode batch, decode context)
     mixed: tuple[tuple[int, int, int, int], ...] = (
         (256, 0, 32, 512), (1024, 0, 32, 512), (256, 0, 128, 512), (1024, 0, 128, 512),
         (2048, 1024, 64, 1024))
+    # (entries, new tokens per entry, cached tokens per entry)
+    multi_prefill: tuple[tuple[int, int, int], ...] = tuple(
+        (k, n, c) for k in (2, 4, 8, 16) for n in (32, 128, 512) for c in (0, 1024))
     # Block sizes that get the full grid; the others get decode rows only (the block size
     # changes the attention kernels, which the decode rows measure; `other` is shared).
     full_block_sizes: tuple[int, ...] = (16, 32)
@@ -69,7 +75,10 @@ class CalibrationGrid:
                 "decode_contexts": list(self.decode_contexts),
                 "prefill_tokens": list(self.prefill_tokens),
                 "prefill_cached": list(self.prefill_cached),
-                "full_block_sizes": list(self.full_block_sizes)}
+                "full_block_sizes": list(self.full_block_sizes),
+                "multi_prefill_entries": sorted({k for k, _, _ in self.multi_prefill}),
+                "multi_prefill_tokens": sorted({n for _, n, _ in self.multi_prefill}),
+                "multi_prefill_cached": sorted({c for _, _, c in self.multi_prefill})}
 
 
 @dataclass
@@ -209,11 +218,13 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                          max_num_batched_tokens: int, max_num_seqs: int, full: bool,
                          progress: Progress | None = None, seed: int = 0,
                          deadline: float | None = None
-                         ) -> tuple[list[DecodeRow], list[PrefillRow], list[MixedRow]]:
+                         ) -> tuple[list[DecodeRow], list[PrefillRow], list[MixedRow],
+                                    list[MultiPrefillRow]]:
     """All rows of one block size (the runner's cache must use `block_size`).
 
     `other_ms` (attention skipped) is timed once per decode batch, per prefill token count and
-    per mixed point, in the same interleaved rounds as the full steps.
+    per mixed point and per (entries, new tokens) of the multi-prefill points, in the same
+    interleaved rounds as the full steps.
     """
     blocks = BlockSource(runner.num_gpu_blocks, seed)
     capacity = (runner.num_gpu_blocks - 1) * block_size
@@ -227,6 +238,9 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
             if n + k <= max_model_len and n + b <= max_num_batched_tokens:
                 entries.append(("mixed", (n, k, b, c), [(c, 1)] * b + [(k, n)],
                                 ("mixed", n, k, b, c)))
+        for k, n, c in grid.multi_prefill:
+            if k * n <= max_num_batched_tokens and n + c <= max_model_len and k <= max_num_seqs:
+                entries.append(("multi", (k, n, c), [(c, n)] * k, ("multi", k, n)))
     points = []  # (kind, key, out, other key); a point whose blocks do not fit is dropped
     for kind, key, spec, other in entries:
         out = synthetic_step(spec, block_size, blocks)
@@ -254,6 +268,7 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
     decode_rows: list[DecodeRow] = []
     prefill_rows: list[PrefillRow] = []
     mixed_rows: list[MixedRow] = []
+    multi_rows: list[MultiPrefillRow] = []
     for i, (kind, key, _, other) in enumerate(points):
         t = timings[i]
         o = timings[other_index[other]].median
@@ -262,9 +277,11 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
             decode_rows.append(DecodeRow(block_size, *key, *_ms(t), *split))
         elif kind == "prefill":
             prefill_rows.append(PrefillRow(block_size, *key, *_ms(t), *split))
-        else:
+        elif kind == "mixed":
             mixed_rows.append(MixedRow(block_size, *key, *_ms(t), *split))
-    return decode_rows, prefill_rows, mixed_rows
+        else:
+            multi_rows.append(MultiPrefillRow(block_size, *key, *_ms(t), *split))
+    return decode_rows, prefill_rows, mixed_rows, multi_rows
 
 
 def _ms(t: Timing) -> tuple[float, float, float]:

@@ -30,7 +30,7 @@ from pagesim.gpu.calibrate import (
     overhead_requests,
     overhead_rows,
 )
-from pagesim.gpu.cuda_graphs import capture_sizes
+from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
 from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
 from pagesim.gpu.model import RandomWeightDecoder
@@ -40,8 +40,10 @@ from pagesim.kvcache.sizing import page_size_bytes
 
 ATTENTION_BACKEND = ("pagesim Triton paged attention: reshape_and_cache, split-K decode, "
                      "varlen prefill")
-RUNNER_MODES = {True: "decode-only steps replay CUDA graphs (batch padded to a captured size, "
-                      "forward + LM head in the graph, sampler eager); other steps eager",
+RUNNER_MODES = {True: "CUDA graphs: decode-only steps padded to a captured batch (forward + "
+                      "LM head in the graph), other steps of <= 512 tokens padded to a "
+                      "captured token count (forward to the final norm in the graph, LM head "
+                      "eager); sampler eager; larger steps eager",
                 False: "eager (no CUDA graphs, --enforce-eager)"}
 METHOD = ("step_time_ms: host wall time of GPUModelRunner.execute_model (input preparation, "
           "forward, LM head, random sampling, device sync) on a synthetic SchedulerOutput; "
@@ -130,7 +132,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         model = RandomWeightDecoder(config.model_spec, dtype, dev, order[0], seed)
         capacity = override_capacity(config, tuple(order))
     log(capacity.report())
-    decode, prefill, mixed = [], [], []
+    decode, prefill, mixed, multi = [], [], [], []
     for bs in order:
         if bs not in grid.block_sizes:
             continue
@@ -141,7 +143,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         runner = GPUModelRunner(config.replace(block_size=bs), capacity.num_gpu_blocks[bs],
                                 device=dev, model=model, seed=seed, cuda_graphs=cuda_graphs,
                                 log=log)
-        d, p, m = calibrate_block_size(
+        d, p, m, k = calibrate_block_size(
             runner, bs, grid, max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
@@ -149,8 +151,10 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         decode += d
         prefill += p
         mixed += m
+        multi += k
         graphs = runner.graphs
-        log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed rows, "
+        log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed, "
+            f"{len(k)} multi-prefill rows, "
             f"{time.monotonic() - t_start:.0f} s so far"
             + ("" if graphs is None else f"; {len(graphs.graphs)} CUDA graphs captured in "
                f"{graphs.capture_s_total:.1f} s" + (f" (FAILED: {graphs.failed})"
@@ -171,6 +175,8 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
         cuda_graph_sizes=(list(capture_sizes(config.max_num_seqs))
                           if cuda_graphs and dev.type == "cuda" else []),
+        cuda_graph_token_sizes=(list(token_capture_sizes(config.max_num_batched_tokens))
+                                if cuda_graphs and dev.type == "cuda" else []),
         gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
         device={k: v for k, v in info.items() if k in (
             "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
@@ -181,7 +187,8 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
                f"measured KV capacity vs sizing's estimate (blocks, %): "
                + ", ".join(f"bs{b}: {capacity.error_pct(b):+.2f}"
                            for b in sorted(capacity.num_gpu_blocks))))
-    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead))
+    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead),
+                      multi_prefill=tuple(multi))
     directory = None
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))

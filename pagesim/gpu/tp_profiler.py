@@ -93,8 +93,9 @@ def group_capacity(config: EngineConfig, model: TensorParallelDecoder,
 def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGrid,
               num_gpu_blocks: dict[int, int], *, seed: int, deadline: float | None,
               progress: Progress | None, log: Callable[[str], None]):
-    """(decode, prefill, mixed) rows over the grid's block sizes, one runner per size."""
-    decode, prefill, mixed = [], [], []
+    """(decode, prefill, mixed, multi-prefill) rows over the grid's block sizes, one runner
+    per size."""
+    decode, prefill, mixed, multi = [], [], [], []
     for bs in block_order(config, grid):
         if bs not in grid.block_sizes:
             continue
@@ -102,7 +103,7 @@ def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGr
             log(f"time budget spent: block size {bs} not measured")
             continue
         runner = make_runner(config.replace(block_size=bs), num_gpu_blocks[bs])
-        d, p, m = calibrate_block_size(
+        d, p, m, k = calibrate_block_size(
             runner, bs, grid, max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
@@ -110,10 +111,12 @@ def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGr
         decode += d
         prefill += p
         mixed += m
-        log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed rows")
+        multi += k
+        log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed, "
+            f"{len(k)} multi-prefill rows")
         del runner
         _empty_cache()
-    return decode, prefill, mixed
+    return decode, prefill, mixed, multi
 
 
 def host_overhead_rows(make_runner: MakeRunner, config: EngineConfig,
@@ -181,9 +184,9 @@ def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
                               cuda_graphs=cuda_graphs)
 
     try:
-        decode, prefill, mixed = grid_rows(make_runner, config, grid, capacity.num_gpu_blocks,
-                                           seed=seed, deadline=deadline, progress=progress,
-                                           log=log)
+        decode, prefill, mixed, multi = grid_rows(
+            make_runner, config, grid, capacity.num_gpu_blocks, seed=seed, deadline=deadline,
+            progress=progress, log=log)
         overhead = host_overhead_rows(make_runner, config, capacity.num_gpu_blocks, grid)
         allreduce = run_collective(group, bench_allreduce, allreduce_bytes, dtype=model.dtype,
                                    device=model.device, repeats=allreduce_repeats)
@@ -201,7 +204,7 @@ def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
                      notes=f"{group.world_size} processes; smallest KV block count of the group",
                      cuda_graphs=cuda_graphs)
     profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead),
-                      tuple(allreduce))
+                      tuple(allreduce), tuple(multi))
     directory = None
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model,
@@ -230,8 +233,9 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         return GPUModelRunner(cfg, blocks, device=dev, model=model, seed=seed,
                               cuda_graphs=cuda_graphs)
 
-    decode, prefill, mixed = grid_rows(make_runner, config, grid, capacity.num_gpu_blocks,
-                                       seed=seed, deadline=deadline, progress=progress, log=log)
+    decode, prefill, mixed, multi = grid_rows(make_runner, config, grid,
+                                              capacity.num_gpu_blocks, seed=seed,
+                                              deadline=deadline, progress=progress, log=log)
     overhead = host_overhead_rows(make_runner, config, capacity.num_gpu_blocks, grid)
     method = (METHOD.format(bs=config.block_size) + f" Rank {rank}'s shard of a "
               f"{group.world_size}-way split alone on one GPU: no all-reduce, no logits "
@@ -240,7 +244,8 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
                      host_link=measure_host_link(dev) if dev.type == "cuda" else None,
                      method=method, notes="one rank's shard alone; KV capacity lacks the NCCL "
                      "buffers of a real group", cuda_graphs=cuda_graphs)
-    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead))
+    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead),
+                      multi_prefill=tuple(multi))
     directory = None
     if calibration_root is not None:
         base = profile_dir(calibration_root, meta.gpu, config.model, group.world_size)

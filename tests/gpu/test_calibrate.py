@@ -88,18 +88,22 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
                                  num_gpu_blocks_override=64)
     grid = CalibrationGrid(block_sizes=(16,), full_block_sizes=(16,), decode_batches=(1, 2),
                            decode_contexts=(16,), prefill_tokens=(16,), prefill_cached=(0,),
-                           mixed=(), overhead_max_reqs=2, repeats=3)
+                           mixed=(), multi_prefill=((2, 16, 0), (8, 16, 0)),
+                           overhead_max_reqs=2, repeats=3)
     seen = []
     res = run_calibration(config, grid, dtype=torch.float32, calibration_root=tmp_path,
                           progress=lambda d, t, label: seen.append((d, t)), log=lambda m: None,
                           device="cpu")
-    assert seen[-1][0] == seen[-1][1] == 6  # 3 points + 3 attention-skipped variants
+    # 4 points + 4 attention-skipped variants; 8 entries exceed max_num_seqs=4: dropped
+    assert seen[-1][0] == seen[-1][1] == 8
     prof = Profile.load(res.directory)
     assert res.directory == tmp_path / "cpu" / "tiny-llama"
     assert prof.metadata.synthetic and prof.metadata.num_gpu_blocks == {16: 64}
     assert [(r.batch_size, r.context_len) for r in prof.decode] == [(1, 16), (2, 16)]
     assert [(r.num_new_tokens, r.num_cached_tokens) for r in prof.prefill] == [(16, 0)]
-    for r in prof.decode + prof.prefill:
+    assert [(r.num_entries, r.num_new_tokens, r.num_cached_tokens)
+            for r in prof.multi_prefill] == [(2, 16, 0)]
+    for r in prof.decode + prof.prefill + prof.multi_prefill:
         assert r.step_time_p10_ms <= r.step_time_ms <= r.step_time_p90_ms
         assert r.attention_ms + r.other_ms == pytest.approx(r.step_time_ms)
     assert prof.overhead and all(r.overhead_ms > 0 for r in prof.overhead)
