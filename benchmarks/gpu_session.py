@@ -88,11 +88,12 @@ def check_model(spec_name: str, dtype, device: str) -> float:
     return err
 
 
-def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 15) -> list[dict]:
-    """Decode steps (batch x context) timed on the host clock with graph replay and eagerly
-    in one runner (same KV cache; graphs set aside for the eager calls), alternating, and the
-    relative difference of their final hidden rows (the same step run twice writes the same
-    K/V, so both see the same cache)."""
+def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10) -> list[dict]:
+    """Steps timed on the host clock with graph replay and eagerly in one runner (same KV
+    cache; graphs set aside for the eager calls), alternating, and the relative difference of
+    their final hidden rows (the same step run twice writes the same K/V, so both see the same
+    cache). Shapes: decode batches, and mixed steps (a prefill, a chunk with decodes, several
+    prefill entries), as lists of (context, new tokens) entries."""
     import statistics
 
     from pagesim.gpu.calibrate import BlockSource, synthetic_step
@@ -102,11 +103,15 @@ def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 15
     if runner.graphs is None:
         return []
     graphs = runner.graphs
-    shapes = [(1, 40), (4, 40)] if dry else [(1, 512), (8, 512), (32, 1024), (64, 512),
-                                             (128, 512), (256, 512)]
+    shapes = {"decode 1x40": [(40, 1)], "prefill 24": [(0, 24)]} if dry else {
+        "decode 1x512": [(512, 1)], "decode 64x512": [(512, 1)] * 64,
+        "decode 256x512": [(512, 1)] * 256, "prefill 128": [(0, 128)],
+        "prefill 500 over 1024 cached": [(1024, 500)],
+        "32 decodes x512 + chunk 256": [(512, 1)] * 32 + [(0, 256)],
+        "4 prefills x 64 over 1024 cached": [(1024, 64)] * 4}
     rows = []
-    for b, c in shapes:
-        out = synthetic_step([(c, 1)] * b, config.block_size, BlockSource(num_gpu_blocks, 0))
+    for label, spec in shapes.items():
+        out = synthetic_step(spec, config.block_size, BlockSource(num_gpu_blocks, 0))
         times = {"graph": [], "eager": []}
         hidden = {}
         for i in range(reps + 2):
@@ -119,21 +124,23 @@ def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 15
                 hidden[mode] = runner.last_hidden.float().clone()
         runner.graphs = graphs
         err = float((hidden["graph"] - hidden["eager"]).norm() / hidden["eager"].norm())
-        rows.append({"batch": b, "context": c, "reps": reps,
+        rows.append({"shape": label, "num_reqs": len(spec),
+                     "num_tokens": sum(n for _, n in spec), "reps": reps,
                      "graph_ms": 1e3 * statistics.median(times["graph"]),
                      "eager_ms": 1e3 * statistics.median(times["eager"]),
                      "graph_ms_p90": 1e3 * sorted(times["graph"])[int(0.9 * reps)],
                      "eager_ms_p90": 1e3 * sorted(times["eager"])[int(0.9 * reps)],
                      "hidden_rel_diff": err, "graph_failed": graphs.failed})
-        log(f"  decode b={b} c={c}: graph {rows[-1]['graph_ms']:.2f} ms, eager "
+        log(f"  {label}: graph {rows[-1]['graph_ms']:.2f} ms, eager "
             f"{rows[-1]['eager_ms']:.2f} ms, hidden rel diff {err:.1e}"
             + (f" (graphs FAILED: {graphs.failed})" if graphs.failed else ""))
     del runner, graphs
     return rows
 
 
-def run_plan(capacity_rps: float | None, dry: bool) -> list[dict]:
-    """The real runs, in priority order. `rate` is "inf" or a fraction of chat capacity."""
+def run_plan(dry: bool) -> list[dict]:
+    """The real runs, in priority order. `rate` is "inf" or a fraction of the capacity
+    measured by the run named `of` (default chat-inf-bs16: its request throughput)."""
     if dry:
         rnd = {"random_input_len": 24, "random_output_len": 3}
         return [{"name": "random-inf-bs16", "workload": "random", "rate": "inf",
@@ -153,6 +160,10 @@ def run_plan(capacity_rps: float | None, dry: bool) -> list[dict]:
         {"name": "chat-85pct-bs32", "workload": "chat", "rate": 0.85, "block_size": 32},
         {"name": "chat-inf-bs32", "workload": "chat", "rate": "inf", "block_size": 32,
          "num_prompts": 150},
+        {"name": "system-prompt-85pct-bs16", "workload": "system-prompt", "rate": 0.85,
+         "block_size": 16, "of": "system-prompt-inf-bs16"},
+        {"name": "code-85pct-bs16", "workload": "code", "rate": 0.85, "block_size": 16,
+         "of": "code-inf-bs16"},
     ]
 
 
@@ -227,7 +238,7 @@ def main() -> int:
             ms["calibration_s"] = res.elapsed_s
             ms["capacity"] = res.capacity.to_dict()
             ms["profile_rows"] = {k: len(getattr(res.profile, k)) for k in
-                                  ("decode", "prefill", "mixed", "overhead")}
+                                  ("decode", "prefill", "mixed", "multi_prefill", "overhead")}
             log(f"{name}: calibrated in {res.elapsed_s:.0f} s: {ms['profile_rows']}")
             pack(out, work)
             model = res.model
@@ -246,16 +257,17 @@ def main() -> int:
                     log(f"graph_vs_eager FAILED\n{traceback.format_exc()}")
                 if device == "cuda":
                     torch.cuda.empty_cache()
-            capacity_rps = None
-            for spec in ([] if args.calibrate_only else run_plan(capacity_rps, dry)):
+            throughput: dict[str, float] = {}  # run name -> measured request throughput
+            for spec in ([] if args.calibrate_only else run_plan(dry)):
                 if spec["name"] in skip:
                     continue
                 rate = spec["rate"]
+                base = throughput.get(spec.get("of", "chat-inf-bs16"))
                 if rate != "inf" and not dry:
-                    if capacity_rps is None:
+                    if base is None:
                         log(f"skip {spec['name']}: no capacity measured")
                         continue
-                    rate = round(rate * capacity_rps, 3)
+                    rate = round(rate * base, 3)
                 n = spec.get("num_prompts") or int(min(200, max(60, round(
                     rate * args.arrival_window_s))))
                 remaining = left(args.budget_s)
@@ -279,9 +291,8 @@ def main() -> int:
                     torch.cuda.empty_cache()
                 save_real_run(work / "real" / name / f"{spec['name']}.json", config=cfg,
                               load=load, result=result, records=records, device=info,
-                              extra={"capacity_rps": capacity_rps, "sm_clock": clocks.summary()})
-                if spec["name"].startswith("chat-inf-bs16"):
-                    capacity_rps = result["request_throughput"]
+                              extra={"capacity_rps": base, "sm_clock": clocks.summary()})
+                throughput[spec["name"]] = result["request_throughput"]
                 ms["runs"][spec["name"]] = {k: result[k] for k in (
                     "completed", "failed", "duration", "request_throughput", "output_throughput",
                     "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "p99_e2el_ms",

@@ -85,13 +85,14 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     """Serve `load` for real (wall clock) with `model` (a `RandomWeightDecoder`) over a KV
     cache of `num_gpu_blocks`; returns (result keys, raw records).
 
-    With `cuda_graphs` (CUDA only) every decode graph the run can meet (batches up to the
-    number of requests) is captured before
-    the clock starts (`gpu_graph_capture_s`, `gpu_graphs_captured` in the result); the
+    With `cuda_graphs` (CUDA only) every graph the run can meet (decode batches up to the
+    number of requests, every mixed-step size) is captured before the clock starts, and a
+    few eager steps warm up the larger shapes (`serve.warm_up`); `gpu_graph_capture_s` and
+    `gpu_graphs_captured` in the result say what it cost. The
     runner's per-step records (graph replayed or eager, device times) go under
     `records["runner_steps"]`."""
     from pagesim.gpu.runner import GPUModelRunner, step_record_columns
-    from pagesim.gpu.serve import make_engine, replay, run_records, serve_result
+    from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 
     rate = load["request_rate"]
     rate = math.inf if rate == "inf" else rate
@@ -108,6 +109,7 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     graphs = runner.graphs
     captured, capture_s = (graphs.capture_all(max_batch=len(requests)) if graphs is not None
                            else (0, 0.0))
+    warm_up(runner, config)
     run = replay(requests, scheduler, runner, max_wall_s=max_wall_s)
     result = serve_result(run, scheduler, config)
     result["gpu_cuda_graphs"] = graphs is not None and graphs.failed is None

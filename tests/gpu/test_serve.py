@@ -114,3 +114,33 @@ def test_wall_clock_limit_aborts_the_rest() -> None:
                  sleep=clock.sleep, max_wall_s=3.5)
     failed = [r for r in run.metrics.records.values() if r.reject_reason == "wall-clock limit"]
     assert len(run.metrics.records) == 10 and 5 <= len(failed) <= 8
+
+
+def test_warm_up_runs_eager_shapes_and_leaves_no_records() -> None:
+    torch = pytest.importorskip("torch")
+    from pagesim.gpu.runner import GPUModelRunner
+    from pagesim.gpu.serve import warm_up
+
+    cfg = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=32,
+                              max_num_batched_tokens=64, max_model_len=256)
+    runner = GPUModelRunner(cfg, 128, device="cpu", dtype=torch.float32)
+    calls = []
+    inner = runner.model.forward
+
+    def forward(input_ids, *args, **kw):
+        calls.append(int(input_ids.shape[0]))
+        return inner(input_ids, *args, **kw)
+
+    runner.model.forward = forward
+    assert warm_up(runner, cfg) == 4
+    assert calls == [64, 32, 64, 40]  # every shape ran, at its token count
+    assert runner.step_records == []
+    # a run served afterwards still starts from a clean scheduler
+    sched = make_engine(cfg, 128)
+    for r in build_requests(cfg, "random", 2, 0, math.inf, random_input_len=20,
+                            random_output_len=2):
+        sched.add_request(r)
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        sched.update_from_output(out, runner.execute_model(out))
+    assert len(runner.step_records) >= 2
