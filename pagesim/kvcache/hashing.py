@@ -96,6 +96,15 @@ class BlockHasher:
         self._count_prefix = block_size.to_bytes(4, "little")  # every hashed block is full
         self._pack_block = struct.Struct(f"<{block_size}i").pack  # one block's token ids
 
+    def next_hash(self, parent_block_hash: bytes, packed_tokens: bytes,
+                  lora_name: str | None = None) -> BlockHash:
+        """Hash of a full block after the first, from its parent's hash and its `block_size`
+        token ids packed as little-endian int32 (`hash_block_tokens` without the packing)."""
+        data = parent_block_hash + self._count_prefix + packed_tokens
+        if lora_name is not None:
+            data += encode_extra_keys(lora_name, None)
+        return BlockHash(hashlib.blake2b(data).digest()[:HASH_DIGEST_BYTES])
+
     def extend(self, request: Request, num_blocks: int | None = None) -> None:
         """Hash the request's full blocks that have no hash yet, up to `num_blocks` in total.
 

@@ -7,7 +7,9 @@ cost-model runner or the GPU runner) executes it and returns a `ModelRunnerOutpu
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
+from math import gcd
 from typing import Protocol
 
 from pagesim.request import Request
@@ -91,6 +93,13 @@ class ModelRunner(Protocol):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
 
 
+_TOKEN_STEP = 104_729  # synthetic_token's stride between consecutive output tokens
+
+
+def _token_seed(prompt: list[int]) -> int:
+    return (prompt[-1] * 1_000_003 + len(prompt) * 7919 + prompt[0]) if prompt else 0
+
+
 def synthetic_token(request: Request, index: int, vocab_size: int = 32000) -> int:
     """The `index`-th output token of `request`, a pure function of its prompt.
 
@@ -99,14 +108,65 @@ def synthetic_token(request: Request, index: int, vocab_size: int = 32000) -> in
     generated, and two requests with equal prompts produce equal answers, as greedy decoding
     would. Derived from the last prompt tokens so that it costs O(1).
     """
-    p = request.prompt_token_ids
-    seed = (p[-1] * 1_000_003 + len(p) * 7919 + (p[0] if p else 0)) if p else 0
-    return (seed + 104_729 * (index + 1)) % vocab_size
+    return (_token_seed(request.prompt_token_ids) + _TOKEN_STEP * (index + 1)) % vocab_size
 
 
 def synthetic_tokens(request: Request, start: int, stop: int, vocab_size: int = 32000) -> list[int]:
     """`[synthetic_token(request, i, vocab_size) for i in range(start, stop)]`, in one pass."""
-    p = request.prompt_token_ids
-    seed = (p[-1] * 1_000_003 + len(p) * 7919 + (p[0] if p else 0)) if p else 0
-    step = 104_729  # the values seed + step * (i + 1), as a range: no per-token arithmetic
+    seed = _token_seed(request.prompt_token_ids)
+    step = _TOKEN_STEP  # the values seed + step * (i + 1), as a range: no per-token arithmetic
     return [x % vocab_size for x in range(seed + step * (start + 1), seed + step * (stop + 1), step)]
+
+
+class SyntheticTokenTable:
+    """Every request's synthetic output tokens as windows of one cyclic table (built once per
+    vocabulary), so that a run of them is a list slice and a full block of them, packed as
+    little-endian int32 for hashing, is a bytes slice: no per-token Python work.
+
+    Why a window: with a = 104_729 mod V invertible mod V, token i of a request whose prompt
+    seed is s is (s + a (i + 1)) mod V = a (t + i + 1) mod V = table[t + i + 1] for
+    t = s a^-1 mod V and table[k] = a k mod V (period V). `start(request)` is the table index
+    of the request's token 0. When a is not invertible (V a multiple of 104_729) or the table
+    would not give a window, callers fall back to `synthetic_tokens` (`usable` is False).
+    """
+
+    __slots__ = ("vocab_size", "usable", "_inv", "_tokens", "_packed")
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"vocab_size={vocab_size}: must be >= 1")
+        self.vocab_size = vocab_size
+        a = _TOKEN_STEP % vocab_size
+        self.usable = gcd(a, vocab_size) == 1
+        self._inv = pow(a, -1, vocab_size) if self.usable else 0
+        period = [a * k % vocab_size for k in range(vocab_size)] if self.usable else []
+        self._tokens: list[int] = period + period  # any window of <= V tokens is one slice
+        self._packed = struct.pack(f"<{len(self._tokens)}i", *self._tokens)
+
+    def start(self, request: Request) -> int:
+        """Table index of the request's output token 0, in [0, V)."""
+        v = self.vocab_size
+        return ((_token_seed(request.prompt_token_ids) % v) * self._inv + 1) % v
+
+    def tokens(self, start: int, first: int, stop: int) -> list[int]:
+        """Output tokens [first, stop) of the request whose token 0 is at `start`
+        (`synthetic_tokens(request, first, stop)`)."""
+        v = self.vocab_size
+        k = (start + first) % v
+        n = stop - first
+        if n <= v:
+            return self._tokens[k:k + n]
+        out: list[int] = []
+        while n > 0:
+            m = n if n <= v else v
+            out += self._tokens[k:k + m]
+            n -= m
+        return out
+
+    def packed(self, start: int, first: int, count: int) -> bytes | None:
+        """Output tokens [first, first + count) as `count` little-endian int32 (the bytes a
+        block hash packs), or None when they do not fit one window (count > V)."""
+        if count > self.vocab_size:
+            return None
+        k = (start + first) % self.vocab_size
+        return self._packed[4 * k:4 * (k + count)]

@@ -46,7 +46,7 @@ from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.metrics.collector import RequestRecord
 from pagesim.request import Request
-from pagesim.scheduler.output import synthetic_token, synthetic_tokens
+from pagesim.scheduler.output import SyntheticTokenTable, synthetic_tokens
 from pagesim.scheduler.scheduler import Scheduler
 from pagesim.sim.probe import KVProbe
 from pagesim.sim.runner import CostModelRunner
@@ -70,6 +70,7 @@ class _Lazy:
     alloc_at: int  # == span: that step's token needs a new block
     hash_at: int  # that step's token fills a block (prefix caching); _NEVER without caching
     finish_at: int  # that step samples its last token
+    tok0: int  # the synthetic token table's index of its output token 0 (0 without a table)
     done: bool = False
 
 
@@ -82,12 +83,16 @@ class DecodeFastPath:
         self.manager = manager
         self.records: dict[str, RequestRecord] = records
         self.vocab_size = runner.vocab_size
+        table = SyntheticTokenTable(runner.vocab_size)
+        self.table = table if table.usable else None  # output tokens as table windows
         self.paged = isinstance(manager, KVCacheManager)
         self.caching = self.paged and manager.enable_caching
         self.block_size = manager.block_size
         self.max_model_len = scheduler.max_model_len
         self.budget = scheduler.max_num_batched_tokens
         self.priority = scheduler.policy == "priority"
+        # Events go straight to the manager's decode-block calls (see `_run_events`).
+        self.quick = self.paged and self.table is not None and self.block_size <= self.vocab_size
         self.tick = 0  # fast steps so far
         self.last_tick_time = 0.0  # end of the last fast step
         self.lazies: list[_Lazy] = []  # running order
@@ -217,6 +222,7 @@ class DecodeFastPath:
         else:
             reservations = manager.reservations
         last_c = self.max_model_len - 2  # a decode past it gets no token (max_model_len cap)
+        table = self.table
         limit = min(len(running), self.budget)
         lazies, offsets, due = self.lazies, self.offsets, self.due
         while n < limit:
@@ -250,7 +256,7 @@ class DecodeFastPath:
                 finish_at = c
             lazy = _Lazy(request, record, self._next_seq, c - g, g, record.num_output_tokens,
                          prompt_len, prompt_len + max_tokens - 1, span, span, hash_at,
-                         finish_at)
+                         finish_at, table.start(request) if table is not None else 0)
             self._next_seq += 1
             lazies.append(lazy)
             offsets.append(c - g)
@@ -266,42 +272,43 @@ class DecodeFastPath:
         return n
 
     def _run_events(self, due: list[tuple[int, _Lazy]], g: int) -> None:
-        """This tick's events, in running order: the real allocate_slots where the slow path
-        would change something, and the finishing requests noted for `end_step`."""
+        """This tick's events, in running order: a block appended or a full block cached
+        where the slow path's allocate_slots would change something, and the finishing
+        requests noted for `end_step`.
+
+        The common events go straight to the manager (`append_decode_block`,
+        `cache_decode_block` with the block's tokens from the synthetic token table), leaving
+        the request lazy; the others (a contiguous row, a block that holds prompt tokens, no
+        usable table) bring the request up to date and call the real `allocate_slots`."""
         manager = self.manager
-        allocate = manager.allocate_slots
         bs = self.block_size
-        vocab = self.vocab_size
-        paged, caching = self.paged, self.caching
         buckets = self.due
+        quick = self.quick
+        table = self.table
         for _, lazy in due:
             c = lazy.offset + g
             alloc = lazy.alloc_at == c
             if alloc or lazy.hash_at == c:
-                request = lazy.request
-                rid = request.request_id
-                request.num_computed_tokens = c
-                out = request.output_token_ids
-                have = len(out)
-                want = c + 1 - lazy.prompt_len
-                if want == have + 1:
-                    out.append(synthetic_token(request, have, vocab))
-                elif want > have:
-                    out += synthetic_tokens(request, have, want, vocab)
-                if allocate(request, 1) is None:
-                    raise PagesimError(f"decode fast path: allocate_slots failed for {rid!r} "
-                                       "with its blocks free")
-                if alloc:
-                    span = (len(manager.req_to_block_ids[rid]) if paged
-                            else len(manager.reservations[rid].row)) * bs
-                    self._add_span(lazy.final, lazy.span, -1)
-                    self._add_span(lazy.final, span, 1)
-                    lazy.span = lazy.alloc_at = span
-                if caching:
-                    lazy.hash_at = (manager.num_cached_block[rid] + 1) * bs - 1
-                if lazy.alloc_at <= c or lazy.hash_at <= c:
-                    raise PagesimError(f"decode fast path: {rid!r} still has an allocation "
-                                       "due after allocate_slots")
+                first = c + 1 - bs - lazy.prompt_len  # output index of the block's first token
+                if not quick or (alloc and lazy.hash_at == c):  # both at once: block size 1
+                    self._allocate(lazy, c)
+                elif alloc:
+                    if not manager.append_decode_block(lazy.request.request_id):
+                        raise PagesimError(f"decode fast path: no block for "
+                                           f"{lazy.request.request_id!r} with its blocks free")
+                    span, final = lazy.span, lazy.final
+                    grown = span + bs
+                    fill = span if span < final else final
+                    grown_fill = grown if grown < final else final
+                    self.min_span_sum += grown_fill - fill
+                    self.over_final_sum += grown - grown_fill - span + fill
+                    lazy.span = lazy.alloc_at = grown
+                elif first >= 0 and c + 1 >= 2 * bs:  # a block of output tokens, not the first
+                    manager.cache_decode_block(lazy.request,
+                                               table.packed(lazy.tok0, first, bs))  # type: ignore[arg-type]
+                    lazy.hash_at = c + bs
+                else:
+                    self._allocate(lazy, c)
             if lazy.finish_at == c:
                 self.finishing.append(lazy)
                 continue
@@ -311,11 +318,37 @@ class DecodeFastPath:
             if lazy.finish_at < at:
                 at = lazy.finish_at
             at -= lazy.offset
+            if at <= g:
+                raise PagesimError(f"decode fast path: {lazy.request.request_id!r} has an "
+                                   "event left in this step")
             bucket = buckets.get(at)
             if bucket is None:
                 buckets[at] = [(lazy.seq, lazy)]
             else:
                 bucket.append((lazy.seq, lazy))
+
+    def _allocate(self, lazy: _Lazy, c: int) -> None:
+        """An event through the real `allocate_slots`, the request brought up to date first."""
+        manager = self.manager
+        bs = self.block_size
+        request = lazy.request
+        rid = request.request_id
+        request.num_computed_tokens = c
+        self._fill_outputs(lazy, c + 1 - lazy.prompt_len)
+        if manager.allocate_slots(request, 1) is None:
+            raise PagesimError(f"decode fast path: allocate_slots failed for {rid!r} "
+                               "with its blocks free")
+        if lazy.alloc_at == c:
+            span = (len(manager.req_to_block_ids[rid]) if self.paged
+                    else len(manager.reservations[rid].row)) * bs
+            self._add_span(lazy.final, lazy.span, -1)
+            self._add_span(lazy.final, span, 1)
+            lazy.span = lazy.alloc_at = span
+        if self.caching:
+            lazy.hash_at = (manager.num_cached_block[rid] + 1) * bs - 1
+        if lazy.alloc_at <= c or lazy.hash_at <= c:
+            raise PagesimError(f"decode fast path: {rid!r} still has an allocation "
+                               "due after allocate_slots")
 
     def _add_span(self, final: int, span: int, sign: int) -> None:
         fill_to = span if span < final else final
@@ -331,7 +364,10 @@ class DecodeFastPath:
         out = lazy.request.output_token_ids
         have = len(out)
         if have < count:
-            out += synthetic_tokens(lazy.request, have, count, self.vocab_size)
+            if self.table is not None:
+                out += self.table.tokens(lazy.tok0, have, count)
+            else:
+                out += synthetic_tokens(lazy.request, have, count, self.vocab_size)
 
 
 class _Contexts(Sequence):

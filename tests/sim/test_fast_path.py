@@ -231,3 +231,24 @@ def test_engine_fast_equals_slow(block_size, num_blocks, budget, max_num_seqs, c
     num_blocks = max(num_blocks, -(-128 // block_size) + 2)  # any one request fits
     assert _run(True, cfg, allocator, num_blocks, requests) == \
         _run(False, cfg, allocator, num_blocks, requests)
+
+
+@pytest.mark.parametrize("vocab", [32000, 128256, 7, 2, 1])
+def test_synthetic_token_table_windows(vocab: int) -> None:
+    """The fast path's table gives `synthetic_tokens` as slices, and their int32 packing."""
+    import struct
+
+    from pagesim.scheduler.output import SyntheticTokenTable
+
+    table = SyntheticTokenTable(vocab)
+    assert table.usable
+    for prompt in ([5, 17, 31999, 4], [0], [], list(range(40))):
+        r = Request("x", [t % vocab for t in prompt], max_tokens=3)
+        start = table.start(r)
+        for first, stop in ((0, 1), (3, 40), (7, 7), (100, 100 + 3 * vocab + 5)):
+            assert table.tokens(start, first, stop) == synthetic_tokens(r, first, stop, vocab)
+        count = min(16, vocab)
+        assert table.packed(start, 9, count) == struct.pack(
+            f"<{count}i", *synthetic_tokens(r, 9, 9 + count, vocab))
+        assert table.packed(start, 9, vocab + 1) is None
+    assert not SyntheticTokenTable(2 * 104_729).usable  # stride not invertible: no table
