@@ -140,6 +140,30 @@ class BlockPool:
         block.prev_free_block = head
         return out
 
+    def get_new_block(self) -> KVCacheBlock:
+        """`get_new_blocks(1)[0]` without the list: the head of the free queue, evicted from
+        the cache if it held a hash, with ref_cnt 1 (a decode's new block, hot path)."""
+        queue = self.free_block_queue
+        head = queue.fake_free_list_head
+        block = head.next_free_block
+        if block is queue.fake_free_list_tail:
+            raise AllocationError("num_blocks=1: only 0 blocks are free")
+        nxt = block.next_free_block
+        head.next_free_block = nxt
+        nxt.prev_free_block = head
+        block.prev_free_block = block.next_free_block = None
+        queue.num_free_blocks -= 1
+        block_hash = block.block_hash
+        if block_hash is not None:
+            cache = self.cached_block_hash_to_block
+            if not self.enable_kv_cache_events and cache.get(block_hash) is block:
+                del cache[block_hash]
+                block.block_hash = None
+            else:
+                self._evict_cached_block(block)
+        block.ref_cnt = 1
+        return block
+
     def _evict_cached_block(self, block: KVCacheBlock) -> None:
         """Drop `block`'s hash from the cache map (it is being reused)."""
         block_hash = block.block_hash
@@ -180,6 +204,21 @@ class BlockPool:
             return
         setdefault = self.cached_block_hash_to_block.setdefault
         events = self.enable_kv_cache_events
+        if not events:  # the hot path: the same registrations, with no event bookkeeping
+            for block, block_hash in zip(blocks[num_cached_blocks:num_full_blocks],
+                                         block_hashes[num_cached_blocks:num_full_blocks],
+                                         strict=True):
+                if block.block_hash is not None or block.is_null:
+                    continue
+                block.block_hash = block_hash
+                found = setdefault(block_hash, block)
+                if found is not block:  # a duplicate of a cached block
+                    if type(found) is dict:
+                        found[block.block_id] = block
+                    else:
+                        self.cached_block_hash_to_block[block_hash] = {found.block_id: found,
+                                                                       block.block_id: block}
+            return
         stored_ids: list[int] = []
         stored_hashes: list[bytes] = []
         for i in range(num_cached_blocks, num_full_blocks):
@@ -200,6 +239,22 @@ class BlockPool:
                 stored_hashes.append(block_hash)
         if stored_ids:
             self.kv_event_queue.append(BlockStored(tuple(stored_ids), tuple(stored_hashes)))
+
+    def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
+        """`cache_full_blocks` of one block (a decode filling a block, hot path)."""
+        if block.block_hash is not None or block.is_null or not self.enable_caching:
+            return
+        if self.enable_kv_cache_events:
+            self.cache_full_blocks((block,), (block_hash,), 0, 1)
+            return
+        block.block_hash = block_hash
+        found = self.cached_block_hash_to_block.setdefault(block_hash, block)
+        if found is not block:  # a duplicate of a cached block
+            if type(found) is dict:
+                found[block.block_id] = block
+            else:
+                self.cached_block_hash_to_block[block_hash] = {found.block_id: found,
+                                                               block.block_id: block}
 
     # ---- freeing -------------------------------------------------------------------------
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NewType
 
 from pagesim.errors import ConfigError, WorkloadError
@@ -95,6 +95,7 @@ class BlockHasher:
         self.none_hash = parent_none_hash
         self._count_prefix = block_size.to_bytes(4, "little")  # every hashed block is full
         self._pack_block = struct.Struct(f"<{block_size}i").pack  # one block's token ids
+        self._packers: dict[int, Callable[..., bytes]] = {}  # token count -> its packing
 
     def next_hash(self, parent_block_hash: bytes, packed_tokens: bytes,
                   lora_name: str | None = None) -> BlockHash:
@@ -132,7 +133,13 @@ class BlockHasher:
             hashes.append(hashlib.blake2b(hashes[-1] + self._count_prefix + data).digest()[:16])
             return
         tokens = request.token_ids_slice(start * bs, end * bs)
-        data = _pack_tokens(len(tokens), tokens, f"request {request.request_id!r}")
+        pack = self._packers.get(len(tokens))
+        if pack is None:  # one compiled format per length (at most max_model_len / bs)
+            pack = self._packers[len(tokens)] = struct.Struct(f"<{len(tokens)}i").pack
+        try:
+            data = pack(*tokens)
+        except struct.error:
+            data = _pack_tokens(len(tokens), tokens, f"request {request.request_id!r}")
         lora, salt = request.lora_name, request.cache_salt
         extra = encode_extra_keys(lora, None) if lora is not None else b""
         blake2b = hashlib.blake2b

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from pagesim.config import VLLM_COMPAT
 from pagesim.errors import AllocationError, ConfigError
@@ -40,6 +41,7 @@ from pagesim.kvcache.prefix_stats import PrefixCacheStats
 from pagesim.kvcache.sliding_window import SlidingWindow
 from pagesim.request import Request
 
+_block_id = attrgetter("block_id")
 _FREE_ORDER = {"0.33": "lifo_unhashed", "0.23": "classic"}
 
 
@@ -215,7 +217,7 @@ class KVCacheManager:
             if num_new_blocks == 1:  # a decode crossing into a new block
                 self.req_to_block_ids[rid].append(new_blocks[0].block_id)
             else:
-                self.req_to_block_ids[rid].extend([b.block_id for b in new_blocks])
+                self.req_to_block_ids[rid].extend(map(_block_id, new_blocks))
             result = KVCacheBlocks(new_blocks)
         if self.enable_caching:
             num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)
@@ -242,7 +244,7 @@ class KVCacheManager:
         pool = self.block_pool
         if not pool.free_block_queue.num_free_blocks:
             return False
-        block = pool.get_new_blocks(1)[0]
+        block = pool.get_new_block()
         row.append(block)
         self.req_to_block_ids[request_id].append(block.block_id)
         if self.check_invariants:
@@ -264,7 +266,7 @@ class KVCacheManager:
         hashes = request.block_hashes
         if len(hashes) == index:
             hashes.append(self.hasher.next_hash(hashes[-1], packed_tokens, request.lora_name))
-        self.block_pool.cache_full_blocks(row, hashes, index, index + 1)
+        self.block_pool.cache_block(row[index], hashes[index])
         self.num_cached_block[rid] = index + 1
         if self.check_invariants:
             check_kv_cache_manager(self)
@@ -321,7 +323,7 @@ class KVCacheManager:
         new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         if new_blocks:
             row.extend(new_blocks)
-            self.req_to_block_ids[rid].extend([b.block_id for b in new_blocks])
+            self.req_to_block_ids[rid].extend(map(_block_id, new_blocks))
         if self.enable_caching:
             num_full = min(total_computed + num_new_tokens, request.num_tokens) // bs
             if num_full > self.num_cached_block[rid]:
@@ -428,7 +430,7 @@ class KVCacheManager:
         null = self.block_pool.null_block
         row.extend([null] * num_skipped)
         row.extend(hit)
-        self.req_to_block_ids[rid].extend([b.block_id for b in row])
+        self.req_to_block_ids[rid].extend(map(_block_id, row))
         self.num_cached_block[rid] = len(row)
 
     def _cache_blocks(self, request: Request, row: list[KVCacheBlock], num_full: int) -> None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from pagesim.errors import PagesimError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
@@ -51,6 +52,7 @@ from pagesim.scheduler.scheduler import Scheduler
 from pagesim.sim.probe import KVProbe
 from pagesim.sim.runner import CostModelRunner
 
+_by_seq = attrgetter("seq")
 _NEVER = 1 << 62  # an event position that is never reached (no prefix caching)
 
 
@@ -97,8 +99,8 @@ class DecodeFastPath:
         self.last_tick_time = 0.0  # end of the last fast step
         self.lazies: list[_Lazy] = []  # running order
         self.offsets: list[int] = []  # their offsets, same order (decode contexts)
-        # tick -> (seq, lazy request) with an event at that tick
-        self.due: dict[int, list[tuple[int, _Lazy]]] = {}
+        # tick -> lazy requests with an event at that tick
+        self.due: dict[int, list[_Lazy]] = {}
         self.finishing: list[_Lazy] = []  # lazy requests that sample their last token now
         self._next_seq = 0
         self.offset_sum = 0
@@ -138,10 +140,10 @@ class DecodeFastPath:
         due = self.due.pop(g, None)
         if due is not None:
             if len(due) > 1:
-                due.sort()  # running order (seq numbers are unique)
+                due.sort(key=_by_seq)  # running order (seq numbers are unique)
             if self.paged:
                 need = 0
-                for _, lazy in due:
+                for lazy in due:
                     if lazy.alloc_at == lazy.offset + g:
                         need += 1
                 if need > self.manager.num_free_blocks:  # an allocation could preempt
@@ -265,13 +267,13 @@ class DecodeFastPath:
             at = min(span, hash_at, finish_at) - c + g
             bucket = due.get(at)
             if bucket is None:
-                due[at] = [(lazy.seq, lazy)]
+                due[at] = [lazy]
             else:
-                bucket.append((lazy.seq, lazy))
+                bucket.append(lazy)
             n += 1
         return n
 
-    def _run_events(self, due: list[tuple[int, _Lazy]], g: int) -> None:
+    def _run_events(self, due: list[_Lazy], g: int) -> None:
         """This tick's events, in running order: a block appended or a full block cached
         where the slow path's allocate_slots would change something, and the finishing
         requests noted for `end_step`.
@@ -285,7 +287,7 @@ class DecodeFastPath:
         buckets = self.due
         quick = self.quick
         table = self.table
-        for _, lazy in due:
+        for lazy in due:
             c = lazy.offset + g
             alloc = lazy.alloc_at == c
             if alloc or lazy.hash_at == c:
@@ -323,9 +325,9 @@ class DecodeFastPath:
                                    "event left in this step")
             bucket = buckets.get(at)
             if bucket is None:
-                buckets[at] = [(lazy.seq, lazy)]
+                buckets[at] = [lazy]
             else:
-                bucket.append((lazy.seq, lazy))
+                bucket.append(lazy)
 
     def _allocate(self, lazy: _Lazy, c: int) -> None:
         """An event through the real `allocate_slots`, the request brought up to date first."""
