@@ -81,6 +81,7 @@ class ServingEngine:
         env, scheduler = self.env, self.scheduler
         fast = self.fast_path
         timeout = env.timeout
+        peek = env.peek
         while True:
             if not scheduler.has_unfinished_requests():
                 self._idle = env.event()
@@ -93,16 +94,29 @@ class ServingEngine:
                     step_time = self.runner.lead_decode_step_time(
                         scheduler.block_size, num_lead, fast.lead_context_sum(),
                         fast.lead_contexts())
-                    yield timeout(step_time)
+                    if peek() > start + step_time:
+                        env._now = start + step_time  # see `_advance`
+                    else:
+                        yield timeout(step_time)
                     self._lead_only_end(fast, start, step_time)
                     continue
                 out, result, num_prefill, num_decode = self._fast_begin(fast, start)
-                yield timeout(result.step_time_s)
+                if peek() > start + result.step_time_s:
+                    env._now = start + result.step_time_s  # see `_advance`
+                else:
+                    yield timeout(result.step_time_s)
                 self._fast_end(fast, start, out, result, num_prefill, num_decode)
             else:
                 out, result, num_prefill, num_decode = self._slow_begin(start)
                 yield timeout(result.step_time_s)
                 self._slow_end(start, out, result, num_prefill, num_decode)
+
+    # `_advance`: when the next scheduled event of the environment comes strictly after a
+    # step's end, `yield env.timeout(step)` would put the step's end on the event queue, pop
+    # it straight back and resume this process at `env.now + step` with nothing run in between;
+    # the fast steps set the clock to that same float instead (SimPy computes the timeout's
+    # time as `now + delay` too). Events at the same time keep their order: a tie (`peek() ==`
+    # the end) takes the queue, where the earlier-scheduled event runs first as before.
 
     def _slow_begin(self, start: float):
         """schedule() and execute_model() of a step through the per-request path."""
