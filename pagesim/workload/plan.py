@@ -20,6 +20,7 @@ A later turn is the previous prompt + the previous answer + `user_lens[i]` own t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from pagesim.errors import WorkloadError
 from pagesim.request import Request
 from pagesim.workload.sessions import Session
 from pagesim.workload.spec import ArrivalSpec
-from pagesim.workload.tokens import block_segments, segment_tokens
+from pagesim.workload.tokens import block_segments, segment_token_list, segment_tokens
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,28 +80,41 @@ class RequestPlan:
         """A fresh cursor over session `s` (see `Session`)."""
         return Session(self, s)
 
+    @cached_property
+    def _token_list(self) -> list[int]:
+        """`token_table` as a list, made on first use: prompts are slices of it."""
+        return self.token_table.tolist()
+
     def materialize(self, i: int) -> list[int]:
         """Prompt token ids of request i (a session's first turn). O(prompt length)."""
-        return self.materialize_array(i).tolist()
+        return segment_token_list(self._token_list, self.content_key, self._segments(i),
+                                  self.vocab_size)
 
     def materialize_array(self, i: int) -> np.ndarray:
         """Like `materialize`, as int64 [prompt_lens[i]]."""
+        return segment_tokens(self.token_table, self.content_key, self._segments(i),
+                              self.vocab_size)
+
+    def _segments(self, i: int) -> list[tuple[int, int]]:
+        """(root, length) segments of request i's prompt (a session's first turn)."""
         self._check(i)
         if self.turns[i] != 0:
             raise WorkloadError(f"request {i} is turn {int(self.turns[i])} of a session: its "
                                 f"prompt extends the previous turn's (use Session.next_prompt)")
         p_len, u_len = int(self.prefix_lens[i]), int(self.user_lens[i])
-        blocks = self.block_roots[self.block_offsets[i]:self.block_offsets[i + 1]].tolist()
         segs = [(int(self.prefix_roots[i]), p_len)]
-        segs += block_segments(blocks, int(self.prompt_lens[i]) - p_len - u_len)
+        lo, hi = self.block_offsets[i], self.block_offsets[i + 1]
+        if hi > lo:
+            segs += block_segments(self.block_roots[lo:hi].tolist(),
+                                   int(self.prompt_lens[i]) - p_len - u_len)
         segs.append((int(self.user_roots[i]), u_len))
-        return segment_tokens(self.token_table, self.content_key, segs, self.vocab_size)
+        return segs
 
     def user_token_ids(self, i: int) -> list[int]:
         """The `user_lens[i]` new tokens request i appends (to its session's history)."""
         self._check(i)
         segs = [(int(self.user_roots[i]), int(self.user_lens[i]))]
-        return segment_tokens(self.token_table, self.content_key, segs, self.vocab_size).tolist()
+        return segment_token_list(self._token_list, self.content_key, segs, self.vocab_size)
 
     def cache_salt(self, i: int) -> str | None:
         return self.tenant_salts[int(self.tenants[i])]

@@ -95,6 +95,31 @@ def segment_tokens(
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+def segment_token_list(
+    table: list[int], key: int, segments: list[tuple[int, int]], vocab_size: int
+) -> list[int]:
+    """`segment_tokens(...).tolist()` from `table` as a list (`token_table(...).tolist()`):
+    list slices share the table's int objects, with no numpy call per prompt."""
+    out: list[int] = []
+    for root, n in segments:
+        if n <= 0:
+            continue
+        off = root_offset(key, root)
+        if n <= TABLE_SIZE:
+            seg = table[off:off + n]
+        else:  # longer than the table: the windows wrap around (as `take(mode="wrap")`)
+            size = len(table)
+            seg = [table[(off + p) % size] for p in range(n)]
+        seg[0] = root % vocab_size
+        if n > 1:
+            seg[1] = (root // vocab_size) % vocab_size
+        if out:
+            out += seg
+        else:
+            out = seg
+    return out
+
+
 def block_segments(block_roots: list[int], num_tokens: int) -> list[tuple[int, int]]:
     """(root, length) segments for `num_tokens` tokens made of 512-token hash blocks.
 
