@@ -86,6 +86,7 @@ from pagesim.cost.analytical import (
 )
 from pagesim.cost.base import BatchShape
 from pagesim.cost.profile import DecodeRow, Profile
+from pagesim.cost.varlen import VarlenKernel, fit_varlen, nonnegative_lstsq, shape_launch
 from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
@@ -131,7 +132,7 @@ class Surface:
         u = np.array([p[0] for p in points], dtype=float)
         v = np.array([p[1] for p in points], dtype=float)
         z = np.array([p[2] for p in points], dtype=float)
-        self.coef = _nonnegative_lstsq(self._terms(u, v), z)
+        self.coef = nonnegative_lstsq(self._terms(u, v), z)
         deviation: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
         for (pu, pv, pz) in points:
             deviation[pu][pv].append(pz - self._backbone(pu, pv))
@@ -163,24 +164,6 @@ class Surface:
                 d0 = rows[i](v)
                 dev = d0 + (rows[i + 1](v) - d0) * (u - us[i]) / (us[i + 1] - us[i])
         return self._backbone(u, v) + dev
-
-
-def _nonnegative_lstsq(terms: list, z: np.ndarray) -> list[float]:
-    """Least squares z ~ sum(c_k * term_k) with every c_k >= 0 (each term is a kind of work,
-    which never saves time): refit without the most negative coefficient until none is left.
-    Columns are scaled to unit max for conditioning."""
-    a = np.stack([np.broadcast_to(t, z.shape) for t in terms], axis=1)
-    scale = np.max(np.abs(a), axis=0)
-    scale[scale == 0] = 1.0
-    active = list(range(a.shape[1]))
-    coef = np.zeros(a.shape[1])
-    while active:
-        sol = np.linalg.lstsq(a[:, active] / scale[active], z, rcond=None)[0] / scale[active]
-        if sol.min() >= 0.0:
-            coef[active] = sol
-            break
-        active.pop(int(np.argmin(sol)))
-    return [float(x) for x in coef]
 
 
 def _blend_weights(tables: dict[int, Surface],
@@ -257,8 +240,11 @@ class CalibratedCostModel:
         residuals = [z for s in (*self._decode.values(), *self._prefill.values())
                      for z in s.values]
         floor = max(min(residuals), 0.0)
-        # `_parts` subtracts shared costs: zero while measuring the multi-part excess
+        # `_parts` subtracts shared costs: zero while measuring the multi-part excess; the
+        # variable-length fits come last (they need the `other` lines only)
         self._shared = {True: 0.0, False: 0.0}
+        self._varlen_kernel: VarlenKernel | None = None
+        self._varlen: dict = {}
         excess: dict[bool, list[float]] = {True: [], False: []}
         for kind, tokens, r in rows:
             shape = _multi_part_shape(kind, r)
@@ -273,6 +259,7 @@ class CalibratedCostModel:
             self._shared[mode] = min(max(median(fit), 0.0), floor) if fit else floor
         self.shared_s = self._shared[False]  # eager steps' (and every step's without graphs)
         self.shared_graph_s = self._shared[True]  # mixed-graph steps'
+        self._varlen_kernel, self._varlen = self._fit_varlen(rows)
         self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
                       if profile.overhead else None)
         self._swap_s_per_byte = self._copy_s_per_token = None
@@ -355,6 +342,32 @@ class CalibratedCostModel:
     def _other_for(self, graph: bool, tokens: float) -> float:
         return (self._other_graph if graph else self._other_eager)(tokens)
 
+    def _fit_varlen(self, rows) -> tuple[VarlenKernel | None, dict]:
+        """One `VarlenFit` per block size from the rows that ran the variable-length kernel
+        (prefill, mixed, multi-prefill), when the profile names the kernel's tiles."""
+        meta = self.profile.metadata
+        if not (meta.varlen_block_q and meta.varlen_tile_n):
+            return None, {}
+        cap = (self._graph_sizes or self._token_sizes or (0,))[-1]
+        kernel = VarlenKernel(meta.varlen_block_q, meta.varlen_tile_n, cap)
+        per_bs: dict[int, list] = defaultdict(list)
+        for kind, tokens, r in rows:
+            shape = _row_batch(kind, r)
+            if shape is None:
+                continue
+            padded = self.padded_tokens(tokens)
+            step = r.step_time_ms * MS
+            other = self._other_for(padded is not None, padded or tokens)
+            per_bs[r.block_size].append((shape_launch(kernel, shape, padded),
+                                         padded is not None, step - other, step))
+        fits = {bs: f for bs, v in sorted(per_bs.items()) if (f := fit_varlen(v)) is not None}
+        return (kernel, fits) if fits else (None, {})
+
+    @property
+    def varlen_fits(self) -> dict:
+        """Block size -> `VarlenFit` (empty: prefill steps are priced per entry)."""
+        return dict(self._varlen)
+
     def _parts(self, b: BatchShape) -> tuple[float, float]:
         """(device time, its `other` share) before clamping."""
         weights = self._weights.get(b.block_size)
@@ -364,6 +377,14 @@ class CalibratedCostModel:
                 _blend_weights(self._prefill, b.block_size))
         dec_w, pre_w = weights
         n = b.num_decode_seqs
+        if b.prefill_new_tokens and self._varlen:
+            padded = self.padded_tokens(b.total_tokens)
+            graph = padded is not None
+            other = self._other_for(graph, padded if graph else b.total_tokens)
+            launch = shape_launch(self._varlen_kernel, b, padded)
+            attention = sum(w * fit(launch, graph)
+                            for w, fit in _blend_weights(self._varlen, b.block_size))
+            return other + attention, other
         if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
             graph = bool(self._graph_sizes) and n <= self._graph_sizes[-1]
             if graph:
@@ -397,6 +418,15 @@ def _row_shapes(profile: Profile) -> list[tuple[str, int, object]]:
     rows += [("mixed", r.num_new_tokens + r.decode_batch_size, r) for r in profile.mixed]
     rows += [("multi", r.num_entries * r.num_new_tokens, r) for r in profile.multi_prefill]
     return rows
+
+
+def _row_batch(kind: str, r) -> BatchShape | None:
+    """The batch of a row that ran the variable-length kernel, else None (decode rows)."""
+    if kind == "prefill":
+        return BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size)
+    if kind == "multi" and r.num_entries == 1:
+        return BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size)
+    return _multi_part_shape(kind, r)
 
 
 def _multi_part_shape(kind: str, r) -> BatchShape | None:

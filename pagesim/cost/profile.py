@@ -37,7 +37,8 @@ costs what that padded batch costs); empty when every step ran eagerly. Version 
 `cuda_graph_token_sizes`: the token counts at which every other step (prefill, chunked
 prefill, mixed) replayed a CUDA graph (a step of T tokens runs the graph of the smallest size
 >= T; larger steps ran eagerly), and the optional `multi_prefill.csv`; earlier files load with
-it empty and save without it.
+it empty and save without it. Version 4 also records the variable-length attention kernel's
+`varlen_block_q` and `varlen_tile_n` (0 when unknown), which `pagesim.cost.varlen` needs.
 
 The GPU calibrator fills the records and saves them; the simulator loads them:
 
@@ -180,6 +181,10 @@ class ProfileMetadata:
     # every other step of at most max(these) tokens replayed a CUDA graph at the smallest of
     # these token counts >= its tokens; empty: eager. Format version 4.
     cuda_graph_token_sizes: list[int] = field(default_factory=list)
+    # the variable-length attention kernel's query tokens per program and keys per tile
+    # (0: not recorded; prefill steps are then priced per entry). Format version 4.
+    varlen_block_q: int = 0
+    varlen_tile_n: int = 0
     gpu_memory_utilization: float | None = None
     host_link_bytes_per_s: float | None = None  # measured pinned copy rate (swap costs)
     device: dict[str, Any] = field(default_factory=dict)  # SM count, clocks, memory, ...
@@ -199,7 +204,8 @@ class ProfileMetadata:
         if self.format_version < 3:  # likewise for version 2
             del out["cuda_graph_sizes"]
         if self.format_version < 4:  # and for version 3
-            del out["cuda_graph_token_sizes"]
+            for key in ("cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n"):
+                del out[key]
         return out
 
     @classmethod
@@ -215,8 +221,9 @@ class ProfileMetadata:
             raise ProfileError(f"{where}: allreduce_in_step_times needs format_version 2")
         if version < 3 and "cuda_graph_sizes" in data:
             raise ProfileError(f"{where}: cuda_graph_sizes needs format_version 3")
-        if version < 4 and "cuda_graph_token_sizes" in data:
-            raise ProfileError(f"{where}: cuda_graph_token_sizes needs format_version 4")
+        for key in ("cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n"):
+            if version < 4 and key in data:
+                raise ProfileError(f"{where}: {key} needs format_version 4")
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:
@@ -271,6 +278,10 @@ class ProfileMetadata:
                                                   for v in sizes) or sizes != sorted(set(sizes)):
                 raise ProfileError(f"{where}: {name}={sizes!r} must be ascending distinct "
                                    "integers >= 1")
+        for name in ("varlen_block_q", "varlen_tile_n"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ProfileError(f"{where}: {name}={value!r} must be an integer >= 0")
         for name in ("gpu_memory_utilization", "host_link_bytes_per_s"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or not value > 0):

@@ -32,6 +32,7 @@ from pagesim.gpu.calibrate import (
 )
 from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
+from pagesim.gpu.kernels.configs import prefill_config
 from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
 from pagesim.gpu.model import RandomWeightDecoder
 from pagesim.gpu.runner import GPUModelRunner
@@ -177,6 +178,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
                           if cuda_graphs and dev.type == "cuda" else []),
         cuda_graph_token_sizes=(list(token_capture_sizes(config.max_num_batched_tokens))
                                 if cuda_graphs and dev.type == "cuda" else []),
+        **varlen_tiles(model, dtype, dev),
         gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
         device={k: v for k, v in info.items() if k in (
             "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
@@ -193,6 +195,16 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))
     return CalibrationResult(profile, capacity, directory, time.monotonic() - t_start, model)
+
+
+def varlen_tiles(model: RandomWeightDecoder, dtype: torch.dtype,
+                 device: torch.device) -> dict[str, int]:
+    """The variable-length attention kernel's query tokens per program and keys per tile, as
+    the runner launches it (`prefill_config`), for the profile's metadata."""
+    group = model.num_heads // model.num_kv_heads
+    cfg = prefill_config(model.head_size, group, device.type == "cuda",
+                         dtype == torch.float32)
+    return {"varlen_block_q": cfg.block_m // group, "varlen_tile_n": cfg.tile_n}
 
 
 def override_capacity(config: EngineConfig, block_sizes: tuple[int, ...]) -> MeasuredKVCapacity:

@@ -189,7 +189,8 @@ def test_version_1_files_load_and_save_as_version_1(tmp_path, clean_profile):
     path = clean_profile.save(tmp_path / "v1")
     data = json.loads((path / "profile.json").read_text())
     del data["allreduce_in_step_times"]
-    del data["cuda_graph_sizes"], data["cuda_graph_token_sizes"]  # version-3 and -4 keys
+    for key in ("cuda_graph_sizes", "cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n"):
+        del data[key]  # version-3 and -4 keys
     data["format_version"] = 1
     (path / "profile.json").write_text(json.dumps(data))
     old = Profile.load(path)

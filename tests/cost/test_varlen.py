@@ -1,0 +1,141 @@
+"""The variable-length kernel's attention model: program counting, the fit, and its use by the
+calibrated cost model."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagesim.cost.base import BatchShape
+from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.profile import MultiPrefillRow, Profile
+from pagesim.cost.varlen import (
+    CONCURRENCY_GRID,
+    PROGRAM_OVERHEAD_TILES,
+    Launch,
+    VarlenFit,
+    VarlenKernel,
+    fit_varlen,
+    launch_of,
+    shape_launch,
+)
+
+KERNEL = VarlenKernel(block_q=128, tile_n=64, max_graph_seqs=512)
+
+
+def brute_force(kernel: VarlenKernel, entries, decodes, padded) -> Launch:
+    """Every program of the launch, one by one (per KV head)."""
+    keys = []
+    for q, c in entries:
+        for j in range(math.ceil(q / kernel.block_q)):
+            keys.append(c + min((j + 1) * kernel.block_q, q))
+    keys += [c + 1 for c in decodes]
+    tiles = [k / kernel.tile_n + PROGRAM_OVERHEAD_TILES for k in keys]
+    tokens = sum(q for q, _ in entries) + len(decodes)
+    seqs = len(entries) + len(decodes)
+    launched = (tokens // kernel.block_q + seqs if padded is None
+                else padded // kernel.block_q + min(padded, kernel.max_graph_seqs))
+    return Launch(sum(tiles), max(tiles, default=0.0), len(keys), launched)
+
+
+def test_a_hand_counted_launch() -> None:
+    # 300 new over 100 cached: programs of 228, 356 and 400 keys
+    got = launch_of(KERNEL, [(300, 100)], 0, 0, 0, None)
+    assert got.work == pytest.approx((228 + 356 + 400) / 64 + 3)
+    assert got.longest == pytest.approx(400 / 64 + 1)
+    assert (got.used, got.launched, got.surplus) == (3, 300 // 128 + 1, 0)
+    graph = launch_of(KERNEL, [(300, 100)], 0, 0, 0, 320)
+    assert graph.surplus == 320 // 128 + 320 - 3  # padded sequences' programs exit at once
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=5),
+       decodes=st.lists(st.integers(1, 4000), max_size=40),
+       block_q=st.sampled_from([16, 32, 128]), graph=st.booleans())
+def test_closed_form_counts_every_program(entries, decodes, block_q, graph) -> None:
+    kernel = VarlenKernel(block_q, 64, 256)
+    tokens = sum(q for q, _ in entries) + len(decodes)
+    padded = max(tokens, 1) * 2 if graph else None
+    got = launch_of(kernel, entries, sum(decodes), max(decodes, default=0), len(decodes),
+                    padded)
+    want = brute_force(kernel, entries, decodes, padded)
+    assert got.work == pytest.approx(want.work)
+    assert got.longest == pytest.approx(want.longest)
+    assert (got.used, got.launched) == (want.used, want.launched)
+    shape = BatchShape(16, tokens, len(decodes), sum(decodes), list(decodes),
+                       [q for q, _ in entries], [c for _, c in entries])
+    assert shape_launch(kernel, shape, padded) == got
+
+
+def _rows(truth: VarlenFit):
+    rows = []
+    # some steps bound by their work, some (one long context, little work) by one program
+    for q, c, k in [(16, 0, 1), (128, 0, 1), (512, 1024, 1), (2048, 0, 1), (64, 0, 16),
+                    (128, 1024, 4), (512, 0, 8), (300, 100, 2), (16, 3000, 1), (32, 4000, 1),
+                    (16, 2000, 2)]:
+        for graph in (True, False):
+            decodes = 128 if q == 300 else 0  # one step mixes 128 decodes of 512 tokens
+            launch = launch_of(KERNEL, [(q, c)] * k, decodes * 512, 512, decodes,
+                               512 if graph else None)
+            att = truth(launch, graph)
+            rows.append((launch, graph, att, att + 0.01))
+    return rows
+
+
+def test_fit_recovers_the_law_it_was_made_from() -> None:
+    truth = VarlenFit(2e-4, 9e-4, 6e-5, 8e-6, CONCURRENCY_GRID[24], 0.0)
+    fit = fit_varlen(_rows(truth))
+    assert fit.concurrency == truth.concurrency
+    for name in ("alpha_graph", "alpha_eager", "beta", "gamma"):
+        assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert fit.rms < 1e-9
+    assert fit_varlen(_rows(truth)[:4]) is None  # too few rows to fit four terms
+
+
+def _with_varlen(profile: Profile, truth: VarlenFit) -> Profile:
+    """The clean profile with prefill, mixed and multi rows whose attention follows `truth`
+    on top of the profile's own `other` line (so the fit must find `truth` again)."""
+    meta = dataclasses.replace(profile.metadata, varlen_block_q=KERNEL.block_q,
+                               varlen_tile_n=KERNEL.tile_n)
+    base = CalibratedCostModel(profile)
+
+    def step(shape: BatchShape) -> float:
+        other = base.step_time_breakdown(shape)["other"]
+        return (other + truth(shape_launch(KERNEL, shape, None), False)) * 1e3
+
+    prefill = tuple(dataclasses.replace(r, step_time_ms=(t := step(BatchShape.prefill(
+        r.num_new_tokens, r.num_cached_tokens, r.block_size))), step_time_p10_ms=t,
+        step_time_p90_ms=t) for r in profile.prefill)
+    multi = []
+    for k, n, c in [(2, 64, 0), (4, 256, 1024), (16, 32, 0), (8, 512, 512)]:
+        shape = BatchShape(16, k * n, prefill_new_tokens=[n] * k,
+                           prefill_context_tokens=[c] * k)
+        t = step(shape)
+        multi.append(MultiPrefillRow(16, k, n, c, t, t, t, 0.0,
+                                     base.step_time_breakdown(shape)["other"] * 1e3))
+    return Profile(meta, profile.decode, prefill, (), (), (), tuple(multi))
+
+
+def test_calibrated_model_prices_prefill_steps_with_the_fit(clean_profile) -> None:
+    truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, CONCURRENCY_GRID[30], 0.0)
+    profile = _with_varlen(clean_profile, truth)
+    model = CalibratedCostModel(profile)
+    assert set(model.varlen_fits) == {r.block_size for r in profile.prefill}
+    assert model.varlen_fits[16].beta == pytest.approx(truth.beta, rel=1e-3)
+    for r in profile.multi_prefill:
+        shape = BatchShape(16, r.num_entries * r.num_new_tokens,
+                           prefill_new_tokens=[r.num_new_tokens] * r.num_entries,
+                           prefill_context_tokens=[r.num_cached_tokens] * r.num_entries)
+        assert model.step_time(shape) * 1e3 == pytest.approx(r.step_time_ms, rel=1e-3)
+    # without the kernel's tiles in the metadata, prefill steps are priced per entry
+    plain = CalibratedCostModel(Profile(
+        dataclasses.replace(profile.metadata, varlen_block_q=0, varlen_tile_n=0),
+        profile.decode, profile.prefill, (), (), (), profile.multi_prefill))
+    assert plain.varlen_fits == {}
+    big = BatchShape(16, 16 * 512, prefill_new_tokens=[512] * 16,
+                     prefill_context_tokens=[512] * 16)
+    assert plain.step_time(big) != pytest.approx(model.step_time(big), rel=1e-3)
