@@ -266,8 +266,12 @@ class BlockPool:
         """
         queue = self.free_block_queue
         if self._lifo_unhashed:
+            # One pass: hashed blocks are linked in at the tail as they come (what
+            # `append_n` of them in order does); unhashed ones are put at the head after it.
             to_head: list[KVCacheBlock] = []
-            to_tail: list[KVCacheBlock] = []
+            tail = queue.fake_free_list_tail
+            last = tail.prev_free_block
+            num_tail = 0
             for block in ordered_blocks:
                 if block.is_null:
                     continue
@@ -276,11 +280,16 @@ class BlockPool:
                     if block.block_hash is None:
                         to_head.append(block)
                     else:
-                        to_tail.append(block)
+                        last.next_free_block = block
+                        block.prev_free_block = last
+                        last = block
+                        num_tail += 1
+            if num_tail:
+                last.next_free_block = tail
+                tail.prev_free_block = last
+                queue.num_free_blocks += num_tail
             if to_head:
                 queue.prepend_n(to_head)
-            if to_tail:
-                queue.append_n(to_tail)
         else:
             freed: list[KVCacheBlock] = []
             for block in ordered_blocks:

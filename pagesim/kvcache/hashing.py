@@ -101,10 +101,12 @@ class BlockHasher:
                   lora_name: str | None = None) -> BlockHash:
         """Hash of a full block after the first, from its parent's hash and its `block_size`
         token ids packed as little-endian int32 (`hash_block_tokens` without the packing)."""
+        if lora_name is None:
+            return hashlib.blake2b(parent_block_hash + self._count_prefix
+                                   + packed_tokens).digest()[:16]  # type: ignore[return-value]
         data = parent_block_hash + self._count_prefix + packed_tokens
-        if lora_name is not None:
-            data += encode_extra_keys(lora_name, None)
-        return BlockHash(hashlib.blake2b(data).digest()[:HASH_DIGEST_BYTES])
+        return BlockHash(hashlib.blake2b(data + encode_extra_keys(lora_name, None))
+                         .digest()[:HASH_DIGEST_BYTES])
 
     def extend(self, request: Request, num_blocks: int | None = None) -> None:
         """Hash the request's full blocks that have no hash yet, up to `num_blocks` in total.

@@ -141,7 +141,7 @@ class DecodeFastPath:
         if due is not None:
             if len(due) > 1:
                 due.sort(key=_by_seq)  # running order (seq numbers are unique)
-            if self.paged:
+            if self.paged and len(due) > self.manager.num_free_blocks:
                 need = 0
                 for lazy in due:
                     if lazy.alloc_at == lazy.offset + g:

@@ -58,19 +58,20 @@ class KVProbe:
         length (true of any unfinished decoding request)."""
         scheduler = self.scheduler
         manager = self.manager
-        rest = scheduler.running[num_lead:]
+        running = scheduler.running
         if self.contiguous:
             waiting = scheduler.waiting
             head = waiting.peek_request() if waiting else None
             tokens = computed_sum
-            for request in rest:
+            for request in running[num_lead:]:
                 tokens += request.num_computed_tokens
-            slots = contiguous_slots(manager, head, tokens)
-        else:
-            reserved, internal = paged_tails(manager, rest) if rest else (0, 0)
-            return self._record(paged_waste_from_tails(
-                manager, reserved + min_span_sum - computed_sum, internal + over_final_sum))
-        return self._record(slots.fractions())
+            return self._record(contiguous_slots(manager, head, tokens).fractions())
+        if len(running) > num_lead:
+            reserved, internal = paged_tails(manager, running[num_lead:])
+        else:  # the common step: every running request is summarised
+            reserved = internal = 0
+        return self._record(paged_waste_from_tails(
+            manager, reserved + min_span_sum - computed_sum, internal + over_final_sum))
 
     def _record(self, w: KVWaste) -> ProbeValues:
         now = self.env.now
