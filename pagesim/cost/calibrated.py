@@ -58,6 +58,13 @@ profile keeps two `other` lines: one through the rows that ran as graphs, one th
 that ran eagerly (each row's mode follows from its shape and the profile's sizes). Residuals
 are taken against the line of their own mode. Profiles without token sizes keep one line.
 
+Shared prefixes (decode_shared.csv): a decode step whose sequences share cached prefix blocks
+(`BatchShape.decode_unique_context_tokens` below the context sum) reads those blocks once from
+HBM and again from L2 for every other sequence; it is priced at the mean effective context
+(unique + r * re-read) / sequences, with r fitted per block size on rows measured with shared
+blocks (`reread_fraction`). Without such rows, or without the unique count, every context is
+its own.
+
 Block sizes between measured ones interpolate linearly in log2(block size); outside the
 measured range the nearest is used (the block-size effect is not extrapolated). The total is
 never negative. `shared` is what one more part adds less than its residual says: every part's
@@ -75,6 +82,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from statistics import median
+from typing import TypeVar
 
 import numpy as np
 
@@ -91,6 +99,7 @@ from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
 MS = 1e-3
+T = TypeVar("T")
 BREAKDOWN_KEYS: tuple[str, ...] = ("other", "attention", "allreduce", "host_overhead", "swap",
                                    "copy")
 US = 1e-6
@@ -166,8 +175,7 @@ class Surface:
         return self._backbone(u, v) + dev
 
 
-def _blend_weights(tables: dict[int, Surface],
-                   block_size: int) -> tuple[tuple[float, Surface], ...]:
+def _blend_weights(tables: dict[int, T], block_size: int) -> tuple[tuple[float, T], ...]:
     """Measured block sizes to use for `block_size`, with weights summing to 1."""
     keys = sorted(tables)
     if block_size in tables:
@@ -260,6 +268,7 @@ class CalibratedCostModel:
         self.shared_s = self._shared[False]  # eager steps' (and every step's without graphs)
         self.shared_graph_s = self._shared[True]  # mixed-graph steps'
         self._varlen_kernel, self._varlen = self._fit_varlen(rows)
+        self._reread = self._fit_reread(profile)
         self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
                       if profile.overhead else None)
         self._swap_s_per_byte = self._copy_s_per_token = None
@@ -363,6 +372,51 @@ class CalibratedCostModel:
         fits = {bs: f for bs, v in sorted(per_bs.items()) if (f := fit_varlen(v)) is not None}
         return (kernel, fits) if fits else (None, {})
 
+    def _fit_reread(self, profile: Profile) -> dict[int, float]:
+        """Block size -> the cost of a shared block read again by another sequence of the
+        same decode step, as a fraction of a first read (decode_shared.csv).
+
+        A decode step reads every sequence's context; a prefix that several sequences share is
+        the same blocks, and after the first sequence reads them they sit in the GPU's L2
+        cache. The step is priced as if each sequence had the mean *effective* context
+        (unique tokens + r * re-read tokens) / sequences; r is the value in [0, 1] (steps of
+        0.01) that best reproduces the shared rows' residuals, relative to their step time.
+        """
+        by_bs: dict[int, list] = defaultdict(list)
+        for r in profile.decode_shared:
+            if r.block_size in self._decode:
+                by_bs[r.block_size].append(r)
+        out: dict[int, float] = {}
+        for bs, rs in sorted(by_bs.items()):
+            surface = self._decode[bs]
+            best = None
+            for k in range(101):
+                frac = k / 100
+                err = 0.0
+                for r in rs:
+                    b, c, s = r.batch_size, r.context_len, r.shared_len
+                    unique = s + b * (c - s)
+                    ceff = (unique + frac * (b * c - unique)) / b
+                    pred = self._other_for(self._decode_graph(b), self._padded_decode(b)) + \
+                        surface(self._padded_decode(b), ceff)
+                    err += ((pred - r.step_time_ms * MS) / (r.step_time_ms * MS)) ** 2
+                if best is None or err < best[0]:
+                    best = (err, frac)
+            out[bs] = best[1]
+        return out
+
+    def _decode_graph(self, n: int) -> bool:
+        return bool(self._graph_sizes) and n <= self._graph_sizes[-1]
+
+    def _padded_decode(self, n: int) -> int:
+        return self.padded_batch(n) if self._decode_graph(n) else n
+
+    @property
+    def reread_fraction(self) -> dict[int, float]:
+        """Block size -> cost of re-reading a shared block (see `_fit_reread`); empty when
+        the profile has no shared-prefix rows."""
+        return dict(self._reread)
+
     @property
     def varlen_fits(self) -> dict:
         """Block size -> `VarlenFit` (empty: prefill steps are priced per entry)."""
@@ -398,6 +452,10 @@ class CalibratedCostModel:
         parts = 0
         if n:
             c = b.decode_context_sum / b.num_decode_seqs
+            unique = b.decode_unique_context_tokens
+            if unique is not None and unique < b.decode_context_sum and self._reread:
+                frac = sum(w * f for w, f in _blend_weights(self._reread, b.block_size))
+                c = (unique + frac * (b.decode_context_sum - unique)) / b.num_decode_seqs
             for w, s in dec_w:
                 total += w * s(n, c)
             parts = 1

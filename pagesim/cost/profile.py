@@ -13,6 +13,9 @@ On disk, `calibration/<gpu>/<model>/` holds
     multi_prefill.csv  (optional) several prefill entries in one step, all alike:
                    block_size, num_entries, num_new_tokens, num_cached_tokens (each entry's),
                    step_time_ms, ... (as decode)
+    decode_shared.csv  (optional) decode rows whose sequences share their first shared_len
+                   tokens (the same blocks): block_size, batch_size, context_len, shared_len,
+                   step_time_ms, ... (as decode)
     overhead.csv   (optional) num_reqs, overhead_ms, overhead_p10_ms, overhead_p90_ms
     allreduce.csv  (optional) tp, message_bytes, time_us, time_p10_us, time_p90_us: one sum
                    all-reduce of `message_bytes` over `tp` GPUs (median and spread)
@@ -129,6 +132,22 @@ class MultiPrefillRow:
 
 
 @dataclass(frozen=True)
+class DecodeSharedRow:
+    """A decode batch whose sequences all start with the same `shared_len` cached tokens (the
+    same blocks): what a cached system prompt makes the decode kernel read `batch_size` times."""
+
+    block_size: int
+    batch_size: int
+    context_len: int  # cached tokens per sequence before the step, the shared ones included
+    shared_len: int  # leading tokens every sequence shares (whole blocks)
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
 class OverheadRow:
     num_reqs: int
     overhead_ms: float
@@ -149,9 +168,10 @@ class AllReduceRow:
 TABLES: dict[str, tuple[type, bool]] = {
     "decode": (DecodeRow, True), "prefill": (PrefillRow, True),
     "mixed": (MixedRow, False), "multi_prefill": (MultiPrefillRow, False),
-    "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False)}
+    "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False),
+    "decode_shared": (DecodeSharedRow, False)}
 _KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "multi_prefill": 4, "overhead": 1,
-                "allreduce": 2}  # leading int columns
+                "allreduce": 2, "decode_shared": 4}  # leading int columns
 
 
 @dataclass(frozen=True)
@@ -299,6 +319,7 @@ class Profile:
     overhead: tuple[OverheadRow, ...] = ()
     allreduce: tuple[AllReduceRow, ...] = ()
     multi_prefill: tuple[MultiPrefillRow, ...] = ()
+    decode_shared: tuple[DecodeSharedRow, ...] = ()
 
     def __post_init__(self) -> None:
         for name, (row_cls, required) in TABLES.items():

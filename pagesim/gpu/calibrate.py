@@ -10,6 +10,8 @@ per round; the profile keeps the median and the 10th/90th percentiles over the r
     prefill  one request: N new tokens over K cached tokens (chunked prefill with a prefix)
     mixed    one prefill chunk plus a decode batch (the chunked-prefill step)
     multi    k alike prefill entries in one step (a burst of arrivals sharing a prefix)
+    shared   decode batch B x context C whose first S tokens are the same blocks for every
+             sequence (a cached system prompt): the decode kernel reads those blocks B times
     overhead host time per engine step outside execute_model (schedule + update), by batch
 
 Timing is interleaved (`measure_interleaved`): every point is warmed up, then timed once per
@@ -34,10 +36,18 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
-from pagesim.cost.profile import DecodeRow, MixedRow, MultiPrefillRow, OverheadRow, PrefillRow
+from pagesim.cost.profile import (
+    DecodeRow,
+    DecodeSharedRow,
+    MixedRow,
+    MultiPrefillRow,
+    OverheadRow,
+    PrefillRow,
+)
 from pagesim.request import Request
 from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
@@ -62,6 +72,9 @@ class CalibrationGrid:
     # (entries, new tokens per entry, cached tokens per entry)
     multi_prefill: tuple[tuple[int, int, int], ...] = tuple(
         (k, n, c) for k in (2, 4, 8, 16) for n in (32, 128, 512) for c in (0, 1024))
+    # (decode batch, context per sequence, shared prefix tokens: a multiple of 128)
+    decode_shared: tuple[tuple[int, int, int], ...] = tuple(
+        (b, c, s) for b in (16, 64, 256) for c in (1024, 2048) for s in (c // 2, c - c // 8))
     # Block sizes that get the full grid; the others get decode rows only (the block size
     # changes the attention kernels, which the decode rows measure; `other` is shared).
     full_block_sizes: tuple[int, ...] = (16, 32)
@@ -78,7 +91,20 @@ class CalibrationGrid:
                 "full_block_sizes": list(self.full_block_sizes),
                 "multi_prefill_entries": sorted({k for k, _, _ in self.multi_prefill}),
                 "multi_prefill_tokens": sorted({n for _, n, _ in self.multi_prefill}),
-                "multi_prefill_cached": sorted({c for _, _, c in self.multi_prefill})}
+                "multi_prefill_cached": sorted({c for _, _, c in self.multi_prefill}),
+                "decode_shared_batches": sorted({b for b, _, _ in self.decode_shared}),
+                "decode_shared_contexts": sorted({c for _, c, _ in self.decode_shared}),
+                "decode_shared_prefixes": sorted({s for _, _, s in self.decode_shared})}
+
+
+class CalibrationRows(NamedTuple):
+    """The rows of one block size, one list per profile table."""
+
+    decode: list[DecodeRow]
+    prefill: list[PrefillRow]
+    mixed: list[MixedRow]
+    multi_prefill: list[MultiPrefillRow]
+    decode_shared: list[DecodeSharedRow]
 
 
 @dataclass
@@ -133,13 +159,18 @@ def _request(rid: str, context: int, num_new: int, prompts: dict[int, list[int]]
 
 
 def synthetic_step(entries: list[tuple[int, int]], block_size: int,
-                   blocks: BlockSource, step_id: int = 0) -> SchedulerOutput | None:
+                   blocks: BlockSource, step_id: int = 0,
+                   shared: int = 0) -> SchedulerOutput | None:
     """A step of `(context, num_new)` entries (decodes first, as a running batch), or None if
-    its K/V does not fit in the cache."""
-    counts = [-(-(c + n) // block_size) for c, n in entries]
-    rows = blocks.take(counts)
+    its K/V does not fit in the cache. With `shared` (tokens, a multiple of the block size, at
+    most every context), every entry's first `shared // block_size` blocks are the same ones,
+    as when the sequences hit one cached prefix."""
+    common = shared // block_size
+    counts = [-(-(c + n) // block_size) - common for c, n in entries]
+    rows = blocks.take([common] + counts)
     if rows is None:
         return None
+    rows = [rows[0] + row for row in rows[1:]]
     out = SchedulerOutput(step_id=step_id, block_size=block_size)
     prompts: dict[int, list[int]] = {}
     for k, ((ctx, new), row) in enumerate(zip(entries, rows, strict=False)):
@@ -218,8 +249,7 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                          max_num_batched_tokens: int, max_num_seqs: int, full: bool,
                          progress: Progress | None = None, seed: int = 0,
                          deadline: float | None = None
-                         ) -> tuple[list[DecodeRow], list[PrefillRow], list[MixedRow],
-                                    list[MultiPrefillRow]]:
+                         ) -> CalibrationRows:
     """All rows of one block size (the runner's cache must use `block_size`).
 
     `other_ms` (attention skipped) is timed once per decode batch, per prefill token count and
@@ -241,9 +271,13 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         for k, n, c in grid.multi_prefill:
             if k * n <= max_num_batched_tokens and n + c <= max_model_len and k <= max_num_seqs:
                 entries.append(("multi", (k, n, c), [(c, n)] * k, ("multi", k, n)))
+        for b, c, sh in grid.decode_shared:
+            if (b <= max_num_seqs and c + 1 <= max_model_len and sh % block_size == 0
+                    and 0 < sh <= c):
+                entries.append(("shared", (b, c, sh), [(c, 1)] * b, ("decode", b)))
     points = []  # (kind, key, out, other key); a point whose blocks do not fit is dropped
     for kind, key, spec, other in entries:
-        out = synthetic_step(spec, block_size, blocks)
+        out = synthetic_step(spec, block_size, blocks, shared=key[2] if kind == "shared" else 0)
         if out is not None:
             points.append((kind, key, out, other))
     other_index: dict[tuple, int] = {}
@@ -269,6 +303,7 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
     prefill_rows: list[PrefillRow] = []
     mixed_rows: list[MixedRow] = []
     multi_rows: list[MultiPrefillRow] = []
+    shared_rows: list[DecodeSharedRow] = []
     for i, (kind, key, _, other) in enumerate(points):
         t = timings[i]
         o = timings[other_index[other]].median
@@ -279,9 +314,11 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
             prefill_rows.append(PrefillRow(block_size, *key, *_ms(t), *split))
         elif kind == "mixed":
             mixed_rows.append(MixedRow(block_size, *key, *_ms(t), *split))
-        else:
+        elif kind == "multi":
             multi_rows.append(MultiPrefillRow(block_size, *key, *_ms(t), *split))
-    return decode_rows, prefill_rows, mixed_rows, multi_rows
+        else:
+            shared_rows.append(DecodeSharedRow(block_size, *key, *_ms(t), *split))
+    return CalibrationRows(decode_rows, prefill_rows, mixed_rows, multi_rows, shared_rows)
 
 
 def _ms(t: Timing) -> tuple[float, float, float]:

@@ -133,7 +133,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         model = RandomWeightDecoder(config.model_spec, dtype, dev, order[0], seed)
         capacity = override_capacity(config, tuple(order))
     log(capacity.report())
-    decode, prefill, mixed, multi = [], [], [], []
+    decode, prefill, mixed, multi, shared = [], [], [], [], []
     for bs in order:
         if bs not in grid.block_sizes:
             continue
@@ -144,18 +144,20 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         runner = GPUModelRunner(config.replace(block_size=bs), capacity.num_gpu_blocks[bs],
                                 device=dev, model=model, seed=seed, cuda_graphs=cuda_graphs,
                                 log=log)
-        d, p, m, k = calibrate_block_size(
+        rows = calibrate_block_size(
             runner, bs, grid, max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
             progress=progress, seed=seed, deadline=deadline)
+        d, p, m, k = rows.decode, rows.prefill, rows.mixed, rows.multi_prefill
         decode += d
         prefill += p
         mixed += m
         multi += k
+        shared += rows.decode_shared
         graphs = runner.graphs
         log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed, "
-            f"{len(k)} multi-prefill rows, "
+            f"{len(k)} multi-prefill, {len(rows.decode_shared)} shared-prefix decode rows, "
             f"{time.monotonic() - t_start:.0f} s so far"
             + ("" if graphs is None else f"; {len(graphs.graphs)} CUDA graphs captured in "
                f"{graphs.capture_s_total:.1f} s" + (f" (FAILED: {graphs.failed})"
@@ -190,7 +192,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
                + ", ".join(f"bs{b}: {capacity.error_pct(b):+.2f}"
                            for b in sorted(capacity.num_gpu_blocks))))
     profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead),
-                      multi_prefill=tuple(multi))
+                      multi_prefill=tuple(multi), decode_shared=tuple(shared))
     directory = None
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))

@@ -103,11 +103,12 @@ def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGr
             log(f"time budget spent: block size {bs} not measured")
             continue
         runner = make_runner(config.replace(block_size=bs), num_gpu_blocks[bs])
-        d, p, m, k = calibrate_block_size(
+        rows = calibrate_block_size(
             runner, bs, grid, max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
             progress=progress, seed=seed, deadline=deadline)
+        d, p, m, k = rows.decode, rows.prefill, rows.mixed, rows.multi_prefill
         decode += d
         prefill += p
         mixed += m

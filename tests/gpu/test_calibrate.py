@@ -89,13 +89,15 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
     grid = CalibrationGrid(block_sizes=(16,), full_block_sizes=(16,), decode_batches=(1, 2),
                            decode_contexts=(16,), prefill_tokens=(16,), prefill_cached=(0,),
                            mixed=(), multi_prefill=((2, 16, 0), (8, 16, 0)),
+                           decode_shared=((2, 32, 16), (2, 32, 24)),  # 24: not whole blocks
                            overhead_max_reqs=2, repeats=3)
     seen = []
     res = run_calibration(config, grid, dtype=torch.float32, calibration_root=tmp_path,
                           progress=lambda d, t, label: seen.append((d, t)), log=lambda m: None,
                           device="cpu")
-    # 4 points + 4 attention-skipped variants; 8 entries exceed max_num_seqs=4: dropped
-    assert seen[-1][0] == seen[-1][1] == 8
+    # 5 points + 4 attention-skipped variants (the shared row reuses the batch-2 one); 8
+    # entries exceed max_num_seqs=4 and 24 shared tokens are not whole blocks: dropped
+    assert seen[-1][0] == seen[-1][1] == 9
     prof = Profile.load(res.directory)
     assert res.directory == tmp_path / "cpu" / "tiny-llama"
     assert prof.metadata.synthetic and prof.metadata.num_gpu_blocks == {16: 64}
@@ -103,7 +105,9 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
     assert [(r.num_new_tokens, r.num_cached_tokens) for r in prof.prefill] == [(16, 0)]
     assert [(r.num_entries, r.num_new_tokens, r.num_cached_tokens)
             for r in prof.multi_prefill] == [(2, 16, 0)]
-    for r in prof.decode + prof.prefill + prof.multi_prefill:
+    assert [(r.batch_size, r.context_len, r.shared_len) for r in prof.decode_shared] == \
+        [(2, 32, 16)]
+    for r in prof.decode + prof.prefill + prof.multi_prefill + prof.decode_shared:
         assert r.step_time_p10_ms <= r.step_time_ms <= r.step_time_p90_ms
         assert r.attention_ms + r.other_ms == pytest.approx(r.step_time_ms)
     assert prof.overhead and all(r.overhead_ms > 0 for r in prof.overhead)
@@ -137,3 +141,16 @@ def test_interleaved_rounds_time_every_item_once_per_round_in_shuffled_order() -
                                     for r in rounds)
     assert len({tuple(r) for r in rounds}) > 1  # the order changes between rounds
     assert all(len(t.samples) == 4 for t in timings) and runner.skip_attention is False
+
+
+def test_shared_prefix_steps_share_their_first_blocks() -> None:
+    blocks = BlockSource(64, 0)
+    out = synthetic_step([(40, 1)] * 3, 16, blocks, shared=32)
+    rows = [sr.block_ids for sr in out.scheduled]
+    assert all(len(r) == 3 for r in rows)  # 41 tokens: 3 blocks, 2 of them shared
+    assert rows[0][:2] == rows[1][:2] == rows[2][:2]
+    own = [r[2] for r in rows]
+    assert len(set(own)) == 3 and not set(own) & set(rows[0][:2])
+    # 40 sequences: 40 own blocks + 2 shared fit in 63; without sharing 120 do not
+    assert synthetic_step([(40, 1)] * 40, 16, BlockSource(64, 0), shared=32) is not None
+    assert synthetic_step([(40, 1)] * 40, 16, BlockSource(64, 0)) is None

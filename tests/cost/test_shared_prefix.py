@@ -1,0 +1,59 @@
+"""Decode steps over shared prefix blocks: the re-read fraction fitted from decode_shared rows
+and the effective context it prices such steps at."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pagesim.cost.base import BatchShape
+from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.profile import DecodeSharedRow, Profile
+
+REREAD = 0.3  # the law the synthetic rows follow
+
+
+def _shared_profile(profile: Profile) -> Profile:
+    base = CalibratedCostModel(profile)
+    rows = []
+    for bs in (8, 16, 32):
+        for b, c, s in [(16, 1024, 512), (64, 1024, 896), (64, 2048, 1024), (256, 1024, 896)]:
+            unique = s + b * (c - s)
+            ceff = round((unique + REREAD * (b * c - unique)) / b)
+            t = base.step_time(BatchShape.decode(b, ceff, bs)) * 1e3
+            rows.append(DecodeSharedRow(bs, b, c, s, t, t, t, 0.0, 0.0))
+    return Profile(profile.metadata, profile.decode, profile.prefill, profile.mixed,
+                   decode_shared=tuple(rows))
+
+
+@pytest.fixture(scope="module")
+def shared_model(clean_profile) -> CalibratedCostModel:
+    return CalibratedCostModel(_shared_profile(clean_profile.replace_tables(overhead=())))
+
+
+def test_reread_fraction_is_recovered(shared_model, clean_profile) -> None:
+    assert shared_model.reread_fraction == {8: pytest.approx(REREAD, abs=0.011),
+                                            16: pytest.approx(REREAD, abs=0.011),
+                                            32: pytest.approx(REREAD, abs=0.011)}
+    assert CalibratedCostModel(clean_profile).reread_fraction == {}
+
+
+def test_shared_blocks_make_a_decode_step_cheaper(shared_model) -> None:
+    n, ctx = 64, 1500
+    alone = BatchShape.decode(n, ctx, 16)
+    shared = dataclasses.replace(alone, decode_unique_context_tokens=1000 + n * 500)
+    unique = dataclasses.replace(alone, decode_unique_context_tokens=n * ctx)
+    assert shared_model.step_time(unique) == shared_model.step_time(alone)
+    assert shared_model.step_time(shared) < shared_model.step_time(alone)
+    frac = shared_model.reread_fraction[16]
+    ceff = round((1000 + n * 500 + frac * (n * ctx - 1000 - n * 500)) / n)
+    assert shared_model.step_time(shared) == pytest.approx(
+        shared_model.step_time(BatchShape.decode(n, ceff, 16)), rel=1e-3)
+
+
+def test_profiles_without_shared_rows_ignore_the_unique_count(clean_profile) -> None:
+    model = CalibratedCostModel(clean_profile)
+    alone = BatchShape.decode(64, 1500, 16)
+    shared = dataclasses.replace(alone, decode_unique_context_tokens=1000)
+    assert model.step_time(shared) == model.step_time(alone)
