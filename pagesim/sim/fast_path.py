@@ -38,6 +38,7 @@ sum(span - min(span, final)) over the lazy requests (`KVProbe.with_lead_sums`): 
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -53,6 +54,17 @@ from pagesim.sim.probe import KVProbe
 from pagesim.sim.runner import CostModelRunner
 
 _by_seq = attrgetter("seq")
+
+
+def _pack_tokens(tokens: list[int]) -> bytes | None:
+    """Token ids as little-endian int32, the packing block hashes use; None if one does not
+    fit."""
+    try:
+        return struct.pack(f"<{len(tokens)}i", *tokens)
+    except struct.error:
+        return None
+
+
 _NEVER = 1 << 62  # an event position that is never reached (no prefix caching)
 
 
@@ -305,10 +317,18 @@ class DecodeFastPath:
                     self.min_span_sum += grown_fill - fill
                     self.over_final_sum += grown - grown_fill - span + fill
                     lazy.span = lazy.alloc_at = grown
-                elif first >= 0 and c + 1 >= 2 * bs:  # a block of output tokens, not the first
-                    manager.cache_decode_block(lazy.request,
-                                               table.packed(lazy.tok0, first, bs))  # type: ignore[arg-type]
-                    lazy.hash_at = c + bs
+                elif c + 1 >= 2 * bs:  # a full block after the first
+                    if first >= 0:  # output tokens only
+                        packed = table.packed(lazy.tok0, first, bs)
+                    else:  # the prompt's last tokens, then the first output tokens
+                        packed = _pack_tokens(lazy.request.prompt_token_ids[first:])
+                    if packed is None:  # a prompt token out of int32: the general call says so
+                        self._allocate(lazy, c)
+                    else:
+                        if first < 0:
+                            packed += table.packed(lazy.tok0, 0, bs + first)  # type: ignore[operator]
+                        manager.cache_decode_block(lazy.request, packed)
+                        lazy.hash_at = c + bs
                 else:
                     self._allocate(lazy, c)
             if lazy.finish_at == c:
