@@ -26,14 +26,17 @@ METRIC_TITLES = {
 
 def _stats(name: str, values_s: np.ndarray, percentiles: Iterable[float]) -> dict[str, float]:
     ms = values_s * 1000.0 if values_s.size else np.zeros(1)
+    # `ms` is this function's own copy: mean and std first (their sums depend on the order),
+    # then the order statistics, which may reorder it in place (no copy of a large ITL array).
+    mean, std = float(np.mean(ms)), float(np.std(ms))
     out = {
-        f"mean_{name}_ms": float(np.mean(ms)),
-        f"median_{name}_ms": float(np.median(ms)),
-        f"std_{name}_ms": float(np.std(ms)),
+        f"mean_{name}_ms": mean,
+        f"median_{name}_ms": float(np.median(ms, overwrite_input=True)),
+        f"std_{name}_ms": std,
     }
     for p in percentiles:
         key = f"p{int(p)}" if float(p).is_integer() else f"p{p}"
-        out[f"{key}_{name}_ms"] = float(np.percentile(ms, p))
+        out[f"{key}_{name}_ms"] = float(np.percentile(ms, p, overwrite_input=True))
     return out
 
 

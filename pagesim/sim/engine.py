@@ -190,7 +190,8 @@ class ServingEngine:
         now = self.env.now
         num_lead = len(fast.lazies)
         finished = fast.end_step(now)
-        scheduler.finish_decoded(finished)
+        if finished:
+            scheduler.finish_decoded(finished)
         metrics.itl_s.extend(array("d", (now - start,)) * num_lead)
         metrics.on_tokens_visible(now, num_lead)
         for req in finished:

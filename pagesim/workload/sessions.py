@@ -76,7 +76,7 @@ class Session:
             req = sess.next_request(req, arrival_time=env.now)
     """
 
-    __slots__ = ("plan", "index", "_next")
+    __slots__ = ("plan", "index", "_next", "_stop")
 
     def __init__(self, plan: RequestPlan, index: int) -> None:
         if not 0 <= index < plan.num_sessions:
@@ -84,19 +84,19 @@ class Session:
         self.plan = plan
         self.index = index
         self._next = int(plan.session_offsets[index])  # plan index of the next request to send
+        self._stop = int(plan.session_offsets[index + 1])  # one past its last request
 
     @property
     def request_indices(self) -> range:
         """Plan indices of this session's turns, in order."""
-        off = self.plan.session_offsets
-        return range(int(off[self.index]), int(off[self.index + 1]))
+        return range(int(self.plan.session_offsets[self.index]), self._stop)
 
     @property
     def num_turns(self) -> int:
         return len(self.request_indices)
 
     def has_next(self) -> bool:
-        return self._next < self.request_indices.stop
+        return self._next < self._stop
 
     def first_request(self, arrival_time: float) -> Request:
         """Turn 0 (the session's arrival event)."""
