@@ -66,7 +66,8 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
     rng = np.random.default_rng(seed)
     fit_tables: dict[str, tuple] = {}
     held: dict[str, list] = {}
-    for name in ("decode", "prefill", "mixed"):
+    tables = ("decode", "prefill", "mixed", "multi_prefill", "decode_shared")
+    for name in tables:
         rows = getattr(profile, name)
         groups: dict[int, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
@@ -75,7 +76,7 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
         for bs in sorted(groups):
             idx = groups[bs]
             k = int(round(holdout_fraction * len(idx)))
-            if name != "mixed":
+            if name in ("decode", "prefill"):
                 k = min(k, len(idx) - 2)
             if k > 0:
                 out.update(idx[j] for j in rng.permutation(len(idx))[:k])
@@ -88,10 +89,20 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
                                                 r.block_size),
         "mixed": lambda r: BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens,
                                             r.decode_batch_size, r.decode_context_len,
-                                            r.block_size)}
+                                            r.block_size),
+        "multi_prefill": lambda r: BatchShape(
+            r.block_size, r.num_entries * r.num_new_tokens,
+            prefill_new_tokens=[r.num_new_tokens] * r.num_entries,
+            prefill_context_tokens=[r.num_cached_tokens] * r.num_entries),
+        "decode_shared": lambda r: dataclasses.replace(
+            BatchShape.decode(r.batch_size, r.context_len, r.block_size),
+            decode_unique_context_tokens=r.shared_len + r.batch_size * (
+                r.context_len - r.shared_len))}
     report: list[FitRow] = []
     every: list[float] = []
-    for name in ("decode", "prefill", "mixed"):
+    for name in tables:
+        if not getattr(profile, name):
+            continue
         errors = [100.0 * (model.step_time(shapes[name](r)) - r.step_time_ms * MS)
                   / (r.step_time_ms * MS) for r in held[name] if r.step_time_ms > 0]
         every += errors

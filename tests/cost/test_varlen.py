@@ -139,3 +139,13 @@ def test_calibrated_model_prices_prefill_steps_with_the_fit(clean_profile) -> No
     big = BatchShape(16, 16 * 512, prefill_new_tokens=[512] * 16,
                      prefill_context_tokens=[512] * 16)
     assert plain.step_time(big) != pytest.approx(model.step_time(big), rel=1e-3)
+
+
+def test_fit_report_holds_out_multi_prefill_rows(clean_profile) -> None:
+    from pagesim.cost.fit import fit_report
+
+    truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, CONCURRENCY_GRID[30], 0.0)
+    report = fit_report(_with_varlen(clean_profile, truth), holdout_fraction=0.5)
+    rows = {r.table: r for r in report.rows}
+    assert rows["multi_prefill"].num_holdout == 2 and rows["multi_prefill"].num_fit == 2
+    assert rows["multi_prefill"].mape_pct < 1.0  # the law is exact: held-out rows follow it

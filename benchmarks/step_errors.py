@@ -1,0 +1,93 @@
+"""Per-step errors of a calibrated profile on stored real runs, by kind of step.
+
+Each real run (`pagesim validate`'s real-run files) keeps its runner's per-step records:
+wall time, whether the step replayed a decode graph or a mixed-step graph or ran eagerly.
+Every step's members are rebuilt from the request records (`step_pricing.rebuild`), priced
+by `CalibratedCostModel` (device part: its step time minus the host-overhead term) and
+compared with the runner's wall time. Per run and kind: steps, share of the run's step time,
+the error of the summed time (what moves the run's metrics) and the per-step MAPE.
+
+    python benchmarks/step_errors.py --real results/validation/real/llama-2-7b \\
+        --profile calibration/h200/llama-2-7b [--out results/validation/step_errors_llama-2-7b.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+from step_pricing import rebuild
+
+from pagesim.cost.base import BatchShape
+from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.profile import Profile
+
+
+def step_kind(rs: dict, i: int, num_entries: int) -> str:
+    if not rs["cuda_graph"][i]:
+        return f"eager, {min(num_entries, 4)}{'+' if num_entries > 4 else ''} prefill"
+    if rs.get("mixed_graph", [False] * (i + 1))[i]:
+        return f"mixed graph, {min(num_entries, 4)}{'+' if num_entries > 4 else ''} prefill"
+    return "decode graph"
+
+
+def run_table(path: Path, cm: CalibratedCostModel) -> list[dict]:
+    raw = path.read_bytes()
+    doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    if "records" not in doc:  # not a real run (summary, diagnostics)
+        return []
+    rs, bs = doc["records"]["runner_steps"], doc["engine_config"]["block_size"]
+    dec, ent = rebuild(doc)
+    by: dict[str, list[tuple[float, float]]] = {}
+    total = 0.0
+    for i, wall in enumerate(rs["wall_s"]):
+        if not rs["num_reqs"][i]:
+            continue
+        total += wall
+        entries = [] if rs["num_prefill_tokens"][i] == 0 else ent[i]
+        if entries is None:  # members not solvable from the records: left out
+            continue
+        shape = BatchShape(bs, len(dec[i]) + sum(q for q, _ in entries), len(dec[i]),
+                           sum(dec[i]), dec[i], [q for q, _ in entries],
+                           [c for _, c in entries])
+        b = cm.step_time_breakdown(shape)
+        by.setdefault(step_kind(rs, i, len(entries)), []).append(
+            (wall, sum(b.values()) - b["host_overhead"]))
+    rows = []
+    for kind, v in sorted(by.items()):
+        a = np.asarray(v)
+        rows.append({"kind": kind, "steps": len(a),
+                     "share_pct": round(100 * a[:, 0].sum() / total, 1),
+                     "real_ms_mean": round(1e3 * a[:, 0].mean(), 2),
+                     "time_err_pct": round(100 * (a[:, 1].sum() / a[:, 0].sum() - 1), 1),
+                     "mape_pct": round(float(100 * np.mean(np.abs(a[:, 1] / a[:, 0] - 1))), 1)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--real", required=True, help="folder of real-run files (.json[.gz])")
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--out", default=None, help="markdown table (default: print only)")
+    args = ap.parse_args()
+    cm = CalibratedCostModel(Profile.load(args.profile))
+    lines = [f"Per-step errors: real runs {args.real}, profile {args.profile}", "",
+             "error > 0: predicted slow; time err: of the kind's summed time", "",
+             "| run | kind | steps | share of step time % | real mean ms | time err % |"
+             " MAPE % |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for path in sorted(Path(args.real).glob("*.json*")):
+        for r in run_table(path, cm):
+            lines.append(f"| {path.name.split('.')[0]} | {r['kind']} | {r['steps']} | "
+                         f"{r['share_pct']} | {r['real_ms_mean']} | {r['time_err_pct']:+} | "
+                         f"{r['mape_pct']} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
