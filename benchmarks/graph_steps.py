@@ -1,14 +1,14 @@
 """Real step times of the CUDA-graph runner against the calibrated profile, step by step.
 
-Reads the stored real runs (results/validation/real/llama-2-7b/*.json.gz, whose
+Reads the stored real runs (results/validation/decode_graphs/real/llama-2-7b/*.json.gz, whose
 `records.runner_steps` say per step whether it replayed a graph and at which padded batch) and
-prices each step with `CalibratedCostModel` on calibration/h200/llama-2-7b (device part: the
+prices each step with `CalibratedCostModel` on results/validation/decode_graphs/profile/h200/llama-2-7b (device part: the
 model's step time minus its host-overhead term, against the runner's `wall_s`). Decode steps
 are priced exactly (batch, mean context); prefill/mixed steps approximately (the records keep
 sums only: prefill tokens split evenly over the prefill entries, no cached prefix), so the
 eager rows of the prefix-cached run are not meaningful.
 
-    python benchmarks/graph_steps.py   -> results/validation/graph_steps.{json,md}
+    python benchmarks/graph_steps.py   -> results/validation/decode_graphs/graph_steps.{json,md}
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT / "results" / "validation" / "real" / "llama-2-7b"
-PROFILE = ROOT / "calibration" / "h200" / "llama-2-7b"
-OUT = ROOT / "results" / "validation"
+GEN = ROOT / "results" / "validation" / "decode_graphs"
+REAL = GEN / "real" / "llama-2-7b"
+PROFILE = GEN / "profile" / "h200" / "llama-2-7b"
+OUT = GEN
 
 
 def shape(rs: dict, i: int, bs: int) -> BatchShape:

@@ -1,6 +1,6 @@
 """Per-step evidence for how CalibratedCostModel prices the CUDA-graph runs' steps.
 
-The real runs (results/validation/real/llama-2-7b/*.json.gz) keep per-step sums only; each
+The real runs (results/validation/decode_graphs/real/llama-2-7b/*.json.gz) keep per-step sums only; each
 step's members are rebuilt from the request records (no preemptions: a request runs in every
 step from its first scheduled one to the one its finish falls in; its decode steps are the last
 num_output_tokens - 1 of them; prefill chunks are solved from the step's prefill-token total),
@@ -10,7 +10,7 @@ Decode (graph) steps are priced under several hypotheses (device time: the model
 minus its host-overhead term, against the runner's `wall_s`); prefill/mixed (eager) steps by
 the model with exact entries, with and without the cached prefix.
 
-    python benchmarks/step_pricing.py   -> results/validation/step_pricing.md
+    python benchmarks/step_pricing.py   -> results/validation/decode_graphs/step_pricing.md
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT / "results" / "validation" / "real" / "llama-2-7b"
-PROFILE = ROOT / "calibration" / "h200" / "llama-2-7b"
-OUT = ROOT / "results" / "validation" / "step_pricing.md"
+GEN = ROOT / "results" / "validation" / "decode_graphs"
+REAL = GEN / "real" / "llama-2-7b"
+PROFILE = GEN / "profile" / "h200" / "llama-2-7b"
+OUT = GEN / "step_pricing.md"
 
 
 def rebuild(doc: dict):
