@@ -17,10 +17,15 @@ lazy request's steps its state is a function of the tick (fast-step counter) `g`
 Its *events* are the ticks at which the slow path would do more than count: `alloc_at` (c at
 which `allocate_slots` takes a block: c == row span), `hash_at` (c at which the step fills a
 block, hashed for the prefix cache: (c + 1) // block_size > cached blocks) and `finish_at` (c of
-the step that samples its last token). At an event the request is brought up to date and the
-real `allocate_slots` / `finish_decoded` runs, in running order, at the same point of the step
-as in the slow path; in the other steps the skipped `allocate_slots(request, 1)` calls are
-no-ops (the manager's fast path returns without changing anything).
+the step that samples its last token). Events run in running order, at the same point of the
+step as in the slow path; in the other steps the skipped `allocate_slots(request, 1)` calls are
+no-ops (the manager's fast path returns without changing anything). On a paged manager the
+common events do exactly what that call would do without bringing the request up to date:
+`append_decode_block` (a block at the end of its row) and `cache_decode_block` (the block it
+fills, hashed from its tokens: output tokens are windows of one `SyntheticTokenTable`, so a
+block's int32 bytes are one slice). Other events bring the request up to date and call the
+real `allocate_slots`; a finishing request is brought up to date for `finish_decoded`. Output
+tokens are appended only then (and at `dissolve`), a run at a time.
 
 A step runs fast when at least one running request is lazy and nothing the lazy requests do in
 it can differ from the slow path: every lazy request gets its token (they are at most
