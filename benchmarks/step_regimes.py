@@ -2,7 +2,7 @@
 
 Reads the stored real runs of the eager runner (results/validation/eager/real/<model>/) and the
 H200 profiles they were predicted with (results/validation/eager/profile/h200/llama-2-7b,
-calibration/h200/llama-3-8b) and measures, without a GPU (the CUDA-graph runs have no
+results/validation/eager/profile/h200/llama-3-8b) and measures, without a GPU (the CUDA-graph runs have no
 launch-bound floor, so "slow" would only mean a larger batch there: benchmarks/graph_steps.py
 compares them with the profile step by step instead):
 
@@ -28,8 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "validation"
 # (runner, real runs, profile roots searched in order for <gpu>/<model>/decode.csv)
 SOURCES = (
-    ("eager", OUT / "eager" / "real", (OUT / "eager" / "profile" / "h200",
-                                       ROOT / "calibration" / "h200")),
+    ("eager", OUT / "eager" / "real", (OUT / "eager" / "profile" / "h200",)),
 )
 SLOW = 1.35  # a step slower than this multiple of the run's fast-mode time is "slow"
 SINCE_BINS = ((1, 10), (10, 30), (30, 100), (100, 10**9))

@@ -380,7 +380,9 @@ class CalibratedCostModel:
         the same blocks, and after the first sequence reads them they sit in the GPU's L2
         cache. The step is priced as if each sequence had the mean *effective* context
         (unique tokens + r * re-read tokens) / sequences; r is the value in [0, 1] (steps of
-        0.01) that best reproduces the shared rows' residuals, relative to their step time.
+        0.01) that best reproduces each row's ratio of its shared time to its reference time
+        (the same step over distinct blocks, timed in the same session), so rows measured in
+        another session of the same model and GPU fit as well as this profile's own.
         """
         by_bs: dict[int, list] = defaultdict(list)
         for r in profile.decode_shared:
@@ -397,9 +399,10 @@ class CalibratedCostModel:
                     b, c, s = r.batch_size, r.context_len, r.shared_len
                     unique = s + b * (c - s)
                     ceff = (unique + frac * (b * c - unique)) / b
-                    pred = self._other_for(self._decode_graph(b), self._padded_decode(b)) + \
-                        surface(self._padded_decode(b), ceff)
-                    err += ((pred - r.step_time_ms * MS) / (r.step_time_ms * MS)) ** 2
+                    p = self._padded_decode(b)
+                    other = self._other_for(self._decode_graph(b), p)
+                    ratio = (other + surface(p, ceff)) / (other + surface(p, c))
+                    err += (ratio - r.step_time_ms / r.reference_step_time_ms) ** 2
                 if best is None or err < best[0]:
                     best = (err, frac)
             out[bs] = best[1]

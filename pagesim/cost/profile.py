@@ -15,7 +15,8 @@ On disk, `calibration/<gpu>/<model>/` holds
                    step_time_ms, ... (as decode)
     decode_shared.csv  (optional) decode rows whose sequences share their first shared_len
                    tokens (the same blocks): block_size, batch_size, context_len, shared_len,
-                   step_time_ms, ... (as decode)
+                   step_time_ms, ... (as decode), reference_step_time_ms (the same step over
+                   distinct blocks, same session)
     overhead.csv   (optional) num_reqs, overhead_ms, overhead_p10_ms, overhead_p90_ms
     allreduce.csv  (optional) tp, message_bytes, time_us, time_p10_us, time_p90_us: one sum
                    all-reduce of `message_bytes` over `tp` GPUs (median and spread)
@@ -145,6 +146,10 @@ class DecodeSharedRow:
     step_time_p90_ms: float
     attention_ms: float
     other_ms: float
+    # the same batch and contexts over distinct blocks, timed in the same session: the ratio
+    # of the two is what the re-read cost is fitted on, so the row holds for any profile of
+    # this model and GPU
+    reference_step_time_ms: float
 
 
 @dataclass(frozen=True)

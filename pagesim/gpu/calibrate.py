@@ -271,10 +271,14 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         for k, n, c in grid.multi_prefill:
             if k * n <= max_num_batched_tokens and n + c <= max_model_len and k <= max_num_seqs:
                 entries.append(("multi", (k, n, c), [(c, n)] * k, ("multi", k, n)))
+        plain = {key for kind, key, _, _ in entries if kind == "decode"}
         for b, c, sh in grid.decode_shared:
             if (b <= max_num_seqs and c + 1 <= max_model_len and sh % block_size == 0
                     and 0 < sh <= c):
                 entries.append(("shared", (b, c, sh), [(c, 1)] * b, ("decode", b)))
+                if (b, c) not in plain:  # its reference: the same step over distinct blocks
+                    plain.add((b, c))
+                    entries.append(("reference", (b, c), [(c, 1)] * b, ("decode", b)))
     points = []  # (kind, key, out, other key); a point whose blocks do not fit is dropped
     for kind, key, spec, other in entries:
         out = synthetic_step(spec, block_size, blocks, shared=key[2] if kind == "shared" else 0)
@@ -304,8 +308,12 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
     mixed_rows: list[MixedRow] = []
     multi_rows: list[MultiPrefillRow] = []
     shared_rows: list[DecodeSharedRow] = []
+    plain_ms = {key: timings[i].median * 1e3 for i, (kind, key, _, _) in enumerate(points)
+                if kind in ("decode", "reference")}
     for i, (kind, key, _, other) in enumerate(points):
         t = timings[i]
+        if kind == "reference":
+            continue
         o = timings[other_index[other]].median
         split = (max(0.0, t.median - o) * 1e3, min(o, t.median) * 1e3)
         if kind == "decode":
@@ -316,8 +324,9 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
             mixed_rows.append(MixedRow(block_size, *key, *_ms(t), *split))
         elif kind == "multi":
             multi_rows.append(MultiPrefillRow(block_size, *key, *_ms(t), *split))
-        else:
-            shared_rows.append(DecodeSharedRow(block_size, *key, *_ms(t), *split))
+        elif key[:2] in plain_ms:
+            shared_rows.append(DecodeSharedRow(block_size, *key, *_ms(t), *split,
+                                               plain_ms[key[:2]]))
     return CalibrationRows(decode_rows, prefill_rows, mixed_rows, multi_rows, shared_rows)
 
 

@@ -31,7 +31,7 @@ from pagesim.metrics import MetricsCollector, summarize
 from pagesim.request import Request
 from pagesim.sim.build import build_cost_model, build_scheduler
 from pagesim.sim.engine import ServingEngine
-from pagesim.sim.runner import CostModelRunner
+from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
 from pagesim.sim.simulate import (
     LoadSpec,
     ProgressHook,
@@ -104,7 +104,8 @@ def simulate_cluster(config: EngineConfig, load: LoadSpec, num_replicas: int, ro
         scheduler = build_scheduler(config)
         metrics, averager = MetricsCollector(), WasteAverager()
         probe = _kv_probe(scheduler, scheduler.kv_cache_manager, averager, env)
-        runner = CostModelRunner(cost, vocab_size=model.vocab_size)
+        runner = CostModelRunner(cost, vocab_size=model.vocab_size,
+                                 kv_blocks_in_use=shared_blocks_counter(cost, scheduler))
         engines.append(ServingEngine(env, scheduler, runner, metrics, probe,
                                      fast_path=fast_path))
         parts.append((scheduler, metrics, averager))
@@ -214,8 +215,9 @@ def simulate_requests(config: EngineConfig, requests: list[Request], *,
     cost = cost_model if cost_model is not None else build_cost_model(config, profile)
     metrics = MetricsCollector()
     probe = _kv_probe(scheduler, scheduler.kv_cache_manager, WasteAverager(), env)
-    engine = ServingEngine(env, scheduler, CostModelRunner(cost, config.model_spec.vocab_size),
-                           metrics, probe)
+    runner = CostModelRunner(cost, config.model_spec.vocab_size,
+                             kv_blocks_in_use=shared_blocks_counter(cost, scheduler))
+    engine = ServingEngine(env, scheduler, runner, metrics, probe)
 
     def send(request: Request):
         yield env.timeout(request.arrival_time)

@@ -6,21 +6,34 @@ scheduler cannot tell a simulated step from a real one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pagesim.cost.base import BatchShape, CostModel
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
 
 
 class CostModelRunner:
-    """Executes a step by asking the cost model how long it takes."""
+    """Executes a step by asking the cost model how long it takes.
 
-    def __init__(self, cost_model: CostModel, vocab_size: int = 32000) -> None:
+    `kv_blocks_in_use` (optional) returns the KV blocks that requests hold now: a step's
+    sequences read at most that many distinct blocks, fewer than their contexts add up to
+    when they share cached prefix blocks. It is given only to cost models that price such
+    re-reads (`shared_blocks_counter`); the shapes then carry `decode_unique_context_tokens`.
+    """
+
+    def __init__(self, cost_model: CostModel, vocab_size: int = 32000,
+                 kv_blocks_in_use: Callable[[], int] | None = None) -> None:
         self.cost_model = cost_model
         self.vocab_size = vocab_size
+        self.kv_blocks_in_use = kv_blocks_in_use
+
+    def _priced(self, shape: BatchShape) -> float:
+        if self.kv_blocks_in_use is not None and shape.num_decode_seqs:
+            shape.decode_unique_context_tokens = self.kv_blocks_in_use() * shape.block_size
+        return self.cost_model.step_time(shape)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        step_time_s = self.cost_model.step_time(BatchShape.from_scheduler_output(scheduler_output))
+        step_time_s = self._priced(BatchShape.from_scheduler_output(scheduler_output))
         return ModelRunnerOutput(step_time_s=step_time_s,
                                  sampled_token_ids=self._sample(scheduler_output))
 
@@ -38,7 +51,7 @@ class CostModelRunner:
             shape = BatchShape(scheduler_output.block_size, num_lead, num_lead, lead_context_sum,
                                lead_contexts, [], [], scheduler_output.swap_bytes,
                                len(scheduler_output.blocks_to_copy))
-            return ModelRunnerOutput(step_time_s=self.cost_model.step_time(shape))
+            return ModelRunnerOutput(step_time_s=self._priced(shape))
         shape = BatchShape.from_scheduler_output(scheduler_output)
         if num_lead:
             shape.total_tokens += num_lead
@@ -47,15 +60,15 @@ class CostModelRunner:
             rest = shape.decode_context_tokens
             shape.decode_context_tokens = (_Joined(lead_contexts, rest) if rest
                                            else lead_contexts)
-        return ModelRunnerOutput(step_time_s=self.cost_model.step_time(shape),
+        return ModelRunnerOutput(step_time_s=self._priced(shape),
                                  sampled_token_ids=self._sample(scheduler_output))
 
     def lead_decode_step_time(self, block_size: int, num_lead: int, lead_context_sum: int,
                               lead_contexts: Sequence[int]) -> float:
         """Step time of a batch of `num_lead` decodes and nothing else (no swap, no copy): the
         time `execute_with_lead_decodes` gives for an empty output."""
-        return self.cost_model.step_time(BatchShape(block_size, num_lead, num_lead,
-                                                    lead_context_sum, lead_contexts, [], []))
+        return self._priced(BatchShape(block_size, num_lead, num_lead, lead_context_sum,
+                                       lead_contexts, [], []))
 
     def _sample(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
         sampled: dict[str, int] = {}
@@ -68,6 +81,18 @@ class CostModelRunner:
             if sr.num_computed_tokens + sr.num_new_tokens >= len(req.prompt_token_ids) + len(output):
                 sampled[req.request_id] = synthetic_token(req, len(output), vocab)
         return sampled
+
+
+def shared_blocks_counter(cost_model: CostModel, scheduler) -> Callable[[], int] | None:
+    """`kv_blocks_in_use` for a runner: the scheduler's held blocks, if its KV cache has a
+    block pool and the cost model prices shared-prefix re-reads; else None (nothing to do)."""
+    if not getattr(cost_model, "reread_fraction", None):
+        return None
+    pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
+    if pool is None:
+        return None
+    usable = pool.num_usable_blocks
+    return lambda: usable - pool.get_num_free_blocks()
 
 
 class _Joined(Sequence):

@@ -28,7 +28,7 @@ from pagesim.sim.arrivals import session_arrival_times
 from pagesim.sim.build import build_cost_model, build_scheduler
 from pagesim.sim.engine import ServingEngine
 from pagesim.sim.probe import KVProbe
-from pagesim.sim.runner import CostModelRunner
+from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
 from pagesim.workload import load_workload
 
 
@@ -99,7 +99,9 @@ def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None
     plan, arrivals = sample_traffic(load, model.vocab_size)
     scheduler = build_scheduler(config, check_invariants)
     manager = scheduler.kv_cache_manager
-    runner = CostModelRunner(build_cost_model(config, profile), vocab_size=model.vocab_size)
+    cost = build_cost_model(config, profile)
+    runner = CostModelRunner(cost, vocab_size=model.vocab_size,
+                             kv_blocks_in_use=shared_blocks_counter(cost, scheduler))
     env = simpy.Environment()
     metrics = MetricsCollector()
     averager = WasteAverager()

@@ -95,9 +95,10 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
     res = run_calibration(config, grid, dtype=torch.float32, calibration_root=tmp_path,
                           progress=lambda d, t, label: seen.append((d, t)), log=lambda m: None,
                           device="cpu")
-    # 5 points + 4 attention-skipped variants (the shared row reuses the batch-2 one); 8
-    # entries exceed max_num_seqs=4 and 24 shared tokens are not whole blocks: dropped
-    assert seen[-1][0] == seen[-1][1] == 9
+    # 6 points (the shared row and its unshared reference) + 4 attention-skipped variants
+    # (both reuse the batch-2 one); 8 entries exceed max_num_seqs=4 and 24 shared tokens are
+    # not whole blocks: dropped
+    assert seen[-1][0] == seen[-1][1] == 10
     prof = Profile.load(res.directory)
     assert res.directory == tmp_path / "cpu" / "tiny-llama"
     assert prof.metadata.synthetic and prof.metadata.num_gpu_blocks == {16: 64}
@@ -107,6 +108,7 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
             for r in prof.multi_prefill] == [(2, 16, 0)]
     assert [(r.batch_size, r.context_len, r.shared_len) for r in prof.decode_shared] == \
         [(2, 32, 16)]
+    assert prof.decode_shared[0].reference_step_time_ms > 0
     for r in prof.decode + prof.prefill + prof.multi_prefill + prof.decode_shared:
         assert r.step_time_p10_ms <= r.step_time_ms <= r.step_time_p90_ms
         assert r.attention_ms + r.other_ms == pytest.approx(r.step_time_ms)

@@ -1,0 +1,45 @@
+"""The simulator's runner hands the cost model the KV blocks in use when it prices shared-prefix
+re-reads, and nothing otherwise."""
+
+from __future__ import annotations
+
+from pagesim.config import EngineConfig
+from pagesim.cost.analytical import AnalyticalCostModel
+from pagesim.sim.build import build_scheduler
+from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
+
+
+class _Recorder:
+    """A cost model that prices re-reads and remembers the shapes it saw."""
+
+    reread_fraction = {16: 0.75}
+
+    def __init__(self) -> None:
+        self.shapes = []
+
+    def step_time(self, shape) -> float:
+        self.shapes.append(shape)
+        return 0.01
+
+
+def test_counter_only_for_models_that_price_rereads() -> None:
+    config = EngineConfig.create(model="llama-2-7b", gpu="h200", num_gpu_blocks_override=100)
+    scheduler = build_scheduler(config)
+    analytical = AnalyticalCostModel(config.model_spec, config.gpu_spec)
+    assert shared_blocks_counter(analytical, scheduler) is None
+    counter = shared_blocks_counter(_Recorder(), scheduler)
+    assert counter() == 0  # nothing held yet
+    blocks = scheduler.kv_cache_manager.block_pool.get_new_blocks(7)
+    assert counter() == 7
+    scheduler.kv_cache_manager.block_pool.free_blocks(blocks)
+    assert counter() == 0
+
+
+def test_decode_shapes_carry_the_held_blocks_as_unique_tokens() -> None:
+    cost = _Recorder()
+    runner = CostModelRunner(cost, kv_blocks_in_use=lambda: 5)
+    runner.lead_decode_step_time(16, 3, 3000, [1000, 1000, 1000])
+    assert cost.shapes[-1].decode_unique_context_tokens == 5 * 16
+    plain = CostModelRunner(cost)
+    plain.lead_decode_step_time(16, 3, 3000, [1000, 1000, 1000])
+    assert cost.shapes[-1].decode_unique_context_tokens is None
