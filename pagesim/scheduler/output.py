@@ -130,7 +130,7 @@ class SyntheticTokenTable:
     would not give a window, callers fall back to `synthetic_tokens` (`usable` is False).
     """
 
-    __slots__ = ("vocab_size", "usable", "_inv", "_tokens", "_packed")
+    __slots__ = ("vocab_size", "usable", "packed_table", "_inv", "_tokens")
 
     def __init__(self, vocab_size: int) -> None:
         if vocab_size < 1:
@@ -141,7 +141,8 @@ class SyntheticTokenTable:
         self._inv = pow(a, -1, vocab_size) if self.usable else 0
         period = [a * k % vocab_size for k in range(vocab_size)] if self.usable else []
         self._tokens: list[int] = period + period  # any window of <= V tokens is one slice
-        self._packed = struct.pack(f"<{len(self._tokens)}i", *self._tokens)
+        # The table as little-endian int32: token k of the table is bytes [4k, 4k + 4).
+        self.packed_table = struct.pack(f"<{len(self._tokens)}i", *self._tokens)
 
     def start(self, request: Request) -> int:
         """Table index of the request's output token 0, in [0, V)."""
@@ -169,4 +170,4 @@ class SyntheticTokenTable:
         if count > self.vocab_size:
             return None
         k = (start + first) % self.vocab_size
-        return self._packed[4 * k:4 * (k + count)]
+        return self.packed_table[4 * k:4 * (k + count)]

@@ -304,6 +304,9 @@ class DecodeFastPath:
         buckets = self.due
         quick = self.quick
         table = self.table
+        if quick:
+            packed_table = table.packed_table  # type: ignore[union-attr]
+            vocab = self.vocab_size
         for lazy in due:
             c = lazy.offset + g
             alloc = lazy.alloc_at == c
@@ -323,8 +326,9 @@ class DecodeFastPath:
                     self.over_final_sum += grown - grown_fill - span + fill
                     lazy.span = lazy.alloc_at = grown
                 elif c + 1 >= 2 * bs:  # a full block after the first
-                    if first >= 0:  # output tokens only
-                        packed = table.packed(lazy.tok0, first, bs)
+                    if first >= 0:  # output tokens only: one slice of the packed table
+                        k = 4 * ((lazy.tok0 + first) % vocab)
+                        packed = packed_table[k:k + 4 * bs]
                     else:  # the prompt's last tokens, then the first output tokens
                         packed = _pack_tokens(lazy.request.prompt_token_ids[first:])
                     if packed is None:  # a prompt token out of int32: the general call says so
