@@ -58,6 +58,12 @@ profile keeps two `other` lines: one through the rows that ran as graphs, one th
 that ran eagerly (each row's mode follows from its shape and the profile's sizes). Residuals
 are taken against the line of their own mode. Profiles without token sizes keep one line.
 
+Steps through the variable-length attention kernel (any prefill entry): when the profile
+names the kernel's tiles (`varlen_block_q`, `varlen_tile_n`, format 4), other(mode, tokens)
+plus the kernel's time from its launch grid (`pagesim.cost.varlen`: work, critical path and
+surplus programs, fitted per block size on the prefill, mixed and multi-prefill rows); the
+per-entry residuals and `shared` below are then not used. Older profiles keep them.
+
 Shared prefixes (decode_shared.csv): a decode step whose sequences share cached prefix blocks
 (`BatchShape.decode_unique_context_tokens` below the context sum) reads those blocks once from
 HBM and again from L2 for every other sequence; it is priced at the mean effective context
@@ -78,13 +84,9 @@ rows it is the smallest residual.
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections import defaultdict
 from statistics import median
-from typing import TypeVar
-
-import numpy as np
 
 from pagesim.cost.analytical import (
     AnalyticalConstants,
@@ -94,100 +96,15 @@ from pagesim.cost.analytical import (
 )
 from pagesim.cost.base import BatchShape
 from pagesim.cost.profile import DecodeRow, Profile
-from pagesim.cost.varlen import VarlenKernel, fit_varlen, nonnegative_lstsq, shape_launch
+from pagesim.cost.surface import Pwl, Surface, blend_weights
+from pagesim.cost.varlen import VarlenKernel, fit_varlen, shape_launch
 from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
 MS = 1e-3
-T = TypeVar("T")
 BREAKDOWN_KEYS: tuple[str, ...] = ("other", "attention", "allreduce", "host_overhead", "swap",
                                    "copy")
 US = 1e-6
-
-
-class Pwl:
-    """y(x) through sorted points (median of repeats): flat below the first point, linear
-    between, and above the last either flat or along the last segment's slope floored at 0."""
-
-    __slots__ = ("xs", "ys", "slopes", "tail")
-
-    def __init__(self, points: dict[float, list[float]], extrapolate: bool = True):
-        self.xs = sorted(points)
-        self.ys = [median(points[x]) for x in self.xs]
-        self.slopes = [(self.ys[i + 1] - self.ys[i]) / (self.xs[i + 1] - self.xs[i])
-                       for i in range(len(self.xs) - 1)]
-        self.tail = max(self.slopes[-1], 0.0) if self.slopes and extrapolate else 0.0
-
-    def __call__(self, x: float) -> float:
-        xs = self.xs
-        if x <= xs[0]:
-            return self.ys[0]
-        i = bisect_right(xs, x) - 1
-        if i >= len(xs) - 1:
-            return self.ys[-1] + self.tail * (x - xs[-1])
-        return self.ys[i] + self.slopes[i] * (x - xs[i])
-
-
-class Surface:
-    """z(u, v) = backbone(u, v) + deviation(u, v); see the module docstring.
-
-    `points`: (u, v, z) triples, u and v >= 0. `prefill=False` uses the decode terms.
-    """
-
-    __slots__ = ("coef", "prefill", "us", "rows", "values")
-
-    def __init__(self, points: list[tuple[int, int, float]], prefill: bool):
-        self.prefill = prefill
-        u = np.array([p[0] for p in points], dtype=float)
-        v = np.array([p[1] for p in points], dtype=float)
-        z = np.array([p[2] for p in points], dtype=float)
-        self.coef = nonnegative_lstsq(self._terms(u, v), z)
-        deviation: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for (pu, pv, pz) in points:
-            deviation[pu][pv].append(pz - self._backbone(pu, pv))
-        self.us = sorted(deviation)
-        self.rows = [Pwl(deviation[x], extrapolate=False) for x in self.us]
-        self.values = [p[2] for p in points]
-
-    def _terms(self, u, v):  # works on floats and on numpy arrays
-        one = u * 0 + 1
-        if self.prefill:
-            return [one, u, v, u * v, u * u]
-        return [one, u, v, u * v]
-
-    def _backbone(self, u: float, v: float) -> float:
-        c = self.coef
-        if self.prefill:
-            return c[0] + u * (c[1] + c[3] * v + c[4] * u) + c[2] * v
-        return c[0] + c[1] * u + (c[2] + c[3] * u) * v
-
-    def __call__(self, u: float, v: float) -> float:
-        us, rows = self.us, self.rows
-        if u <= us[0]:
-            dev = rows[0](v)
-        else:
-            i = bisect_right(us, u) - 1
-            if i >= len(us) - 1:
-                dev = rows[-1](v)
-            else:
-                d0 = rows[i](v)
-                dev = d0 + (rows[i + 1](v) - d0) * (u - us[i]) / (us[i + 1] - us[i])
-        return self._backbone(u, v) + dev
-
-
-def _blend_weights(tables: dict[int, T], block_size: int) -> tuple[tuple[float, T], ...]:
-    """Measured block sizes to use for `block_size`, with weights summing to 1."""
-    keys = sorted(tables)
-    if block_size in tables:
-        return ((1.0, tables[block_size]),)
-    if block_size < keys[0]:
-        return ((1.0, tables[keys[0]]),)
-    if block_size > keys[-1]:
-        return ((1.0, tables[keys[-1]]),)
-    hi = keys[bisect_right(keys, block_size)]
-    lo = keys[bisect_right(keys, block_size) - 1]
-    w = (math.log2(block_size) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
-    return ((1.0 - w, tables[lo]), (w, tables[hi]))
 
 
 class CalibratedCostModel:
@@ -345,7 +262,7 @@ class CalibratedCostModel:
     def _is_graph_row(self, row, tokens: int) -> bool:
         """Whether the runner replayed a graph for a calibration row of `tokens` tokens."""
         if isinstance(row, DecodeRow):
-            return bool(self._graph_sizes) and row.batch_size <= self._graph_sizes[-1]
+            return self._decode_graph(row.batch_size)
         return bool(self._token_sizes) and tokens <= self._token_sizes[-1]
 
     def _other_for(self, graph: bool, tokens: float) -> float:
@@ -430,8 +347,8 @@ class CalibratedCostModel:
         weights = self._weights.get(b.block_size)
         if weights is None:
             weights = self._weights[b.block_size] = (
-                _blend_weights(self._decode, b.block_size),
-                _blend_weights(self._prefill, b.block_size))
+                blend_weights(self._decode, b.block_size),
+                blend_weights(self._prefill, b.block_size))
         dec_w, pre_w = weights
         n = b.num_decode_seqs
         if b.prefill_new_tokens and self._varlen:
@@ -440,13 +357,11 @@ class CalibratedCostModel:
             other = self._other_for(graph, padded if graph else b.total_tokens)
             launch = shape_launch(self._varlen_kernel, b, padded)
             attention = sum(w * fit(launch, graph)
-                            for w, fit in _blend_weights(self._varlen, b.block_size))
+                            for w, fit in blend_weights(self._varlen, b.block_size))
             return other + attention, other
         if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
-            graph = bool(self._graph_sizes) and n <= self._graph_sizes[-1]
-            if graph:
-                n = self.padded_batch(n)
-            tokens = n
+            graph = self._decode_graph(n)
+            n = tokens = self._padded_decode(n)
         else:
             padded = self.padded_tokens(b.total_tokens)
             graph = padded is not None
@@ -457,7 +372,7 @@ class CalibratedCostModel:
             c = b.decode_context_sum / b.num_decode_seqs
             unique = b.decode_unique_context_tokens
             if unique is not None and unique < b.decode_context_sum and self._reread:
-                frac = sum(w * f for w, f in _blend_weights(self._reread, b.block_size))
+                frac = sum(w * f for w, f in blend_weights(self._reread, b.block_size))
                 c = (unique + frac * (b.decode_context_sum - unique)) / b.num_decode_seqs
             for w, s in dec_w:
                 total += w * s(n, c)
