@@ -125,10 +125,15 @@ class Timing:
 
 class BlockSource:
     """Hands out block ids from a seeded permutation of `1 .. num_blocks - 1`, restarting
-    for every grid point (a point's sequences never share a block)."""
+    for every grid point (a point's sequences never share a block). `scattered=False` hands
+    them out in order instead, as a fresh cache's free queue does (`benchmarks/block_order.py`
+    compares the two)."""
 
-    def __init__(self, num_blocks: int, seed: int = 0) -> None:
-        self.ids = (np.random.default_rng(seed).permutation(num_blocks - 1) + 1).tolist()
+    def __init__(self, num_blocks: int, seed: int = 0, scattered: bool = True) -> None:
+        ids = np.arange(1, num_blocks)
+        if scattered:
+            ids = np.random.default_rng(seed).permutation(num_blocks - 1) + 1
+        self.ids = ids.tolist()
 
     def take(self, counts: list[int]) -> list[list[int]] | None:
         """Rows of `counts[i]` distinct blocks, or None if the cache cannot hold them all."""

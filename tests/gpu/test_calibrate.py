@@ -156,3 +156,10 @@ def test_shared_prefix_steps_share_their_first_blocks() -> None:
     # 40 sequences: 40 own blocks + 2 shared fit in 63; without sharing 120 do not
     assert synthetic_step([(40, 1)] * 40, 16, BlockSource(64, 0), shared=32) is not None
     assert synthetic_step([(40, 1)] * 40, 16, BlockSource(64, 0)) is None
+
+
+def test_block_source_scattered_or_consecutive() -> None:
+    assert BlockSource(9, 0, scattered=False).take([3, 2]) == [[1, 2, 3], [4, 5]]
+    rows = BlockSource(9, 0).take([3, 2])
+    flat = rows[0] + rows[1]
+    assert len(set(flat)) == 5 and 0 not in flat and flat != [1, 2, 3, 4, 5]

@@ -1,0 +1,86 @@
+"""Decode steps over scattered vs consecutive KV blocks, timed in one runner (GPU).
+
+The calibration hands every grid point a seeded permutation of the cache's blocks, as a
+long-running server's tables are; a fresh server's free queue hands out consecutive blocks.
+This times the same decode steps both ways, interleaved (`measure_interleaved`), on the full
+KV cache a server of this model would have (`gpu_memory_utilization` 0.92).
+
+    PYTHONPATH=. python3 benchmarks/block_order.py --models llama-3-8b,llama-2-7b --out $OUT
+
+Prints a table; writes block_order.csv under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="llama-3-8b,llama-2-7b")
+    ap.add_argument("--out", default="results")
+    ap.add_argument("--batches", default="1,4,16,32,64")
+    ap.add_argument("--contexts", default="1024,2048,4096")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    import torch
+
+    from pagesim.config import EngineConfig
+    from pagesim.gpu.calibrate import (
+        BlockSource,
+        CalibrationGrid,
+        measure_interleaved,
+        synthetic_step,
+    )
+    from pagesim.gpu.device import device_info
+    from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
+    from pagesim.gpu.model import RandomWeightDecoder
+    from pagesim.gpu.runner import GPUModelRunner
+
+    info = device_info(torch.device("cuda"))
+    rows = []
+    for name in args.models.split(","):
+        config = EngineConfig.create(model=name, gpu="h200", block_size=16)
+        before = MemorySnapshot.take(torch.device("cuda"))
+        model = RandomWeightDecoder(config.model_spec, torch.bfloat16, "cuda", 16, 0)
+        blocks = measure_kv_capacity(config, model, before, (16,)).num_gpu_blocks[16]
+        runner = GPUModelRunner(config, blocks, device="cuda", model=model)
+        items, keys = [], []
+        for b in map(int, args.batches.split(",")):
+            for c in map(int, args.contexts.split(",")):
+                for scattered in (True, False):
+                    out = synthetic_step([(c, 1)] * b, 16, BlockSource(blocks, 0, scattered))
+                    if out is not None:
+                        items.append((out, False))
+                        keys.append((b, c, scattered))
+        grid = CalibrationGrid(repeats=args.repeats, min_repeats=args.repeats)
+        t0 = time.monotonic()
+        timings = measure_interleaved(runner, items, grid)
+        got = {k: t.median * 1e3 for k, t in zip(keys, timings, strict=True)}
+        for (b, c, scattered), ms in got.items():
+            if scattered and (b, c, False) in got:
+                rows.append({"model": name, "batch": b, "context": c, "scattered_ms": ms,
+                             "consecutive_ms": got[(b, c, False)],
+                             "ratio": got[(b, c, False)] / ms, "num_gpu_blocks": blocks,
+                             "gpu": info["gpu_name"], "driver": info.get("driver", ""),
+                             "torch": info["torch"], "triton": info["triton"],
+                             "date": info["date"]})
+                print(f"{name} b={b} c={c}: scattered {ms:.2f} ms, consecutive "
+                      f"{got[(b, c, False)]:.2f} ms, ratio {rows[-1]['ratio']:.3f}", flush=True)
+        print(f"{name}: {len(items)} steps x {args.repeats} rounds in "
+              f"{time.monotonic() - t0:.0f} s", flush=True)
+        del runner, model
+        torch.cuda.empty_cache()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "block_order.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()
