@@ -50,7 +50,8 @@ def main() -> None:
         runner = GPUModelRunner(config, blocks, device="cuda", model=model)
         items, keys = [], []
         for b in map(int, args.batches.split(",")):
-            for c in map(int, args.contexts.split(",")):
+            for c in sorted({min(int(x), config.max_model_len - 1)
+                             for x in args.contexts.split(",")}):
                 for scattered in (True, False):
                     out = synthetic_step([(c, 1)] * b, 16, BlockSource(blocks, 0, scattered))
                     if out is not None:
