@@ -3,7 +3,9 @@
 The calibration hands every grid point a seeded permutation of the cache's blocks, as a
 long-running server's tables are; a fresh server's free queue hands out consecutive blocks.
 This times the same decode steps both ways, interleaved (`measure_interleaved`), on the full
-KV cache a server of this model would have (`gpu_memory_utilization` 0.92).
+KV cache a server of this model would have (`gpu_memory_utilization` 0.92). `--heavy N` adds N
+8,192-token prefill steps to every round, as the calibration's mixed rounds have, to see what
+heavy neighbours do to light steps' times.
 
     PYTHONPATH=. python3 benchmarks/block_order.py --models llama-3-8b,llama-2-7b --out $OUT
 
@@ -25,6 +27,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16,32,64")
     ap.add_argument("--contexts", default="1024,2048,4096")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--heavy", type=int, default=0,
+                    help="also interleave this many 8,192-token prefill steps per round, as "
+                         "the calibration's rounds do (scattered blocks only)")
     args = ap.parse_args()
     import torch
 
@@ -57,13 +62,20 @@ def main() -> None:
                     if out is not None:
                         items.append((out, False))
                         keys.append((b, c, scattered))
+        for k in range(args.heavy):
+            out = synthetic_step([(0, 8192)], 16, BlockSource(blocks, k + 1))
+            items.append((out, False))
+            keys.append(("heavy", k, True))
         grid = CalibrationGrid(repeats=args.repeats, min_repeats=args.repeats)
         t0 = time.monotonic()
         timings = measure_interleaved(runner, items, grid)
         got = {k: t.median * 1e3 for k, t in zip(keys, timings, strict=True)}
         for (b, c, scattered), ms in got.items():
+            if b == "heavy":
+                continue
             if scattered and (b, c, False) in got:
-                rows.append({"model": name, "batch": b, "context": c, "scattered_ms": ms,
+                rows.append({"model": name, "heavy_per_round": args.heavy, "batch": b,
+                             "context": c, "scattered_ms": ms,
                              "consecutive_ms": got[(b, c, False)],
                              "ratio": got[(b, c, False)] / ms, "num_gpu_blocks": blocks,
                              "gpu": info["gpu_name"], "driver": info.get("driver", ""),
@@ -77,7 +89,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "block_order.csv", "w", newline="") as f:
+    name = "block_order.csv" if not args.heavy else f"block_order_heavy{args.heavy}.csv"
+    with open(out / name, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
