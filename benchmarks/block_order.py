@@ -4,7 +4,7 @@ The calibration hands every grid point a seeded permutation of the cache's block
 long-running server's tables are; a fresh server's free queue hands out consecutive blocks.
 This times the same decode steps both ways, interleaved (`measure_interleaved`), on the full
 KV cache a server of this model would have (`gpu_memory_utilization` 0.92). `--heavy N` adds N
-8,192-token prefill steps to every round, as the calibration's mixed rounds have, to see what
+prefill steps of 8,192 tokens (the model's limit if lower) to every round, as the calibration's mixed rounds have, to see what
 heavy neighbours do to light steps' times.
 
     PYTHONPATH=. python3 benchmarks/block_order.py --models llama-3-8b,llama-2-7b --out $OUT
@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="1024,2048,4096")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--heavy", type=int, default=0,
-                    help="also interleave this many 8,192-token prefill steps per round, as "
+                    help="also interleave this many long prefill steps per round, as "
                          "the calibration's rounds do (scattered blocks only)")
     args = ap.parse_args()
     import torch
@@ -62,8 +62,9 @@ def main() -> None:
                     if out is not None:
                         items.append((out, False))
                         keys.append((b, c, scattered))
+        heavy = min(8192, config.max_num_batched_tokens, config.max_model_len)
         for k in range(args.heavy):
-            out = synthetic_step([(0, 8192)], 16, BlockSource(blocks, k + 1))
+            out = synthetic_step([(0, heavy)], 16, BlockSource(blocks, k + 1))
             items.append((out, False))
             keys.append(("heavy", k, True))
         grid = CalibrationGrid(repeats=args.repeats, min_repeats=args.repeats)
