@@ -45,9 +45,9 @@ class BatchShape:
     prefill_context_tokens: list[int] = field(default_factory=list)  # [num_prefill_reqs]
     swap_bytes: int = 0  # bytes over the host link this step (swap out + swap in)
     num_blocks_to_copy: int = 0  # copy-on-write block copies on the GPU before the step
-    # Distinct tokens of KV the decode sequences read (their shared prefix blocks counted
-    # once); None: unknown, every sequence's context is its own.
-    decode_unique_context_tokens: int | None = None
+    # Distinct tokens of KV the step's sequences hold (shared prefix blocks counted once), an
+    # upper bound on what they read; None: unknown, every sequence's context is its own.
+    unique_context_tokens: int | None = None
 
     @property
     def num_prefill_reqs(self) -> int:

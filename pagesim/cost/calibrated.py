@@ -65,7 +65,7 @@ surplus programs, fitted per block size on the prefill, mixed and multi-prefill 
 per-entry residuals and `shared` below are then not used. Older profiles keep them.
 
 Shared prefixes (decode_shared.csv): a decode step whose sequences share cached prefix blocks
-(`BatchShape.decode_unique_context_tokens` below the context sum) reads those blocks once from
+(`BatchShape.unique_context_tokens` below the context sum) reads those blocks once from
 HBM and again from L2 for every other sequence; it is priced at the mean effective context
 (unique + r * re-read) / sequences, with r fitted per block size on rows measured with shared
 blocks (`reread_fraction`). Without such rows, or without the unique count, every context is
@@ -186,6 +186,7 @@ class CalibratedCostModel:
         self.shared_graph_s = self._shared[True]  # mixed-graph steps'
         self._varlen_kernel, self._varlen = self._fit_varlen(rows)
         self._reread = self._fit_reread(profile)
+        self._reread_varlen = self._fit_reread_varlen(profile)
         self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
                       if profile.overhead else None)
         self._swap_s_per_byte = self._copy_s_per_token = None
@@ -325,6 +326,63 @@ class CalibratedCostModel:
             out[bs] = best[1]
         return out
 
+    def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
+        """The step's launch, its shared-prefix re-reads discounted (`reread`: the fraction
+        to use; default the fitted one, none without rows or without the unique count)."""
+        launch = shape_launch(self._varlen_kernel, b, padded)
+        unique = b.unique_context_tokens
+        if unique is None:
+            return launch
+        if reread is None:
+            if not self._reread_varlen:
+                return launch
+            reread = sum(w * f for w, f in blend_weights(self._reread_varlen, b.block_size))
+        context = b.decode_context_sum + sum(b.prefill_context_tokens)
+        if unique >= context or context == 0:
+            return launch
+        return launch.reread((context - unique) / context, reread)
+
+    def _fit_reread_varlen(self, profile: Profile) -> dict[int, float]:
+        """Block size -> re-read cost in the variable-length kernel (varlen_shared.csv), the
+        fraction in [0, 1] (steps of 0.01) that best reproduces each row's ratio to its
+        unshared reference, as `_fit_reread` does for decode steps."""
+        if not self._varlen:
+            return {}
+        by_bs: dict[int, list] = defaultdict(list)
+        for r in profile.varlen_shared:
+            if r.block_size in self._varlen:
+                by_bs[r.block_size].append(r)
+        out: dict[int, float] = {}
+        for bs, rs in sorted(by_bs.items()):
+            fit = self._varlen[bs]
+            cases = []
+            for r in rs:
+                d, dc, k, n, sh = (r.num_decodes, r.decode_context_len, r.num_entries,
+                                   r.num_new_tokens, r.shared_len)
+                shape = BatchShape(bs, d + k * n, d, d * dc, [dc] * d, [n] * k, [sh] * k,
+                                   unique_context_tokens=sh + d * (dc - sh))
+                padded = self.padded_tokens(shape.total_tokens)
+                other = self._other_for(padded is not None, padded or shape.total_tokens)
+                plain = other + fit(shape_launch(self._varlen_kernel, shape, padded),
+                                    padded is not None)
+                cases.append((shape, padded, other, plain,
+                              r.step_time_ms / r.reference_step_time_ms))
+            best = None
+            for j in range(101):
+                frac = j / 100
+                err = sum(((other + fit(self._varlen_launch(shape, padded, frac),
+                                        padded is not None)) / plain - ratio) ** 2
+                          for shape, padded, other, plain, ratio in cases)
+                if best is None or err < best[0]:
+                    best = (err, frac)
+            out[bs] = best[1]
+        return out
+
+    @property
+    def reread_fraction_varlen(self) -> dict[int, float]:
+        """Block size -> re-read cost in the variable-length kernel (empty without rows)."""
+        return dict(self._reread_varlen)
+
     def _decode_graph(self, n: int) -> bool:
         return bool(self._graph_sizes) and n <= self._graph_sizes[-1]
 
@@ -355,7 +413,7 @@ class CalibratedCostModel:
             padded = self.padded_tokens(b.total_tokens)
             graph = padded is not None
             other = self._other_for(graph, padded if graph else b.total_tokens)
-            launch = shape_launch(self._varlen_kernel, b, padded)
+            launch = self._varlen_launch(b, padded)
             attention = sum(w * fit(launch, graph)
                             for w, fit in blend_weights(self._varlen, b.block_size))
             return other + attention, other
@@ -370,7 +428,7 @@ class CalibratedCostModel:
         parts = 0
         if n:
             c = b.decode_context_sum / b.num_decode_seqs
-            unique = b.decode_unique_context_tokens
+            unique = b.unique_context_tokens
             if unique is not None and unique < b.decode_context_sum and self._reread:
                 frac = sum(w * f for w, f in blend_weights(self._reread, b.block_size))
                 c = (unique + frac * (b.decode_context_sum - unique)) / b.num_decode_seqs

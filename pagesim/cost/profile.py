@@ -17,6 +17,10 @@ On disk, `calibration/<gpu>/<model>/` holds
                    tokens (the same blocks): block_size, batch_size, context_len, shared_len,
                    step_time_ms, ... (as decode), reference_step_time_ms (the same step over
                    distinct blocks, same session)
+    varlen_shared.csv  (optional) steps through the variable-length kernel whose decodes and
+                   prefill entries share a cached prefix: block_size, num_decodes,
+                   decode_context_len, num_entries, num_new_tokens, shared_len,
+                   step_time_ms, ... (as decode), reference_step_time_ms
     overhead.csv   (optional) num_reqs, overhead_ms, overhead_p10_ms, overhead_p90_ms
     allreduce.csv  (optional) tp, message_bytes, time_us, time_p10_us, time_p90_us: one sum
                    all-reduce of `message_bytes` over `tp` GPUs (median and spread)
@@ -153,6 +157,27 @@ class DecodeSharedRow:
 
 
 @dataclass(frozen=True)
+class VarlenSharedRow:
+    """A step through the variable-length kernel whose sequences all start with the same
+    `shared_len` cached tokens: `num_decodes` decodes over `decode_context_len` tokens and
+    `num_entries` prefill entries of `num_new_tokens` over the shared prefix (a burst of
+    system-prompt requests joining a running batch that shares the prompt)."""
+
+    block_size: int
+    num_decodes: int
+    decode_context_len: int  # per decode, the shared tokens included
+    num_entries: int
+    num_new_tokens: int  # per prefill entry, over `shared_len` cached tokens
+    shared_len: int
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+    reference_step_time_ms: float  # the same step over distinct blocks, same session
+
+
+@dataclass(frozen=True)
 class OverheadRow:
     num_reqs: int
     overhead_ms: float
@@ -174,9 +199,9 @@ TABLES: dict[str, tuple[type, bool]] = {
     "decode": (DecodeRow, True), "prefill": (PrefillRow, True),
     "mixed": (MixedRow, False), "multi_prefill": (MultiPrefillRow, False),
     "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False),
-    "decode_shared": (DecodeSharedRow, False)}
+    "decode_shared": (DecodeSharedRow, False), "varlen_shared": (VarlenSharedRow, False)}
 _KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "multi_prefill": 4, "overhead": 1,
-                "allreduce": 2, "decode_shared": 4}  # leading int columns
+                "allreduce": 2, "decode_shared": 4, "varlen_shared": 6}  # leading int columns
 
 
 @dataclass(frozen=True)
@@ -325,6 +350,7 @@ class Profile:
     allreduce: tuple[AllReduceRow, ...] = ()
     multi_prefill: tuple[MultiPrefillRow, ...] = ()
     decode_shared: tuple[DecodeSharedRow, ...] = ()
+    varlen_shared: tuple[VarlenSharedRow, ...] = ()
 
     def __post_init__(self) -> None:
         for name, (row_cls, required) in TABLES.items():
@@ -443,7 +469,8 @@ def _check_rows(table: str, row_cls: type, rows: tuple) -> None:
             raise ProfileError(f"{table}.csv row {i + 1}: expected {row_cls.__name__}")
         key = tuple(getattr(r, n) for n in names[:n_keys])
         for n, v in zip(names[:n_keys], key, strict=True):
-            low = 0 if n == "num_cached_tokens" else 1  # a decode context is never empty
+            # a decode context is never empty; a shared-prefix step may have no decodes
+            low = 0 if n in ("num_cached_tokens", "num_decodes", "decode_context_len") else 1
             if not isinstance(v, int) or v < low:
                 raise ProfileError(f"{table}.csv row {i + 1}: {n}={v!r} must be an "
                                    f"integer >= {low}")

@@ -19,6 +19,11 @@ a whole query block over its context. Per KV head, entry i (q new tokens over c 
              sequences, so most of its programs are surplus
     alpha    per mode (a graph replay or an eager launch from Python), seconds
 
+Shared prefixes: when the step's sequences hold fewer distinct tokens U than their cached
+contexts add up to (C), a fraction (C - U) / C of the context reads are of blocks another
+sequence reads too; they cost `reread` of a first read (`Launch.reread`), a fraction fitted on
+calibration rows with shared prefixes against their unshared references.
+
 Why this and not one measured residual per prefill entry summed over the entries: the per-entry
 sum counts the launch and the under-filled GPU of a lone entry once per entry (16 alike entries
 of 512 tokens: +31 % on the H200), and it cannot see that a decode row costs a whole query
@@ -55,16 +60,26 @@ class VarlenKernel:
 @dataclass(frozen=True, slots=True)
 class Launch:
     """One step's launch, per KV head: work W, critical path L (tile iterations), programs
-    with rows, and programs launched."""
+    with rows, and programs launched; `context_work` is the part of W spent reading cached
+    context (decodes' contexts, prefill entries' cached prefixes), the part that shared
+    prefix blocks make cheaper."""
 
     work: float
     longest: float
     used: int
     launched: int
+    context_work: float = 0.0
 
     @property
     def surplus(self) -> int:
         return max(self.launched - self.used, 0)
+
+    def reread(self, duplicate_fraction: float, reread_cost: float) -> Launch:
+        """This launch when `duplicate_fraction` of its cached-context reads are of blocks
+        another sequence of the step reads too, each costing `reread_cost` of a first read."""
+        saved = (1.0 - reread_cost) * duplicate_fraction * self.context_work
+        return Launch(self.work - saved, self.longest, self.used, self.launched,
+                      self.context_work - saved)
 
 
 def launch_of(kernel: VarlenKernel, entries: list[tuple[int, int]], decode_context_sum: int,
@@ -74,6 +89,7 @@ def launch_of(kernel: VarlenKernel, entries: list[tuple[int, int]], decode_conte
     the given context sum and maximum; `padded_tokens` is the graph's size (None: eager)."""
     bq, tile = kernel.block_q, float(kernel.tile_n)
     work = (decode_context_sum + num_decodes) / tile + num_decodes * PROGRAM_OVERHEAD_TILES
+    context_work = decode_context_sum / tile
     longest = (decode_context_max + 1) / tile + PROGRAM_OVERHEAD_TILES if num_decodes else 0.0
     used = num_decodes
     tokens = num_decodes
@@ -81,6 +97,7 @@ def launch_of(kernel: VarlenKernel, entries: list[tuple[int, int]], decode_conte
         nb = -(-q // bq)
         keys = nb * c + bq * (nb - 1) * nb / 2 + q
         work += keys / tile + nb * PROGRAM_OVERHEAD_TILES
+        context_work += nb * c / tile
         longest = max(longest, (c + q) / tile + PROGRAM_OVERHEAD_TILES)
         used += nb
         tokens += q
@@ -89,7 +106,7 @@ def launch_of(kernel: VarlenKernel, entries: list[tuple[int, int]], decode_conte
         launched = tokens // bq + seqs
     else:
         launched = padded_tokens // bq + min(padded_tokens, kernel.max_graph_seqs)
-    return Launch(work, longest, used, launched)
+    return Launch(work, longest, used, launched, context_work)
 
 
 def shape_launch(kernel: VarlenKernel, b: BatchShape, padded_tokens: int | None) -> Launch:

@@ -47,6 +47,7 @@ from pagesim.cost.profile import (
     MultiPrefillRow,
     OverheadRow,
     PrefillRow,
+    VarlenSharedRow,
 )
 from pagesim.request import Request
 from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
@@ -75,6 +76,11 @@ class CalibrationGrid:
     # (decode batch, context per sequence, shared prefix tokens: a multiple of 128)
     decode_shared: tuple[tuple[int, int, int], ...] = tuple(
         (b, c, s) for b in (16, 64, 256) for c in (1024, 2048) for s in (c // 2, c - c // 8))
+    # (decodes, decode context, prefill entries, new tokens each, shared prefix tokens): the
+    # variable-length kernel over a shared prefix (a multiple of 128)
+    varlen_shared: tuple[tuple[int, int, int, int, int], ...] = (
+        (0, 0, 4, 128, 1024), (0, 0, 16, 32, 1024), (32, 1280, 1, 256, 1024),
+        (128, 1280, 1, 128, 1024), (64, 2304, 2, 128, 2048))
     # Block sizes that get the full grid; the others get decode rows only (the block size
     # changes the attention kernels, which the decode rows measure; `other` is shared).
     full_block_sizes: tuple[int, ...] = (16, 32)
@@ -94,7 +100,10 @@ class CalibrationGrid:
                 "multi_prefill_cached": sorted({c for _, _, c in self.multi_prefill}),
                 "decode_shared_batches": sorted({b for b, _, _ in self.decode_shared}),
                 "decode_shared_contexts": sorted({c for _, c, _ in self.decode_shared}),
-                "decode_shared_prefixes": sorted({s for _, _, s in self.decode_shared})}
+                "decode_shared_prefixes": sorted({s for _, _, s in self.decode_shared}),
+                "varlen_shared_decodes": sorted({v[0] for v in self.varlen_shared}),
+                "varlen_shared_entries": sorted({v[2] for v in self.varlen_shared}),
+                "varlen_shared_prefixes": sorted({v[4] for v in self.varlen_shared})}
 
 
 class CalibrationRows(NamedTuple):
@@ -105,6 +114,7 @@ class CalibrationRows(NamedTuple):
     mixed: list[MixedRow]
     multi_prefill: list[MultiPrefillRow]
     decode_shared: list[DecodeSharedRow]
+    varlen_shared: list[VarlenSharedRow]
 
 
 @dataclass
@@ -284,9 +294,18 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                 if (b, c) not in plain:  # its reference: the same step over distinct blocks
                     plain.add((b, c))
                     entries.append(("reference", (b, c), [(c, 1)] * b, ("decode", b)))
+        for d, dc, k, n, sh in grid.varlen_shared:
+            spec = [(dc, 1)] * d + [(sh, n)] * k
+            if (d + k <= max_num_seqs and d + k * n <= max_num_batched_tokens
+                    and max(dc + 1, sh + n) <= max_model_len and sh % block_size == 0
+                    and (not d or sh <= dc)):
+                key = (d, dc, k, n, sh)
+                entries.append(("vshared", key, spec, ("vshared", d, k, n)))
+                entries.append(("vreference", key, spec, ("vshared", d, k, n)))
     points = []  # (kind, key, out, other key); a point whose blocks do not fit is dropped
     for kind, key, spec, other in entries:
-        out = synthetic_step(spec, block_size, blocks, shared=key[2] if kind == "shared" else 0)
+        shared = {"shared": key[-1], "vshared": key[-1]}.get(kind, 0)
+        out = synthetic_step(spec, block_size, blocks, shared=shared)
         if out is not None:
             points.append((kind, key, out, other))
     other_index: dict[tuple, int] = {}
@@ -315,12 +334,20 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
     shared_rows: list[DecodeSharedRow] = []
     plain_ms = {key: timings[i].median * 1e3 for i, (kind, key, _, _) in enumerate(points)
                 if kind in ("decode", "reference")}
+    vref_ms = {key: timings[i].median * 1e3 for i, (kind, key, _, _) in enumerate(points)
+               if kind == "vreference"}
+    varlen_rows: list[VarlenSharedRow] = []
     for i, (kind, key, _, other) in enumerate(points):
         t = timings[i]
-        if kind == "reference":
+        if kind in ("reference", "vreference"):
             continue
         o = timings[other_index[other]].median
         split = (max(0.0, t.median - o) * 1e3, min(o, t.median) * 1e3)
+        if kind == "vshared":
+            if key in vref_ms:
+                varlen_rows.append(VarlenSharedRow(block_size, *key, *_ms(t), *split,
+                                                   vref_ms[key]))
+            continue
         if kind == "decode":
             decode_rows.append(DecodeRow(block_size, *key, *_ms(t), *split))
         elif kind == "prefill":
@@ -332,7 +359,8 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         elif key[:2] in plain_ms:
             shared_rows.append(DecodeSharedRow(block_size, *key, *_ms(t), *split,
                                                plain_ms[key[:2]]))
-    return CalibrationRows(decode_rows, prefill_rows, mixed_rows, multi_rows, shared_rows)
+    return CalibrationRows(decode_rows, prefill_rows, mixed_rows, multi_rows, shared_rows,
+                           varlen_rows)
 
 
 def _ms(t: Timing) -> tuple[float, float, float]:

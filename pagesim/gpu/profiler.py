@@ -133,7 +133,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         model = RandomWeightDecoder(config.model_spec, dtype, dev, order[0], seed)
         capacity = override_capacity(config, tuple(order))
     log(capacity.report())
-    decode, prefill, mixed, multi, shared = [], [], [], [], []
+    decode, prefill, mixed, multi, shared, vshared = [], [], [], [], [], []
     for bs in order:
         if bs not in grid.block_sizes:
             continue
@@ -155,9 +155,11 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         mixed += m
         multi += k
         shared += rows.decode_shared
+        vshared += rows.varlen_shared
         graphs = runner.graphs
         log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed, "
-            f"{len(k)} multi-prefill, {len(rows.decode_shared)} shared-prefix decode rows, "
+            f"{len(k)} multi-prefill, {len(rows.decode_shared)} + {len(rows.varlen_shared)} "
+            "shared-prefix rows, "
             f"{time.monotonic() - t_start:.0f} s so far"
             + ("" if graphs is None else f"; {len(graphs.graphs)} CUDA graphs captured in "
                f"{graphs.capture_s_total:.1f} s" + (f" (FAILED: {graphs.failed})"
@@ -192,7 +194,8 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
                + ", ".join(f"bs{b}: {capacity.error_pct(b):+.2f}"
                            for b in sorted(capacity.num_gpu_blocks))))
     profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead),
-                      multi_prefill=tuple(multi), decode_shared=tuple(shared))
+                      multi_prefill=tuple(multi), decode_shared=tuple(shared),
+                      varlen_shared=tuple(vshared))
     directory = None
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))

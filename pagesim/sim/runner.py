@@ -18,7 +18,7 @@ class CostModelRunner:
     `kv_blocks_in_use` (optional) returns the KV blocks that requests hold now: a step's
     sequences read at most that many distinct blocks, fewer than their contexts add up to
     when they share cached prefix blocks. It is given only to cost models that price such
-    re-reads (`shared_blocks_counter`); the shapes then carry `decode_unique_context_tokens`.
+    re-reads (`shared_blocks_counter`); the shapes then carry `unique_context_tokens`.
     """
 
     def __init__(self, cost_model: CostModel, vocab_size: int = 32000,
@@ -28,8 +28,8 @@ class CostModelRunner:
         self.kv_blocks_in_use = kv_blocks_in_use
 
     def _priced(self, shape: BatchShape) -> float:
-        if self.kv_blocks_in_use is not None and shape.num_decode_seqs:
-            shape.decode_unique_context_tokens = self.kv_blocks_in_use() * shape.block_size
+        if self.kv_blocks_in_use is not None:
+            shape.unique_context_tokens = self.kv_blocks_in_use() * shape.block_size
         return self.cost_model.step_time(shape)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -44,8 +44,8 @@ def test_reread_fraction_is_recovered(shared_model, clean_profile) -> None:
 def test_shared_blocks_make_a_decode_step_cheaper(shared_model) -> None:
     n, ctx = 64, 1500
     alone = BatchShape.decode(n, ctx, 16)
-    shared = dataclasses.replace(alone, decode_unique_context_tokens=1000 + n * 500)
-    unique = dataclasses.replace(alone, decode_unique_context_tokens=n * ctx)
+    shared = dataclasses.replace(alone, unique_context_tokens=1000 + n * 500)
+    unique = dataclasses.replace(alone, unique_context_tokens=n * ctx)
     assert shared_model.step_time(unique) == shared_model.step_time(alone)
     assert shared_model.step_time(shared) < shared_model.step_time(alone)
     frac = shared_model.reread_fraction[16]
@@ -57,5 +57,5 @@ def test_shared_blocks_make_a_decode_step_cheaper(shared_model) -> None:
 def test_profiles_without_shared_rows_ignore_the_unique_count(clean_profile) -> None:
     model = CalibratedCostModel(clean_profile)
     alone = BatchShape.decode(64, 1500, 16)
-    shared = dataclasses.replace(alone, decode_unique_context_tokens=1000)
+    shared = dataclasses.replace(alone, unique_context_tokens=1000)
     assert model.step_time(shared) == model.step_time(alone)

@@ -149,3 +149,35 @@ def test_fit_report_holds_out_multi_prefill_rows(clean_profile) -> None:
     rows = {r.table: r for r in report.rows}
     assert rows["multi_prefill"].num_holdout == 2 and rows["multi_prefill"].num_fit == 2
     assert rows["multi_prefill"].mape_pct < 1.0  # the law is exact: held-out rows follow it
+
+
+def test_varlen_reread_fraction_is_recovered_and_applied(clean_profile) -> None:
+    from pagesim.cost.profile import VarlenSharedRow
+
+    # a GPU that runs one program at a time: every step bound by its work, not a program
+    truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, CONCURRENCY_GRID[0], 0.0)
+    base_profile = _with_varlen(clean_profile, truth)
+    base = CalibratedCostModel(base_profile)
+    reread = 0.6
+    rows = []
+    for d, dc, k, n, sh in [(0, 0, 4, 128, 1024), (0, 0, 16, 32, 1024), (32, 1280, 1, 256, 1024),
+                            (64, 2304, 2, 128, 2048)]:
+        shape = BatchShape(16, d + k * n, d, d * dc, [dc] * d, [n] * k, [sh] * k,
+                           unique_context_tokens=sh + d * (dc - sh))
+        plain = dataclasses.replace(shape, unique_context_tokens=None)
+        ref = base.step_time(plain) * 1e3
+        padded = base.padded_tokens(shape.total_tokens)
+        other = base.step_time_breakdown(plain)["other"]
+        launch = base._varlen_launch(shape, padded, reread)
+        t = (other + base.varlen_fits[16](launch, padded is not None)) * 1e3
+        assert t < ref  # sharing saves reads
+        rows.append(VarlenSharedRow(16, d, dc, k, n, sh, 1.1 * t, t, t, 0.0, 0.0, 1.1 * ref))
+    model = CalibratedCostModel(Profile(base_profile.metadata, base_profile.decode,
+                                        base_profile.prefill, (), (), (),
+                                        base_profile.multi_prefill, varlen_shared=tuple(rows)))
+    assert model.reread_fraction_varlen == {16: pytest.approx(reread, abs=0.011)}
+    assert base.reread_fraction_varlen == {}
+    shared = BatchShape(16, 32 + 256, 32, 32 * 1280, [1280] * 32, [256], [1024],
+                        unique_context_tokens=1024 + 32 * 256)
+    assert model.step_time(shared) < model.step_time(
+        dataclasses.replace(shared, unique_context_tokens=None))

@@ -39,7 +39,7 @@ def test_decode_shapes_carry_the_held_blocks_as_unique_tokens() -> None:
     cost = _Recorder()
     runner = CostModelRunner(cost, kv_blocks_in_use=lambda: 5)
     runner.lead_decode_step_time(16, 3, 3000, [1000, 1000, 1000])
-    assert cost.shapes[-1].decode_unique_context_tokens == 5 * 16
+    assert cost.shapes[-1].unique_context_tokens == 5 * 16
     plain = CostModelRunner(cost)
     plain.lead_decode_step_time(16, 3, 3000, [1000, 1000, 1000])
-    assert cost.shapes[-1].decode_unique_context_tokens is None
+    assert cost.shapes[-1].unique_context_tokens is None
