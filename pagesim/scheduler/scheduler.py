@@ -350,7 +350,12 @@ class Scheduler:
             kv.free(request)
             del self.requests[request.request_id]
             self._finished_ids.append(request.request_id)
-        self.running = [r for r in self.running if r.status == _RUNNING]
+        running = self.running
+        if len(requests) == 1:  # the common case: one list copy without it, no status reads
+            i = running.index(requests[0])
+            self.running = running[:i] + running[i + 1:]
+        else:
+            self.running = [r for r in running if r.status == _RUNNING]
         self.stats.num_finished += len(requests)
 
     def update_from_output(self, scheduler_output: SchedulerOutput,

@@ -44,6 +44,7 @@ sum(span - min(span, final)) over the lazy requests (`KVProbe.with_lead_sums`): 
 from __future__ import annotations
 
 import struct
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -195,8 +196,14 @@ class DecodeFastPath:
                 lazy.done = True
                 self._forget(lazy)
                 finished.append(request)
-            self.lazies = [lazy for lazy in self.lazies if not lazy.done]
-            self.offsets = [lazy.offset for lazy in self.lazies]
+            lazies = self.lazies
+            i = bisect_left(lazies, done[0].seq, key=_by_seq) if len(done) == 1 else -1
+            if i >= 0 and lazies[i] is done[0]:  # the common case: one finishes
+                self.lazies = lazies[:i] + lazies[i + 1:]
+                self.offsets = self.offsets[:i] + self.offsets[i + 1:]
+            else:
+                self.lazies = [lazy for lazy in lazies if not lazy.done]
+                self.offsets = [lazy.offset for lazy in self.lazies]
             self.finishing = []
         self.tick = g + 1
         self.last_tick_time = now
