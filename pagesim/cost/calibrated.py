@@ -88,14 +88,15 @@ from bisect import bisect_left
 from collections import defaultdict
 from statistics import median
 
+from pagesim.cost.allreduce_pricing import allreduce_pricer
 from pagesim.cost.analytical import (
     AnalyticalConstants,
-    AnalyticalCostModel,
     kv_dtype_bytes,
-    num_allreduces_per_step,
 )
 from pagesim.cost.base import BatchShape
 from pagesim.cost.profile import DecodeRow, Profile
+from pagesim.cost.profile_rows import multi_part_shape, row_batch, row_shapes
+from pagesim.cost.reread import fit_decode_reread, fit_varlen_reread
 from pagesim.cost.surface import Pwl, Surface, blend_weights
 from pagesim.cost.varlen import VarlenKernel, fit_varlen, shape_launch
 from pagesim.errors import ConfigError
@@ -131,11 +132,11 @@ class CalibratedCostModel:
             raise ConfigError(f"tensor_parallel_size={tensor_parallel_size}: the profile was "
                               f"measured at tensor_parallel_size={meta.tensor_parallel_size}")
         self.profile = profile
-        self._allreduce, self.allreduce_source = _allreduce_pricer(profile, model, gpu)
+        self._allreduce, self.allreduce_source = allreduce_pricer(profile, model, gpu)
         self._allreduce_added = not meta.allreduce_in_step_times
         self._graph_sizes = tuple(meta.cuda_graph_sizes)
         self._token_sizes = tuple(meta.cuda_graph_token_sizes)
-        rows = _row_shapes(profile)
+        rows = row_shapes(profile)
         other: dict[bool, dict[float, list[float]]] = {True: defaultdict(list),
                                                        False: defaultdict(list)}
         for _, tokens, row in rows:
@@ -172,7 +173,7 @@ class CalibratedCostModel:
         self._varlen: dict = {}
         excess: dict[bool, list[float]] = {True: [], False: []}
         for kind, tokens, r in rows:
-            shape = _multi_part_shape(kind, r)
+            shape = multi_part_shape(kind, r)
             if shape is not None:
                 parts = len(shape.prefill_new_tokens) + (shape.num_decode_seqs > 0)
                 total = self._parts(shape)[0]
@@ -185,8 +186,8 @@ class CalibratedCostModel:
         self.shared_s = self._shared[False]  # eager steps' (and every step's without graphs)
         self.shared_graph_s = self._shared[True]  # mixed-graph steps'
         self._varlen_kernel, self._varlen = self._fit_varlen(rows)
-        self._reread = self._fit_reread(profile)
-        self._reread_varlen = self._fit_reread_varlen(profile)
+        self._reread = fit_decode_reread(self, profile)
+        self._reread_varlen = fit_varlen_reread(self, profile)
         self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
                       if profile.overhead else None)
         self._swap_s_per_byte = self._copy_s_per_token = None
@@ -279,7 +280,7 @@ class CalibratedCostModel:
         kernel = VarlenKernel(meta.varlen_block_q, meta.varlen_tile_n, cap)
         per_bs: dict[int, list] = defaultdict(list)
         for kind, tokens, r in rows:
-            shape = _row_batch(kind, r)
+            shape = row_batch(kind, r)
             if shape is None:
                 continue
             padded = self.padded_tokens(tokens)
@@ -289,42 +290,6 @@ class CalibratedCostModel:
                                          padded is not None, step - other, step))
         fits = {bs: f for bs, v in sorted(per_bs.items()) if (f := fit_varlen(v)) is not None}
         return (kernel, fits) if fits else (None, {})
-
-    def _fit_reread(self, profile: Profile) -> dict[int, float]:
-        """Block size -> the cost of a shared block read again by another sequence of the
-        same decode step, as a fraction of a first read (decode_shared.csv).
-
-        A decode step reads every sequence's context; a prefix that several sequences share is
-        the same blocks, and after the first sequence reads them they sit in the GPU's L2
-        cache. The step is priced as if each sequence had the mean *effective* context
-        (unique tokens + r * re-read tokens) / sequences; r is the value in [0, 1] (steps of
-        0.01) that best reproduces each row's ratio of its shared time to its reference time
-        (the same step over distinct blocks, timed in the same session), so rows measured in
-        another session of the same model and GPU fit as well as this profile's own.
-        """
-        by_bs: dict[int, list] = defaultdict(list)
-        for r in profile.decode_shared:
-            if r.block_size in self._decode:
-                by_bs[r.block_size].append(r)
-        out: dict[int, float] = {}
-        for bs, rs in sorted(by_bs.items()):
-            surface = self._decode[bs]
-            best = None
-            for k in range(101):
-                frac = k / 100
-                err = 0.0
-                for r in rs:
-                    b, c, s = r.batch_size, r.context_len, r.shared_len
-                    unique = s + b * (c - s)
-                    ceff = (unique + frac * (b * c - unique)) / b
-                    p = self._padded_decode(b)
-                    other = self._other_for(self._decode_graph(b), p)
-                    ratio = (other + surface(p, ceff)) / (other + surface(p, c))
-                    err += (ratio - r.step_time_ms / r.reference_step_time_ms) ** 2
-                if best is None or err < best[0]:
-                    best = (err, frac)
-            out[bs] = best[1]
-        return out
 
     def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
         """The step's launch, its shared-prefix re-reads discounted (`reread`: the fraction
@@ -341,42 +306,6 @@ class CalibratedCostModel:
         if unique >= context or context == 0:
             return launch
         return launch.reread((context - unique) / context, reread)
-
-    def _fit_reread_varlen(self, profile: Profile) -> dict[int, float]:
-        """Block size -> re-read cost in the variable-length kernel (varlen_shared.csv), the
-        fraction in [0, 1] (steps of 0.01) that best reproduces each row's ratio to its
-        unshared reference, as `_fit_reread` does for decode steps."""
-        if not self._varlen:
-            return {}
-        by_bs: dict[int, list] = defaultdict(list)
-        for r in profile.varlen_shared:
-            if r.block_size in self._varlen:
-                by_bs[r.block_size].append(r)
-        out: dict[int, float] = {}
-        for bs, rs in sorted(by_bs.items()):
-            fit = self._varlen[bs]
-            cases = []
-            for r in rs:
-                d, dc, k, n, sh = (r.num_decodes, r.decode_context_len, r.num_entries,
-                                   r.num_new_tokens, r.shared_len)
-                shape = BatchShape(bs, d + k * n, d, d * dc, [dc] * d, [n] * k, [sh] * k,
-                                   unique_context_tokens=sh + d * (dc - sh))
-                padded = self.padded_tokens(shape.total_tokens)
-                other = self._other_for(padded is not None, padded or shape.total_tokens)
-                plain = other + fit(shape_launch(self._varlen_kernel, shape, padded),
-                                    padded is not None)
-                cases.append((shape, padded, other, plain,
-                              r.step_time_ms / r.reference_step_time_ms))
-            best = None
-            for j in range(101):
-                frac = j / 100
-                err = sum(((other + fit(self._varlen_launch(shape, padded, frac),
-                                        padded is not None)) / plain - ratio) ** 2
-                          for shape, padded, other, plain, ratio in cases)
-                if best is None or err < best[0]:
-                    best = (err, frac)
-            out[bs] = best[1]
-        return out
 
     @property
     def reread_fraction_varlen(self) -> dict[int, float]:
@@ -442,61 +371,3 @@ class CalibratedCostModel:
         if parts > 1:
             total -= (parts - 1) * self._shared[graph]
         return total, other
-
-
-def _row_shapes(profile: Profile) -> list[tuple[str, int, object]]:
-    """(kind, tokens of the step, row) for every step row of the profile."""
-    rows: list[tuple[str, int, object]] = []
-    rows += [("decode", r.batch_size, r) for r in profile.decode]
-    rows += [("prefill", r.num_new_tokens, r) for r in profile.prefill]
-    rows += [("mixed", r.num_new_tokens + r.decode_batch_size, r) for r in profile.mixed]
-    rows += [("multi", r.num_entries * r.num_new_tokens, r) for r in profile.multi_prefill]
-    return rows
-
-
-def _row_batch(kind: str, r) -> BatchShape | None:
-    """The batch of a row that ran the variable-length kernel, else None (decode rows)."""
-    if kind == "prefill":
-        return BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size)
-    if kind == "multi" and r.num_entries == 1:
-        return BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size)
-    return _multi_part_shape(kind, r)
-
-
-def _multi_part_shape(kind: str, r) -> BatchShape | None:
-    """The batch of a row with several parts (a mixed or multi-prefill row), else None."""
-    if kind == "mixed":
-        return BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens, r.decode_batch_size,
-                                r.decode_context_len, r.block_size)
-    if kind == "multi" and r.num_entries > 1:
-        k = r.num_entries
-        return BatchShape(r.block_size, k * r.num_new_tokens,
-                          prefill_new_tokens=[r.num_new_tokens] * k,
-                          prefill_context_tokens=[r.num_cached_tokens] * k)
-    return None
-
-
-def _allreduce_pricer(profile: Profile, model: ModelSpec | None, gpu: GPUSpec | None):
-    """(tokens -> seconds of a step's all-reduces, its source), or (None, None) when there is
-    nothing to price (TP 1) or nothing to price it with. Raises when a shard-only profile
-    (`allreduce_in_step_times` false) cannot be priced: its steps would miss their
-    communication."""
-    meta = profile.metadata
-    tp = meta.tensor_parallel_size
-    if tp == 1:
-        return None, None
-    rows = [r for r in profile.allreduce if r.tp == tp]
-    if model is not None and rows:
-        table = Pwl({r.message_bytes: [r.time_us * US] for r in rows})
-        count = num_allreduces_per_step(model, tp)
-        per_token = model.hidden_size * model.dtype_bytes
-        return (lambda tokens: count * table(tokens * per_token)), "allreduce.csv"
-    if model is not None and gpu is not None:
-        analytical = AnalyticalCostModel(model, gpu, tensor_parallel_size=tp,
-                                         kv_cache_dtype=meta.kv_cache_dtype)
-        return analytical.allreduce_time, "analytical"
-    if not meta.allreduce_in_step_times:
-        raise ConfigError(f"tensor_parallel_size={tp}: the profile timed one rank's shard "
-                          "without communication; pass model= (with an allreduce.csv for "
-                          f"tp {tp}, or gpu= for the analytical all-reduce term)")
-    return None, None

@@ -71,7 +71,24 @@ from pathlib import Path
 from typing import Any
 
 from pagesim.config import KV_CACHE_DTYPES
+from pagesim.cost.profile_rows import (
+    KEY_COLUMNS,
+    TABLES,
+    AllReduceRow,
+    DecodeRow,
+    DecodeSharedRow,
+    MixedRow,
+    MultiPrefillRow,
+    OverheadRow,
+    PrefillRow,
+    VarlenSharedRow,
+)
 from pagesim.errors import ConfigError
+
+__all__ = ["PROFILE_FORMAT_VERSION", "SUPPORTED_FORMAT_VERSIONS", "TABLES", "AllReduceRow",
+           "DecodeRow", "DecodeSharedRow", "MixedRow", "MultiPrefillRow", "OverheadRow",
+           "PrefillRow", "Profile", "ProfileError", "ProfileMetadata", "VarlenSharedRow",
+           "profile_dir"]
 
 PROFILE_FORMAT_VERSION = 4
 SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3, 4)  # what `Profile.load` reads
@@ -80,128 +97,6 @@ PROFILE_JSON = "profile.json"
 
 class ProfileError(ConfigError):
     """A calibration profile that is missing, malformed or of an unsupported version."""
-
-
-@dataclass(frozen=True)
-class DecodeRow:
-    block_size: int
-    batch_size: int
-    context_len: int  # cached tokens per sequence before the step
-    step_time_ms: float  # median
-    step_time_p10_ms: float
-    step_time_p90_ms: float
-    attention_ms: float
-    other_ms: float
-
-
-@dataclass(frozen=True)
-class PrefillRow:
-    block_size: int
-    num_new_tokens: int
-    num_cached_tokens: int  # prefix already in the KV cache
-    step_time_ms: float
-    step_time_p10_ms: float
-    step_time_p90_ms: float
-    attention_ms: float
-    other_ms: float
-
-
-@dataclass(frozen=True)
-class MixedRow:
-    block_size: int
-    num_new_tokens: int  # the prefill chunk
-    num_cached_tokens: int  # the chunk's cached prefix
-    decode_batch_size: int
-    decode_context_len: int
-    step_time_ms: float
-    step_time_p10_ms: float
-    step_time_p90_ms: float
-    attention_ms: float
-    other_ms: float
-
-
-@dataclass(frozen=True)
-class MultiPrefillRow:
-    """`num_entries` prefill entries of `num_new_tokens` new tokens over `num_cached_tokens`
-    cached ones each, in one step (what a burst of arrivals with a shared cached prefix makes)."""
-
-    block_size: int
-    num_entries: int
-    num_new_tokens: int  # per entry
-    num_cached_tokens: int  # per entry
-    step_time_ms: float
-    step_time_p10_ms: float
-    step_time_p90_ms: float
-    attention_ms: float
-    other_ms: float
-
-
-@dataclass(frozen=True)
-class DecodeSharedRow:
-    """A decode batch whose sequences all start with the same `shared_len` cached tokens (the
-    same blocks): what a cached system prompt makes the decode kernel read `batch_size` times."""
-
-    block_size: int
-    batch_size: int
-    context_len: int  # cached tokens per sequence before the step, the shared ones included
-    shared_len: int  # leading tokens every sequence shares (whole blocks)
-    step_time_ms: float
-    step_time_p10_ms: float
-    step_time_p90_ms: float
-    attention_ms: float
-    other_ms: float
-    # the same batch and contexts over distinct blocks, timed in the same session: the ratio
-    # of the two is what the re-read cost is fitted on, so the row holds for any profile of
-    # this model and GPU
-    reference_step_time_ms: float
-
-
-@dataclass(frozen=True)
-class VarlenSharedRow:
-    """A step through the variable-length kernel whose sequences all start with the same
-    `shared_len` cached tokens: `num_decodes` decodes over `decode_context_len` tokens and
-    `num_entries` prefill entries of `num_new_tokens` over the shared prefix (a burst of
-    system-prompt requests joining a running batch that shares the prompt)."""
-
-    block_size: int
-    num_decodes: int
-    decode_context_len: int  # per decode, the shared tokens included
-    num_entries: int
-    num_new_tokens: int  # per prefill entry, over `shared_len` cached tokens
-    shared_len: int
-    step_time_ms: float
-    step_time_p10_ms: float
-    step_time_p90_ms: float
-    attention_ms: float
-    other_ms: float
-    reference_step_time_ms: float  # the same step over distinct blocks, same session
-
-
-@dataclass(frozen=True)
-class OverheadRow:
-    num_reqs: int
-    overhead_ms: float
-    overhead_p10_ms: float
-    overhead_p90_ms: float
-
-
-@dataclass(frozen=True)
-class AllReduceRow:
-    tp: int  # GPUs in the all-reduce
-    message_bytes: int  # bytes of the reduced tensor on each GPU
-    time_us: float  # median
-    time_p10_us: float
-    time_p90_us: float
-
-
-# table name -> (row class, required?)
-TABLES: dict[str, tuple[type, bool]] = {
-    "decode": (DecodeRow, True), "prefill": (PrefillRow, True),
-    "mixed": (MixedRow, False), "multi_prefill": (MultiPrefillRow, False),
-    "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False),
-    "decode_shared": (DecodeSharedRow, False), "varlen_shared": (VarlenSharedRow, False)}
-_KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "multi_prefill": 4, "overhead": 1,
-                "allreduce": 2, "decode_shared": 4, "varlen_shared": 6}  # leading int columns
 
 
 @dataclass(frozen=True)
@@ -462,7 +357,7 @@ def _parse(path: Path, line_no: int, name: str, kind: type, text: str) -> int | 
 def _check_rows(table: str, row_cls: type, rows: tuple) -> None:
     """Sizes >= 1 (contexts >= 0), times >= 0, no duplicate grid point."""
     names = [f.name for f in fields(row_cls)]
-    n_keys = _KEY_COLUMNS[table]
+    n_keys = KEY_COLUMNS[table]
     seen: set[tuple] = set()
     for i, r in enumerate(rows):
         if not isinstance(r, row_cls):

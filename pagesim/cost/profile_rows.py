@@ -1,0 +1,166 @@
+"""The row types of a calibration profile's tables, one dataclass per CSV file.
+
+Column order on disk is field order; the leading integer columns of each table are its grid
+point (`KEY_COLUMNS`), the rest are times in ms (`pagesim.cost.profile` reads, writes and
+checks them). See `pagesim.cost.profile` for what each table means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagesim.cost.base import BatchShape
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    block_size: int
+    batch_size: int
+    context_len: int  # cached tokens per sequence before the step
+    step_time_ms: float  # median
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
+class PrefillRow:
+    block_size: int
+    num_new_tokens: int
+    num_cached_tokens: int  # prefix already in the KV cache
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
+class MixedRow:
+    block_size: int
+    num_new_tokens: int  # the prefill chunk
+    num_cached_tokens: int  # the chunk's cached prefix
+    decode_batch_size: int
+    decode_context_len: int
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
+class MultiPrefillRow:
+    """`num_entries` prefill entries of `num_new_tokens` new tokens over `num_cached_tokens`
+    cached ones each, in one step (what a burst of arrivals with a shared cached prefix makes)."""
+
+    block_size: int
+    num_entries: int
+    num_new_tokens: int  # per entry
+    num_cached_tokens: int  # per entry
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+
+
+@dataclass(frozen=True)
+class DecodeSharedRow:
+    """A decode batch whose sequences all start with the same `shared_len` cached tokens (the
+    same blocks): what a cached system prompt makes the decode kernel read `batch_size` times."""
+
+    block_size: int
+    batch_size: int
+    context_len: int  # cached tokens per sequence before the step, the shared ones included
+    shared_len: int  # leading tokens every sequence shares (whole blocks)
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+    # the same batch and contexts over distinct blocks, timed in the same session: the ratio
+    # of the two is what the re-read cost is fitted on, so the row holds for any profile of
+    # this model and GPU
+    reference_step_time_ms: float
+
+
+@dataclass(frozen=True)
+class VarlenSharedRow:
+    """A step through the variable-length kernel whose sequences all start with the same
+    `shared_len` cached tokens: `num_decodes` decodes over `decode_context_len` tokens and
+    `num_entries` prefill entries of `num_new_tokens` over the shared prefix (a burst of
+    system-prompt requests joining a running batch that shares the prompt)."""
+
+    block_size: int
+    num_decodes: int
+    decode_context_len: int  # per decode, the shared tokens included
+    num_entries: int
+    num_new_tokens: int  # per prefill entry, over `shared_len` cached tokens
+    shared_len: int
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+    reference_step_time_ms: float  # the same step over distinct blocks, same session
+
+
+@dataclass(frozen=True)
+class OverheadRow:
+    num_reqs: int
+    overhead_ms: float
+    overhead_p10_ms: float
+    overhead_p90_ms: float
+
+
+@dataclass(frozen=True)
+class AllReduceRow:
+    tp: int  # GPUs in the all-reduce
+    message_bytes: int  # bytes of the reduced tensor on each GPU
+    time_us: float  # median
+    time_p10_us: float
+    time_p90_us: float
+
+
+# table name -> (row class, required?)
+TABLES: dict[str, tuple[type, bool]] = {
+    "decode": (DecodeRow, True), "prefill": (PrefillRow, True),
+    "mixed": (MixedRow, False), "multi_prefill": (MultiPrefillRow, False),
+    "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False),
+    "decode_shared": (DecodeSharedRow, False), "varlen_shared": (VarlenSharedRow, False)}
+KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "multi_prefill": 4, "overhead": 1,
+                "allreduce": 2, "decode_shared": 4, "varlen_shared": 6}  # leading int columns
+
+
+def row_shapes(profile) -> list[tuple[str, int, object]]:
+    """(kind, tokens of the step, row) for every step row of the profile."""
+    rows: list[tuple[str, int, object]] = []
+    rows += [("decode", r.batch_size, r) for r in profile.decode]
+    rows += [("prefill", r.num_new_tokens, r) for r in profile.prefill]
+    rows += [("mixed", r.num_new_tokens + r.decode_batch_size, r) for r in profile.mixed]
+    rows += [("multi", r.num_entries * r.num_new_tokens, r) for r in profile.multi_prefill]
+    return rows
+
+
+def row_batch(kind: str, r) -> BatchShape | None:
+    """The batch of a row that ran the variable-length kernel, else None (decode rows)."""
+    if kind == "prefill":
+        return BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size)
+    if kind == "multi" and r.num_entries == 1:
+        return BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size)
+    return multi_part_shape(kind, r)
+
+
+def multi_part_shape(kind: str, r) -> BatchShape | None:
+    """The batch of a row with several parts (a mixed or multi-prefill row), else None."""
+    if kind == "mixed":
+        return BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens, r.decode_batch_size,
+                                r.decode_context_len, r.block_size)
+    if kind == "multi" and r.num_entries > 1:
+        k = r.num_entries
+        return BatchShape(r.block_size, k * r.num_new_tokens,
+                          prefill_new_tokens=[r.num_new_tokens] * k,
+                          prefill_context_tokens=[r.num_cached_tokens] * k)
+    return None

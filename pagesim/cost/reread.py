@@ -1,0 +1,92 @@
+"""Shared-prefix re-read costs, fitted on a profile's shared-prefix rows.
+
+A step whose sequences share cached prefix blocks reads those blocks once from HBM, then from
+the L2 cache for every other sequence. Each shared-prefix row was timed with its unshared
+reference in the same rounds; the fraction r in [0, 1] (steps of 0.01) that best reproduces
+the rows' ratios to their references is what a re-read costs, as a share of a first read.
+`CalibratedCostModel` calls these once, with itself as `model` (they read its fitted lines
+and surfaces).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from pagesim.cost.base import BatchShape
+from pagesim.cost.profile import Profile
+from pagesim.cost.varlen import shape_launch
+
+
+def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
+    """Block size -> the cost of a shared block read again by another sequence of the
+    same decode step, as a fraction of a first read (decode_shared.csv).
+
+    A decode step reads every sequence's context; a prefix that several sequences share is
+    the same blocks, and after the first sequence reads them they sit in the GPU's L2
+    cache. The step is priced as if each sequence had the mean *effective* context
+    (unique tokens + r * re-read tokens) / sequences; r is the value in [0, 1] (steps of
+    0.01) that best reproduces each row's ratio of its shared time to its reference time
+    (the same step over distinct blocks, timed in the same session), so rows measured in
+    another session of the same model and GPU fit as well as this profile's own.
+    """
+    by_bs: dict[int, list] = defaultdict(list)
+    for r in profile.decode_shared:
+        if r.block_size in model._decode:
+            by_bs[r.block_size].append(r)
+    out: dict[int, float] = {}
+    for bs, rs in sorted(by_bs.items()):
+        surface = model._decode[bs]
+
+        def error(frac: float, rs=rs, surface=surface) -> float:
+            err = 0.0
+            for r in rs:
+                b, c, s = r.batch_size, r.context_len, r.shared_len
+                unique = s + b * (c - s)
+                ceff = (unique + frac * (b * c - unique)) / b
+                p = model._padded_decode(b)
+                other = model._other_for(model._decode_graph(b), p)
+                ratio = (other + surface(p, ceff)) / (other + surface(p, c))
+                err += (ratio - r.step_time_ms / r.reference_step_time_ms) ** 2
+            return err
+
+        out[bs] = best_fraction(error)
+    return out
+
+
+def best_fraction(error) -> float:
+    """The fraction in 0, 0.01, ..., 1 with the smallest `error(fraction)` (the first on ties)."""
+    return min((k / 100 for k in range(101)), key=error)
+
+
+def fit_varlen_reread(model, profile: Profile) -> dict[int, float]:
+    """Block size -> re-read cost in the variable-length kernel (varlen_shared.csv), the
+    fraction in [0, 1] (steps of 0.01) that best reproduces each row's ratio to its
+    unshared reference, as `fit_decode_reread` does for decode steps."""
+    if not model._varlen:
+        return {}
+    by_bs: dict[int, list] = defaultdict(list)
+    for r in profile.varlen_shared:
+        if r.block_size in model._varlen:
+            by_bs[r.block_size].append(r)
+    out: dict[int, float] = {}
+    for bs, rs in sorted(by_bs.items()):
+        fit = model._varlen[bs]
+        cases = []
+        for r in rs:
+            d, dc, k, n, sh = (r.num_decodes, r.decode_context_len, r.num_entries,
+                               r.num_new_tokens, r.shared_len)
+            shape = BatchShape(bs, d + k * n, d, d * dc, [dc] * d, [n] * k, [sh] * k,
+                               unique_context_tokens=sh + d * (dc - sh))
+            padded = model.padded_tokens(shape.total_tokens)
+            other = model._other_for(padded is not None, padded or shape.total_tokens)
+            plain = other + fit(shape_launch(model._varlen_kernel, shape, padded),
+                                padded is not None)
+            cases.append((shape, padded, other, plain,
+                          r.step_time_ms / r.reference_step_time_ms))
+        def error(frac: float, fit=fit, cases=cases) -> float:
+            return sum(((other + fit(model._varlen_launch(shape, padded, frac),
+                                     padded is not None)) / plain - ratio) ** 2
+                       for shape, padded, other, plain, ratio in cases)
+
+        out[bs] = best_fraction(error)
+    return out
