@@ -32,11 +32,9 @@ fit in the measured KV cache is skipped: a server cannot run it either.
 from __future__ import annotations
 
 import gc
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
@@ -45,76 +43,19 @@ from pagesim.cost.profile import (
     DecodeSharedRow,
     MixedRow,
     MultiPrefillRow,
-    OverheadRow,
     PrefillRow,
     VarlenSharedRow,
 )
+from pagesim.gpu.calibration_grid import CalibrationGrid, CalibrationRows
+from pagesim.gpu.overhead import overhead_requests, overhead_rows
 from pagesim.request import Request
 from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
+__all__ = ["BlockSource", "CalibrationGrid", "CalibrationRows", "Progress", "Timing",
+           "calibrate_block_size", "decode_points", "measure_interleaved", "overhead_requests",
+           "overhead_rows", "prefill_points", "synthetic_step"]
+
 Progress = Callable[[int, int, str], None]  # (done, total, label)
-
-
-@dataclass(frozen=True)
-class CalibrationGrid:
-    """The shapes to measure. Points that exceed the model or the cache are dropped."""
-
-    block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128)
-    decode_batches: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 192, 256, 384, 512)
-    decode_contexts: tuple[int, ...] = (128, 512, 1024, 2048, 4096, 8192)
-    # 384/512 and 768 pin both sides of the largest mixed graph (512 tokens)
-    prefill_tokens: tuple[int, ...] = (16, 64, 128, 256, 384, 512, 768, 1024, 2048, 4096,
-                                       8192)
-    prefill_cached: tuple[int, ...] = (0, 1024, 4096)
-    # (new tokens, cached tokens, decode batch, decode context)
-    mixed: tuple[tuple[int, int, int, int], ...] = (
-        (256, 0, 32, 512), (1024, 0, 32, 512), (256, 0, 128, 512), (1024, 0, 128, 512),
-        (2048, 1024, 64, 1024))
-    # (entries, new tokens per entry, cached tokens per entry)
-    multi_prefill: tuple[tuple[int, int, int], ...] = tuple(
-        (k, n, c) for k in (2, 4, 8, 16) for n in (32, 128, 512) for c in (0, 1024))
-    # (decode batch, context per sequence, shared prefix tokens: a multiple of 128)
-    decode_shared: tuple[tuple[int, int, int], ...] = tuple(
-        (b, c, s) for b in (16, 64, 256) for c in (1024, 2048) for s in (c // 2, c - c // 8))
-    # (decodes, decode context, prefill entries, new tokens each, shared prefix tokens): the
-    # variable-length kernel over a shared prefix (a multiple of 128)
-    varlen_shared: tuple[tuple[int, int, int, int, int], ...] = (
-        (0, 0, 4, 128, 1024), (0, 0, 16, 32, 1024), (32, 1280, 1, 256, 1024),
-        (128, 1280, 1, 128, 1024), (64, 2304, 2, 128, 2048))
-    # Block sizes that get the full grid; the others get decode rows only (the block size
-    # changes the attention kernels, which the decode rows measure; `other` is shared).
-    full_block_sizes: tuple[int, ...] = (16, 32)
-    overhead_max_reqs: int = 256
-    repeats: int = 5  # timed rounds (each times every point once)
-    min_repeats: int = 3  # rounds kept even when the deadline is near
-
-    def to_json(self) -> dict[str, list[int]]:
-        return {"block_sizes": list(self.block_sizes),
-                "decode_batches": list(self.decode_batches),
-                "decode_contexts": list(self.decode_contexts),
-                "prefill_tokens": list(self.prefill_tokens),
-                "prefill_cached": list(self.prefill_cached),
-                "full_block_sizes": list(self.full_block_sizes),
-                "multi_prefill_entries": sorted({k for k, _, _ in self.multi_prefill}),
-                "multi_prefill_tokens": sorted({n for _, n, _ in self.multi_prefill}),
-                "multi_prefill_cached": sorted({c for _, _, c in self.multi_prefill}),
-                "decode_shared_batches": sorted({b for b, _, _ in self.decode_shared}),
-                "decode_shared_contexts": sorted({c for _, c, _ in self.decode_shared}),
-                "decode_shared_prefixes": sorted({s for _, _, s in self.decode_shared}),
-                "varlen_shared_decodes": sorted({v[0] for v in self.varlen_shared}),
-                "varlen_shared_entries": sorted({v[2] for v in self.varlen_shared}),
-                "varlen_shared_prefixes": sorted({v[4] for v in self.varlen_shared})}
-
-
-class CalibrationRows(NamedTuple):
-    """The rows of one block size, one list per profile table."""
-
-    decode: list[DecodeRow]
-    prefill: list[PrefillRow]
-    mixed: list[MixedRow]
-    multi_prefill: list[MultiPrefillRow]
-    decode_shared: list[DecodeSharedRow]
-    varlen_shared: list[VarlenSharedRow]
 
 
 @dataclass
@@ -365,37 +306,3 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
 
 def _ms(t: Timing) -> tuple[float, float, float]:
     return t.median * 1e3, t.p10 * 1e3, t.p90 * 1e3
-
-
-def overhead_rows(steps, grid_reqs: tuple[int, ...] | None = None,
-                  max_reqs: int = 256) -> list[OverheadRow]:
-    """Host overhead per step by batch size, from the steps of a real (serve) run.
-
-    `steps` are `ServeStep`s; each grid value g takes the steps with num_reqs in
-    [g / sqrt(2), g * sqrt(2)) and keeps the median and 10th/90th percentiles of their host
-    time outside execute_model. Grid values with no step are left out.
-    """
-    grid_reqs = grid_reqs or tuple(2 ** i for i in range(int(math.log2(max_reqs)) + 1))
-    by_n: dict[int, list[float]] = {}
-    for s in steps:
-        by_n.setdefault(s.num_reqs, []).append(s.host_overhead_s)
-    rows = []
-    for g in grid_reqs:
-        lo, hi = g / math.sqrt(2), g * math.sqrt(2)
-        vals = [v for n, vs in by_n.items() if lo <= n < hi for v in vs]
-        if len(vals) >= 3:
-            a = np.asarray(vals) * 1e3
-            rows.append(OverheadRow(g, float(np.median(a)), float(np.percentile(a, 10)),
-                                    float(np.percentile(a, 90))))
-    return rows
-
-
-def overhead_requests(max_reqs: int, prompt_len: int = 64, block_size: int = 16,
-                      vocab: int = 32000) -> list[Request]:
-    """`max_reqs` requests arriving together with output lengths 1 .. 2 * max_reqs (step 2):
-    they all decode, then finish one by one, so the run visits every batch size once."""
-    reqs = []
-    for i in range(max_reqs):
-        prompt = [(i * 7919 + j * 104729) % vocab for j in range(prompt_len)]
-        reqs.append(Request(f"oh-{i}", prompt, max_tokens=2 * (i + 1), arrival_time=0.0))
-    return reqs

@@ -1,0 +1,77 @@
+"""What `pagesim calibrate` measures: the grid of step shapes, and the rows it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from pagesim.cost.profile import (
+    DecodeRow,
+    DecodeSharedRow,
+    MixedRow,
+    MultiPrefillRow,
+    PrefillRow,
+    VarlenSharedRow,
+)
+
+
+@dataclass(frozen=True)
+class CalibrationGrid:
+    """The shapes to measure. Points that exceed the model or the cache are dropped."""
+
+    block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128)
+    decode_batches: tuple[int, ...] = (1, 4, 16, 32, 64, 128, 192, 256, 384, 512)
+    decode_contexts: tuple[int, ...] = (128, 512, 1024, 2048, 4096, 8192)
+    # 384/512 and 768 pin both sides of the largest mixed graph (512 tokens)
+    prefill_tokens: tuple[int, ...] = (16, 64, 128, 256, 384, 512, 768, 1024, 2048, 4096,
+                                       8192)
+    prefill_cached: tuple[int, ...] = (0, 1024, 4096)
+    # (new tokens, cached tokens, decode batch, decode context)
+    mixed: tuple[tuple[int, int, int, int], ...] = (
+        (256, 0, 32, 512), (1024, 0, 32, 512), (256, 0, 128, 512), (1024, 0, 128, 512),
+        (2048, 1024, 64, 1024))
+    # (entries, new tokens per entry, cached tokens per entry)
+    multi_prefill: tuple[tuple[int, int, int], ...] = tuple(
+        (k, n, c) for k in (2, 4, 8, 16) for n in (32, 128, 512) for c in (0, 1024))
+    # (decode batch, context per sequence, shared prefix tokens: a multiple of 128)
+    decode_shared: tuple[tuple[int, int, int], ...] = tuple(
+        (b, c, s) for b in (16, 64, 256) for c in (1024, 2048) for s in (c // 2, c - c // 8))
+    # (decodes, decode context, prefill entries, new tokens each, shared prefix tokens): the
+    # variable-length kernel over a shared prefix (a multiple of 128)
+    varlen_shared: tuple[tuple[int, int, int, int, int], ...] = (
+        (0, 0, 4, 128, 1024), (0, 0, 16, 32, 1024), (32, 1280, 1, 256, 1024),
+        (128, 1280, 1, 128, 1024), (64, 2304, 2, 128, 2048))
+    # Block sizes that get the full grid; the others get decode rows only (the block size
+    # changes the attention kernels, which the decode rows measure; `other` is shared).
+    full_block_sizes: tuple[int, ...] = (16, 32)
+    overhead_max_reqs: int = 256
+    repeats: int = 5  # timed rounds (each times every point once)
+    min_repeats: int = 3  # rounds kept even when the deadline is near
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {"block_sizes": list(self.block_sizes),
+                "decode_batches": list(self.decode_batches),
+                "decode_contexts": list(self.decode_contexts),
+                "prefill_tokens": list(self.prefill_tokens),
+                "prefill_cached": list(self.prefill_cached),
+                "full_block_sizes": list(self.full_block_sizes),
+                "multi_prefill_entries": sorted({k for k, _, _ in self.multi_prefill}),
+                "multi_prefill_tokens": sorted({n for _, n, _ in self.multi_prefill}),
+                "multi_prefill_cached": sorted({c for _, _, c in self.multi_prefill}),
+                "decode_shared_batches": sorted({b for b, _, _ in self.decode_shared}),
+                "decode_shared_contexts": sorted({c for _, c, _ in self.decode_shared}),
+                "decode_shared_prefixes": sorted({s for _, _, s in self.decode_shared}),
+                "varlen_shared_decodes": sorted({v[0] for v in self.varlen_shared}),
+                "varlen_shared_entries": sorted({v[2] for v in self.varlen_shared}),
+                "varlen_shared_prefixes": sorted({v[4] for v in self.varlen_shared})}
+
+
+class CalibrationRows(NamedTuple):
+    """The rows of one block size, one list per profile table."""
+
+    decode: list[DecodeRow]
+    prefill: list[PrefillRow]
+    mixed: list[MixedRow]
+    multi_prefill: list[MultiPrefillRow]
+    decode_shared: list[DecodeSharedRow]
+    varlen_shared: list[VarlenSharedRow]
