@@ -12,8 +12,9 @@ pagesim or SimPy frame and grouped by component; a component's share of the path
 CPU time is reported in microseconds per step and per request-step (scheduled requests summed
 over steps). The CPU time is the least of `--repeat` runs without a profiler (a sampled child
 runs slower and the machine may be shared); the shares come from the sampled run with the least
-CPU time of `--repeat` (py-spy does not pause the child: `--nonblocking`). Prints a table;
-writes results/sim_breakdown.csv.
+CPU time of `--repeat` (py-spy pauses the child for each sample: slower, but whole stacks;
+`--nonblocking` stacks were found to land on the wrong component). Prints a table; writes
+results/sim_breakdown.csv.
 """
 
 from __future__ import annotations
@@ -106,8 +107,7 @@ def run(n: int, rate: float, fast: bool, spy: str | None) -> tuple[dict, Counter
         out = Path(tmp) / "profile"
         args = [sys.executable, "-c", CHILD, str(n), str(rate), "1" if fast else "0"]
         if spy:
-            cmd = [spy, "record", "-r", "1000", "--nonblocking", "-f", "raw", "-o", str(out),
-                   "--", *args, ""]
+            cmd = [spy, "record", "-r", "1000", "-f", "raw", "-o", str(out), "--", *args, ""]
         else:
             cmd = [*args, str(out)]
         proc = subprocess.run(cmd, check=True, capture_output=True, text=True)
