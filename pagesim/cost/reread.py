@@ -29,12 +29,8 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
     (the same step over distinct blocks, timed in the same session), so rows measured in
     another session of the same model and GPU fit as well as this profile's own.
     """
-    by_bs: dict[int, list] = defaultdict(list)
-    for r in profile.decode_shared:
-        if r.block_size in model._decode:
-            by_bs[r.block_size].append(r)
     out: dict[int, float] = {}
-    for bs, rs in sorted(by_bs.items()):
+    for bs, rs in _by_block_size(profile.decode_shared, model._decode):
         surface = model._decode[bs]
 
         def error(frac: float, rs=rs, surface=surface) -> float:
@@ -53,6 +49,15 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
     return out
 
 
+def _by_block_size(rows, fitted: dict) -> list[tuple[int, list]]:
+    """`rows` grouped by block size, ascending, for the block sizes `fitted` has."""
+    by_bs: dict[int, list] = defaultdict(list)
+    for r in rows:
+        if r.block_size in fitted:
+            by_bs[r.block_size].append(r)
+    return sorted(by_bs.items())
+
+
 def best_fraction(error) -> float:
     """The fraction in 0, 0.01, ..., 1 with the smallest `error(fraction)` (the first on ties)."""
     return min((k / 100 for k in range(101)), key=error)
@@ -62,14 +67,8 @@ def fit_varlen_reread(model, profile: Profile) -> dict[int, float]:
     """Block size -> re-read cost in the variable-length kernel (varlen_shared.csv), the
     fraction in [0, 1] (steps of 0.01) that best reproduces each row's ratio to its
     unshared reference, as `fit_decode_reread` does for decode steps."""
-    if not model._varlen:
-        return {}
-    by_bs: dict[int, list] = defaultdict(list)
-    for r in profile.varlen_shared:
-        if r.block_size in model._varlen:
-            by_bs[r.block_size].append(r)
     out: dict[int, float] = {}
-    for bs, rs in sorted(by_bs.items()):
+    for bs, rs in _by_block_size(profile.varlen_shared, model._varlen):
         fit = model._varlen[bs]
         cases = []
         for r in rs:
