@@ -272,15 +272,13 @@ def warm_up(runner, config: EngineConfig) -> int:
     budget = config.max_num_batched_tokens
     shapes = [[(0, budget)], [(0, budget // 2)], [(64, budget // 16)] * 16,
               [(128, 1)] * 8 + [(0, budget // 4)] * 2]
-    blocks = BlockSource(runner.num_gpu_blocks, seed=1)
     ran = 0
     records = len(runner.step_records)
     for spec in shapes:
         spec = [(c, n) for c, n in spec if n >= 1 and c + n <= config.max_model_len]
         if not spec or len(spec) > config.max_num_seqs:
             continue
-        out = synthetic_step(spec, config.block_size, blocks)
-        blocks = BlockSource(runner.num_gpu_blocks, seed=1)  # every shape from the start
+        out = synthetic_step(spec, config.block_size, BlockSource(runner.num_gpu_blocks, 1))
         if out is None:
             continue
         runner.execute_model(out)
