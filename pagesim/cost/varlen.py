@@ -3,7 +3,7 @@
 A step with any prefill entry runs one variable-length attention launch per layer over all its
 sequences, decodes included (a decode is a sequence of one query token). The launch has one
 program per (query block of `block_q` tokens, KV head); a program streams its keys tile by
-tile (`tile_n` keys) whatever how many of its rows are real, so a decode in a mixed step costs
+tile (`tile_n` keys) however many of its rows are real, so a decode in a mixed step costs
 a whole query block over its context. Per KV head, entry i (q new tokens over c cached) owns
 `nb = ceil(q / block_q)` programs with `c + min((j + 1) * block_q, q)` keys (j < nb): causal.
 
