@@ -268,40 +268,27 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
     if progress is not None:
         progress(total, total, f"bs={block_size} {len(timings[0].samples) if timings else 0} "
                                "rounds timed")
-    decode_rows: list[DecodeRow] = []
-    prefill_rows: list[PrefillRow] = []
-    mixed_rows: list[MixedRow] = []
-    multi_rows: list[MultiPrefillRow] = []
-    shared_rows: list[DecodeSharedRow] = []
     plain_ms = {key: timings[i].median * 1e3 for i, (kind, key, _, _) in enumerate(points)
                 if kind in ("decode", "reference")}
     vref_ms = {key: timings[i].median * 1e3 for i, (kind, key, _, _) in enumerate(points)
                if kind == "vreference"}
-    varlen_rows: list[VarlenSharedRow] = []
+    # kind -> (row type, table); shared rows carry their unshared reference time
+    plain_kinds = {"decode": (DecodeRow, "decode"), "prefill": (PrefillRow, "prefill"),
+                   "mixed": (MixedRow, "mixed"), "multi": (MultiPrefillRow, "multi_prefill")}
+    rows = CalibrationRows.empty()
     for i, (kind, key, _, other) in enumerate(points):
         t = timings[i]
-        if kind in ("reference", "vreference"):
-            continue
         o = timings[other_index[other]].median
-        split = (max(0.0, t.median - o) * 1e3, min(o, t.median) * 1e3)
-        if kind == "vshared":
-            if key in vref_ms:
-                varlen_rows.append(VarlenSharedRow(block_size, *key, *_ms(t), *split,
-                                                   vref_ms[key]))
-            continue
-        if kind == "decode":
-            decode_rows.append(DecodeRow(block_size, *key, *_ms(t), *split))
-        elif kind == "prefill":
-            prefill_rows.append(PrefillRow(block_size, *key, *_ms(t), *split))
-        elif kind == "mixed":
-            mixed_rows.append(MixedRow(block_size, *key, *_ms(t), *split))
-        elif kind == "multi":
-            multi_rows.append(MultiPrefillRow(block_size, *key, *_ms(t), *split))
-        elif key[:2] in plain_ms:
-            shared_rows.append(DecodeSharedRow(block_size, *key, *_ms(t), *split,
-                                               plain_ms[key[:2]]))
-    return CalibrationRows(decode_rows, prefill_rows, mixed_rows, multi_rows, shared_rows,
-                           varlen_rows)
+        fields = (block_size, *key, *_ms(t), max(0.0, t.median - o) * 1e3,
+                  min(o, t.median) * 1e3)
+        if kind in plain_kinds:
+            row_type, table = plain_kinds[kind]
+            getattr(rows, table).append(row_type(*fields))
+        elif kind == "shared" and key[:2] in plain_ms:
+            rows.decode_shared.append(DecodeSharedRow(*fields, plain_ms[key[:2]]))
+        elif kind == "vshared" and key in vref_ms:
+            rows.varlen_shared.append(VarlenSharedRow(*fields, vref_ms[key]))
+    return rows
 
 
 def _ms(t: Timing) -> tuple[float, float, float]:

@@ -67,7 +67,7 @@ class CalibrationGrid:
 
 
 class CalibrationRows(NamedTuple):
-    """The rows of one block size, one list per profile table."""
+    """Measured rows, one list per profile table (the fields are `Profile`'s table names)."""
 
     decode: list[DecodeRow]
     prefill: list[PrefillRow]
@@ -75,3 +75,21 @@ class CalibrationRows(NamedTuple):
     multi_prefill: list[MultiPrefillRow]
     decode_shared: list[DecodeSharedRow]
     varlen_shared: list[VarlenSharedRow]
+
+    @classmethod
+    def empty(cls) -> CalibrationRows:
+        return cls([], [], [], [], [], [])
+
+    def extend(self, other: CalibrationRows) -> None:
+        """Append `other`'s rows (another block size) to these, table by table."""
+        for mine, theirs in zip(self, other, strict=True):
+            mine.extend(theirs)
+
+    def tables(self) -> dict[str, tuple]:
+        """Keyword arguments for `Profile`: table name -> rows."""
+        return {name: tuple(rows) for name, rows in zip(self._fields, self, strict=True)}
+
+    def summary(self) -> str:
+        """One log line: rows per table."""
+        return ", ".join(f"{len(rows)} {name.replace('_', '-')}"
+                         for name, rows in zip(self._fields, self, strict=True)) + " rows"

@@ -25,6 +25,7 @@ from pagesim.cost.profile import Profile, ProfileMetadata, profile_dir
 from pagesim.errors import ConfigError
 from pagesim.gpu.calibrate import (
     CalibrationGrid,
+    CalibrationRows,
     Progress,
     calibrate_block_size,
     overhead_requests,
@@ -133,7 +134,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         model = RandomWeightDecoder(config.model_spec, dtype, dev, order[0], seed)
         capacity = override_capacity(config, tuple(order))
     log(capacity.report())
-    decode, prefill, mixed, multi, shared, vshared = [], [], [], [], [], []
+    measured = CalibrationRows.empty()
     for bs in order:
         if bs not in grid.block_sizes:
             continue
@@ -149,18 +150,9 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
             progress=progress, seed=seed, deadline=deadline)
-        d, p, m, k = rows.decode, rows.prefill, rows.mixed, rows.multi_prefill
-        decode += d
-        prefill += p
-        mixed += m
-        multi += k
-        shared += rows.decode_shared
-        vshared += rows.varlen_shared
+        measured.extend(rows)
         graphs = runner.graphs
-        log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed, "
-            f"{len(k)} multi-prefill, {len(rows.decode_shared)} + {len(rows.varlen_shared)} "
-            "shared-prefix rows, "
-            f"{time.monotonic() - t_start:.0f} s so far"
+        log(f"block size {bs}: {rows.summary()}, {time.monotonic() - t_start:.0f} s so far"
             + ("" if graphs is None else f"; {len(graphs.graphs)} CUDA graphs captured in "
                f"{graphs.capture_s_total:.1f} s" + (f" (FAILED: {graphs.failed})"
                                                      if graphs.failed else "")))
@@ -193,9 +185,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
                f"measured KV capacity vs sizing's estimate (blocks, %): "
                + ", ".join(f"bs{b}: {capacity.error_pct(b):+.2f}"
                            for b in sorted(capacity.num_gpu_blocks))))
-    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead),
-                      multi_prefill=tuple(multi), decode_shared=tuple(shared),
-                      varlen_shared=tuple(vshared))
+    profile = Profile(meta, overhead=tuple(overhead), **measured.tables())
     directory = None
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))

@@ -38,6 +38,7 @@ from pagesim.gpu.allreduce_bench import DEFAULT_MESSAGE_BYTES, bench_allreduce
 from pagesim.gpu.allreduce_bench import METHOD as ALLREDUCE_METHOD
 from pagesim.gpu.calibrate import (
     CalibrationGrid,
+    CalibrationRows,
     Progress,
     calibrate_block_size,
     overhead_requests,
@@ -93,9 +94,8 @@ def group_capacity(config: EngineConfig, model: TensorParallelDecoder,
 def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGrid,
               num_gpu_blocks: dict[int, int], *, seed: int, deadline: float | None,
               progress: Progress | None, log: Callable[[str], None]):
-    """(decode, prefill, mixed, multi-prefill) rows over the grid's block sizes, one runner
-    per size."""
-    decode, prefill, mixed, multi = [], [], [], []
+    """The grid's rows over its block sizes, one runner per size."""
+    measured = CalibrationRows.empty()
     for bs in block_order(config, grid):
         if bs not in grid.block_sizes:
             continue
@@ -108,16 +108,11 @@ def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGr
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
             progress=progress, seed=seed, deadline=deadline)
-        d, p, m, k = rows.decode, rows.prefill, rows.mixed, rows.multi_prefill
-        decode += d
-        prefill += p
-        mixed += m
-        multi += k
-        log(f"block size {bs}: {len(d)} decode, {len(p)} prefill, {len(m)} mixed, "
-            f"{len(k)} multi-prefill rows")
+        measured.extend(rows)
+        log(f"block size {bs}: {rows.summary()}")
         del runner
         _empty_cache()
-    return decode, prefill, mixed, multi
+    return measured
 
 
 def host_overhead_rows(make_runner: MakeRunner, config: EngineConfig,
@@ -185,7 +180,7 @@ def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
                               cuda_graphs=cuda_graphs)
 
     try:
-        decode, prefill, mixed, multi = grid_rows(
+        measured = grid_rows(
             make_runner, config, grid, capacity.num_gpu_blocks, seed=seed, deadline=deadline,
             progress=progress, log=log)
         overhead = host_overhead_rows(make_runner, config, capacity.num_gpu_blocks, grid)
@@ -204,8 +199,8 @@ def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
                      host_link=host_link, method=method,
                      notes=f"{group.world_size} processes; smallest KV block count of the group",
                      cuda_graphs=cuda_graphs)
-    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead),
-                      tuple(allreduce), tuple(multi))
+    profile = Profile(meta, overhead=tuple(overhead), allreduce=tuple(allreduce),
+                      **measured.tables())
     directory = None
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model,
@@ -234,9 +229,8 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         return GPUModelRunner(cfg, blocks, device=dev, model=model, seed=seed,
                               cuda_graphs=cuda_graphs)
 
-    decode, prefill, mixed, multi = grid_rows(make_runner, config, grid,
-                                              capacity.num_gpu_blocks, seed=seed,
-                                              deadline=deadline, progress=progress, log=log)
+    measured = grid_rows(make_runner, config, grid, capacity.num_gpu_blocks, seed=seed,
+                         deadline=deadline, progress=progress, log=log)
     overhead = host_overhead_rows(make_runner, config, capacity.num_gpu_blocks, grid)
     method = (METHOD.format(bs=config.block_size) + f" Rank {rank}'s shard of a "
               f"{group.world_size}-way split alone on one GPU: no all-reduce, no logits "
@@ -245,8 +239,7 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
                      host_link=measure_host_link(dev) if dev.type == "cuda" else None,
                      method=method, notes="one rank's shard alone; KV capacity lacks the NCCL "
                      "buffers of a real group", cuda_graphs=cuda_graphs)
-    profile = Profile(meta, tuple(decode), tuple(prefill), tuple(mixed), tuple(overhead),
-                      multi_prefill=tuple(multi))
+    profile = Profile(meta, overhead=tuple(overhead), **measured.tables())
     directory = None
     if calibration_root is not None:
         base = profile_dir(calibration_root, meta.gpu, config.model, group.world_size)
