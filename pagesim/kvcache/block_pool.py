@@ -202,41 +202,22 @@ class BlockPool:
         """
         if not self.enable_caching or num_cached_blocks >= num_full_blocks:
             return
-        setdefault = self.cached_block_hash_to_block.setdefault
-        events = self.enable_kv_cache_events
-        if not events:  # the hot path: the same registrations, with no event bookkeeping
+        register = self._register
+        if not self.enable_kv_cache_events:  # the hot path: no event bookkeeping
             for block, block_hash in zip(blocks[num_cached_blocks:num_full_blocks],
                                          block_hashes[num_cached_blocks:num_full_blocks],
                                          strict=True):
-                if block.block_hash is not None or block.is_null:
-                    continue
-                block.block_hash = block_hash
-                found = setdefault(block_hash, block)
-                if found is not block:  # a duplicate of a cached block
-                    if type(found) is dict:
-                        found[block.block_id] = block
-                    else:
-                        self.cached_block_hash_to_block[block_hash] = {found.block_id: found,
-                                                                       block.block_id: block}
+                if block.block_hash is None and not block.is_null:
+                    register(block, block_hash)
             return
         stored_ids: list[int] = []
         stored_hashes: list[bytes] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
-            if block.block_hash is not None or block.is_null:
-                continue
-            block_hash = block_hashes[i]
-            block.block_hash = block_hash
-            found = setdefault(block_hash, block)
-            if found is not block:  # a duplicate of a cached block
-                if type(found) is dict:
-                    found[block.block_id] = block
-                else:
-                    self.cached_block_hash_to_block[block_hash] = {found.block_id: found,
-                                                                   block.block_id: block}
-            if events:
+            if block.block_hash is None and not block.is_null:
+                register(block, block_hashes[i])
                 stored_ids.append(block.block_id)
-                stored_hashes.append(block_hash)
+                stored_hashes.append(block_hashes[i])
         if stored_ids:
             self.kv_event_queue.append(BlockStored(tuple(stored_ids), tuple(stored_hashes)))
 
@@ -247,6 +228,11 @@ class BlockPool:
         if self.enable_kv_cache_events:
             self.cache_full_blocks((block,), (block_hash,), 0, 1)
             return
+        self._register(block, block_hash)
+
+    def _register(self, block: KVCacheBlock, block_hash: bytes) -> None:
+        """Give an unhashed block its hash and enter it in the hash map; a second block of an
+        already cached hash turns the entry into {block_id: block} of all of them."""
         block.block_hash = block_hash
         found = self.cached_block_hash_to_block.setdefault(block_hash, block)
         if found is not block:  # a duplicate of a cached block
