@@ -134,20 +134,13 @@ class ServingEngine:
 
     def _slow_end(self, start: float, out, result, num_prefill: int, num_decode: int) -> None:
         """update_from_output() and the step's records, once its time has passed."""
-        scheduler, metrics = self.scheduler, self.metrics
+        scheduler = self.scheduler
         now = self.env.now
         finished = scheduler.update_from_output(out, result)
         self._note_tokens(result.sampled_token_ids, now, 0)
-        for req in finished:
-            metrics.on_finish(req, now)
-            self._finished(req)
-        num_running, num_waiting = scheduler.get_request_counts()
-        usage, token_state, reserved, internal, external = self.kv_probe()
-        metrics.on_step((
-            start, result.step_time_s, len(out.scheduled), out.total_num_scheduled_tokens,
-            num_prefill, num_decode, num_running, num_waiting, usage, token_state, reserved,
-            internal, external, len(out.preempted_req_ids), out.swap_bytes,
-        ))
+        self._close_step(None, now, finished, start, result.step_time_s, len(out.scheduled),
+                         out.total_num_scheduled_tokens, num_prefill, num_decode,
+                         len(out.preempted_req_ids), out.swap_bytes)
 
     def _fast_begin(self, fast: DecodeFastPath, start: float):
         """A step whose first running requests are the fast path's lazy decodes (their events
@@ -162,7 +155,7 @@ class ServingEngine:
     def _fast_end(self, fast: DecodeFastPath, start: float, out, result, num_prefill: int,
                   num_decode: int) -> None:
         """`_slow_end` for a fast step: lazy decodes first (as they come first in the batch)."""
-        scheduler, metrics = self.scheduler, self.metrics
+        scheduler = self.scheduler
         now = self.env.now
         num_lead = len(fast.lazies)
         lead_finished = fast.end_step(now)
@@ -171,18 +164,9 @@ class ServingEngine:
         self._note_tokens(result.sampled_token_ids, now, num_lead, now - start)
         if lead_finished:
             finished = lead_finished + finished
-        for req in finished:
-            metrics.on_finish(req, now)
-            self._finished(req)
-        num_running, num_waiting = scheduler.get_request_counts()
-        usage, token_state, reserved, internal, external = self.kv_probe.with_lead_sums(
-            *fast.probe_sums())
-        metrics.on_step((
-            start, result.step_time_s, len(out.scheduled) + num_lead,
-            out.total_num_scheduled_tokens + num_lead, num_prefill, num_decode, num_running,
-            num_waiting, usage, token_state, reserved, internal, external,
-            len(out.preempted_req_ids), out.swap_bytes,
-        ))
+        self._close_step(fast, now, finished, start, result.step_time_s,
+                         len(out.scheduled) + num_lead, out.total_num_scheduled_tokens + num_lead,
+                         num_prefill, num_decode, len(out.preempted_req_ids), out.swap_bytes)
 
     def _lead_only_end(self, fast: DecodeFastPath, start: float, step_time_s: float) -> None:
         """`_fast_end` for a step of lazy decodes only (no scheduler or runner output)."""
@@ -194,16 +178,23 @@ class ServingEngine:
             scheduler.finish_decoded(finished)
         metrics.itl_s.extend(array("d", (now - start,)) * num_lead)
         metrics.on_tokens_visible(now, num_lead)
+        self._close_step(fast, now, finished, start, step_time_s, num_lead, num_lead, 0,
+                         num_lead, 0, 0)
+
+    def _close_step(self, fast: DecodeFastPath | None, now: float, finished, start: float,
+                    step_time_s: float, num_reqs: int, num_tokens: int, num_prefill: int,
+                    num_decode: int, num_preempted: int, swap_bytes: int) -> None:
+        """The end shared by every kind of step: finish its finished requests, then record the
+        step (counts and the KV probe after the finishes; `fast` adds its lazy decodes' sums)."""
+        metrics = self.metrics
         for req in finished:
             metrics.on_finish(req, now)
             self._finished(req)
-        num_running, num_waiting = scheduler.get_request_counts()
-        usage, token_state, reserved, internal, external = self.kv_probe.with_lead_sums(
-            *fast.probe_sums())
-        metrics.on_step((
-            start, step_time_s, num_lead, num_lead, 0, num_lead, num_running, num_waiting,
-            usage, token_state, reserved, internal, external, 0, 0,
-        ))
+        num_running, num_waiting = self.scheduler.get_request_counts()
+        kv = (self.kv_probe() if fast is None
+              else self.kv_probe.with_lead_sums(*fast.probe_sums()))
+        metrics.on_step((start, step_time_s, num_reqs, num_tokens, num_prefill, num_decode,
+                         num_running, num_waiting, *kv, num_preempted, swap_bytes))
 
     def _note_scheduled(self, out, start: float) -> tuple[int, int]:
         """(prefill tokens, decode requests) of the scheduled entries; first schedulings."""
