@@ -135,7 +135,7 @@ class RandomWeightDecoder:
             return self._forward_opt(input_ids, positions, metadata, kv_caches, logits_indices,
                                      skip_attention)
         hidden = self.spec.hidden_size
-        h = F.embedding(input_ids, self.embed)
+        h = self._embed(input_ids)
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
         sin = self.sin[positions].unsqueeze(1)
         residual: torch.Tensor | None = None
@@ -144,13 +144,21 @@ class RandomWeightDecoder:
             x = F.rms_norm(residual, (hidden,), layer["norm1"], RMS_EPS)
             a = self._attention(i, F.linear(x, layer["qkv"]), cos, sin, metadata, kv_caches,
                                 skip_attention)
-            residual = residual + F.linear(a, layer["o"])
+            residual = residual + self._row_linear(a, layer["o"])
             x = F.rms_norm(residual, (hidden,), layer["norm2"], RMS_EPS)
             gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            h = F.linear(F.silu(gate) * up, layer["down"])
+            h = self._row_linear(F.silu(gate) * up, layer["down"])
         residual = residual + h if residual is not None else h
         x = residual[logits_indices]  # norm only the rows that reach the LM head
         return F.rms_norm(x, (hidden,), self.final_norm[0], RMS_EPS)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """`[T, hidden]` token embeddings (a tensor-parallel model gathers its vocab shards)."""
+        return F.embedding(input_ids, self.embed)
+
+    def _row_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The o and down projections (row-parallel, all-reduced, under tensor parallelism)."""
+        return F.linear(x, weight)
 
     def _attention(self, i: int, qkv: torch.Tensor, cos: torch.Tensor | None,
                    sin: torch.Tensor | None, metadata: AttentionMetadata | None,

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from pagesim.errors import ConfigError
-from pagesim.gpu.attention import AttentionMetadata, PagedAttentionBackend
-from pagesim.gpu.model import RMS_EPS, KVCache, RandomWeightDecoder
+from pagesim.gpu.attention import PagedAttentionBackend
+from pagesim.gpu.model import RandomWeightDecoder
 from pagesim.gpu.parallel import (
     TPGroup,
     kv_head_range,
@@ -96,28 +96,15 @@ class TensorParallelDecoder(RandomWeightDecoder):
         """Draw the whole layer as the unsharded model does, keep this rank's shard."""
         return shard_layer(super()._make_layer(gen), self.spec, self.tp_rank, self.tp_size)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                metadata: AttentionMetadata | None, kv_caches: KVCache | None,
-                logits_indices: torch.Tensor, skip_attention: bool = False) -> torch.Tensor:
-        """`RandomWeightDecoder.forward` with the two row-parallel all-reduces per layer;
-        returns the full (replicated) `[S, hidden]` rows after the final norm."""
-        g, hidden = self.group, self.spec.hidden_size
-        h = vocab_parallel_embedding(input_ids, self.embed, self.vocab_start, g)
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
-        residual: torch.Tensor | None = None
-        for i, layer in enumerate(self.layers):
-            residual = h if residual is None else residual + h
-            x = F.rms_norm(residual, (hidden,), layer["norm1"], RMS_EPS)
-            a = self._attention(i, F.linear(x, layer["qkv"]), cos, sin, metadata, kv_caches,
-                                skip_attention)  # [T, H D / tp], this rank's heads
-            residual = residual + row_parallel_linear(a, layer["o"], g)
-            x = F.rms_norm(residual, (hidden,), layer["norm2"], RMS_EPS)
-            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            h = row_parallel_linear(F.silu(gate) * up, layer["down"], g)
-        residual = residual + h if residual is not None else h
-        x = residual[logits_indices]
-        return F.rms_norm(x, (hidden,), self.final_norm[0], RMS_EPS)
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings from this rank's vocab slice, summed over the group."""
+        return vocab_parallel_embedding(input_ids, self.embed, self.vocab_start, self.group)
+
+    def _row_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """This rank's share of a row-parallel projection, all-reduced: `forward` is then
+        `RandomWeightDecoder.forward` with the two all-reduces per layer, returning the full
+        (replicated) `[S, hidden]` rows after the final norm."""
+        return row_parallel_linear(x, weight, self.group)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[S, vocab]` fp32 logits on every rank: local vocab slice, all-gathered, padding cut."""
