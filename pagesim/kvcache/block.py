@@ -114,17 +114,9 @@ class FreeKVCacheBlockQueue:
 
     def append_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put `blocks` at the tail, in order (`blocks[-1]` ends up last)."""
-        if not blocks:
-            return
-        tail = self.fake_free_list_tail
-        prev = tail.prev_free_block
-        for block in blocks:
-            prev.next_free_block = block
-            block.prev_free_block = prev
-            prev = block
-        prev.next_free_block = tail
-        tail.prev_free_block = prev
-        self.num_free_blocks += len(blocks)
+        if blocks:
+            tail = self.fake_free_list_tail
+            self._splice(tail.prev_free_block, blocks, tail)
 
     def prepend(self, block: KVCacheBlock) -> None:
         """Put `block` at the head: it is handed out next."""
@@ -132,17 +124,19 @@ class FreeKVCacheBlockQueue:
 
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put `blocks` at the head, in order (`blocks[0]` becomes the new head)."""
-        if not blocks:
-            return
-        head = self.fake_free_list_head
-        first = head.next_free_block
-        prev = head
+        if blocks:
+            head = self.fake_free_list_head
+            self._splice(head, blocks, head.next_free_block)
+
+    def _splice(self, prev: KVCacheBlock, blocks: Sequence[KVCacheBlock],
+                nxt: KVCacheBlock) -> None:
+        """Link `blocks`, in order, between the adjacent nodes `prev` and `nxt`."""
         for block in blocks:
             prev.next_free_block = block
             block.prev_free_block = prev
             prev = block
-        prev.next_free_block = first
-        first.prev_free_block = prev
+        prev.next_free_block = nxt
+        nxt.prev_free_block = prev
         self.num_free_blocks += len(blocks)
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
