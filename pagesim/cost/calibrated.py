@@ -348,7 +348,7 @@ class CalibratedCostModel:
             return other + attention, other
         if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
             graph = self._decode_graph(n)
-            n = tokens = self._padded_decode(n)
+            n = tokens = self.padded_batch(n) if graph else n
         else:
             padded = self.padded_tokens(b.total_tokens)
             graph = padded is not None
