@@ -175,6 +175,7 @@ class StepGraphs:
         self.mixed_logits_indices = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
         self._reset_buffers()
         self.graphs: dict[GraphKey, CapturedGraph] = {}
+        self._keys: dict[tuple[int, int], GraphKey] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.capture_s_total = 0.0
 
@@ -207,10 +208,15 @@ class StepGraphs:
         return self._key(size, span_bucket(longest, self.max_model_len))
 
     def _key(self, size: int, span: int) -> GraphKey:
-        part = self._partition(size, span)
-        if part.num_partitions == 1:
-            return GraphKey(size, 1, 0, False)
-        return GraphKey(size, part.num_partitions, part.partition_size, False)
+        """The decode graph of `size` sequences over spans up to `span` (memoized: a step's
+        host time is on its critical path, and sizes x span buckets are few)."""
+        key = self._keys.get((size, span))
+        if key is None:
+            part = self._partition(size, span)
+            key = (GraphKey(size, 1, 0, False) if part.num_partitions == 1 else
+                   GraphKey(size, part.num_partitions, part.partition_size, False))
+            self._keys[(size, span)] = key
+        return key
 
     def _partition(self, size: int, span: int) -> DecodePartition:
         m = self.model

@@ -115,21 +115,28 @@ def decode_partition(
     programs = max(1, num_seqs * num_kv_heads)
     slots = max(1, num_sms * config.programs_per_sm)
     tile = config.tile_n
-    most = max(1, min(MAX_PARTITIONS, triton.cdiv(span, min_partition_tokens)))
+    most = max(1, min(MAX_PARTITIONS, cdiv(span, min_partition_tokens)))
     best, best_cost = 1, None
     for s in range(1, most + 1):
-        part = fixed_partition(span, triton.cdiv(span, s), tile)
+        part = fixed_partition(span, cdiv(span, s), tile)
         if part.num_partitions != s:  # rounding to the tile merged partitions
             continue
-        waves = triton.cdiv(programs * s, slots)
+        waves = cdiv(programs * s, slots)
         cost = waves * (part.partition_size // tile + PROGRAM_OVERHEAD_TILES)
         cost += REDUCTION_COST_TILES if s > 1 else 0
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
-    return fixed_partition(span, triton.cdiv(span, best), tile)
+    return fixed_partition(span, cdiv(span, best), tile)
 
 
 def fixed_partition(span: int, partition_size: int, tile_n: int) -> DecodePartition:
     """Partitions of about `partition_size` tokens (rounded up to the tile) over `span` tokens."""
-    size = max(tile_n, triton.cdiv(partition_size, tile_n) * tile_n)
-    return DecodePartition(max(1, triton.cdiv(span, size)), size)
+    size = max(tile_n, cdiv(partition_size, tile_n) * tile_n)
+    return DecodePartition(max(1, cdiv(span, size)), size)
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative ints. Not `triton.cdiv`: on some Triton versions that
+    is a JIT function whose every host call goes through the launcher's argument handling
+    (measured on the H200 host: `decode_partition` took 0.6 ms per 16-sequence step)."""
+    return -(-a // b)
