@@ -9,30 +9,52 @@ threads its links through these same objects, so allocating and freeing create n
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 from pagesim.errors import AllocationError
 
 
-@dataclass(slots=True, eq=False)
 class KVCacheBlock:
     """Metadata of one physical KV block. Equality is identity: one object per block id.
 
     `block_hash` is set while the block is *cached* (full and registered in the pool's hash map);
     it stays set while the block sits in the free queue (an eviction candidate) and is cleared
     only when the pool hands the block out again (lazy eviction).
+
+    With lazy hashing (`pagesim.kvcache.lazy_hashes`) a cached block's hash may not be computed
+    yet: the slot `_block_hash` then holds the `DeferredBlocks` record it belongs to, and
+    reading `block_hash` computes and registers it first, so `block_hash` always reads the
+    value that eager hashing gives. The pool's hot paths read `_block_hash` (None: not cached).
     """
 
-    block_id: int  # index into the KV cache: slots block_id * block_size ... + block_size - 1
-    ref_cnt: int = 0  # requests whose block table holds this block (0: in the free queue)
-    block_hash: bytes | None = None  # chained hash of the tokens it holds, once full and cached
-    prev_free_block: KVCacheBlock | None = None  # free-queue links; None while the block is used
-    next_free_block: KVCacheBlock | None = None
-    is_null: bool = False  # the placeholder block 0: never allocated, never freed
+    __slots__ = ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block",
+                 "is_null")
+
+    def __init__(self, block_id: int, ref_cnt: int = 0, block_hash: bytes | None = None,
+                 prev_free_block: KVCacheBlock | None = None,
+                 next_free_block: KVCacheBlock | None = None, is_null: bool = False) -> None:
+        self.block_id = block_id  # index into the KV cache: slots block_id * block_size ...
+        self.ref_cnt = ref_cnt  # requests whose block table holds this block (0: free queue)
+        self._block_hash = block_hash  # bytes, a DeferredBlocks (hash pending) or None
+        self.prev_free_block = prev_free_block  # free-queue links; None while the block is used
+        self.next_free_block = next_free_block
+        self.is_null = is_null  # the placeholder block 0: never allocated, never freed
+
+    @property
+    def block_hash(self) -> bytes | None:
+        """Chained hash of the tokens it holds, once full and cached; None otherwise."""
+        h = self._block_hash
+        if h is None or type(h) is bytes:
+            return h
+        resolve = getattr(h, "resolve", None)
+        return h if resolve is None else resolve(self)
+
+    @block_hash.setter
+    def block_hash(self, value: bytes | None) -> None:
+        self._block_hash = value
 
     def __repr__(self) -> str:  # links would recurse through the whole queue
         return (f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
-                f"hashed={self.block_hash is not None}, is_null={self.is_null})")
+                f"hashed={self._block_hash is not None}, is_null={self.is_null})")
 
 
 class FreeKVCacheBlockQueue:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from pagesim.errors import AllocationError, ConfigError
 from pagesim.kvcache.block import FreeKVCacheBlockQueue, KVCacheBlock
+from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
 
 # Where `free_blocks` puts blocks whose ref_cnt reaches 0:
 #   "lifo_unhashed" (vLLM >= 0.24): blocks without a hash at the head (reused first), hashed
@@ -71,13 +72,22 @@ class BlockPool:
         self._lifo_unhashed = free_order == "lifo_unhashed"
         self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        self.cached_block_hash_to_block: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        self._cached: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        # Lazy hashing (`pagesim.kvcache.lazy_hashes`), set up by the manager; None: eager.
+        self.lazy: LazyHashes | None = None
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
 
     # ---- lookups -------------------------------------------------------------------------
+    @property
+    def cached_block_hash_to_block(self) -> dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]]:
+        """The hash map (see the class docstring), every deferred block registered first."""
+        if self.lazy is not None:
+            self.lazy.materialize_all()
+        return self._cached
+
     def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
         """The cached block holding `block_hash` (the first one if duplicated), or None."""
         found = self.cached_block_hash_to_block.get(block_hash)
@@ -114,17 +124,19 @@ class BlockPool:
         append = out.append
         # One pass does the queue pop, the eviction and the ref count (hot path).
         if self.enable_caching:
-            cache = self.cached_block_hash_to_block
+            cache = self._cached
             plain = not self.enable_kv_cache_events
             for _ in range(num_blocks):
                 append(block)
                 nxt = block.next_free_block
                 block.prev_free_block = block.next_free_block = None
-                block_hash = block.block_hash
+                block_hash = block._block_hash
                 if block_hash is not None:
-                    if plain and cache.get(block_hash) is block:  # the common eviction, inlined
+                    if type(block_hash) is DeferredBlocks:  # never registered: nothing to drop
+                        block_hash.evict(block)
+                    elif plain and cache.get(block_hash) is block:  # the common eviction
                         del cache[block_hash]
-                        block.block_hash = None
+                        block._block_hash = None
                     else:
                         self._evict_cached_block(block)
                 block.ref_cnt = 1
@@ -153,12 +165,14 @@ class BlockPool:
         nxt.prev_free_block = head
         block.prev_free_block = block.next_free_block = None
         queue.num_free_blocks -= 1
-        block_hash = block.block_hash
+        block_hash = block._block_hash
         if block_hash is not None:
-            cache = self.cached_block_hash_to_block
-            if not self.enable_kv_cache_events and cache.get(block_hash) is block:
+            cache = self._cached
+            if type(block_hash) is DeferredBlocks:
+                block_hash.evict(block)
+            elif not self.enable_kv_cache_events and cache.get(block_hash) is block:
                 del cache[block_hash]
-                block.block_hash = None
+                block._block_hash = None
             else:
                 self._evict_cached_block(block)
         block.ref_cnt = 1
@@ -166,8 +180,8 @@ class BlockPool:
 
     def _evict_cached_block(self, block: KVCacheBlock) -> None:
         """Drop `block`'s hash from the cache map (it is being reused)."""
-        block_hash = block.block_hash
-        cache = self.cached_block_hash_to_block
+        block_hash = block._block_hash
+        cache = self._cached
         found = cache.get(block_hash)
         if found is block:
             del cache[block_hash]
@@ -177,7 +191,7 @@ class BlockPool:
                 cache[block_hash] = next(iter(found.values()))
             elif not found:
                 del cache[block_hash]
-        block.block_hash = None
+        block._block_hash = None
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(BlockRemoved(block.block_id, block_hash))
 
@@ -204,17 +218,22 @@ class BlockPool:
             return
         register = self._register
         if not self.enable_kv_cache_events:  # the hot path: no event bookkeeping
+            # `_register` inlined: a new hash (the common case) is one setdefault.
+            setdefault = self._cached.setdefault
             for block, block_hash in zip(blocks[num_cached_blocks:num_full_blocks],
                                          block_hashes[num_cached_blocks:num_full_blocks],
                                          strict=True):
-                if block.block_hash is None and not block.is_null:
-                    register(block, block_hash)
+                if block._block_hash is None and not block.is_null:
+                    block._block_hash = block_hash
+                    if setdefault(block_hash, block) is not block:
+                        block._block_hash = None
+                        register(block, block_hash)
             return
         stored_ids: list[int] = []
         stored_hashes: list[bytes] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
-            if block.block_hash is None and not block.is_null:
+            if block._block_hash is None and not block.is_null:
                 register(block, block_hashes[i])
                 stored_ids.append(block.block_id)
                 stored_hashes.append(block_hashes[i])
@@ -223,24 +242,26 @@ class BlockPool:
 
     def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
         """`cache_full_blocks` of one block (a decode filling a block, hot path)."""
-        if block.block_hash is not None or block.is_null or not self.enable_caching:
+        if block._block_hash is not None or block.is_null or not self.enable_caching:
             return
         if self.enable_kv_cache_events:
             self.cache_full_blocks((block,), (block_hash,), 0, 1)
             return
-        self._register(block, block_hash)
+        block._block_hash = block_hash
+        if self._cached.setdefault(block_hash, block) is not block:
+            block._block_hash = None
+            self._register(block, block_hash)  # a duplicate: the general entry
 
     def _register(self, block: KVCacheBlock, block_hash: bytes) -> None:
         """Give an unhashed block its hash and enter it in the hash map; a second block of an
         already cached hash turns the entry into {block_id: block} of all of them."""
-        block.block_hash = block_hash
-        found = self.cached_block_hash_to_block.setdefault(block_hash, block)
+        block._block_hash = block_hash
+        found = self._cached.setdefault(block_hash, block)
         if found is not block:  # a duplicate of a cached block
             if type(found) is dict:
                 found[block.block_id] = block
             else:
-                self.cached_block_hash_to_block[block_hash] = {found.block_id: found,
-                                                               block.block_id: block}
+                self._cached[block_hash] = {found.block_id: found, block.block_id: block}
 
     # ---- freeing -------------------------------------------------------------------------
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
@@ -263,7 +284,7 @@ class BlockPool:
                     continue
                 block.ref_cnt -= 1
                 if not block.ref_cnt:
-                    if block.block_hash is None:
+                    if block._block_hash is None:
                         to_head.append(block)
                     else:
                         last.next_free_block = block
@@ -290,9 +311,11 @@ class BlockPool:
         """Drop every cached hash. Only possible when no block is in use; returns success."""
         if self.free_block_queue.num_free_blocks != self.num_usable_blocks:
             return False
-        self.cached_block_hash_to_block = {}
+        self._cached = {}
+        if self.lazy is not None:
+            self.lazy.clear()
         for block in self.blocks:
-            block.block_hash = None
+            block._block_hash = None
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True

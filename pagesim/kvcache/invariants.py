@@ -7,7 +7,9 @@ Pool:
 - ref counts are >= 0; blocks outside the queue have no queue links;
 - free + used == usable (used: ref_cnt > 0);
 - the hash map and the blocks agree: every mapped block holds that hash, every hashed block is
-  mapped; nothing is hashed with caching off.
+  mapped; nothing is hashed with caching off;
+- lazy hashing: every deferred block is in its record's range, every record is in its root's
+  group and counts its deferred blocks (the checks read the slots, so they register nothing).
 Manager, in addition:
 - each block's ref_cnt equals the number of table entries that hold it (so once every request is
   freed, every usable block is free or cached-free: nothing leaked);
@@ -20,6 +22,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from pagesim.kvcache.block_pool import BlockPool
+from pagesim.kvcache.lazy_hashes import DeferredBlocks
 
 if TYPE_CHECKING:
     from pagesim.kvcache.kv_cache_manager import KVCacheManager
@@ -55,7 +58,7 @@ def check_block_pool(pool: BlockPool) -> None:
              f"num_free_blocks={queue.num_free_blocks} but the queue holds {len(in_queue)}")
     null = pool.null_block
     _require(null.is_null and null.block_id == 0 and null.ref_cnt == 0
-             and null.block_hash is None and 0 not in in_queue, "null block misused")
+             and null._block_hash is None and 0 not in in_queue, "null block misused")
     used = 0
     for block in pool.blocks:
         _require(block.is_null == (block is null), f"block {block.block_id}: wrong is_null")
@@ -76,18 +79,39 @@ def check_block_pool(pool: BlockPool) -> None:
 
 def _check_hash_map(pool: BlockPool) -> None:
     mapped: set[int] = set()
-    for block_hash, found in pool.cached_block_hash_to_block.items():
+    for block_hash, found in pool._cached.items():
         blocks = found.values() if isinstance(found, dict) else (found,)
         _require(len(blocks) > 0, "empty duplicate set in the hash map")
         for block in blocks:
-            _require(block.block_hash == block_hash,
+            _require(block._block_hash == block_hash,
                      f"block {block.block_id}: mapped under another hash")
             _require(block.block_id not in mapped, f"block {block.block_id}: mapped twice")
             mapped.add(block.block_id)
-    hashed = {b.block_id for b in pool.blocks if b.block_hash is not None}
+    hashed = {b.block_id for b in pool.blocks
+              if b._block_hash is not None and type(b._block_hash) is not DeferredBlocks}
     _require(hashed == mapped, f"hashed blocks {sorted(hashed ^ mapped)} not in the map")
+    deferred = Counter(b._block_hash for b in pool.blocks if type(b._block_hash) is DeferredBlocks)
     if not pool.enable_caching:
-        _require(not hashed, "blocks hashed with caching disabled")
+        _require(not hashed and not deferred, "blocks hashed with caching disabled")
+    _check_deferred(pool, deferred)
+
+
+def _check_deferred(pool: BlockPool, deferred: Counter) -> None:
+    lazy = pool.lazy
+    _require(lazy is not None or not deferred, "deferred blocks without lazy hashing")
+    if lazy is None:
+        return
+    grouped = 0
+    for root, group in lazy.groups.items():
+        _require(len(group) > 0, "empty group of deferred blocks")
+        for record in group:
+            grouped += 1
+            _require(record.root == root and record.owner is lazy, "record in a foreign group")
+            _require(record.live == deferred[record] > 0,
+                     f"deferred record counts {record.live} blocks, {deferred[record]} point to it")
+            inside = sum(1 for b in record.row[record.start:record.end] if b._block_hash is record)
+            _require(inside == record.live, "deferred block outside its record's range")
+    _require(grouped == len(deferred), "deferred blocks of a record in no group")
 
 
 def check_kv_cache_manager(manager: KVCacheManager) -> None:
@@ -103,7 +127,7 @@ def check_kv_cache_manager(manager: KVCacheManager) -> None:
         num_cached = manager.num_cached_block[rid]
         _require(num_cached <= len(row), f"request {rid!r}: {num_cached} cached > {len(row)}")
         for block in row[:num_cached]:
-            _require(block.is_null or block.block_hash is not None or not manager.enable_caching,
+            _require(block.is_null or block._block_hash is not None or not manager.enable_caching,
                      f"request {rid!r}: cached block {block.block_id} has no hash")
         holders.update(b.block_id for b in row if not b.is_null)
     for block in pool.blocks:

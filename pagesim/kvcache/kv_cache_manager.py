@@ -16,7 +16,10 @@ The scheduler's view of a request's KV cache:
 Caching happens at allocation, as in vLLM: every block that the computed + new tokens fill is
 hashed and registered before the step runs, so a request admitted later in the same step can
 already hit it. The manager extends `Request.block_hashes` (with caching on) as the request's
-blocks fill, prompt and generated tokens alike, hashing each block once.
+blocks fill, prompt and generated tokens alike, hashing each block once. With `lazy_hashing`
+(the simulator's setting) blocks after a request's first are hashed only when a lookup, a read
+of `block_hash` or of the hash map could see them (`pagesim.kvcache.lazy_hashes`): the same
+decisions and values, most blocks never hashed.
 
 Copy-on-write (n > 1 sampling, beam search): `fork(parent, child)` shares the parent's blocks.
 A request about to write into a shared block gets a private copy first; `take_blocks_to_copy()`
@@ -37,6 +40,7 @@ from pagesim.kvcache.block_pool import BlockPool, KVCacheEvent
 from pagesim.kvcache.copy_on_write import replace_shared_blocks, shared_write_indices
 from pagesim.kvcache.hashing import BlockHasher
 from pagesim.kvcache.invariants import check_kv_cache_manager
+from pagesim.kvcache.lazy_hashes import LazyHashes
 from pagesim.kvcache.prefix_stats import PrefixCacheStats
 from pagesim.kvcache.sliding_window import SlidingWindow
 from pagesim.request import Request
@@ -73,13 +77,14 @@ class KVCacheManager:
     them by the null block in the table. `max_model_len` caps slots as vLLM does;
     `max_num_batched_tokens` enables vLLM's recycling-aware admission cap for sliding windows.
     With `check_invariants`, every mutating call ends with a full consistency check (slow).
+    `lazy_hashing`: see the module docstring (ignored with a sliding window or KV events).
     """
 
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
                  sliding_window: int | None = None, vllm_compat: str = "0.33",
                  check_invariants: bool = False, *, max_model_len: int | None = None,
                  max_num_batched_tokens: int | None = None,
-                 enable_kv_cache_events: bool = False) -> None:
+                 enable_kv_cache_events: bool = False, lazy_hashing: bool = False) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ConfigError(f"block_size={block_size!r}: must be an int >= 1")
         if vllm_compat not in VLLM_COMPAT:
@@ -97,6 +102,12 @@ class KVCacheManager:
                         SlidingWindow(sliding_window, block_size, max_num_batched_tokens,
                                       max_model_len))
         self.hasher = BlockHasher(block_size)
+        # Lazy hashing: same lookups, blocks hashed only when observable (see lazy_hashes).
+        # Not with a sliding window (its lookups read the whole map) or with KV events.
+        self._lazy = (LazyHashes(self.block_pool, self.hasher)
+                      if lazy_hashing and enable_caching and sliding_window is None
+                      and not enable_kv_cache_events else None)
+        self.block_pool.lazy = self._lazy
         self.check_invariants = check_invariants
         # request id -> blocks / block ids in table order (the same row, kept in step).
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -155,6 +166,11 @@ class KVCacheManager:
         Touches nothing: the hit takes effect in `allocate_slots`."""
         if not self.enable_caching:
             return self.empty_kv_cache_blocks, 0
+        if self._lazy is not None:
+            hit = self._lazy.lookup(request)
+            if not hit:
+                return self.empty_kv_cache_blocks, 0
+            return KVCacheBlocks(hit), len(hit) * self.block_size
         hashes = request.block_hashes
         if len(hashes) < (len(request.prompt_token_ids) + len(request.output_token_ids)) \
                 // self.block_size:
@@ -264,9 +280,13 @@ class KVCacheManager:
             raise AllocationError(f"request_id={rid!r}: block {index} of a row of {len(row)} "
                                   "is not a decode block to cache")
         hashes = request.block_hashes
-        if len(hashes) == index:
-            hashes.append(self.hasher.next_hash(hashes[-1], packed_tokens, request.lora_name))
-        self.block_pool.cache_block(row[index], hashes[index])
+        if self._lazy is not None:
+            self._lazy.defer_decode_block(request, row, index, packed_tokens)
+        else:
+            if len(hashes) == index:
+                hashes.append(self.hasher.next_hash(hashes[-1], packed_tokens,
+                                                    request.lora_name))
+            self.block_pool.cache_block(row[index], hashes[index])
         self.num_cached_block[rid] = index + 1
         if self.check_invariants:
             check_kv_cache_manager(self)
@@ -366,6 +386,8 @@ class KVCacheManager:
         self.req_to_block_ids.pop(rid, None)
         self.num_cached_block.pop(rid, None)
         self._cow_req_ids.discard(rid)
+        if self._lazy is not None:
+            self._lazy.forget_request(rid)
         if row:
             self.block_pool.free_blocks(reversed(row))
         if self.check_invariants:
@@ -435,6 +457,19 @@ class KVCacheManager:
 
     def _cache_blocks(self, request: Request, row: list[KVCacheBlock], num_full: int) -> None:
         rid = request.request_id
+        lazy = self._lazy
+        if lazy is not None:  # the first block now, the others deferred
+            start = self.num_cached_block[rid]
+            hashes = request.block_hashes
+            if not hashes:
+                lazy.chain(request, 1)
+            if start == 0:
+                self.block_pool.cache_full_blocks(row, hashes, 0, 1)
+                start = 1
+            if num_full > start:
+                lazy.defer(request, row, start, num_full, hashes[0])
+            self.num_cached_block[rid] = num_full
+            return
         if len(request.block_hashes) < num_full:
             self.hasher.extend(request)
         self.block_pool.cache_full_blocks(row, request.block_hashes,

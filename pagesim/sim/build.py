@@ -49,5 +49,7 @@ def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostMo
 
 
 def build_scheduler(config: EngineConfig, check_invariants: bool = False) -> Scheduler:
-    """A scheduler over a freshly sized KV cache."""
-    return make_scheduler(config, kv_capacity(config).num_gpu_blocks, check_invariants)
+    """A scheduler over a freshly sized KV cache, hashing prefix-cache blocks lazily (only
+    when a lookup can see them: the same decisions, less hashing)."""
+    return make_scheduler(config, kv_capacity(config).num_gpu_blocks, check_invariants,
+                          lazy_hashing=True)

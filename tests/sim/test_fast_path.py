@@ -155,11 +155,11 @@ class _Linear:
 
 
 def _run(fast: bool, cfg: EngineConfig, allocator: str, num_blocks: int,
-         requests: list[tuple[float, int, int, int]]):
+         requests: list[tuple[float, int, int, int]], lazy: bool = False):
     if allocator == "paged":
         kv = KVCacheManager(num_gpu_blocks=num_blocks, block_size=cfg.block_size,
                             enable_caching=cfg.enable_prefix_caching,
-                            vllm_compat=cfg.vllm_compat)
+                            vllm_compat=cfg.vllm_compat, lazy_hashing=lazy)
     else:
         kv = ContiguousKVCacheManager(num_gpu_blocks=num_blocks, block_size=cfg.block_size,
                                       policy=allocator, max_model_len=cfg.max_model_len)
@@ -229,8 +229,22 @@ def test_engine_fast_equals_slow(block_size, num_blocks, budget, max_num_seqs, c
                        scheduler_reserve_full_isl=reserve_full_isl,
                        enable_chunked_prefill=chunked)
     num_blocks = max(num_blocks, -(-128 // block_size) + 2)  # any one request fits
-    assert _run(True, cfg, allocator, num_blocks, requests) == \
-        _run(False, cfg, allocator, num_blocks, requests)
+    slow = _run(False, cfg, allocator, num_blocks, requests)
+    assert _run(True, cfg, allocator, num_blocks, requests) == slow
+    if allocator == "paged" and caching:  # lazy hashing (the simulator's): the same run
+        lazy = _run(True, cfg, allocator, num_blocks, requests, lazy=True)
+        assert lazy == _run(False, cfg, allocator, num_blocks, requests, lazy=True)
+        assert _without_hash_order(lazy) == _without_hash_order(slow)
+        for lazy_req, eager_req in zip(lazy[0], slow[0], strict=True):
+            assert lazy_req[4] == eager_req[4][:len(lazy_req[4])]
+
+
+def _without_hash_order(run: tuple) -> tuple:
+    """A run's state, less what lazy hashing may leave different: how far each request's
+    hashes reach (a prefix of the eager list, checked apart) and the hash map's key order."""
+    state, *rest, (order, keys) = run
+    state = [(*s[:4], *s[5:]) for s in state]
+    return (state, *rest, (order, sorted(keys)))
 
 
 @pytest.mark.parametrize("vocab", [32000, 128256, 7, 2, 1])
