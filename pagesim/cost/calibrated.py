@@ -163,6 +163,10 @@ class CalibratedCostModel:
         self._decode = {bs: Surface(p, prefill=False) for bs, p in sorted(dec.items())}
         self._prefill = {bs: Surface(p, prefill=True) for bs, p in sorted(pre.items())}
         self._weights: dict[int, tuple] = {}  # block size -> blend weights, filled lazily
+        # Per-step memos (speed only: the same arithmetic, done once per key):
+        self._reread_frac: dict[int, float] = {}  # block size -> blended re-read fraction
+        self._decode_base: dict[int, tuple] = {}  # decode-only n -> (graph, padded n, other)
+        self._host_memo: dict[int, float] = {}  # requests in the batch -> host overhead (s)
         residuals = [z for s in (*self._decode.values(), *self._prefill.values())
                      for z in s.values]
         floor = max(min(residuals), 0.0)
@@ -250,7 +254,12 @@ class CalibratedCostModel:
         if not self._allreduce_added:  # already inside the measured steps: report it apart
             allreduce = min(allreduce, max(other, 0.0))
             other -= allreduce
-        host = self._host(b.num_decode_seqs + len(b.prefill_new_tokens)) if self._host else 0.0
+        host = 0.0
+        if self._host:
+            num_reqs = b.num_decode_seqs + len(b.prefill_new_tokens)
+            host = self._host_memo.get(num_reqs)
+            if host is None:
+                host = self._host_memo[num_reqs] = self._host(num_reqs)
         return other, attention, allreduce, host, swap, copy
 
     def padded_tokens(self, num_tokens: int) -> int | None:
@@ -347,19 +356,27 @@ class CalibratedCostModel:
                             for w, fit in blend_weights(self._varlen, b.block_size))
             return other + attention, other
         if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
-            graph = self._decode_graph(n)
-            n = tokens = self.padded_batch(n) if graph else n
+            base = self._decode_base.get(n)
+            if base is None:
+                graph = self._decode_graph(n)
+                padded = self.padded_batch(n) if graph else n
+                base = self._decode_base[n] = (graph, padded, self._other_for(graph, padded))
+            graph, n, other = base
+            total = other
         else:
             padded = self.padded_tokens(b.total_tokens)
             graph = padded is not None
             tokens = padded if graph else b.total_tokens
-        total = other = self._other_for(graph, tokens)
+            total = other = self._other_for(graph, tokens)
         parts = 0
         if n:
             c = b.decode_context_sum / b.num_decode_seqs
             unique = b.unique_context_tokens
             if unique is not None and unique < b.decode_context_sum and self._reread:
-                frac = sum(w * f for w, f in blend_weights(self._reread, b.block_size))
+                frac = self._reread_frac.get(b.block_size)
+                if frac is None:
+                    frac = self._reread_frac[b.block_size] = sum(
+                        w * f for w, f in blend_weights(self._reread, b.block_size))
                 c = (unique + frac * (b.decode_context_sum - unique)) / b.num_decode_seqs
             for w, s in dec_w:
                 total += w * s(n, c)

@@ -133,7 +133,10 @@ class BlockPool:
                 block_hash = block._block_hash
                 if block_hash is not None:
                     if type(block_hash) is DeferredBlocks:  # never registered: nothing to drop
-                        block_hash.evict(block)
+                        block._block_hash = None  # `DeferredBlocks.evict`, inlined
+                        block_hash.live -= 1
+                        if not block_hash.live:
+                            block_hash.drop()
                     elif plain and cache.get(block_hash) is block:  # the common eviction
                         del cache[block_hash]
                         block._block_hash = None

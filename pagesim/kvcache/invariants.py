@@ -104,8 +104,10 @@ def _check_deferred(pool: BlockPool, deferred: Counter) -> None:
     grouped = 0
     for root, group in lazy.groups.items():
         _require(len(group) > 0, "empty group of deferred blocks")
+        last = next(reversed(group))
         for record in group:
             grouped += 1
+            _require(not record.tail or record is last, "a tail record is not its group's last")
             _require(record.root == root and record.owner is lazy, "record in a foreign group")
             _require(record.live == deferred[record] > 0,
                      f"deferred record counts {record.live} blocks, {deferred[record]} point to it")

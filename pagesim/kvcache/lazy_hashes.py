@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 
 class DeferredBlocks:
     """Blocks `row[start:end]` of `request`, cached but not hashed yet: each of them whose
-    `_block_hash` is this record (`live` of them) is still deferred."""
+    `_block_hash` is this record (`live` of them) is still deferred. `tail`: no record of its
+    root was made after it (so a block registered next may join it)."""
 
-    __slots__ = ("owner", "request", "row", "start", "end", "root", "live")
+    __slots__ = ("owner", "request", "row", "start", "end", "root", "live", "tail")
 
     def __init__(self, owner: LazyHashes, request: Request, row: list[KVCacheBlock],
                  start: int, root: bytes) -> None:
@@ -50,6 +51,7 @@ class DeferredBlocks:
         self.start = self.end = start
         self.root = root
         self.live = 0
+        self.tail = False
 
     def resolve(self, block: KVCacheBlock) -> bytes | None:
         """`block`'s hash, registering its root's deferred blocks first."""
@@ -61,11 +63,15 @@ class DeferredBlocks:
         block._block_hash = None
         self.live -= 1
         if not self.live:
-            groups = self.owner.groups
-            group = groups[self.root]
-            del group[self]
-            if not group:
-                del groups[self.root]
+            self.drop()
+
+    def drop(self) -> None:
+        """None of its blocks is deferred any more: leave its root's group."""
+        groups = self.owner.groups
+        group = groups[self.root]
+        del group[self]
+        if not group:
+            del groups[self.root]
 
 
 class LazyHashes:
@@ -87,8 +93,8 @@ class LazyHashes:
         groups = self.groups
         group = groups.get(root)
         record = self.newest.get(rid)
-        if (record is None or not record.live or record.end != start or record.row is not row
-                or group is None or next(reversed(group)) is not record):
+        if (record is None or not record.live or not record.tail or record.end != start
+                or record.row is not row):
             record = DeferredBlocks(self, request, row, start, root)
         count = 0
         for i in range(start, end):
@@ -101,7 +107,10 @@ class LazyHashes:
             if not record.live:
                 if group is None:
                     group = groups[root] = {}
+                elif group:
+                    next(reversed(group)).tail = False
                 group[record] = None
+                record.tail = True
                 self.newest[rid] = record
             record.live += count
 
@@ -118,13 +127,12 @@ class LazyHashes:
         if block._block_hash is not None or block.is_null:
             return
         record = self.newest.get(rid)
-        if record is not None and record.live and record.end == index and record.row is row:
-            group = self.groups[record.root]
-            if next(reversed(group)) is record:  # nothing of its root registered since
-                block._block_hash = record
-                record.end = index + 1
-                record.live += 1
-                return
+        if (record is not None and record.tail and record.live and record.end == index
+                and record.row is row):  # nothing of its root registered since: join it
+            block._block_hash = record
+            record.end = index + 1
+            record.live += 1
+            return
         self.defer(request, row, index, index + 1, request.block_hashes[0])
 
     def lookup(self, request: Request) -> list[KVCacheBlock]:
