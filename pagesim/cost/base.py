@@ -45,9 +45,10 @@ class BatchShape:
     prefill_context_tokens: list[int] = field(default_factory=list)  # [num_prefill_reqs]
     swap_bytes: int = 0  # bytes over the host link this step (swap out + swap in)
     num_blocks_to_copy: int = 0  # copy-on-write block copies on the GPU before the step
-    # Distinct tokens of KV the step's sequences hold (shared prefix blocks counted once), an
-    # upper bound on what they read; None: unknown, every sequence's context is its own.
-    unique_context_tokens: int | None = None
+    # Context tokens the step's sequences read from KV blocks that two or more requests hold
+    # (cached prefix blocks), counted once per reading sequence; None: unknown, every
+    # sequence's context is its own.
+    shared_context_tokens: int | None = None
 
     @property
     def num_prefill_reqs(self) -> int:

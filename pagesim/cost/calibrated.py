@@ -65,11 +65,14 @@ surplus programs, fitted per block size on the prefill, mixed and multi-prefill 
 per-entry residuals and `shared` below are then not used. Older profiles keep them.
 
 Shared prefixes (decode_shared.csv): a decode step whose sequences share cached prefix blocks
-(`BatchShape.unique_context_tokens` below the context sum) reads those blocks once from
-HBM and again from L2 for every other sequence; it is priced at the mean effective context
-(unique + r * re-read) / sequences, with r fitted per block size on rows measured with shared
-blocks (`reread_fraction`). Without such rows, or without the unique count, every context is
-its own.
+(`BatchShape.shared_context_tokens`: context tokens in blocks two or more requests hold,
+once per reading sequence) pays r of a private read for each of those tokens; it is priced at
+the mean effective context (context - (1 - r) * shared) / sequences, with r fitted per block
+size on rows measured with shared blocks (`reread_fraction`). The first reader of a shared
+block pays r too: measured with the prefixes split among 1 to 16 groups
+(`benchmarks/shared_groups.py`, results/validation/shared_groups.csv), a step's time follows
+its shared tokens and hardly the number of distinct prefixes. Without such rows, or without
+the shared count, every context is its own.
 
 Block sizes between measured ones interpolate linearly in log2(block size); outside the
 measured range the nearest is used (the block-size effect is not extrapolated). The total is
@@ -301,20 +304,20 @@ class CalibratedCostModel:
         return (kernel, fits) if fits else (None, {})
 
     def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
-        """The step's launch, its shared-prefix re-reads discounted (`reread`: the fraction
-        to use; default the fitted one, none without rows or without the unique count)."""
+        """The step's launch, its shared-prefix reads discounted (`reread`: the fraction to
+        use; default the fitted one, none without rows or without the shared count)."""
         launch = shape_launch(self._varlen_kernel, b, padded)
-        unique = b.unique_context_tokens
-        if unique is None:
+        shared = b.shared_context_tokens
+        if not shared:
             return launch
         if reread is None:
             if not self._reread_varlen:
                 return launch
             reread = sum(w * f for w, f in blend_weights(self._reread_varlen, b.block_size))
         context = b.decode_context_sum + sum(b.prefill_context_tokens)
-        if unique >= context or context == 0:
+        if context == 0:
             return launch
-        return launch.reread((context - unique) / context, reread)
+        return launch.reread(min(shared, context) / context, reread)
 
     @property
     def reread_fraction_varlen(self) -> dict[int, float]:
@@ -371,13 +374,14 @@ class CalibratedCostModel:
         parts = 0
         if n:
             c = b.decode_context_sum / b.num_decode_seqs
-            unique = b.unique_context_tokens
-            if unique is not None and unique < b.decode_context_sum and self._reread:
+            shared = b.shared_context_tokens
+            if shared and self._reread:
                 frac = self._reread_frac.get(b.block_size)
                 if frac is None:
                     frac = self._reread_frac[b.block_size] = sum(
                         w * f for w, f in blend_weights(self._reread, b.block_size))
-                c = (unique + frac * (b.decode_context_sum - unique)) / b.num_decode_seqs
+                shared = min(shared, b.decode_context_sum)
+                c = (b.decode_context_sum - (1.0 - frac) * shared) / b.num_decode_seqs
             for w, s in dec_w:
                 total += w * s(n, c)
             parts = 1

@@ -96,8 +96,7 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
             prefill_context_tokens=[r.num_cached_tokens] * r.num_entries),
         "decode_shared": lambda r: dataclasses.replace(
             BatchShape.decode(r.batch_size, r.context_len, r.block_size),
-            unique_context_tokens=r.shared_len + r.batch_size * (
-                r.context_len - r.shared_len))}
+            shared_context_tokens=r.batch_size * r.shared_len)}
     report: list[FitRow] = []
     every: list[float] = []
     for name in tables:

@@ -1,9 +1,11 @@
-"""Shared-prefix re-read costs, fitted on a profile's shared-prefix rows.
+"""Shared-prefix read costs, fitted on a profile's shared-prefix rows.
 
-A step whose sequences share cached prefix blocks reads those blocks once from HBM, then from
-the L2 cache for every other sequence. Each shared-prefix row was timed with its unshared
-reference in the same rounds; the fraction r in [0, 1] (steps of 0.01) that best reproduces
-the rows' ratios to their references is what a re-read costs, as a share of a first read.
+A step whose sequences share cached prefix blocks reads each of those blocks for every
+sequence that holds it, but the reads after the first come from the L2 cache and the
+concurrent first reads of one block are served together. Each shared-prefix row was timed with
+its unshared reference in the same rounds; the fraction r in [0, 1] (steps of 0.01) that best
+reproduces the rows' ratios to their references is what a token in a shared block costs, per
+reading sequence, as a share of a private one.
 `CalibratedCostModel` calls these once, with itself as `model` (they read its fitted lines
 and surfaces).
 """
@@ -18,13 +20,12 @@ from pagesim.cost.varlen import shape_launch
 
 
 def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
-    """Block size -> the cost of a shared block read again by another sequence of the
-    same decode step, as a fraction of a first read (decode_shared.csv).
+    """Block size -> the cost of reading a token of a shared block, per reading sequence
+    of a decode step, as a fraction of a private token (decode_shared.csv).
 
     A decode step reads every sequence's context; a prefix that several sequences share is
-    the same blocks, and after the first sequence reads them they sit in the GPU's L2
-    cache. The step is priced as if each sequence had the mean *effective* context
-    (unique tokens + r * re-read tokens) / sequences; r is the value in [0, 1] (steps of
+    the same blocks. The step is priced as if each sequence had the mean *effective* context
+    (context - (1 - r) * shared tokens) / sequences; r is the value in [0, 1] (steps of
     0.01) that best reproduces each row's ratio of its shared time to its reference time
     (the same step over distinct blocks, timed in the same session), so rows measured in
     another session of the same model and GPU fit as well as this profile's own.
@@ -37,8 +38,7 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
             err = 0.0
             for r in rs:
                 b, c, s = r.batch_size, r.context_len, r.shared_len
-                unique = s + b * (c - s)
-                ceff = (unique + frac * (b * c - unique)) / b
+                ceff = c - (1.0 - frac) * s
                 p = model._padded_decode(b)
                 other = model._other_for(model._decode_graph(b), p)
                 ratio = (other + surface(p, ceff)) / (other + surface(p, c))
@@ -64,9 +64,9 @@ def best_fraction(error) -> float:
 
 
 def fit_varlen_reread(model, profile: Profile) -> dict[int, float]:
-    """Block size -> re-read cost in the variable-length kernel (varlen_shared.csv), the
-    fraction in [0, 1] (steps of 0.01) that best reproduces each row's ratio to its
-    unshared reference, as `fit_decode_reread` does for decode steps."""
+    """Block size -> the cost of a shared-block token in the variable-length kernel
+    (varlen_shared.csv), the fraction in [0, 1] (steps of 0.01) that best reproduces each
+    row's ratio to its unshared reference, as `fit_decode_reread` does for decode steps."""
     out: dict[int, float] = {}
     for bs, rs in _by_block_size(profile.varlen_shared, model._varlen):
         fit = model._varlen[bs]
@@ -75,7 +75,7 @@ def fit_varlen_reread(model, profile: Profile) -> dict[int, float]:
             d, dc, k, n, sh = (r.num_decodes, r.decode_context_len, r.num_entries,
                                r.num_new_tokens, r.shared_len)
             shape = BatchShape(bs, d + k * n, d, d * dc, [dc] * d, [n] * k, [sh] * k,
-                               unique_context_tokens=sh + d * (dc - sh))
+                               shared_context_tokens=(d + k) * sh if d + k > 1 else 0)
             padded = model.padded_tokens(shape.total_tokens)
             other = model._other_for(padded is not None, padded or shape.total_tokens)
             plain = other + fit(shape_launch(model._varlen_kernel, shape, padded),

@@ -76,7 +76,8 @@ class Launch:
 
     def reread(self, duplicate_fraction: float, reread_cost: float) -> Launch:
         """This launch when `duplicate_fraction` of its cached-context reads are of blocks
-        another sequence of the step reads too, each costing `reread_cost` of a first read."""
+        that other sequences of the step read too, each costing `reread_cost` of a private
+        read."""
         saved = (1.0 - reread_cost) * duplicate_fraction * self.context_work
         return Launch(self.work - saved, self.longest, self.used, self.launched,
                       self.context_work - saved)

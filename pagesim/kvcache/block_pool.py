@@ -79,6 +79,9 @@ class BlockPool:
         self.null_block.is_null = True
         self.enable_kv_cache_events = enable_kv_cache_events
         self.kv_event_queue: list[KVCacheEvent] = []
+        # Sum of ref_cnt over blocks with ref_cnt >= 2: block-table entries that point at a
+        # block another request holds too (what a step reads from shared prefix blocks).
+        self.num_shared_refs = 0
 
     # ---- lookups -------------------------------------------------------------------------
     @property
@@ -202,12 +205,19 @@ class BlockPool:
         """Take a reference on prefix-hit blocks: ref_cnt += 1, and a block that was an
         eviction candidate (ref_cnt 0) leaves the free queue. The null block is skipped."""
         queue = self.free_block_queue
+        shared = self.num_shared_refs
         for block in blocks:
-            if block.ref_cnt == 0:
+            r = block.ref_cnt
+            if r == 0:
                 if block.is_null:
                     continue
                 queue.remove(block)
-            block.ref_cnt += 1
+            elif r == 1:
+                shared += 2
+            else:
+                shared += 1
+            block.ref_cnt = r + 1
+        self.num_shared_refs = shared
 
     # ---- caching -------------------------------------------------------------------------
     def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[bytes],
@@ -282,11 +292,15 @@ class BlockPool:
             tail = queue.fake_free_list_tail
             last = tail.prev_free_block
             num_tail = 0
+            shared = self.num_shared_refs
             for block in ordered_blocks:
                 if block.is_null:
                     continue
-                block.ref_cnt -= 1
-                if not block.ref_cnt:
+                r = block.ref_cnt
+                if r > 1:
+                    shared -= 2 if r == 2 else 1
+                block.ref_cnt = r - 1
+                if r == 1:
                     if block._block_hash is None:
                         to_head.append(block)
                     else:
@@ -294,6 +308,7 @@ class BlockPool:
                         block.prev_free_block = last
                         last = block
                         num_tail += 1
+            self.num_shared_refs = shared
             if num_tail:
                 last.next_free_block = tail
                 tail.prev_free_block = last
@@ -302,12 +317,17 @@ class BlockPool:
                 queue.prepend_n(to_head)
         else:
             freed: list[KVCacheBlock] = []
+            shared = self.num_shared_refs
             for block in ordered_blocks:
                 if block.is_null:
                     continue
-                block.ref_cnt -= 1
-                if not block.ref_cnt:
+                r = block.ref_cnt
+                if r > 1:
+                    shared -= 2 if r == 2 else 1
+                block.ref_cnt = r - 1
+                if r == 1:
                     freed.append(block)
+            self.num_shared_refs = shared
             queue.append_n(freed)
 
     def reset_prefix_cache(self) -> bool:

@@ -6,6 +6,7 @@ Pool:
 - a block is in the free queue iff its ref_cnt is 0 (the null block: never, ref_cnt 0);
 - ref counts are >= 0; blocks outside the queue have no queue links;
 - free + used == usable (used: ref_cnt > 0);
+- `num_shared_refs` is the sum of ref_cnt over blocks with ref_cnt >= 2;
 - the hash map and the blocks agree: every mapped block holds that hash, every hashed block is
   mapped; nothing is hashed with caching off;
 - lazy hashing: every deferred block is in its record's range, every record is in its root's
@@ -60,6 +61,7 @@ def check_block_pool(pool: BlockPool) -> None:
     _require(null.is_null and null.block_id == 0 and null.ref_cnt == 0
              and null._block_hash is None and 0 not in in_queue, "null block misused")
     used = 0
+    shared_refs = 0
     for block in pool.blocks:
         _require(block.is_null == (block is null), f"block {block.block_id}: wrong is_null")
         _require(block.ref_cnt >= 0, f"block {block.block_id}: ref_cnt={block.ref_cnt} < 0")
@@ -70,10 +72,14 @@ def check_block_pool(pool: BlockPool) -> None:
                  f"block {block.block_id}: ref_cnt={block.ref_cnt}, in free queue={free}")
         if not free:
             used += 1
+            if block.ref_cnt > 1:
+                shared_refs += block.ref_cnt
             _require(block.prev_free_block is None and block.next_free_block is None,
                      f"block {block.block_id}: used but linked into the queue")
     _require(queue.num_free_blocks + used == pool.num_usable_blocks,
              f"free {queue.num_free_blocks} + used {used} != usable {pool.num_usable_blocks}")
+    _require(pool.num_shared_refs == shared_refs,
+             f"num_shared_refs {pool.num_shared_refs} != {shared_refs} (sum of ref_cnt >= 2)")
     _check_hash_map(pool)
 
 

@@ -105,7 +105,7 @@ def simulate_cluster(config: EngineConfig, load: LoadSpec, num_replicas: int, ro
         metrics, averager = MetricsCollector(), WasteAverager()
         probe = _kv_probe(scheduler, scheduler.kv_cache_manager, averager, env)
         runner = CostModelRunner(cost, vocab_size=model.vocab_size,
-                                 kv_blocks_in_use=shared_blocks_counter(cost, scheduler))
+                                 shared_block_refs=shared_blocks_counter(cost, scheduler))
         engines.append(ServingEngine(env, scheduler, runner, metrics, probe,
                                      fast_path=fast_path))
         parts.append((scheduler, metrics, averager))
@@ -216,7 +216,7 @@ def simulate_requests(config: EngineConfig, requests: list[Request], *,
     metrics = MetricsCollector()
     probe = _kv_probe(scheduler, scheduler.kv_cache_manager, WasteAverager(), env)
     runner = CostModelRunner(cost, config.model_spec.vocab_size,
-                             kv_blocks_in_use=shared_blocks_counter(cost, scheduler))
+                             shared_block_refs=shared_blocks_counter(cost, scheduler))
     engine = ServingEngine(env, scheduler, runner, metrics, probe)
 
     def send(request: Request):

@@ -15,21 +15,22 @@ from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthet
 class CostModelRunner:
     """Executes a step by asking the cost model how long it takes.
 
-    `kv_blocks_in_use` (optional) returns the KV blocks that requests hold now: a step's
-    sequences read at most that many distinct blocks, fewer than their contexts add up to
-    when they share cached prefix blocks. It is given only to cost models that price such
-    re-reads (`shared_blocks_counter`); the shapes then carry `unique_context_tokens`.
+    `shared_block_refs` (optional) returns how many block-table entries point at a block that
+    another request holds too (`BlockPool.num_shared_refs`): times the block size, the
+    context tokens a step reads from shared prefix blocks. It is given only to cost models that
+    price such reads (`shared_blocks_counter`); the shapes then carry
+    `shared_context_tokens`.
     """
 
     def __init__(self, cost_model: CostModel, vocab_size: int = 32000,
-                 kv_blocks_in_use: Callable[[], int] | None = None) -> None:
+                 shared_block_refs: Callable[[], int] | None = None) -> None:
         self.cost_model = cost_model
         self.vocab_size = vocab_size
-        self.kv_blocks_in_use = kv_blocks_in_use
+        self.shared_block_refs = shared_block_refs
 
     def _priced(self, shape: BatchShape) -> float:
-        if self.kv_blocks_in_use is not None:
-            shape.unique_context_tokens = self.kv_blocks_in_use() * shape.block_size
+        if self.shared_block_refs is not None:
+            shape.shared_context_tokens = self.shared_block_refs() * shape.block_size
         return self.cost_model.step_time(shape)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -84,15 +85,15 @@ class CostModelRunner:
 
 
 def shared_blocks_counter(cost_model: CostModel, scheduler) -> Callable[[], int] | None:
-    """`kv_blocks_in_use` for a runner: the scheduler's held blocks, if its KV cache has a
-    block pool and the cost model prices shared-prefix re-reads; else None (nothing to do)."""
+    """`shared_block_refs` for a runner: the scheduler's shared block references, if its KV
+    cache has a block pool and the cost model prices shared-prefix reads; else None (nothing
+    to do)."""
     if not getattr(cost_model, "reread_fraction", None):
         return None
     pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
     if pool is None:
         return None
-    usable = pool.num_usable_blocks
-    return lambda: usable - pool.get_num_free_blocks()
+    return lambda: pool.num_shared_refs
 
 
 class _Joined(Sequence):

@@ -101,7 +101,7 @@ def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None
     manager = scheduler.kv_cache_manager
     cost = build_cost_model(config, profile)
     runner = CostModelRunner(cost, vocab_size=model.vocab_size,
-                             kv_blocks_in_use=shared_blocks_counter(cost, scheduler))
+                             shared_block_refs=shared_blocks_counter(cost, scheduler))
     env = simpy.Environment()
     metrics = MetricsCollector()
     averager = WasteAverager()

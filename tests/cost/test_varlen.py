@@ -163,8 +163,8 @@ def test_varlen_reread_fraction_is_recovered_and_applied(clean_profile) -> None:
     for d, dc, k, n, sh in [(0, 0, 4, 128, 1024), (0, 0, 16, 32, 1024), (32, 1280, 1, 256, 1024),
                             (64, 2304, 2, 128, 2048)]:
         shape = BatchShape(16, d + k * n, d, d * dc, [dc] * d, [n] * k, [sh] * k,
-                           unique_context_tokens=sh + d * (dc - sh))
-        plain = dataclasses.replace(shape, unique_context_tokens=None)
+                           shared_context_tokens=(d + k) * sh)
+        plain = dataclasses.replace(shape, shared_context_tokens=None)
         ref = base.step_time(plain) * 1e3
         padded = base.padded_tokens(shape.total_tokens)
         other = base.step_time_breakdown(plain)["other"]
@@ -178,6 +178,6 @@ def test_varlen_reread_fraction_is_recovered_and_applied(clean_profile) -> None:
     assert model.reread_fraction_varlen == {16: pytest.approx(reread, abs=0.011)}
     assert base.reread_fraction_varlen == {}
     shared = BatchShape(16, 32 + 256, 32, 32 * 1280, [1280] * 32, [256], [1024],
-                        unique_context_tokens=1024 + 32 * 256)
+                        shared_context_tokens=33 * 1024)
     assert model.step_time(shared) < model.step_time(
-        dataclasses.replace(shared, unique_context_tokens=None))
+        dataclasses.replace(shared, shared_context_tokens=None))
