@@ -9,6 +9,10 @@ the error of the summed time (what moves the run's metrics) and the per-step MAP
 
     python benchmarks/step_errors.py --real results/validation/real/llama-2-7b \\
         --profile calibration/h200/llama-2-7b [--out results/validation/step_errors_llama-2-7b.md]
+
+`--decode-spans` splits the decode-graph steps by padded batch and by the power of two that
+their longest context rounds up to (the graph's span bucket, which sets the decode kernel's
+partitions): the cost model prices a decode step from its mean context only.
 """
 
 from __future__ import annotations
@@ -34,7 +38,16 @@ def step_kind(rs: dict, i: int, num_entries: int) -> str:
     return "decode graph"
 
 
-def run_table(path: Path, cm: CalibratedCostModel) -> list[dict]:
+def span_bucket(longest: int) -> int:
+    """The decode graphs' span bucket: the longest context + 1, rounded up to a power of two
+    (at least 256), as `pagesim.gpu.cuda_graphs.span_bucket` rounds it."""
+    b = 256
+    while b < longest + 1:
+        b *= 2
+    return b
+
+
+def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False) -> list[dict]:
     raw = path.read_bytes()
     doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
     if "records" not in doc:  # not a real run (summary, diagnostics)
@@ -54,8 +67,11 @@ def run_table(path: Path, cm: CalibratedCostModel) -> list[dict]:
                            sum(dec[i]), dec[i], [q for q, _ in entries],
                            [c for _, c in entries])
         b = cm.step_time_breakdown(shape)
-        by.setdefault(step_kind(rs, i, len(entries)), []).append(
-            (wall, sum(b.values()) - b["host_overhead"]))
+        kind = step_kind(rs, i, len(entries))
+        if spans and kind == "decode graph":
+            kind = (f"decode graph, {rs['padded_reqs'][i]:>3} seqs, longest < "
+                    f"{span_bucket(max(dec[i])):>4}")
+        by.setdefault(kind, []).append((wall, sum(b.values()) - b["host_overhead"]))
     rows = []
     for kind, v in sorted(by.items()):
         a = np.asarray(v)
@@ -72,6 +88,8 @@ def main() -> None:
     ap.add_argument("--real", required=True, help="folder of real-run files (.json[.gz])")
     ap.add_argument("--profile", required=True)
     ap.add_argument("--out", default=None, help="markdown table (default: print only)")
+    ap.add_argument("--decode-spans", action="store_true",
+                    help="decode-graph steps by padded batch and span bucket")
     args = ap.parse_args()
     cm = CalibratedCostModel(Profile.load(args.profile))
     lines = [f"Per-step errors: real runs {args.real}, profile {args.profile}", "",
@@ -79,7 +97,7 @@ def main() -> None:
              "| run | kind | steps | share of step time % | real mean ms | time err % |"
              " MAPE % |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for path in sorted(Path(args.real).glob("*.json*")):
-        for r in run_table(path, cm):
+        for r in run_table(path, cm, args.decode_spans):
             lines.append(f"| {path.name.split('.')[0]} | {r['kind']} | {r['steps']} | "
                          f"{r['share_pct']} | {r['real_ms_mean']} | {r['time_err_pct']:+} | "
                          f"{r['mape_pct']} |")
