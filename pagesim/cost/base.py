@@ -25,6 +25,15 @@ from pagesim.errors import ConfigError
 from pagesim.scheduler.output import SchedulerOutput
 
 
+def longest_context(contexts: Sequence[int]) -> int:
+    """The longest of a step's decode contexts (0 for none). A sequence that knows its
+    maximum (the simulator's lazy views have `longest()`) answers without being iterated."""
+    longest = getattr(contexts, "longest", None)
+    if longest is not None:
+        return longest()
+    return max(contexts, default=0)
+
+
 @dataclass(slots=True)
 class BatchShape:
     """The shape of one engine step, in tokens (and bytes for swaps).

@@ -96,10 +96,11 @@ from pagesim.cost.analytical import (
     AnalyticalConstants,
     kv_dtype_bytes,
 )
-from pagesim.cost.base import BatchShape
+from pagesim.cost.base import BatchShape, longest_context
 from pagesim.cost.profile import DecodeRow, Profile
 from pagesim.cost.profile_rows import multi_part_shape, row_batch, row_shapes
 from pagesim.cost.reread import fit_decode_reread, fit_varlen_reread
+from pagesim.cost.spread import DecodeKernel, fit_decode_spread
 from pagesim.cost.surface import Pwl, Surface, blend_weights
 from pagesim.cost.varlen import VarlenKernel, fit_varlen, shape_launch
 from pagesim.errors import ConfigError
@@ -170,6 +171,9 @@ class CalibratedCostModel:
         self._reread_frac: dict[int, float] = {}  # block size -> blended re-read fraction
         self._decode_base: dict[int, tuple] = {}  # decode-only n -> (graph, padded n, other)
         self._host_memo: dict[int, float] = {}  # requests in the batch -> host overhead (s)
+        self._spread_frac: dict[int, float] = {}  # block size -> blended spread cost
+        # decode spread cost per block size: off until fitted last (rows are priced uniform)
+        self._spread: dict[int, float] = {}
         residuals = [z for s in (*self._decode.values(), *self._prefill.values())
                      for z in s.values]
         floor = max(min(residuals), 0.0)
@@ -195,6 +199,8 @@ class CalibratedCostModel:
         self._varlen_kernel, self._varlen = self._fit_varlen(rows)
         self._reread = fit_decode_reread(self, profile)
         self._reread_varlen = fit_varlen_reread(self, profile)
+        self._decode_kernel = DecodeKernel.of(profile)
+        self._spread = fit_decode_spread(self, profile, self._decode_kernel)
         self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
                       if profile.overhead else None)
         self._swap_s_per_byte = self._copy_s_per_token = None
@@ -319,6 +325,22 @@ class CalibratedCostModel:
             return launch
         return launch.reread(min(shared, context) / context, reread)
 
+    def _spread_s(self, b: BatchShape, padded: int, graph: bool) -> float:
+        """Seconds the decode step's unequal programs add (see `pagesim.cost.spread`)."""
+        kappa = self._spread_frac.get(b.block_size)
+        if kappa is None:
+            kappa = self._spread_frac[b.block_size] = sum(
+                w * k for w, k in blend_weights(self._spread, b.block_size))
+        mean = b.decode_context_sum / b.num_decode_seqs
+        return kappa * self._decode_kernel.program_spread(
+            padded, graph, mean, longest_context(b.decode_context_tokens))
+
+    @property
+    def decode_spread_s_per_token(self) -> dict[int, float]:
+        """Block size -> seconds per token of (longest - mean) decode program length (empty
+        without decode_spread rows or without the decode kernel's launch parameters)."""
+        return dict(self._spread)
+
     @property
     def reread_fraction_varlen(self) -> dict[int, float]:
         """Block size -> re-read cost in the variable-length kernel (empty without rows)."""
@@ -373,17 +395,23 @@ class CalibratedCostModel:
             total = other = self._other_for(graph, tokens)
         parts = 0
         if n:
-            c = b.decode_context_sum / b.num_decode_seqs
+            # decode-only steps with spread rows: the real sequences' work over the padded
+            # rows, plus the unequal programs (`pagesim.cost.spread`)
+            spread = self._spread and not b.prefill_new_tokens
+            rows = n if spread else b.num_decode_seqs
+            work = b.decode_context_sum
             shared = b.shared_context_tokens
             if shared and self._reread:
                 frac = self._reread_frac.get(b.block_size)
                 if frac is None:
                     frac = self._reread_frac[b.block_size] = sum(
                         w * f for w, f in blend_weights(self._reread, b.block_size))
-                shared = min(shared, b.decode_context_sum)
-                c = (b.decode_context_sum - (1.0 - frac) * shared) / b.num_decode_seqs
+                work -= (1.0 - frac) * min(shared, b.decode_context_sum)
+            c = work / rows
             for w, s in dec_w:
                 total += w * s(n, c)
+            if spread:
+                total += self._spread_s(b, n, graph)
             parts = 1
         for q, ctx in zip(b.prefill_new_tokens, b.prefill_context_tokens, strict=True):
             for w, s in pre_w:

@@ -17,6 +17,10 @@ On disk, `calibration/<gpu>/<model>/` holds
                    tokens (the same blocks): block_size, batch_size, context_len, shared_len,
                    step_time_ms, ... (as decode), reference_step_time_ms (the same step over
                    distinct blocks, same session)
+    decode_spread.csv  (optional) decode rows whose contexts share one mean but not one length:
+                   block_size, batch_size, context_len (the mean), longest_context_len,
+                   step_time_ms, ... (as decode), uniform_step_time_ms (every context at the
+                   mean, same rounds)
     varlen_shared.csv  (optional) steps through the variable-length kernel whose decodes and
                    prefill entries share a cached prefix: block_size, num_decodes,
                    decode_context_len, num_entries, num_new_tokens, shared_len,
@@ -47,6 +51,8 @@ prefill, mixed) replayed a CUDA graph (a step of T tokens runs the graph of the 
 >= T; larger steps ran eagerly), and the optional `multi_prefill.csv`; earlier files load with
 it empty and save without it. Version 4 also records the variable-length attention kernel's
 `varlen_block_q` and `varlen_tile_n` (0 when unknown), which `pagesim.cost.varlen` needs.
+Version 5 records the decode kernel's `decode_tile_n` and `decode_programs_per_sm` (0 when
+unknown), which `pagesim.cost.spread` needs to know a decode step's partitions.
 
 The GPU calibrator fills the records and saves them; the simulator loads them:
 
@@ -77,6 +83,7 @@ from pagesim.cost.profile_rows import (
     AllReduceRow,
     DecodeRow,
     DecodeSharedRow,
+    DecodeSpreadRow,
     MixedRow,
     MultiPrefillRow,
     OverheadRow,
@@ -86,13 +93,16 @@ from pagesim.cost.profile_rows import (
 from pagesim.errors import ConfigError
 
 __all__ = ["PROFILE_FORMAT_VERSION", "SUPPORTED_FORMAT_VERSIONS", "TABLES", "AllReduceRow",
-           "DecodeRow", "DecodeSharedRow", "MixedRow", "MultiPrefillRow", "OverheadRow",
-           "PrefillRow", "Profile", "ProfileError", "ProfileMetadata", "VarlenSharedRow",
-           "profile_dir"]
+           "DecodeRow", "DecodeSharedRow", "DecodeSpreadRow", "MixedRow", "MultiPrefillRow",
+           "OverheadRow", "PrefillRow", "Profile", "ProfileError", "ProfileMetadata",
+           "VarlenSharedRow", "profile_dir"]
 
-PROFILE_FORMAT_VERSION = 4
-SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3, 4)  # what `Profile.load` reads
+PROFILE_FORMAT_VERSION = 5
+SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3, 4, 5)  # what `Profile.load` reads
 PROFILE_JSON = "profile.json"
+
+
+_DECODE_KERNEL_KEYS = ("decode_tile_n", "decode_programs_per_sm")
 
 
 class ProfileError(ConfigError):
@@ -130,6 +140,10 @@ class ProfileMetadata:
     # (0: not recorded; prefill steps are then priced per entry). Format version 4.
     varlen_block_q: int = 0
     varlen_tile_n: int = 0
+    # the split-K decode kernel's context tokens per tile and programs resident per SM (0: not
+    # recorded; decode steps are then priced at their mean context alone). Format version 5.
+    decode_tile_n: int = 0
+    decode_programs_per_sm: int = 0
     gpu_memory_utilization: float | None = None
     host_link_bytes_per_s: float | None = None  # measured pinned copy rate (swap costs)
     device: dict[str, Any] = field(default_factory=dict)  # SM count, clocks, memory, ...
@@ -151,6 +165,9 @@ class ProfileMetadata:
         if self.format_version < 4:  # and for version 3
             for key in ("cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n"):
                 del out[key]
+        if self.format_version < 5:  # and for version 4
+            for key in _DECODE_KERNEL_KEYS:
+                del out[key]
         return out
 
     @classmethod
@@ -169,6 +186,9 @@ class ProfileMetadata:
         for key in ("cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n"):
             if version < 4 and key in data:
                 raise ProfileError(f"{where}: {key} needs format_version 4")
+        for key in _DECODE_KERNEL_KEYS:
+            if version < 5 and key in data:
+                raise ProfileError(f"{where}: {key} needs format_version 5")
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:
@@ -223,7 +243,7 @@ class ProfileMetadata:
                                                   for v in sizes) or sizes != sorted(set(sizes)):
                 raise ProfileError(f"{where}: {name}={sizes!r} must be ascending distinct "
                                    "integers >= 1")
-        for name in ("varlen_block_q", "varlen_tile_n"):
+        for name in ("varlen_block_q", "varlen_tile_n", *_DECODE_KERNEL_KEYS):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ProfileError(f"{where}: {name}={value!r} must be an integer >= 0")
@@ -246,6 +266,7 @@ class Profile:
     multi_prefill: tuple[MultiPrefillRow, ...] = ()
     decode_shared: tuple[DecodeSharedRow, ...] = ()
     varlen_shared: tuple[VarlenSharedRow, ...] = ()
+    decode_spread: tuple[DecodeSpreadRow, ...] = ()
 
     def __post_init__(self) -> None:
         for name, (row_cls, required) in TABLES.items():

@@ -87,6 +87,27 @@ class DecodeSharedRow:
 
 
 @dataclass(frozen=True)
+class DecodeSpreadRow:
+    """A decode batch whose contexts have one mean but different lengths (spread evenly up
+    to `longest_context_len`): the decode kernel's programs are as long as their sequences'
+    share of a partition, and a step whose programs differ in length takes longer than one
+    where every sequence has the mean context."""
+
+    block_size: int
+    batch_size: int
+    context_len: int  # mean cached tokens per sequence before the step
+    longest_context_len: int  # the longest sequence's cached tokens
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+    # the same batch with every context at `context_len`, timed in the same rounds: the ratio
+    # of the two is what the spread cost is fitted on
+    uniform_step_time_ms: float
+
+
+@dataclass(frozen=True)
 class VarlenSharedRow:
     """A step through the variable-length kernel whose sequences all start with the same
     `shared_len` cached tokens: `num_decodes` decodes over `decode_context_len` tokens and
@@ -129,9 +150,11 @@ TABLES: dict[str, tuple[type, bool]] = {
     "decode": (DecodeRow, True), "prefill": (PrefillRow, True),
     "mixed": (MixedRow, False), "multi_prefill": (MultiPrefillRow, False),
     "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False),
-    "decode_shared": (DecodeSharedRow, False), "varlen_shared": (VarlenSharedRow, False)}
+    "decode_shared": (DecodeSharedRow, False), "varlen_shared": (VarlenSharedRow, False),
+    "decode_spread": (DecodeSpreadRow, False)}
 KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "multi_prefill": 4, "overhead": 1,
-                "allreduce": 2, "decode_shared": 4, "varlen_shared": 6}  # leading int columns
+               "allreduce": 2, "decode_shared": 4, "varlen_shared": 6,
+               "decode_spread": 4}  # leading int columns
 
 
 def row_shapes(profile) -> list[tuple[str, int, object]]:

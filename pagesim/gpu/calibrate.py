@@ -12,6 +12,8 @@ per round; the profile keeps the median and the 10th/90th percentiles over the r
     multi    k alike prefill entries in one step (a burst of arrivals sharing a prefix)
     shared   decode batch B x context C whose first S tokens are the same blocks for every
              sequence (a cached system prompt): the decode kernel reads those blocks B times
+    spread   decode batch B whose contexts average C but are spread evenly over C +- W, with
+             its uniform twin (every context C) in the same rounds
     overhead host time per engine step outside execute_model (schedule + update), by batch
 
 Timing is interleaved (`measure_interleaved`): every point is warmed up, then timed once per
@@ -41,6 +43,7 @@ import numpy as np
 from pagesim.cost.profile import (
     DecodeRow,
     DecodeSharedRow,
+    DecodeSpreadRow,
     MixedRow,
     MultiPrefillRow,
     PrefillRow,
@@ -53,7 +56,7 @@ from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
 __all__ = ["BlockSource", "CalibrationGrid", "CalibrationRows", "Progress", "Timing",
            "calibrate_block_size", "decode_points", "measure_interleaved", "overhead_requests",
-           "overhead_rows", "prefill_points", "synthetic_step"]
+           "overhead_rows", "prefill_points", "spread_contexts", "synthetic_step"]
 
 Progress = Callable[[int, int, str], None]  # (done, total, label)
 
@@ -185,6 +188,16 @@ def measure_interleaved(runner, items: list[tuple[SchedulerOutput, bool]],
             gc.enable()
 
 
+def spread_contexts(batch: int, mean: int, half_width: int, seed: int) -> list[int]:
+    """`batch` contexts evenly over [mean - half_width, mean + half_width] in a seeded random
+    order (their mean is `mean` up to rounding): a decode_spread row's step."""
+    if batch == 1 or half_width == 0:
+        return [mean] * batch
+    xs = np.linspace(mean - half_width, mean + half_width, batch).round().astype(int)
+    np.random.default_rng(seed).shuffle(xs)
+    return xs.tolist()
+
+
 def decode_points(grid: CalibrationGrid, max_model_len: int, capacity_tokens: int,
                   max_num_seqs: int) -> list[tuple[int, int]]:
     """(batch, context) pairs that a server could run: context + 1 <= max_model_len, every
@@ -233,6 +246,14 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                     and 0 < sh <= c):
                 entries.append(("shared", (b, c, sh), [(c, 1)] * b, ("decode", b)))
                 if (b, c) not in plain:  # its reference: the same step over distinct blocks
+                    plain.add((b, c))
+                    entries.append(("reference", (b, c), [(c, 1)] * b, ("decode", b)))
+        for b, c, w in grid.decode_spread:
+            spec = [(x, 1) for x in spread_contexts(b, c, w, seed=b * 7919 + w)]
+            if b <= max_num_seqs and c + w + 1 <= max_model_len and 0 < w < c:
+                entries.append(("spread", (b, c, max(x for x, _ in spec)), spec,
+                                ("decode", b)))
+                if (b, c) not in plain:  # its uniform twin
                     plain.add((b, c))
                     entries.append(("reference", (b, c), [(c, 1)] * b, ("decode", b)))
         for d, dc, k, n, sh in grid.varlen_shared:
@@ -288,6 +309,8 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
             rows.decode_shared.append(DecodeSharedRow(*fields, plain_ms[key[:2]]))
         elif kind == "vshared" and key in vref_ms:
             rows.varlen_shared.append(VarlenSharedRow(*fields, vref_ms[key]))
+        elif kind == "spread" and key[:2] in plain_ms:
+            rows.decode_spread.append(DecodeSpreadRow(*fields, plain_ms[key[:2]]))
     return rows
 
 

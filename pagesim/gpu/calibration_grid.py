@@ -8,6 +8,7 @@ from typing import NamedTuple
 from pagesim.cost.profile import (
     DecodeRow,
     DecodeSharedRow,
+    DecodeSpreadRow,
     MixedRow,
     MultiPrefillRow,
     PrefillRow,
@@ -41,6 +42,9 @@ class CalibrationGrid:
     varlen_shared: tuple[tuple[int, int, int, int, int], ...] = (
         (0, 0, 4, 128, 1024), (0, 0, 16, 32, 1024), (32, 1280, 1, 256, 1024),
         (128, 1280, 1, 128, 1024), (64, 2304, 2, 128, 2048))
+    # (decode batch, mean context, half width): contexts spread evenly over mean +- width
+    decode_spread: tuple[tuple[int, int, int], ...] = tuple(
+        (b, 1800, w) for b in (4, 8, 16, 24, 32, 64) for w in (600, 1700))
     # Block sizes that get the full grid; the others get decode rows only (the block size
     # changes the attention kernels, which the decode rows measure; `other` is shared).
     full_block_sizes: tuple[int, ...] = (16, 32)
@@ -63,7 +67,10 @@ class CalibrationGrid:
                 "decode_shared_prefixes": sorted({s for _, _, s in self.decode_shared}),
                 "varlen_shared_decodes": sorted({v[0] for v in self.varlen_shared}),
                 "varlen_shared_entries": sorted({v[2] for v in self.varlen_shared}),
-                "varlen_shared_prefixes": sorted({v[4] for v in self.varlen_shared})}
+                "varlen_shared_prefixes": sorted({v[4] for v in self.varlen_shared}),
+                "decode_spread_batches": sorted({b for b, _, _ in self.decode_spread}),
+                "decode_spread_contexts": sorted({c for _, c, _ in self.decode_spread}),
+                "decode_spread_half_widths": sorted({w for _, _, w in self.decode_spread})}
 
 
 class CalibrationRows(NamedTuple):
@@ -75,10 +82,11 @@ class CalibrationRows(NamedTuple):
     multi_prefill: list[MultiPrefillRow]
     decode_shared: list[DecodeSharedRow]
     varlen_shared: list[VarlenSharedRow]
+    decode_spread: list[DecodeSpreadRow]
 
     @classmethod
     def empty(cls) -> CalibrationRows:
-        return cls([], [], [], [], [], [])
+        return cls([], [], [], [], [], [], [])
 
     def extend(self, other: CalibrationRows) -> None:
         """Append `other`'s rows (another block size) to these, table by table."""

@@ -52,6 +52,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from pagesim.cost.decode_launch import MIN_SPAN_BUCKET, span_bucket
 from pagesim.gpu.attention import DEFAULT_NUM_SMS, AttentionMetadata
 from pagesim.gpu.kernels.configs import DecodePartition, decode_config, decode_partition
 from pagesim.gpu.kernels.paged_attention import DecodeWorkspace
@@ -64,7 +65,6 @@ CAPTURE_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 1
 #: Largest batch captured (vLLM's default max_cudagraph_capture_size).
 MAX_CAPTURE_SIZE = 512
 #: Shortest span bucket, tokens (below it every batch size runs the decode kernel unsplit).
-MIN_SPAN_BUCKET = 256
 
 
 class GraphKey(NamedTuple):
@@ -103,15 +103,6 @@ def token_capture_sizes(max_num_batched_tokens: int,
                         max_size: int = MAX_CAPTURE_SIZE) -> tuple[int, ...]:
     """Token counts of the mixed graphs: the capture list up to the step's token budget."""
     return capture_sizes(max_num_batched_tokens, max_size)
-
-
-def span_bucket(max_seq_len: int, max_model_len: int) -> int:
-    """The step's longest context rounded up to a power of two, within
-    [MIN_SPAN_BUCKET, max_model_len] (never below `max_seq_len`)."""
-    b = MIN_SPAN_BUCKET
-    while b < max_seq_len:
-        b *= 2
-    return max(max_seq_len, min(b, max_model_len))
 
 
 def is_decode_only(scheduled) -> bool:

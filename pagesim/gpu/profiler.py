@@ -33,7 +33,7 @@ from pagesim.gpu.calibrate import (
 )
 from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
-from pagesim.gpu.kernels.configs import prefill_config
+from pagesim.gpu.kernels.configs import decode_config, prefill_config
 from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
 from pagesim.gpu.model import RandomWeightDecoder
 from pagesim.gpu.runner import GPUModelRunner
@@ -194,12 +194,16 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
 
 def varlen_tiles(model: RandomWeightDecoder, dtype: torch.dtype,
                  device: torch.device) -> dict[str, int]:
-    """The variable-length attention kernel's query tokens per program and keys per tile, as
-    the runner launches it (`prefill_config`), for the profile's metadata."""
+    """The attention kernels' launch parameters, as the runner launches them, for the
+    profile's metadata: the variable-length kernel's query tokens per program and keys per
+    tile (`prefill_config`), the decode kernel's keys per tile and programs per SM
+    (`decode_config`)."""
     group = model.num_heads // model.num_kv_heads
-    cfg = prefill_config(model.head_size, group, device.type == "cuda",
-                         dtype == torch.float32)
-    return {"varlen_block_q": cfg.block_m // group, "varlen_tile_n": cfg.tile_n}
+    on_gpu = device.type == "cuda"
+    cfg = prefill_config(model.head_size, group, on_gpu, dtype == torch.float32)
+    dec = decode_config(model.head_size, group, on_gpu)
+    return {"varlen_block_q": cfg.block_m // group, "varlen_tile_n": cfg.tile_n,
+            "decode_tile_n": dec.tile_n, "decode_programs_per_sm": dec.programs_per_sm}
 
 
 def override_capacity(config: EngineConfig, block_sizes: tuple[int, ...]) -> MeasuredKVCapacity:

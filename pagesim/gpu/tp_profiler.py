@@ -44,6 +44,7 @@ from pagesim.gpu.calibrate import (
     overhead_requests,
     overhead_rows,
 )
+from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info
 from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
 from pagesim.gpu.parallel import TPGroup, destroy_tensor_parallel, init_tensor_parallel
@@ -54,6 +55,7 @@ from pagesim.gpu.profiler import (
     gpu_key,
     measure_host_link,
     override_capacity,
+    varlen_tiles,
 )
 from pagesim.gpu.runner import GPUModelRunner
 from pagesim.gpu.serve import make_engine, replay, run_records, serve_result
@@ -133,6 +135,7 @@ def _metadata(config: EngineConfig, grid: CalibrationGrid, model: TensorParallel
               host_link: float | None, method: str, notes: str,
               cuda_graphs: bool) -> ProfileMetadata:
     info = device_info(model.device if model.device.type == "cuda" else None)
+    graphs = cuda_graphs and model.device.type == "cuda"
     return ProfileMetadata(
         gpu=gpu_key(info["gpu_name"]), model=config.model, gpu_name=info["gpu_name"],
         driver=info.get("driver", ""), cuda=info["cuda"], torch=info["torch"],
@@ -140,8 +143,12 @@ def _metadata(config: EngineConfig, grid: CalibrationGrid, model: TensorParallel
         kv_cache_dtype=config.kv_cache_dtype, tensor_parallel_size=model.tp_size,
         allreduce_in_step_times=in_steps,
         attention_backend=(f"{ATTENTION_BACKEND}; runner: "
-                           f"{RUNNER_MODES[cuda_graphs and model.device.type == 'cuda']}"),
+                           f"{RUNNER_MODES[graphs]}"),
         grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
+        cuda_graph_sizes=(list(capture_sizes(config.max_num_seqs)) if graphs else []),
+        cuda_graph_token_sizes=(list(token_capture_sizes(config.max_num_batched_tokens))
+                                if graphs else []),
+        **varlen_tiles(model, model.dtype, model.device),
         gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
         device={k: v for k, v in info.items() if k in (
             "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},

@@ -431,3 +431,11 @@ class _Contexts(Sequence):
     def __iter__(self):
         tick = self._tick
         return (o + tick for o in self._offsets[:self._n])
+
+    def longest(self) -> int:
+        """The longest context (0 for none), without building the values
+        (`pagesim.cost.base.longest_context` asks for it)."""
+        n, offsets = self._n, self._offsets
+        if not n:
+            return 0
+        return (max(offsets) if n == len(offsets) else max(offsets[:n])) + self._tick

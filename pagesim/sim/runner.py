@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from pagesim.cost.base import BatchShape, CostModel
+from pagesim.cost.base import BatchShape, CostModel, longest_context
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
 
 
@@ -113,3 +113,7 @@ class _Joined(Sequence):
     def __iter__(self):
         yield from self._a
         yield from self._b
+
+    def longest(self) -> int:
+        """The longest context of either part (`pagesim.cost.base.longest_context`)."""
+        return max(longest_context(self._a), longest_context(self._b))

@@ -21,14 +21,21 @@ from typing import NamedTuple
 
 import triton
 
-#: Fewest context tokens a decode partition is given (below this the reduction dominates).
-MIN_PARTITION_TOKENS = 128
-#: Most partitions per sequence (the reduction holds all of them in one tile).
-MAX_PARTITIONS = 64
-#: Per-program fixed cost of a decode program, in tile iterations (prologue, q load, epilogue).
-PROGRAM_OVERHEAD_TILES = 1
-#: Cost of a split's reduction kernel (a second launch plus the partials), in tile iterations.
-REDUCTION_COST_TILES = 2
+from pagesim.cost.decode_launch import (
+    MAX_PARTITIONS,
+    MIN_PARTITION_TOKENS,
+    PROGRAM_OVERHEAD_TILES,
+    REDUCTION_COST_TILES,
+    DecodePartition,
+    cdiv,
+    fixed_partition,
+    split_rule,
+)
+
+__all__ = ["MAX_PARTITIONS", "MIN_PARTITION_TOKENS", "PROGRAM_OVERHEAD_TILES",
+           "REDUCTION_COST_TILES", "DecodePartition", "KernelConfig", "cdiv", "decode_config",
+           "decode_partition", "fixed_partition", "prefill_config"]
+
 
 class KernelConfig(NamedTuple):
     """Tile shape and launch width of one attention kernel launch."""
@@ -40,13 +47,6 @@ class KernelConfig(NamedTuple):
     # Programs of this config resident on one SM at once (registers and shared memory from
     # the sm_90 compiler report); the decode split counts waves with it.
     programs_per_sm: int = 1
-
-
-class DecodePartition(NamedTuple):
-    """How a decode step splits each context: `num_partitions == 1` means no split."""
-
-    num_partitions: int
-    partition_size: int  # tokens per partition, a multiple of the decode tile
 
 
 def decode_config(head_size: int, num_queries_per_kv: int, on_gpu: bool) -> KernelConfig:
@@ -99,44 +99,7 @@ def decode_partition(
     sliding_window: int | None = None,
     min_partition_tokens: int = MIN_PARTITION_TOKENS,
 ) -> DecodePartition:
-    """Split contexts so that `num_seqs * num_kv_heads * splits` programs fill the GPU evenly.
-
-    Cost model (wave quantisation): with `slots = num_sms * programs_per_sm` programs
-    resident at once, `s` splits take `ceil(programs * s / slots)` waves, each as long as one
-    program's `ceil(span / s / tile_n)` tiles plus a fixed overhead, and any split adds the
-    reduction. The cheapest `s` wins, fewer partitions on ties. On an H200 it picks the
-    measured fastest split count on all 13 swept shapes (results/attention_h200_sweep_*.csv;
-    e.g. 8 splits, not 9, for 64 programs of 8192 tokens: one wave instead of a second,
-    nearly empty one).
-    `max_seq_len` is the longest context of the step (tokens, new token included); with a
-    sliding window only the last `sliding_window` tokens are read, so that length counts.
-    """
-    span = max(1, min(max_seq_len, sliding_window) if sliding_window else max_seq_len)
-    programs = max(1, num_seqs * num_kv_heads)
-    slots = max(1, num_sms * config.programs_per_sm)
-    tile = config.tile_n
-    most = max(1, min(MAX_PARTITIONS, cdiv(span, min_partition_tokens)))
-    best, best_cost = 1, None
-    for s in range(1, most + 1):
-        part = fixed_partition(span, cdiv(span, s), tile)
-        if part.num_partitions != s:  # rounding to the tile merged partitions
-            continue
-        waves = cdiv(programs * s, slots)
-        cost = waves * (part.partition_size // tile + PROGRAM_OVERHEAD_TILES)
-        cost += REDUCTION_COST_TILES if s > 1 else 0
-        if best_cost is None or cost < best_cost:
-            best, best_cost = s, cost
-    return fixed_partition(span, cdiv(span, best), tile)
-
-
-def fixed_partition(span: int, partition_size: int, tile_n: int) -> DecodePartition:
-    """Partitions of about `partition_size` tokens (rounded up to the tile) over `span` tokens."""
-    size = max(tile_n, cdiv(partition_size, tile_n) * tile_n)
-    return DecodePartition(max(1, cdiv(span, size)), size)
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division of non-negative ints. Not `triton.cdiv`: on some Triton versions that
-    is a JIT function whose every host call goes through the launcher's argument handling
-    (measured on the H200 host: `decode_partition` took 0.6 ms per 16-sequence step)."""
-    return -(-a // b)
+    """The decode split for this kernel config: `pagesim.cost.decode_launch.split_rule`
+    (shared with the cost model, which prices steps with the same partitions)."""
+    return split_rule(num_seqs, num_kv_heads, max_seq_len, config.tile_n,
+                      config.programs_per_sm, num_sms, sliding_window, min_partition_tokens)

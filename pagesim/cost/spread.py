@@ -1,0 +1,110 @@
+"""Decode steps whose contexts differ in length, priced from a profile's decode_spread rows.
+
+The decode rows time steps where every sequence has one context; served steps mix short and
+long sequences. Two things change then, both from the decode kernel's launch (one program per
+sequence, KV head and partition, `pagesim.cost.decode_launch`):
+
+- **Work.** A CUDA graph's padding sequences own no context: their programs exit at once.
+  The step reads the real sequences' contexts, so it is priced at the padded batch with the
+  real context sum spread over the padded rows.
+- **Unequal programs.** A program is as long as its sequence's share of one partition; when
+  the programs differ in length, the step outlasts the one where every sequence has the mean
+  context. `decode_spread.csv` times steps of one mean context whose contexts are spread
+  evenly, each against its uniform twin in the same rounds; the extra time is fitted as
+  kappa * (longest program - mean program), in seconds per token, per block size.
+
+`benchmarks/decode_spread.py` measured the effect on an H200: with one partition, contexts of
+1,800 +- 1,700 tokens cost 7-14 % more than all at 1,800; with two or more, 4 % at most.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagesim.cost.base import BatchShape
+from pagesim.cost.decode_launch import DecodePartition, span_bucket, split_rule
+from pagesim.cost.profile import Profile
+from pagesim.specs import MODELS
+
+#: Partition size that stands for "no split" (longer than any context).
+NO_SPLIT = 1 << 40
+
+
+@dataclass
+class DecodeKernel:
+    """What the cost model needs of the decode kernel's launch: its tile, programs per SM,
+    the GPU's SMs, the model's KV heads per GPU, the graphs' span limit and the window."""
+
+    tile_n: int
+    programs_per_sm: int
+    num_sms: int
+    num_kv_heads: int
+    max_model_len: int
+    sliding_window: int | None = None
+    _memo: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, profile: Profile) -> DecodeKernel | None:
+        """The profile's decode kernel, or None when the profile does not record it."""
+        meta = profile.metadata
+        sms = meta.device.get("num_sms") if isinstance(meta.device, dict) else None
+        spec = MODELS.get(meta.model)
+        if not (meta.decode_tile_n and meta.decode_programs_per_sm and sms and spec):
+            return None
+        heads = max(1, spec.num_kv_heads // meta.tensor_parallel_size)
+        return cls(meta.decode_tile_n, meta.decode_programs_per_sm, int(sms), heads,
+                   spec.max_position_embeddings, spec.sliding_window)
+
+    def partition_size(self, num_seqs: int, span: int) -> int:
+        """Tokens per partition of a step of `num_seqs` sequences over `span` tokens
+        (`NO_SPLIT` when the kernel does not split), memoized: the rule loops over splits."""
+        key = (num_seqs, span)
+        size = self._memo.get(key)
+        if size is None:
+            part: DecodePartition = split_rule(num_seqs, self.num_kv_heads, span, self.tile_n,
+                                               self.programs_per_sm, self.num_sms,
+                                               self.sliding_window)
+            size = self._memo[key] = part.partition_size if part.num_partitions > 1 \
+                else NO_SPLIT
+        return size
+
+    def program_spread(self, num_seqs: int, graph: bool, mean_context: float,
+                       longest_context: int) -> float:
+        """Longest program minus the mean one (tokens) of a decode step of `num_seqs`
+        (padded) sequences: a graph's partitions follow its span bucket, an eager step's its
+        longest context. Contexts are before the step; each sequence reads one more token."""
+        longest = longest_context + 1
+        span = span_bucket(longest, self.max_model_len) if graph else longest
+        if self.sliding_window:
+            longest = min(longest, self.sliding_window)
+            mean_context = min(mean_context, self.sliding_window - 1)
+        size = self.partition_size(num_seqs, span)
+        return max(0.0, min(size, longest) - min(size, mean_context + 1))
+
+
+def fit_decode_spread(model, profile: Profile, kernel: DecodeKernel | None) -> dict[int, float]:
+    """Block size -> seconds per token of (longest - mean) program length, least squares
+    through the origin over the block size's decode_spread rows (empty without rows or
+    without the kernel). Each row's extra time is its ratio to its uniform twin, minus one,
+    times the model's price of the uniform step, so rows from another GPU call of the same
+    model fit as well as the profile's own."""
+    if kernel is None:
+        return {}
+    by_bs: dict[int, list] = {}
+    for r in profile.decode_spread:
+        if r.block_size in model._decode:
+            by_bs.setdefault(r.block_size, []).append(r)
+    out: dict[int, float] = {}
+    for bs, rows in sorted(by_bs.items()):
+        sxx = sxy = 0.0
+        for r in rows:
+            graph = model._decode_graph(r.batch_size)
+            padded = model.padded_batch(r.batch_size) if graph else r.batch_size
+            uniform = model._parts(BatchShape.decode(r.batch_size, r.context_len, bs))[0]
+            y = (r.step_time_ms / r.uniform_step_time_ms - 1.0) * uniform
+            x = kernel.program_spread(padded, graph, r.context_len, r.longest_context_len)
+            sxx += x * x
+            sxy += x * y
+        if sxx > 0:
+            out[bs] = max(0.0, sxy / sxx)
+    return out
