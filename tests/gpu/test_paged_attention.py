@@ -6,6 +6,7 @@ import pytest
 import torch
 from paged_kv_helpers import PagedKV, assert_close_rel, randn
 
+from pagesim.cost.decode_launch import split_rule
 from pagesim.errors import KernelInputError
 from pagesim.gpu.kernels.configs import (
     MAX_PARTITIONS,
@@ -110,6 +111,9 @@ def test_partition_rule():
     assert decode_partition(1, 1, 10**6, cfg, num_sms=132).num_partitions <= MAX_PARTITIONS
     # A sliding window bounds the span that is split.
     assert decode_partition(1, 8, 100_000, cfg, 132, sliding_window=512).num_partitions <= 4
+    # The cost model prices with the very rule the backend launches with.
+    for b, h, span in [(1, 8, 8192), (16, 32, 4096), (24, 32, 4096), (64, 8, 3000)]:
+        assert decode_partition(b, h, span, cfg, 132) == split_rule(b, h, span, 64, 4, 132)
 
 
 def test_random_shapes(gen, device):

@@ -1,0 +1,125 @@
+"""Decode steps whose contexts differ in length: the launch rule the cost model shares with the
+GPU backend, the spread cost fitted from decode_spread rows, and how decode steps are priced
+with and without those rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from pagesim.cost.base import BatchShape, longest_context
+from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.decode_launch import span_bucket, split_rule
+from pagesim.cost.profile import DecodeSpreadRow, Profile, ProfileError
+from pagesim.cost.spread import NO_SPLIT, DecodeKernel
+
+SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256]
+KAPPA = 0.9e-6  # seconds per token of (longest - mean) program length: the synthetic law
+SPREAD_POINTS = [(b, 1800, w) for b in (4, 8, 16, 24, 32, 64) for w in (600, 1700)]
+
+
+def _with_kernel(profile: Profile) -> Profile:
+    """The clean profile as a llama-2-7b graph profile that records the decode kernel."""
+    meta = dataclasses.replace(profile.metadata, model="llama-2-7b", cuda_graph_sizes=SIZES,
+                               device={"num_sms": 132}, decode_tile_n=64,
+                               decode_programs_per_sm=4)
+    return Profile(meta, profile.decode, profile.prefill, profile.mixed, ())
+
+
+def _spread_rows(base: CalibratedCostModel) -> tuple[DecodeSpreadRow, ...]:
+    """Rows that follow `KAPPA` exactly, 7 % slower than `base` (another GPU call)."""
+    kernel = DecodeKernel.of(base.profile)
+    rows = []
+    for bs in (16, 32):
+        for b, c, w in SPREAD_POINTS:
+            uniform = base.step_time_breakdown(BatchShape.decode(b, c, bs))
+            uniform_s = sum(uniform.values()) - uniform["host_overhead"]
+            extra = KAPPA * kernel.program_spread(b, True, c, c + w)
+            t, ref = 1.07e3 * (uniform_s + extra), 1.07e3 * uniform_s
+            rows.append(DecodeSpreadRow(bs, b, c, c + w, t, t, t, 0.0, 0.0, ref))
+    return tuple(rows)
+
+
+@pytest.fixture(scope="module")
+def plain(clean_profile) -> CalibratedCostModel:
+    return CalibratedCostModel(_with_kernel(clean_profile))
+
+
+@pytest.fixture(scope="module")
+def spread(plain) -> CalibratedCostModel:
+    return CalibratedCostModel(dataclasses.replace(plain.profile,
+                                                   decode_spread=_spread_rows(plain)))
+
+
+def test_launch_rule_splits_by_waves_and_buckets_by_powers_of_two() -> None:
+    # llama-2-7b on an H200: 16 x 32 programs fill one wave unsplit, 24 x 32 need two splits
+    assert split_rule(16, 32, 4096, 64, 4, 132).num_partitions == 1
+    assert split_rule(24, 32, 4096, 64, 4, 132).num_partitions == 2
+    assert span_bucket(1801, 4096) == 2048 and span_bucket(3501, 4096) == 4096
+    assert span_bucket(3000, 3500) == 3500  # capped at max_model_len, never below the step
+
+
+def test_program_spread_is_the_longest_minus_the_mean_program() -> None:
+    kernel = DecodeKernel(64, 4, 132, 32, 4096)
+    assert kernel.partition_size(16, 4096) == NO_SPLIT
+    assert kernel.program_spread(16, True, 1800, 3500) == 3501 - 1801  # one partition
+    size = kernel.partition_size(24, 4096)
+    assert size == 2048  # two partitions: programs are capped at the partition
+    assert kernel.program_spread(24, True, 1800, 3500) == 2048 - 1801
+    assert kernel.program_spread(16, True, 1800, 1800) == 0.0
+
+
+def test_spread_cost_is_recovered_from_rows_of_another_call(spread, plain) -> None:
+    assert plain.decode_spread_s_per_token == {}
+    got = spread.decode_spread_s_per_token
+    assert set(got) == {16, 32}
+    for kappa in got.values():
+        assert kappa == pytest.approx(KAPPA, rel=0.02)
+
+
+def test_spread_contexts_cost_more_than_uniform_ones(spread, plain) -> None:
+    contexts = [100 + 226 * i for i in range(16)]  # mean 1795, longest 3490
+    mean = sum(contexts) // 16
+    uneven = BatchShape(16, 16, 16, sum(contexts), contexts)
+    even = BatchShape(16, 16, 16, mean * 16, [mean] * 16)
+    assert plain.step_time(uneven) == pytest.approx(plain.step_time(even), rel=1e-3)
+    extra = spread.step_time(uneven) - spread.step_time(even)
+    assert extra == pytest.approx(KAPPA * (contexts[-1] - mean), rel=0.03)
+
+
+def test_a_uniform_full_batch_prices_as_without_rows(spread, plain) -> None:
+    for b, c in [(16, 1000), (64, 512), (1, 3000)]:
+        shape = BatchShape.decode(b, c, 16)
+        assert spread.step_time(shape) == pytest.approx(plain.step_time(shape), rel=1e-9)
+
+
+def test_padding_rows_of_a_graph_own_no_context(spread, plain) -> None:
+    # 10 sequences run the 16-sequence graph: with spread rows the work is 10 contexts
+    shape = BatchShape.decode(10, 1024, 16)
+    padded = BatchShape.decode(16, 640, 16)  # the same 10 x 1024 tokens over 16 rows
+    assert spread.step_time(shape) == pytest.approx(spread.step_time(padded), rel=1e-9)
+    assert plain.step_time(shape) == pytest.approx(plain.step_time(BatchShape.decode(16, 1024,
+                                                                                     16)))
+
+
+def test_longest_context_reads_views_without_iterating() -> None:
+    class View(list):
+        def longest(self) -> int:
+            return 99
+
+    assert longest_context([3, 9, 4]) == 9 and longest_context([]) == 0
+    assert longest_context(View([1, 2])) == 99
+
+
+def test_rows_round_trip_and_need_version_5(tmp_path, spread) -> None:
+    path = spread.profile.save(tmp_path / "v5")
+    loaded = Profile.load(path)
+    assert loaded.decode_spread == spread.profile.decode_spread
+    assert loaded.metadata.decode_tile_n == 64
+    data = json.loads((path / "profile.json").read_text())
+    data["format_version"] = 4
+    (path / "profile.json").write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="decode_tile_n needs format_version 5"):
+        Profile.load(path)
