@@ -74,6 +74,13 @@ block pays r too: measured with the prefixes split among 1 to 16 groups
 its shared tokens and hardly the number of distinct prefixes. Without such rows, or without
 the shared count, every context is its own.
 
+Contexts of different lengths (decode_spread.csv, format 5 profiles that record the decode
+kernel's tile and programs per SM): a decode-only step is priced at its padded batch with the
+real sequences' context sum spread over the padded rows (a graph's padding sequences read
+nothing), plus kappa * (longest - mean program length), the decode kernel's programs counted
+with the launch rule it runs with (`pagesim.cost.decode_launch`, `pagesim.cost.spread`).
+Without such rows a decode step is priced at the padded batch and the mean real context.
+
 Block sizes between measured ones interpolate linearly in log2(block size); outside the
 measured range the nearest is used (the block-size effect is not extrapolated). The total is
 never negative. `shared` is what one more part adds less than its residual says: every part's
