@@ -314,6 +314,8 @@ class DecodeFastPath:
         if quick:
             packed_table = table.packed_table  # type: ignore[union-attr]
             vocab = self.vocab_size
+        append_decode_block = manager.append_decode_block if quick else None
+        min_span_delta = over_final_delta = 0  # added to the sums once, after the loop
         for lazy in due:
             c = lazy.offset + g
             alloc = lazy.alloc_at == c
@@ -322,15 +324,15 @@ class DecodeFastPath:
                 if not quick or (alloc and lazy.hash_at == c):  # both at once: block size 1
                     self._allocate(lazy, c)
                 elif alloc:
-                    if not manager.append_decode_block(lazy.request.request_id):
+                    if not append_decode_block(lazy.request.request_id):
                         raise PagesimError(f"decode fast path: no block for "
                                            f"{lazy.request.request_id!r} with its blocks free")
                     span, final = lazy.span, lazy.final
                     grown = span + bs
                     fill = span if span < final else final
                     grown_fill = grown if grown < final else final
-                    self.min_span_sum += grown_fill - fill
-                    self.over_final_sum += grown - grown_fill - span + fill
+                    min_span_delta += grown_fill - fill
+                    over_final_delta += grown - grown_fill - span + fill
                     lazy.span = lazy.alloc_at = grown
                 elif c + 1 >= 2 * bs:  # a full block after the first
                     if first >= 0:  # output tokens only: one slice of the packed table
@@ -364,6 +366,8 @@ class DecodeFastPath:
                 buckets[at] = [lazy]
             else:
                 bucket.append(lazy)
+        self.min_span_sum += min_span_delta
+        self.over_final_sum += over_final_delta
 
     def _allocate(self, lazy: _Lazy, c: int) -> None:
         """An event through the real `allocate_slots`, the request brought up to date first."""
