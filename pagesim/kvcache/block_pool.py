@@ -174,8 +174,11 @@ class BlockPool:
         block_hash = block._block_hash
         if block_hash is not None:
             cache = self._cached
-            if type(block_hash) is DeferredBlocks:
-                block_hash.evict(block)
+            if type(block_hash) is DeferredBlocks:  # `DeferredBlocks.evict`, inlined
+                block._block_hash = None
+                block_hash.live -= 1
+                if not block_hash.live:
+                    block_hash.drop()
             elif not self.enable_kv_cache_events and cache.get(block_hash) is block:
                 del cache[block_hash]
                 block._block_hash = None

@@ -58,6 +58,8 @@ class ServingEngine:
         self.fast_path = (DecodeFastPath(scheduler, runner, metrics.records)
                           if fast_path and DecodeFastPath.supports(scheduler, runner, kv_probe)
                           else None)
+        # The probe's all-lead snapshot applies (a paged KV cache).
+        self._lead_probe = self.fast_path is not None and self.fast_path.paged
         self.process = env.process(self._loop())
 
     def add_request(self, request: Request) -> None:
@@ -169,17 +171,33 @@ class ServingEngine:
                          num_prefill, num_decode, len(out.preempted_req_ids), out.swap_bytes)
 
     def _lead_only_end(self, fast: DecodeFastPath, start: float, step_time_s: float) -> None:
-        """`_fast_end` for a step of lazy decodes only (no scheduler or runner output)."""
+        """`_fast_end` for a step of lazy decodes only (no scheduler or runner output), with
+        `_close_step` inlined (the most common step)."""
         scheduler, metrics = self.scheduler, self.metrics
-        now = self.env.now
+        now = self.env._now
         num_lead = len(fast.lazies)
         finished = fast.end_step(now)
         if finished:
             scheduler.finish_decoded(finished)
         metrics.itl_s.extend(array("d", (now - start,)) * num_lead)
-        metrics.on_tokens_visible(now, num_lead)
-        self._close_step(fast, now, finished, start, step_time_s, num_lead, num_lead, 0,
-                         num_lead, 0, 0)
+        times = metrics.token_times_s  # MetricsCollector.on_tokens_visible, inlined
+        if times and times[-1] == now:
+            metrics.token_counts[-1] += num_lead
+        else:
+            times.append(now)
+            metrics.token_counts.append(num_lead)
+        for req in finished:
+            metrics.on_finish(req, now)
+            self._finished(req)
+        running = scheduler.running
+        n = len(fast.lazies)
+        if self._lead_probe and len(running) == n:
+            kv = self.kv_probe.lead_only(fast.offset_sum + n * fast.tick, fast.min_span_sum,
+                                         fast.over_final_sum)
+        else:
+            kv = self.kv_probe.with_lead_sums(*fast.probe_sums())
+        metrics.on_step((start, step_time_s, num_lead, num_lead, 0, num_lead, len(running),
+                         len(scheduler.waiting) + len(scheduler.swapped), *kv, 0, 0))
 
     def _close_step(self, fast: DecodeFastPath | None, now: float, finished, start: float,
                     step_time_s: float, num_reqs: int, num_tokens: int, num_prefill: int,

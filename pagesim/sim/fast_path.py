@@ -314,48 +314,57 @@ class DecodeFastPath:
         if quick:
             packed_table = table.packed_table  # type: ignore[union-attr]
             vocab = self.vocab_size
+            append_decode_block = manager.append_decode_block
+            cache_decode_block = manager.cache_decode_block
+        nbytes = 4 * bs
+        min_span_delta = over_final_delta = 0  # added to the sums once, after the loop
+        finishing = self.finishing
         for lazy in due:
-            c = lazy.offset + g
-            alloc = lazy.alloc_at == c
-            if alloc or lazy.hash_at == c:
-                first = c + 1 - bs - lazy.prompt_len  # output index of the block's first token
-                if not quick or (alloc and lazy.hash_at == c):  # both at once: block size 1
+            offset = lazy.offset
+            c = offset + g
+            alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
+            if c == alloc_at:
+                if not quick or hash_at == c:  # both at once: block size 1
                     self._allocate(lazy, c)
-                elif alloc:
-                    if not manager.append_decode_block(lazy.request.request_id):
+                    alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
+                else:
+                    if not append_decode_block(lazy.request.request_id):
                         raise PagesimError(f"decode fast path: no block for "
                                            f"{lazy.request.request_id!r} with its blocks free")
-                    span, final = lazy.span, lazy.final
-                    grown = span + bs
-                    fill = span if span < final else final
+                    final = lazy.final
+                    grown = c + bs  # the span was c
+                    fill = c if c < final else final
                     grown_fill = grown if grown < final else final
-                    self.min_span_sum += grown_fill - fill
-                    self.over_final_sum += grown - grown_fill - span + fill
-                    lazy.span = lazy.alloc_at = grown
-                elif c + 1 >= 2 * bs:  # a full block after the first
-                    if first >= 0:  # output tokens only: one slice of the packed table
-                        k = 4 * ((lazy.tok0 + first) % vocab)
-                        packed = packed_table[k:k + 4 * bs]
-                    else:  # the prompt's last tokens, then the first output tokens
-                        packed = _pack_tokens(lazy.request.prompt_token_ids[first:])
+                    min_span_delta += grown_fill - fill
+                    over_final_delta += grown - grown_fill - c + fill
+                    lazy.span = lazy.alloc_at = alloc_at = grown
+            elif c == hash_at:
+                first = c + 1 - bs - lazy.prompt_len  # output index of the block's first token
+                if quick and first >= 0 and c + 1 >= 2 * bs:  # output tokens only: one slice
+                    k = 4 * ((lazy.tok0 + first) % vocab)
+                    cache_decode_block(lazy.request, packed_table[k:k + nbytes])
+                    lazy.hash_at = hash_at = c + bs
+                elif quick and c + 1 >= 2 * bs:  # the prompt's last tokens, then outputs
+                    packed = _pack_tokens(lazy.request.prompt_token_ids[first:])
                     if packed is None:  # a prompt token out of int32: the general call says so
                         self._allocate(lazy, c)
+                        alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
                     else:
-                        if first < 0:
-                            packed += table.packed(lazy.tok0, 0, bs + first)  # type: ignore[operator]
-                        manager.cache_decode_block(lazy.request, packed)
-                        lazy.hash_at = c + bs
+                        packed += table.packed(lazy.tok0, 0, bs + first)  # type: ignore[union-attr]
+                        cache_decode_block(lazy.request, packed)
+                        lazy.hash_at = hash_at = c + bs
                 else:
                     self._allocate(lazy, c)
-            if lazy.finish_at == c:
-                self.finishing.append(lazy)
+                    alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
+            at = lazy.finish_at
+            if at == c:
+                finishing.append(lazy)
                 continue
-            at = lazy.alloc_at
-            if lazy.hash_at < at:
-                at = lazy.hash_at
-            if lazy.finish_at < at:
-                at = lazy.finish_at
-            at -= lazy.offset
+            if hash_at < at:
+                at = hash_at
+            if alloc_at < at:
+                at = alloc_at
+            at -= offset
             if at <= g:
                 raise PagesimError(f"decode fast path: {lazy.request.request_id!r} has an "
                                    "event left in this step")
@@ -364,6 +373,8 @@ class DecodeFastPath:
                 buckets[at] = [lazy]
             else:
                 bucket.append(lazy)
+        self.min_span_sum += min_span_delta
+        self.over_final_sum += over_final_delta
 
     def _allocate(self, lazy: _Lazy, c: int) -> None:
         """An event through the real `allocate_slots`, the request brought up to date first."""
