@@ -82,7 +82,5 @@ def span_bucket(max_seq_len: int, max_model_len: int) -> int:
     """The step's longest context rounded up to a power of two, within
     [MIN_SPAN_BUCKET, max_model_len] (never below `max_seq_len`): what a decode graph is
     captured for."""
-    b = MIN_SPAN_BUCKET
-    while b < max_seq_len:
-        b *= 2
+    b = max(MIN_SPAN_BUCKET, 1 << max(0, max_seq_len - 1).bit_length())
     return max(max_seq_len, min(b, max_model_len))
