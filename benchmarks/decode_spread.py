@@ -19,18 +19,6 @@ import csv
 import time
 from pathlib import Path
 
-import numpy as np
-
-
-def spread_contexts(batch: int, mean: int, half_width: int, seed: int) -> list[int]:
-    """`batch` contexts evenly over [mean - half_width, mean + half_width], shuffled; their
-    mean is `mean` up to rounding."""
-    if batch == 1 or half_width == 0:
-        return [mean] * batch
-    xs = np.linspace(mean - half_width, mean + half_width, batch).round().astype(int)
-    np.random.default_rng(seed).shuffle(xs)
-    return xs.tolist()
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -45,7 +33,12 @@ def main() -> None:
     from shared_groups import grouped_step
 
     from pagesim.config import EngineConfig
-    from pagesim.gpu.calibrate import BlockSource, CalibrationGrid, measure_interleaved
+    from pagesim.gpu.calibrate import (
+        BlockSource,
+        CalibrationGrid,
+        measure_interleaved,
+        spread_contexts,
+    )
     from pagesim.gpu.device import device_info
     from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
     from pagesim.gpu.model import RandomWeightDecoder

@@ -32,27 +32,29 @@ import numpy as np
 
 
 def grouped_step(contexts: list[int], groups: list[int], shared: dict[int, int],
-                 block_size: int, blocks, step_id: int = 0):
-    """A decode step: sequence i has context `contexts[i]`, and its first `shared[g]` tokens
-    (a block multiple) are the same blocks for every sequence of its group g = groups[i].
-    Group -1 shares nothing. None if the cache cannot hold the blocks."""
+                 block_size: int, blocks, step_id: int = 0, news: list[int] | None = None):
+    """A step: sequence i has context `contexts[i]` and computes `news[i]` new tokens (default
+    one: a decode; decodes come first), and its first `shared[g]` tokens (a block multiple)
+    are the same blocks for every sequence of its group g = groups[i]. Group -1 shares
+    nothing. None if the cache cannot hold the blocks."""
+    news = news or [1] * len(contexts)
     from pagesim.gpu.calibrate import _request
     from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
     names = sorted({g for g in groups if g >= 0})
     common = [shared[g] // block_size for g in names]
-    own = [-(-(c + 1) // block_size) - (shared[g] // block_size if g >= 0 else 0)
-           for c, g in zip(contexts, groups, strict=True)]
+    own = [-(-(c + n) // block_size) - (shared[g] // block_size if g >= 0 else 0)
+           for c, g, n in zip(contexts, groups, news, strict=True)]
     rows = blocks.take(common + own)
     if rows is None:
         return None
     prefix = dict(zip(names, rows[:len(names)], strict=True))
     out = SchedulerOutput(step_id=step_id, block_size=block_size)
     prompts: dict[int, list[int]] = {}
-    for k, (c, g) in enumerate(zip(contexts, groups, strict=True)):
+    for k, (c, g, n) in enumerate(zip(contexts, groups, news, strict=True)):
         row = (prefix[g] if g >= 0 else []) + rows[len(names) + k]
-        out.scheduled.append(ScheduledRequest(_request(f"g-{k}", c, 1, prompts), 1, c, row))
-        out.total_num_scheduled_tokens += 1
+        out.scheduled.append(ScheduledRequest(_request(f"g-{k}", c, n, prompts), n, c, row))
+        out.total_num_scheduled_tokens += n
     return out
 
 
@@ -76,18 +78,27 @@ def unique_tokens(contexts, groups, shared) -> int:
                                               for c, g in zip(contexts, groups, strict=True))
 
 
-def shapes(block_size: int) -> list[tuple[str, list[int], list[int], dict]]:
+def shapes(block_size: int) -> list[tuple[str, list[int], list[int], dict, list[int]]]:
+    """(label, contexts, groups, shared prefix per group, new tokens per sequence)."""
     out = []
     for b, c, s_list in ((64, 2048, (512, 1536)), (32, 1024, (768,))):
         for s in s_list:
             for g in (1, 2, 4, 8, 16):
                 if g <= b:
                     out.append((f"uniform b={b} c={c} s={s} g={g}", [c] * b,
-                                [i % g for i in range(b)], {i: s for i in range(g)}))
+                                [i % g for i in range(b)], {i: s for i in range(g)}, [1] * b))
     for b in (16, 48, 96):
         for seed in (0, 1):
             ctx, grp, sh = run_like(b, seed, block_size)
-            out.append((f"run-like b={b} seed={seed}", ctx, grp, sh))
+            out.append((f"run-like b={b} seed={seed}", ctx, grp, sh, [1] * b))
+    # a system-prompt request joining the batch: its prompt's user part over its group's
+    # cached system prompt (the most popular group), in one step with the decodes
+    for b in (16, 48):
+        for seed in (0, 1):
+            ctx, grp, sh = run_like(b, seed, block_size)
+            for n in (128, 384):
+                out.append((f"mixed run-like b={b} seed={seed} new={n}", ctx + [sh[0]],
+                            grp + [0], sh, [1] * b + [n]))
     return out
 
 
@@ -117,21 +128,22 @@ def main() -> None:
         runner = GPUModelRunner(config, blocks, device="cuda", model=model)
         runner.record_steps = False
         items, meta = [], []
-        for k, (label, ctx, grp, sh) in enumerate(shapes(16)):
+        for k, (label, ctx, grp, sh, news) in enumerate(shapes(16)):
             plain = [-1] * len(ctx)
-            a = grouped_step(ctx, grp, sh, 16, BlockSource(blocks, k))
-            b = grouped_step(ctx, plain, {}, 16, BlockSource(blocks, k))
+            a = grouped_step(ctx, grp, sh, 16, BlockSource(blocks, k), news=news)
+            b = grouped_step(ctx, plain, {}, 16, BlockSource(blocks, k), news=news)
             if a is None or b is None:
                 continue
             items += [(a, False), (b, False)]
-            meta.append((label, ctx, grp, sh))
+            meta.append((label, ctx, grp, sh, news))
         timings = measure_interleaved(runner, items, CalibrationGrid(
             repeats=args.rounds, min_repeats=args.rounds))
-        for k, (label, ctx, grp, sh) in enumerate(meta):
+        for k, (label, ctx, grp, sh, news) in enumerate(meta):
             t, ref = timings[2 * k].median * 1e3, timings[2 * k + 1].median * 1e3
             row = {"model": name, "label": label, "batch": len(ctx),
                    "context_sum": sum(ctx), "unique_tokens": unique_tokens(ctx, grp, sh),
                    "groups": len(set(grp)), "contexts": " ".join(map(str, ctx)),
+                   "new_tokens": " ".join(map(str, news)),
                    "step_time_ms": t, "reference_step_time_ms": ref, "ratio": t / ref,
                    "gpu": info["gpu_name"], "driver": info.get("driver", ""),
                    "torch": info["torch"], "triton": info["triton"], "date": info["date"]}
