@@ -15,9 +15,7 @@ Prints a table; writes block_order.csv under --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import time
-from pathlib import Path
 
 
 def main() -> None:
@@ -32,8 +30,8 @@ def main() -> None:
                          "the calibration's rounds do (scattered blocks only)")
     args = ap.parse_args()
     import torch
+    from gpu_bench import device_columns, release, served_runner, write_rows
 
-    from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import (
         BlockSource,
         CalibrationGrid,
@@ -41,18 +39,12 @@ def main() -> None:
         synthetic_step,
     )
     from pagesim.gpu.device import device_info
-    from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
-    from pagesim.gpu.model import RandomWeightDecoder
-    from pagesim.gpu.runner import GPUModelRunner
 
     info = device_info(torch.device("cuda"))
     rows = []
     for name in args.models.split(","):
-        config = EngineConfig.create(model=name, gpu="h200", block_size=16)
-        before = MemorySnapshot.take(torch.device("cuda"))
-        model = RandomWeightDecoder(config.model_spec, torch.bfloat16, "cuda", 16, 0)
-        blocks = measure_kv_capacity(config, model, before, (16,)).num_gpu_blocks[16]
-        runner = GPUModelRunner(config, blocks, device="cuda", model=model)
+        config, runner = served_runner(name)
+        blocks = runner.num_gpu_blocks
         items, keys = [], []
         for b in map(int, args.batches.split(",")):
             for c in sorted({min(int(x), config.max_model_len - 1)
@@ -79,22 +71,14 @@ def main() -> None:
                              "context": c, "scattered_ms": ms,
                              "consecutive_ms": got[(b, c, False)],
                              "ratio": got[(b, c, False)] / ms, "num_gpu_blocks": blocks,
-                             "gpu": info["gpu_name"], "driver": info.get("driver", ""),
-                             "torch": info["torch"], "triton": info["triton"],
-                             "date": info["date"]})
+                             **device_columns(info)})
                 print(f"{name} b={b} c={c}: scattered {ms:.2f} ms, consecutive "
                       f"{got[(b, c, False)]:.2f} ms, ratio {rows[-1]['ratio']:.3f}", flush=True)
         print(f"{name}: {len(items)} steps x {args.repeats} rounds in "
               f"{time.monotonic() - t0:.0f} s", flush=True)
-        del runner, model
-        torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = "block_order.csv" if not args.heavy else f"block_order_heavy{args.heavy}.csv"
-    with open(out / name, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+        release(runner)
+    write_rows(args.out, "block_order.csv" if not args.heavy
+               else f"block_order_heavy{args.heavy}.csv", rows)
 
 
 if __name__ == "__main__":

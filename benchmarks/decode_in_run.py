@@ -25,10 +25,8 @@ Prints a table; writes decode_in_run.csv under --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import time
-from pathlib import Path
 
 
 def ramp_requests(n: int, prompt_len: int, stride: int, vocab: int):
@@ -97,6 +95,7 @@ def main() -> None:
     import gc
 
     import torch
+    from gpu_bench import device_columns, served_runner, write_rows
 
     from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import (
@@ -106,7 +105,6 @@ def main() -> None:
         synthetic_step,
     )
     from pagesim.gpu.device import device_info
-    from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
     from pagesim.gpu.model import RandomWeightDecoder
     from pagesim.gpu.runner import GPUModelRunner
 
@@ -120,13 +118,10 @@ def main() -> None:
             config = EngineConfig.create(model=name, block_size=16, max_num_seqs=8,
                                          max_num_batched_tokens=256, max_model_len=512)
             model = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, 0)
-            blocks = 256
+            runner = GPUModelRunner(config, 256, device="cpu", model=model)
         else:
-            config = EngineConfig.create(model=name, gpu="h200", block_size=16)
-            before = MemorySnapshot.take(torch.device("cuda"))
-            model = RandomWeightDecoder(config.model_spec, torch.bfloat16, "cuda", 16, 0)
-            blocks = measure_kv_capacity(config, model, before, (16,)).num_gpu_blocks[16]
-        runner = GPUModelRunner(config, blocks, device=model.device, model=model)
+            config, runner = served_runner(name)
+        blocks = runner.num_gpu_blocks
         if runner.graphs is not None:
             runner.graphs.capture_all(max(batches))
         for prompt_len in map(int, args.prompts.split(",")):
@@ -159,8 +154,7 @@ def main() -> None:
                        "consecutive_forward_ms": med([x[2] for x in cons[s]]),
                        "gap_ms": med([x[0] for x in gap[s]]),
                        "gap_forward_ms": med([x[2] for x in gap[s]]),
-                       "gpu": info["gpu_name"], "driver": info.get("driver", ""),
-                       "torch": info["torch"], "triton": info["triton"], "date": info["date"]}
+                       **device_columns(info)}
                 rows.append(row)
                 print(f"{name} P={prompt_len} b={s[0]:>3} c={s[1]:>5}: in-run "
                       f"{row['in_run_ms']:.2f} (prep {row['in_run_prepare_ms']:.2f} fwd "
@@ -170,15 +164,10 @@ def main() -> None:
                       f"{row['consecutive_forward_ms']:.2f}) | gap {row['gap_ms']:.2f} "
                       f"(fwd {row['gap_forward_ms']:.2f})", flush=True)
         print(f"{name}: {time.monotonic() - t0:.0f} s", flush=True)
-        del runner, model
+        del runner
         if not dry:
             torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "decode_in_run.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(args.out, "decode_in_run.csv", rows)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,7 @@ Prints a table; writes decode_spread.csv under --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import time
-from pathlib import Path
 
 
 def main() -> None:
@@ -30,9 +28,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     import torch
+    from gpu_bench import device_columns, release, served_runner, write_rows
     from shared_groups import grouped_step
 
-    from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import (
         BlockSource,
         CalibrationGrid,
@@ -40,19 +38,13 @@ def main() -> None:
         spread_contexts,
     )
     from pagesim.gpu.device import device_info
-    from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
-    from pagesim.gpu.model import RandomWeightDecoder
-    from pagesim.gpu.runner import GPUModelRunner
 
     info = device_info(torch.device("cuda"))
     rows = []
     for name in args.models.split(","):
         t0 = time.monotonic()
-        config = EngineConfig.create(model=name, gpu="h200", block_size=16)
-        before = MemorySnapshot.take(torch.device("cuda"))
-        model = RandomWeightDecoder(config.model_spec, torch.bfloat16, "cuda", 16, 0)
-        blocks = measure_kv_capacity(config, model, before, (16,)).num_gpu_blocks[16]
-        runner = GPUModelRunner(config, blocks, device="cuda", model=model)
+        _, runner = served_runner(name)
+        blocks = runner.num_gpu_blocks
         runner.record_steps = False
         items, meta = [], []
         for b in map(int, args.batches.split(",")):
@@ -71,21 +63,14 @@ def main() -> None:
                    "graph_size": key.size if key else "", "num_partitions":
                    key.num_partitions if key else "", "step_time_ms": t.median * 1e3,
                    "uniform_step_time_ms": uniform[b] * 1e3, "ratio": t.median / uniform[b],
-                   "gpu": info["gpu_name"], "driver": info.get("driver", ""),
-                   "torch": info["torch"], "triton": info["triton"], "date": info["date"]}
+                   **device_columns(info)}
             rows.append(row)
             print(f"{name} b={b:>3} contexts {args.mean}+-{w:<5} longest {max(ctx):>5} "
                   f"partitions {row['num_partitions']}: {t.median * 1e3:.2f} ms, "
                   f"{row['ratio']:.3f} of uniform", flush=True)
         print(f"{name}: {time.monotonic() - t0:.0f} s", flush=True)
-        del runner, model
-        torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "decode_spread.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+        release(runner)
+    write_rows(args.out, "decode_spread.csv", rows)
 
 
 if __name__ == "__main__":

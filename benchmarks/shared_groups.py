@@ -24,9 +24,7 @@ Prints a table; writes shared_groups.csv under --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -109,23 +107,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     import torch
+    from gpu_bench import device_columns, release, served_runner, write_rows
 
-    from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import BlockSource, CalibrationGrid, measure_interleaved
     from pagesim.gpu.device import device_info
-    from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
-    from pagesim.gpu.model import RandomWeightDecoder
-    from pagesim.gpu.runner import GPUModelRunner
 
     info = device_info(torch.device("cuda"))
     rows = []
     for name in args.models.split(","):
         t0 = time.monotonic()
-        config = EngineConfig.create(model=name, gpu="h200", block_size=16)
-        before = MemorySnapshot.take(torch.device("cuda"))
-        model = RandomWeightDecoder(config.model_spec, torch.bfloat16, "cuda", 16, 0)
-        blocks = measure_kv_capacity(config, model, before, (16,)).num_gpu_blocks[16]
-        runner = GPUModelRunner(config, blocks, device="cuda", model=model)
+        _, runner = served_runner(name)
+        blocks = runner.num_gpu_blocks
         runner.record_steps = False
         items, meta = [], []
         for k, (label, ctx, grp, sh, news) in enumerate(shapes(16)):
@@ -145,21 +137,14 @@ def main() -> None:
                    "groups": len(set(grp)), "contexts": " ".join(map(str, ctx)),
                    "new_tokens": " ".join(map(str, news)),
                    "step_time_ms": t, "reference_step_time_ms": ref, "ratio": t / ref,
-                   "gpu": info["gpu_name"], "driver": info.get("driver", ""),
-                   "torch": info["torch"], "triton": info["triton"], "date": info["date"]}
+                   **device_columns(info)}
             rows.append(row)
             print(f"{name} {label}: shared {t:.2f} ms, reference {ref:.2f} ms, ratio "
                   f"{t / ref:.3f}, unique {row['unique_tokens'] / row['context_sum']:.2f}",
                   flush=True)
         print(f"{name}: {time.monotonic() - t0:.0f} s", flush=True)
-        del runner, model
-        torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "shared_groups.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+        release(runner)
+    write_rows(args.out, "shared_groups.csv", rows)
 
 
 if __name__ == "__main__":
