@@ -38,6 +38,7 @@ from pagesim.kvcache.alloc_checks import check_allocation_arguments, check_ever_
 from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.block_pool import BlockPool, KVCacheEvent
 from pagesim.kvcache.copy_on_write import replace_shared_blocks, shared_write_indices
+from pagesim.kvcache.decode_blocks import DecodeBlockEvents
 from pagesim.kvcache.hashing import BlockHasher
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.lazy_hashes import LazyHashes
@@ -69,7 +70,7 @@ class KVCacheBlocks:
         return len(self.blocks)
 
 
-class KVCacheManager:
+class KVCacheManager(DecodeBlockEvents):
     """Block tables of all live requests over one `BlockPool`.
 
     `vllm_compat` picks the free order ("0.33": unhashed freed blocks reused first; "0.23":
@@ -243,53 +244,6 @@ class KVCacheManager:
         if self.check_invariants:
             check_kv_cache_manager(self)
         return result
-
-    # ---- decode steps, one event at a time (the simulator's decode fast path) ---------------
-    def append_decode_block(self, request_id: str) -> bool:
-        """One more block at the end of a running request's row: what `allocate_slots(request,
-        1)` does for a full-attention decode whose context fills its row exactly (every full
-        block of the row already cached). False: no free block; nothing changed.
-
-        The caller guarantees the rest of `allocate_slots`' fast-path conditions: no sliding
-        window, no copy-on-write, the max_model_len cap not reached.
-        """
-        row = self.req_to_blocks[request_id]
-        if self.enable_caching and self.num_cached_block[request_id] != len(row):
-            raise AllocationError(f"request_id={request_id!r}: full blocks of its row are not "
-                                  "cached; use allocate_slots")
-        pool = self.block_pool
-        if not pool.free_block_queue.num_free_blocks:
-            return False
-        block = pool.get_new_block()
-        row.append(block)
-        self.req_to_block_ids[request_id].append(block.block_id)
-        if self.check_invariants:
-            check_kv_cache_manager(self)
-        return True
-
-    def cache_decode_block(self, request: Request, packed_tokens: bytes) -> None:
-        """Register the request's next full block (row index `num_cached_block`, not the first
-        block) in the prefix cache, its tokens given packed as little-endian int32: what
-        `allocate_slots(request, 1)` does when a decode fills a block, without reading the
-        request's tokens (they may not be appended yet). Extends `request.block_hashes` when
-        the hash is not there yet."""
-        rid = request.request_id
-        index = self.num_cached_block[rid]
-        row = self.req_to_blocks[rid]
-        if not 0 < index < len(row):
-            raise AllocationError(f"request_id={rid!r}: block {index} of a row of {len(row)} "
-                                  "is not a decode block to cache")
-        hashes = request.block_hashes
-        if self._lazy is not None:
-            self._lazy.defer_decode_block(request, row, index, packed_tokens)
-        else:
-            if len(hashes) == index:
-                hashes.append(self.hasher.next_hash(hashes[-1], packed_tokens,
-                                                    request.lora_name))
-            self.block_pool.cache_block(row[index], hashes[index])
-        self.num_cached_block[rid] = index + 1
-        if self.check_invariants:
-            check_kv_cache_manager(self)
 
     def _allocate_slots_general(self, request: Request, row: list[KVCacheBlock] | None,
                                 num_new_tokens: int, num_new_computed_tokens: int,

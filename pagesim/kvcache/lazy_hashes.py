@@ -97,8 +97,7 @@ class LazyHashes:
                 or record.row is not row):
             record = DeferredBlocks(self, request, row, start, root)
         count = 0
-        for i in range(start, end):
-            block = row[i]
+        for block in row[start:end]:
             if block._block_hash is None and not block.is_null:
                 block._block_hash = record
                 count += 1

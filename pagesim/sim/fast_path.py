@@ -22,8 +22,9 @@ step as in the slow path; in the other steps the skipped `allocate_slots(request
 no-ops (the manager's fast path returns without changing anything). On a paged manager the
 common events do exactly what that call would do without bringing the request up to date:
 `append_decode_block` (a block at the end of its row) and `cache_decode_block` (the block it
-fills, hashed from its tokens: output tokens are windows of one `SyntheticTokenTable`, so a
-block's int32 bytes are one slice). Other events bring the request up to date and call the
+fills, cached from its tokens: output tokens are windows of one `SyntheticTokenTable`, so a
+block's int32 bytes are one slice; with the simulator's lazy hashing they are kept, and hashed
+only if a lookup can see the block). Other events bring the request up to date and call the
 real `allocate_slots`; a finishing request is brought up to date for `finish_decoded`. Output
 tokens are appended only then (and at `dissolve`), a run at a time.
 
@@ -440,8 +441,7 @@ class _Contexts(Sequence):
         return values[i]
 
     def __iter__(self):
-        tick = self._tick
-        return (o + tick for o in self._offsets[:self._n])
+        return map(self._tick.__add__, self._offsets[:self._n])  # int + int, in C
 
     def longest(self) -> int:
         """The longest context (0 for none), without building the values

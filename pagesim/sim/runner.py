@@ -7,6 +7,7 @@ scheduler cannot tell a simulated step from a real one.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import chain
 
 from pagesim.cost.base import BatchShape, CostModel, longest_context
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
@@ -111,8 +112,7 @@ class _Joined(Sequence):
         return list(self)[i]
 
     def __iter__(self):
-        yield from self._a
-        yield from self._b
+        return chain(self._a, self._b)
 
     def longest(self) -> int:
         """The longest context of either part (`pagesim.cost.base.longest_context`)."""

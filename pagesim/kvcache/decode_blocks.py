@@ -1,0 +1,117 @@
+"""Decode steps one block event at a time: the two calls of the simulator's decode fast path
+(`pagesim.sim.fast_path`), as methods of `KVCacheManager`.
+
+A decode that only moves a request forward by one token changes the manager in two places
+only: when its context fills its row (a block is appended) and when its token fills a block
+(the block is cached). These calls do exactly what `allocate_slots(request, 1)` does then,
+without reading the request's tokens, so the fast path can leave the request's counters
+behind; `tests/kvcache/test_decode_events.py` holds them to `allocate_slots`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pagesim.errors import AllocationError
+from pagesim.kvcache.invariants import check_kv_cache_manager
+from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
+
+if TYPE_CHECKING:
+    from pagesim.kvcache.block import KVCacheBlock
+    from pagesim.kvcache.block_pool import BlockPool
+    from pagesim.kvcache.hashing import BlockHasher
+    from pagesim.request import Request
+
+
+class DecodeBlockEvents:
+    """Mixin of `KVCacheManager`: these are the manager's attributes it uses."""
+
+    __slots__ = ()
+    req_to_blocks: dict[str, list[KVCacheBlock]]
+    req_to_block_ids: dict[str, list[int]]
+    num_cached_block: dict[str, int]
+    enable_caching: bool
+    check_invariants: bool
+    block_pool: BlockPool
+    hasher: BlockHasher
+    _lazy: LazyHashes | None
+
+    def append_decode_block(self, request_id: str) -> bool:
+        """One more block at the end of a running request's row: what `allocate_slots(request,
+        1)` does for a full-attention decode whose context fills its row exactly (every full
+        block of the row already cached). False: no free block; nothing changed.
+
+        The caller guarantees the rest of `allocate_slots`' fast-path conditions: no sliding
+        window, no copy-on-write, the max_model_len cap not reached.
+        """
+        row = self.req_to_blocks[request_id]
+        if self.enable_caching and self.num_cached_block[request_id] != len(row):
+            raise AllocationError(f"request_id={request_id!r}: full blocks of its row are not "
+                                  "cached; use allocate_slots")
+        pool = self.block_pool
+        queue = pool.free_block_queue
+        if not queue.num_free_blocks:
+            return False
+        # BlockPool.get_new_block, inlined: the head of the free queue, evicted, ref_cnt 1.
+        head = queue.fake_free_list_head
+        block = head.next_free_block
+        nxt = block.next_free_block
+        head.next_free_block = nxt
+        nxt.prev_free_block = head
+        block.prev_free_block = block.next_free_block = None
+        queue.num_free_blocks -= 1
+        block_hash = block._block_hash
+        if block_hash is not None:
+            if type(block_hash) is DeferredBlocks:
+                block._block_hash = None
+                block_hash.live -= 1
+                if not block_hash.live:
+                    block_hash.drop()
+            else:
+                pool._evict_cached_block(block)
+        block.ref_cnt = 1
+        row.append(block)
+        self.req_to_block_ids[request_id].append(block.block_id)
+        if self.check_invariants:
+            check_kv_cache_manager(self)
+        return True
+
+    def cache_decode_block(self, request: Request, packed_tokens: bytes) -> None:
+        """Register the request's next full block (row index `num_cached_block`, not the first
+        block) in the prefix cache, its tokens given packed as little-endian int32: what
+        `allocate_slots(request, 1)` does when a decode fills a block, without reading the
+        request's tokens (they may not be appended yet). Extends `request.block_hashes` when
+        the hash is not there yet (eager hashing); with lazy hashing the block is deferred and
+        its tokens kept until the request is freed."""
+        rid = request.request_id
+        num_cached = self.num_cached_block
+        index = num_cached[rid]
+        row = self.req_to_blocks[rid]
+        if not 0 < index < len(row):
+            raise AllocationError(f"request_id={rid!r}: block {index} of a row of {len(row)} "
+                                  "is not a decode block to cache")
+        lazy = self._lazy
+        if lazy is not None:  # LazyHashes.defer_decode_block, its common case inlined
+            tokens = lazy.decode_tokens.get(rid)
+            if tokens is None:
+                tokens = lazy.decode_tokens[rid] = {}
+            tokens[index] = packed_tokens
+            block = row[index]
+            record = lazy.newest.get(rid)
+            if (block._block_hash is None and not block.is_null and record is not None
+                    and record.tail and record.live and record.end == index
+                    and record.row is row):
+                block._block_hash = record  # nothing of its root registered since: join it
+                record.end = index + 1
+                record.live += 1
+            else:
+                lazy.defer_decode_block(request, row, index, packed_tokens)
+        else:
+            hashes = request.block_hashes
+            if len(hashes) == index:
+                hashes.append(self.hasher.next_hash(hashes[-1], packed_tokens,
+                                                    request.lora_name))
+            self.block_pool.cache_block(row[index], hashes[index])
+        num_cached[rid] = index + 1
+        if self.check_invariants:
+            check_kv_cache_manager(self)
