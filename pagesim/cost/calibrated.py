@@ -176,6 +176,8 @@ class CalibratedCostModel:
         self._weights: dict[int, tuple] = {}  # block size -> blend weights, filled lazily
         # Per-step memos (speed only: the same arithmetic, done once per key):
         self._reread_frac: dict[int, float] = {}  # block size -> blended re-read fraction
+        self._reread_varlen_frac: dict[int, float] = {}  # the same, variable-length kernel
+        self._varlen_blend: dict[int, tuple] = {}  # block size -> blend_weights(_varlen)
         self._decode_base: dict[int, tuple] = {}  # decode-only n -> (graph, padded n, other)
         self._host_memo: dict[int, float] = {}  # requests in the batch -> host overhead (s)
         self._spread_frac: dict[int, float] = {}  # block size -> blended spread cost
@@ -326,7 +328,10 @@ class CalibratedCostModel:
         if reread is None:
             if not self._reread_varlen:
                 return launch
-            reread = sum(w * f for w, f in blend_weights(self._reread_varlen, b.block_size))
+            reread = self._reread_varlen_frac.get(b.block_size)
+            if reread is None:
+                reread = self._reread_varlen_frac[b.block_size] = sum(
+                    w * f for w, f in blend_weights(self._reread_varlen, b.block_size))
         context = b.decode_context_sum + sum(b.prefill_context_tokens)
         if context == 0:
             return launch
@@ -370,6 +375,14 @@ class CalibratedCostModel:
         """Block size -> `VarlenFit` (empty: prefill steps are priced per entry)."""
         return dict(self._varlen)
 
+    def _varlen_weights(self, block_size: int) -> tuple:
+        """`blend_weights(self._varlen, block_size)`, once per block size (`_varlen` is set
+        once, after which it is only read)."""
+        weights = self._varlen_blend.get(block_size)
+        if weights is None:
+            weights = self._varlen_blend[block_size] = blend_weights(self._varlen, block_size)
+        return weights
+
     def _parts(self, b: BatchShape) -> tuple[float, float]:
         """(device time, its `other` share) before clamping."""
         weights = self._weights.get(b.block_size)
@@ -385,7 +398,7 @@ class CalibratedCostModel:
             other = self._other_for(graph, padded if graph else b.total_tokens)
             launch = self._varlen_launch(b, padded)
             attention = sum(w * fit(launch, graph)
-                            for w, fit in blend_weights(self._varlen, b.block_size))
+                            for w, fit in self._varlen_weights(b.block_size))
             return other + attention, other
         if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
             base = self._decode_base.get(n)
