@@ -78,7 +78,7 @@ class DecodeKernel:
         if self.sliding_window:
             longest = min(longest, self.sliding_window)
             mean_context = min(mean_context, self.sliding_window - 1)
-        size = self.partition_size(num_seqs, span)
+        size = self._memo.get((num_seqs, span)) or self.partition_size(num_seqs, span)
         return max(0.0, min(size, longest) - min(size, mean_context + 1))
 
 
