@@ -343,9 +343,9 @@ class CalibratedCostModel:
         if kappa is None:
             kappa = self._spread_frac[b.block_size] = sum(
                 w * k for w, k in blend_weights(self._spread, b.block_size))
-        mean = b.decode_context_sum / b.num_decode_seqs
         return kappa * self._decode_kernel.program_spread(
-            padded, graph, mean, longest_context(b.decode_context_tokens))
+            padded, graph, b.decode_context_sum / b.num_decode_seqs,
+            longest_context(b.decode_context_tokens))
 
     @property
     def decode_spread_s_per_token(self) -> dict[int, float]:

@@ -79,7 +79,9 @@ class DecodeKernel:
             longest = min(longest, self.sliding_window)
             mean_context = min(mean_context, self.sliding_window - 1)
         size = self._memo.get((num_seqs, span)) or self.partition_size(num_seqs, span)
-        return max(0.0, min(size, longest) - min(size, mean_context + 1))
+        if size >= longest:  # one partition covers every sequence (the common case)
+            return max(0.0, longest - mean_context - 1)
+        return max(0.0, size - min(size, mean_context + 1))
 
 
 def fit_decode_spread(model, profile: Profile, kernel: DecodeKernel | None) -> dict[int, float]:
