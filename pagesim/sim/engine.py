@@ -96,7 +96,7 @@ class ServingEngine:
                     tick = fast.tick  # lead_context_sum() and lead_contexts(), inlined
                     step_time = self.runner.lead_decode_step_time(
                         scheduler.block_size, num_lead, fast.offset_sum + num_lead * tick,
-                        _Contexts(fast.offsets, num_lead, tick))
+                        _Contexts(fast.offsets, num_lead, tick, fast.offset_max))
                     if peek() > start + step_time:
                         env._now = start + step_time  # see `_advance`
                     else:

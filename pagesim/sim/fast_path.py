@@ -118,6 +118,7 @@ class DecodeFastPath:
         self.last_tick_time = 0.0  # end of the last fast step
         self.lazies: list[_Lazy] = []  # running order
         self.offsets: list[int] = []  # their offsets, same order (decode contexts)
+        self.offset_max: int | None = None  # the largest offset (the longest context)
         # tick -> lazy requests with an event at that tick
         self.due: dict[int, list[_Lazy]] = {}
         self.finishing: list[_Lazy] = []  # lazy requests that sample their last token now
@@ -177,7 +178,7 @@ class DecodeFastPath:
 
     def lead_contexts(self) -> Sequence[int]:
         """The lazy requests' contexts before this step, in running order (computed on read)."""
-        return _Contexts(self.offsets, len(self.offsets), self.tick)
+        return _Contexts(self.offsets, len(self.offsets), self.tick, self.offset_max)
 
     def end_step(self, now: float) -> list[Request]:
         """After the step's time has passed: the lazy requests that finished, up to date (last
@@ -205,6 +206,7 @@ class DecodeFastPath:
             else:
                 self.lazies = [lazy for lazy in lazies if not lazy.done]
                 self.offsets = [lazy.offset for lazy in self.lazies]
+            self.offset_max = max(self.offsets, default=None)
             self.finishing = []
         self.tick = g + 1
         self.last_tick_time = now
@@ -228,6 +230,7 @@ class DecodeFastPath:
                 lazy.record.num_output_tokens = lazy.num_record_tokens0 + g - lazy.g0
         self.lazies = []
         self.offsets = []
+        self.offset_max = None
         self.due = {}
         self.finishing = []
         self.offset_sum = self.min_span_sum = self.over_final_sum = 0
@@ -287,6 +290,8 @@ class DecodeFastPath:
             self._next_seq += 1
             lazies.append(lazy)
             offsets.append(c - g)
+            if self.offset_max is None or c - g > self.offset_max:
+                self.offset_max = c - g
             self.offset_sum += c - g
             self._add_span(lazy.final, span, 1)
             at = min(span, hash_at, finish_at) - c + g
@@ -425,13 +430,14 @@ class _Contexts(Sequence):
 
     `offsets` is the fast path's list: it only ever grows at its end (new lazy requests) or is
     replaced by a new list (finished ones removed), so its first `n` items never change and
-    the view needs no copy.
+    the view needs no copy; `offset_max` (optional) is their largest, kept by the fast path.
     """
 
-    __slots__ = ("_offsets", "_n", "_tick")
+    __slots__ = ("_offsets", "_n", "_tick", "_max")
 
-    def __init__(self, offsets: list[int], n: int, tick: int) -> None:
-        self._offsets, self._n, self._tick = offsets, n, tick
+    def __init__(self, offsets: list[int], n: int, tick: int,
+                 offset_max: int | None = None) -> None:
+        self._offsets, self._n, self._tick, self._max = offsets, n, tick, offset_max
 
     def __len__(self) -> int:
         return self._n
@@ -449,4 +455,6 @@ class _Contexts(Sequence):
         n, offsets = self._n, self._offsets
         if not n:
             return 0
-        return (max(offsets) if n == len(offsets) else max(offsets[:n])) + self._tick
+        if self._max is None:
+            self._max = max(offsets) if n == len(offsets) else max(offsets[:n])
+        return self._max + self._tick

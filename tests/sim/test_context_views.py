@@ -20,3 +20,8 @@ def test_joined_views_know_their_longest() -> None:
     for tail in ([], [5], [1000, 2]):
         joined = _Joined(lead, tail)
         assert longest_context(joined) == max(list(joined))
+
+
+def test_the_fast_paths_kept_maximum_is_the_views_longest() -> None:
+    view = _Contexts([120, 900, 45], 3, 7, offset_max=900)
+    assert longest_context(view) == 907 == max(view)
