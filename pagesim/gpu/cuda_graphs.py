@@ -64,7 +64,6 @@ CAPTURE_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 1
                                   224, 256, 320, 384, 448, 512)
 #: Largest batch captured (vLLM's default max_cudagraph_capture_size).
 MAX_CAPTURE_SIZE = 512
-#: Shortest span bucket, tokens (below it every batch size runs the decode kernel unsplit).
 
 
 class GraphKey(NamedTuple):
