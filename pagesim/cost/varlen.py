@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagesim.cost.base import BatchShape
+from pagesim.cost.base import BatchShape, longest_context
 
 #: Tile iterations a program spends outside its key loop (the decode split rule's figure).
 PROGRAM_OVERHEAD_TILES = 1.0
@@ -116,7 +116,7 @@ def shape_launch(kernel: VarlenKernel, b: BatchShape, padded_tokens: int | None)
     longest = 0
     if n:
         ctx = b.decode_context_tokens
-        longest = max(ctx) if len(ctx) == n else -(-b.decode_context_sum // n)
+        longest = longest_context(ctx) if len(ctx) == n else -(-b.decode_context_sum // n)
     return launch_of(kernel, list(zip(b.prefill_new_tokens, b.prefill_context_tokens,
                                       strict=True)),
                      b.decode_context_sum, longest, n, padded_tokens)
