@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pagesim.errors import AllocationError
 from pagesim.kvcache.invariants import check_kv_cache_manager
-from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
+from pagesim.kvcache.lazy_hashes import LazyHashes
 
 if TYPE_CHECKING:
     from pagesim.kvcache.block import KVCacheBlock
@@ -49,27 +49,9 @@ class DecodeBlockEvents:
             raise AllocationError(f"request_id={request_id!r}: full blocks of its row are not "
                                   "cached; use allocate_slots")
         pool = self.block_pool
-        queue = pool.free_block_queue
-        if not queue.num_free_blocks:
+        if not pool.free_block_queue.num_free_blocks:
             return False
-        # BlockPool.get_new_block, inlined: the head of the free queue, evicted, ref_cnt 1.
-        head = queue.fake_free_list_head
-        block = head.next_free_block
-        nxt = block.next_free_block
-        head.next_free_block = nxt
-        nxt.prev_free_block = head
-        block.prev_free_block = block.next_free_block = None
-        queue.num_free_blocks -= 1
-        block_hash = block._block_hash
-        if block_hash is not None:
-            if type(block_hash) is DeferredBlocks:
-                block._block_hash = None
-                block_hash.live -= 1
-                if not block_hash.live:
-                    block_hash.drop()
-            else:
-                pool._evict_cached_block(block)
-        block.ref_cnt = 1
+        block = pool.get_new_block()
         row.append(block)
         self.req_to_block_ids[request_id].append(block.block_id)
         if self.check_invariants:

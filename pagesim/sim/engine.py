@@ -24,7 +24,7 @@ from pagesim.errors import PagesimError
 from pagesim.metrics.collector import MetricsCollector
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner
-from pagesim.sim.fast_path import DecodeFastPath, _Contexts
+from pagesim.sim.fast_path import DecodeFastPath
 
 # () -> (kv_usage, token_state, reserved, internal_frag, external_frag): fractions of KV memory
 KVProbe = Callable[[], tuple[float, float, float, float, float]]
@@ -93,10 +93,9 @@ class ServingEngine:
             if fast is not None and fast.begin_step(start):
                 num_lead = len(fast.lazies)
                 if scheduler.skip_lead_only_step(num_lead):  # the common step: decodes only
-                    tick = fast.tick  # lead_context_sum() and lead_contexts(), inlined
                     step_time = self.runner.lead_decode_step_time(
-                        scheduler.block_size, num_lead, fast.offset_sum + num_lead * tick,
-                        _Contexts(fast.offsets, num_lead, tick, fast.offset_max))
+                        scheduler.block_size, num_lead, fast.lead_context_sum(),
+                        fast.lead_contexts())
                     if peek() > start + step_time:
                         env._now = start + step_time  # see `_advance`
                     else:
