@@ -27,6 +27,7 @@ from step_pricing import rebuild
 
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.decode_launch import span_bucket
 from pagesim.cost.profile import Profile
 
 
@@ -36,15 +37,6 @@ def step_kind(rs: dict, i: int, num_entries: int) -> str:
     if rs.get("mixed_graph", [False] * (i + 1))[i]:
         return f"mixed graph, {min(num_entries, 4)}{'+' if num_entries > 4 else ''} prefill"
     return "decode graph"
-
-
-def span_bucket(longest: int) -> int:
-    """The decode graphs' span bucket: the longest context + 1, rounded up to a power of two
-    (at least 256), as `pagesim.gpu.cuda_graphs.span_bucket` rounds it."""
-    b = 256
-    while b < longest + 1:
-        b *= 2
-    return b
 
 
 def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False) -> list[dict]:
@@ -69,8 +61,8 @@ def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False) -> list[
         b = cm.step_time_breakdown(shape)
         kind = step_kind(rs, i, len(entries))
         if spans and kind == "decode graph":
-            kind = (f"decode graph, {rs['padded_reqs'][i]:>3} seqs, longest < "
-                    f"{span_bucket(max(dec[i])):>4}")
+            span = span_bucket(max(dec[i]) + 1, doc["engine_config"]["max_model_len"])
+            kind = f"decode graph, {rs['padded_reqs'][i]:>3} seqs, longest < {span:>4}"
         by.setdefault(kind, []).append((wall, sum(b.values()) - b["host_overhead"]))
     rows = []
     for kind, v in sorted(by.items()):
