@@ -179,20 +179,14 @@ class ServingEngine:
         finished = fast.end_step(now)
         if finished:
             scheduler.finish_decoded(finished)
-        metrics.itl_s.extend(array("d", (now - start,)) * num_lead)
-        times = metrics.token_times_s  # MetricsCollector.on_tokens_visible, inlined
-        if times and times[-1] == now:
-            metrics.token_counts[-1] += num_lead
-        else:
-            times.append(now)
-            metrics.token_counts.append(num_lead)
+        self._note_tokens({}, now, num_lead, now - start)
         for req in finished:
             metrics.on_finish(req, now)
             self._finished(req)
         running = scheduler.running
         n = len(fast.lazies)
         if self._lead_probe and len(running) == n:
-            kv = self.kv_probe.lead_only(fast.offset_sum + n * fast.tick, fast.min_span_sum,
+            kv = self.kv_probe.lead_only(fast.lead_context_sum(), fast.min_span_sum,
                                          fast.over_final_sum)
         else:
             kv = self.kv_probe.with_lead_sums(*fast.probe_sums())
