@@ -2,7 +2,8 @@
 
 Each real run (`pagesim validate`'s real-run files) keeps its runner's per-step records:
 wall time, whether the step replayed a decode graph or a mixed-step graph or ran eagerly.
-Every step's members are rebuilt from the request records (`step_pricing.rebuild`), priced
+Every step's members are rebuilt by replaying its schedule (`step_replay.replay_shapes`:
+exact decode contexts, prefill entries and shared prefix references), priced
 by `CalibratedCostModel` (device part: its step time minus the host-overhead term) and
 compared with the runner's wall time. Per run and kind: steps, share of the run's step time,
 the error of the summed time (what moves the run's metrics) and the per-step MAPE.
@@ -12,20 +13,21 @@ the error of the summed time (what moves the run's metrics) and the per-step MAP
 
 `--decode-spans` splits the decode-graph steps by padded batch and by the power of two that
 their longest context rounds up to (the graph's span bucket, which sets the decode kernel's
-partitions): the cost model prices a decode step from its mean context only.
+partitions). `--no-shared` prices every context as private (shared prefix reads at full
+cost), to see what the shared-block rule does.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 from pathlib import Path
 
 import numpy as np
-from step_pricing import rebuild
+from step_replay import replay_shapes
 
-from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.decode_launch import span_bucket
 from pagesim.cost.profile import Profile
@@ -39,29 +41,30 @@ def step_kind(rs: dict, i: int, num_entries: int) -> str:
     return "decode graph"
 
 
-def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False) -> list[dict]:
+def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
+              shared: bool = True) -> list[dict]:
     raw = path.read_bytes()
     doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
     if "records" not in doc:  # not a real run (summary, diagnostics)
         return []
     rs, bs = doc["records"]["runner_steps"], doc["engine_config"]["block_size"]
-    dec, ent = rebuild(doc)
+    shapes = replay_shapes(doc)
     by: dict[str, list[tuple[float, float]]] = {}
     total = 0.0
     for i, wall in enumerate(rs["wall_s"]):
         if not rs["num_reqs"][i]:
             continue
         total += wall
-        entries = [] if rs["num_prefill_tokens"][i] == 0 else ent[i]
-        if entries is None:  # members not solvable from the records: left out
+        shape = shapes[i]
+        if shape is None:  # past a step the replay could not rebuild: left out
             continue
-        shape = BatchShape(bs, len(dec[i]) + sum(q for q, _ in entries), len(dec[i]),
-                           sum(dec[i]), dec[i], [q for q, _ in entries],
-                           [c for _, c in entries])
+        if not shared:
+            shape = dataclasses.replace(shape, shared_context_tokens=None)
         b = cm.step_time_breakdown(shape)
-        kind = step_kind(rs, i, len(entries))
+        kind = step_kind(rs, i, shape.num_prefill_reqs)
         if spans and kind == "decode graph":
-            span = span_bucket(max(dec[i]) + 1, doc["engine_config"]["max_model_len"])
+            span = span_bucket(max(shape.decode_context_tokens) + 1,
+                               doc["engine_config"]["max_model_len"])
             kind = f"decode graph, {rs['padded_reqs'][i]:>3} seqs, longest < {span:>4}"
         by.setdefault(kind, []).append((wall, sum(b.values()) - b["host_overhead"]))
     rows = []
@@ -80,6 +83,8 @@ def main() -> None:
     ap.add_argument("--real", required=True, help="folder of real-run files (.json[.gz])")
     ap.add_argument("--profile", required=True)
     ap.add_argument("--out", default=None, help="markdown table (default: print only)")
+    ap.add_argument("--no-shared", action="store_true",
+                    help="price shared prefix reads as private ones")
     ap.add_argument("--decode-spans", action="store_true",
                     help="decode-graph steps by padded batch and span bucket")
     args = ap.parse_args()
@@ -89,7 +94,7 @@ def main() -> None:
              "| run | kind | steps | share of step time % | real mean ms | time err % |"
              " MAPE % |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for path in sorted(Path(args.real).glob("*.json*")):
-        for r in run_table(path, cm, args.decode_spans):
+        for r in run_table(path, cm, args.decode_spans, not args.no_shared):
             lines.append(f"| {path.name.split('.')[0]} | {r['kind']} | {r['steps']} | "
                          f"{r['share_pct']} | {r['real_ms_mean']} | {r['time_err_pct']:+} | "
                          f"{r['mape_pct']} |")

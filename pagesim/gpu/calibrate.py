@@ -221,9 +221,9 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                          ) -> CalibrationRows:
     """All rows of one block size (the runner's cache must use `block_size`).
 
-    `other_ms` (attention skipped) is timed once per decode batch, per prefill token count and
-    per mixed point and per (entries, new tokens) of the multi-prefill points, in the same
-    interleaved rounds as the full steps.
+    `other_ms` (attention skipped) is timed once per decode batch, per prefill token count, per
+    (new tokens, decodes) of the mixed points and per (entries, new tokens) of the
+    multi-prefill points, in the same interleaved rounds as the full steps.
     """
     blocks = BlockSource(runner.num_gpu_blocks, seed)
     capacity = (runner.num_gpu_blocks - 1) * block_size
@@ -236,7 +236,7 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         for n, k, b, c in grid.mixed:
             if n + k <= max_model_len and n + b <= max_num_batched_tokens:
                 entries.append(("mixed", (n, k, b, c), [(c, 1)] * b + [(k, n)],
-                                ("mixed", n, k, b, c)))
+                                ("mixed", n, b)))
         for k, n, c in grid.multi_prefill:
             if k * n <= max_num_batched_tokens and n + c <= max_model_len and k <= max_num_seqs:
                 entries.append(("multi", (k, n, c), [(c, n)] * k, ("multi", k, n)))

@@ -27,10 +27,14 @@ class CalibrationGrid:
     prefill_tokens: tuple[int, ...] = (16, 64, 128, 256, 384, 512, 768, 1024, 2048, 4096,
                                        8192)
     prefill_cached: tuple[int, ...] = (0, 1024, 4096)
-    # (new tokens, cached tokens, decode batch, decode context)
+    # (new tokens, cached tokens, decode batch, decode context): a few large chunks, and the
+    # steps a served run admits a request in (a chunk of <= 512 tokens with or without a
+    # cached prefix joining a batch of long decodes: a mixed graph)
     mixed: tuple[tuple[int, int, int, int], ...] = (
         (256, 0, 32, 512), (1024, 0, 32, 512), (256, 0, 128, 512), (1024, 0, 128, 512),
-        (2048, 1024, 64, 1024))
+        (2048, 1024, 64, 1024)) + tuple(
+        (n, k, b, c) for b in (16, 48, 96) for c in (1024, 2048) for n in (128, 384)
+        for k in (0, 1024))
     # (entries, new tokens per entry, cached tokens per entry)
     multi_prefill: tuple[tuple[int, int, int], ...] = tuple(
         (k, n, c) for k in (2, 4, 8, 16) for n in (32, 128, 512) for c in (0, 1024))
@@ -41,7 +45,8 @@ class CalibrationGrid:
     # variable-length kernel over a shared prefix (a multiple of 128)
     varlen_shared: tuple[tuple[int, int, int, int, int], ...] = (
         (0, 0, 4, 128, 1024), (0, 0, 16, 32, 1024), (32, 1280, 1, 256, 1024),
-        (128, 1280, 1, 128, 1024), (64, 2304, 2, 128, 2048))
+        (128, 1280, 1, 128, 1024), (64, 2304, 2, 128, 2048), (24, 1536, 1, 256, 1024),
+        (48, 1792, 1, 128, 1280), (96, 2048, 1, 128, 1536))
     # (decode batch, mean context, half width): contexts spread evenly over mean +- width
     decode_spread: tuple[tuple[int, int, int], ...] = tuple(
         (b, 1800, w) for b in (4, 8, 16, 24, 32, 64) for w in (600, 1700))
