@@ -47,7 +47,7 @@ def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
     doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
     if "records" not in doc:  # not a real run (summary, diagnostics)
         return []
-    rs, bs = doc["records"]["runner_steps"], doc["engine_config"]["block_size"]
+    rs = doc["records"]["runner_steps"]
     shapes = replay_shapes(doc)
     by: dict[str, list[tuple[float, float]]] = {}
     total = 0.0
