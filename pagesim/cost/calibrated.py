@@ -151,7 +151,11 @@ class CalibratedCostModel:
         other: dict[bool, dict[float, list[float]]] = {True: defaultdict(list),
                                                        False: defaultdict(list)}
         for _, tokens, row in rows:
-            other[self._is_graph_row(row, tokens)][tokens].append(row.other_ms * MS)
+            # a graph row ran its graph at the padded size: that is the size it measured
+            graph = self._is_graph_row(row, tokens)
+            size = (self.padded_tokens(tokens) if graph and not isinstance(row, DecodeRow)
+                    else tokens)
+            other[graph][size].append(row.other_ms * MS)
         if not self._token_sizes or not other[False] or not other[True]:
             merged: dict[float, list[float]] = defaultdict(list)
             for table in other.values():
