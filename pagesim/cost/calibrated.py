@@ -7,6 +7,7 @@ A step is decomposed as
   + sum of prefill(block size, new, cached)    one residual per prefill entry
   - (parts - 1) * shared                       fixed cost that every part's residual carries
   + host overhead(num_reqs)                    overhead.csv, if measured
+    [+ step + per entry * prefill entries]     a step that admits prompts (format 6)
   + swap bytes / host link, copy-on-write copies
   + all-reduces (TP > 1)                       only for a profile timed on one rank's shard
 
@@ -216,6 +217,9 @@ class CalibratedCostModel:
         self._spread = fit_decode_spread(self, profile, self._decode_kernel)
         self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
                       if profile.overhead else None)
+        # host time of a step that admits prompts, beyond the decode-only line (format 6)
+        self._admit_step_s = (meta.overhead_prefill_step_ms or 0.0) * MS
+        self._admit_entry_s = (meta.overhead_per_prefill_ms or 0.0) * MS
         self._swap_s_per_byte = self._copy_s_per_token = None
         host = meta.host_link_bytes_per_s or (
             gpu.host_link_bytes_per_s * AnalyticalConstants().host_link_efficiency
@@ -282,6 +286,8 @@ class CalibratedCostModel:
             host = self._host_memo.get(num_reqs)
             if host is None:
                 host = self._host_memo[num_reqs] = self._host(num_reqs)
+            if b.prefill_new_tokens:
+                host += self._admit_step_s + self._admit_entry_s * len(b.prefill_new_tokens)
         return other, attention, allreduce, host, swap, copy
 
     def padded_tokens(self, num_tokens: int) -> int | None:

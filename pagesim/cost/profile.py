@@ -52,7 +52,9 @@ prefill, mixed) replayed a CUDA graph (a step of T tokens runs the graph of the 
 it empty and save without it. Version 4 also records the variable-length attention kernel's
 `varlen_block_q` and `varlen_tile_n` (0 when unknown), which `pagesim.cost.varlen` needs.
 Version 5 records the decode kernel's `decode_tile_n` and `decode_programs_per_sm` (0 when
-unknown), which `pagesim.cost.spread` needs to know a decode step's partitions.
+unknown), which `pagesim.cost.spread` needs to know a decode step's partitions. Version 6
+records the host time of steps that admit prompts beyond the decode-only `overhead.csv`
+(`overhead_prefill_step_ms`, `overhead_per_prefill_ms`; None when not measured).
 
 The GPU calibrator fills the records and saves them; the simulator loads them:
 
@@ -97,12 +99,13 @@ __all__ = ["PROFILE_FORMAT_VERSION", "SUPPORTED_FORMAT_VERSIONS", "TABLES", "All
            "OverheadRow", "PrefillRow", "Profile", "ProfileError", "ProfileMetadata",
            "VarlenSharedRow", "profile_dir"]
 
-PROFILE_FORMAT_VERSION = 5
-SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3, 4, 5)  # what `Profile.load` reads
+PROFILE_FORMAT_VERSION = 6
+SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)  # what `Profile.load` reads
 PROFILE_JSON = "profile.json"
 
 
 _DECODE_KERNEL_KEYS = ("decode_tile_n", "decode_programs_per_sm")
+_ADMISSION_KEYS = ("overhead_prefill_step_ms", "overhead_per_prefill_ms")
 
 
 class ProfileError(ConfigError):
@@ -144,6 +147,11 @@ class ProfileMetadata:
     # recorded; decode steps are then priced at their mean context alone). Format version 5.
     decode_tile_n: int = 0
     decode_programs_per_sm: int = 0
+    # host time a step with prefill entries spends beyond overhead.csv's decode-only time at
+    # its batch size: per step, and per prefill entry (ms; None: not measured, no extra).
+    # Format version 6.
+    overhead_prefill_step_ms: float | None = None
+    overhead_per_prefill_ms: float | None = None
     gpu_memory_utilization: float | None = None
     host_link_bytes_per_s: float | None = None  # measured pinned copy rate (swap costs)
     device: dict[str, Any] = field(default_factory=dict)  # SM count, clocks, memory, ...
@@ -168,6 +176,9 @@ class ProfileMetadata:
         if self.format_version < 5:  # and for version 4
             for key in _DECODE_KERNEL_KEYS:
                 del out[key]
+        if self.format_version < 6:  # and for version 5
+            for key in _ADMISSION_KEYS:
+                del out[key]
         return out
 
     @classmethod
@@ -189,6 +200,9 @@ class ProfileMetadata:
         for key in _DECODE_KERNEL_KEYS:
             if version < 5 and key in data:
                 raise ProfileError(f"{where}: {key} needs format_version 5")
+        for key in _ADMISSION_KEYS:
+            if version < 6 and key in data:
+                raise ProfileError(f"{where}: {key} needs format_version 6")
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:

@@ -2,7 +2,8 @@
 
     weights (random, from the seed) -> measured KV capacity (vLLM's profile run)
     for each block size: a KV cache of the measured size -> grid rows (calibrate.py)
-    a real replay of a decode ramp -> host overhead per step by batch size
+    a real replay of a decode ramp, requests joining it -> host overhead per step by batch
+                                    size, and the extra of a step that admits prompts
     pinned-memory copies -> host link rate (prices swap preemption)
     -> Profile (pagesim.cost.profile), saved under calibration/<gpu>/<model>/
 
@@ -28,14 +29,19 @@ from pagesim.gpu.calibrate import (
     CalibrationRows,
     Progress,
     calibrate_block_size,
-    overhead_requests,
-    overhead_rows,
 )
 from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
 from pagesim.gpu.kernels.configs import decode_config, prefill_config
 from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
 from pagesim.gpu.model import RandomWeightDecoder
+from pagesim.gpu.overhead import (
+    NUM_JOINING,
+    admission_overhead,
+    overhead_requests,
+    overhead_rows,
+    ramp_prompt_len,
+)
 from pagesim.gpu.runner import GPUModelRunner
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.kvcache.sizing import page_size_bytes
@@ -159,8 +165,10 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         del graphs
         del runner
         _empty_cache(dev)
-    overhead = measure_overhead(config, model, capacity, grid, seed, cuda_graphs)
-    log(f"host overhead rows: {len(overhead)}")
+    overhead, admission = measure_overhead(config, model, capacity, grid, seed, cuda_graphs)
+    log(f"host overhead rows: {len(overhead)}; a step admitting prompts: "
+        + ("not measured" if admission is None else
+           f"+{admission[0]:.3f} ms + {admission[1]:.3f} ms per prefill entry"))
     host_link = measure_host_link(dev) if dev.type == "cuda" else None
     meta = ProfileMetadata(
         gpu=gpu_key(info["gpu_name"]), model=config.model, gpu_name=info["gpu_name"],
@@ -175,6 +183,8 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         cuda_graph_token_sizes=(list(token_capture_sizes(config.max_num_batched_tokens))
                                 if cuda_graphs and dev.type == "cuda" else []),
         **varlen_tiles(model, dtype, dev),
+        overhead_prefill_step_ms=admission[0] if admission else None,
+        overhead_per_prefill_ms=admission[1] if admission else None,
         gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
         device={k: v for k, v in info.items() if k in (
             "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
@@ -229,15 +239,22 @@ def _empty_cache(device: torch.device) -> None:
 def measure_overhead(config: EngineConfig, model: RandomWeightDecoder,
                      capacity: MeasuredKVCapacity, grid: CalibrationGrid, seed: int,
                      cuda_graphs: bool = True):
-    """Replay a decode ramp (all requests at t=0, staggered lengths) and bin host time."""
+    """Replay a decode ramp (all requests at t=0, staggered lengths, prompts as long as the
+    cache allows) with requests joining it one at a time (`pagesim.gpu.overhead`); returns
+    (decode-only host time by batch size, (ms per admitting step, ms per prefill entry) or
+    None)."""
     bs = config.block_size
     model.set_block_size(bs)
     cfg = config.replace(block_size=bs)
-    scheduler = make_engine(cfg, capacity.num_gpu_blocks[bs])
-    runner = GPUModelRunner(cfg, capacity.num_gpu_blocks[bs], device=model.device, model=model,
+    blocks = capacity.num_gpu_blocks[bs]
+    scheduler = make_engine(cfg, blocks)
+    runner = GPUModelRunner(cfg, blocks, device=model.device, model=model,
                             seed=seed, cuda_graphs=cuda_graphs)
     n = min(grid.overhead_max_reqs, config.max_num_seqs)
-    run = replay(overhead_requests(n, block_size=bs), scheduler, runner)
+    prompt = min(ramp_prompt_len(n, (blocks - 1) * bs), config.max_model_len - 2 * n - 16)
+    run = replay(overhead_requests(n, prompt_len=max(prompt, 1), block_size=bs,
+                                   num_joining=NUM_JOINING), scheduler, runner)
     del runner
     _empty_cache(model.device)
-    return overhead_rows(run.steps[1:], max_reqs=n)
+    rows = overhead_rows(run.steps[1:], max_reqs=n)
+    return rows, admission_overhead(run.steps[1:], rows)

@@ -57,6 +57,7 @@ class ServeStep:
     execute_s: float  # GPUModelRunner.execute_model (prepare + device + sync)
     update_s: float  # update_from_output + metrics bookkeeping
     period_s: float  # start of this step to start of the loop's next action
+    num_prefill_reqs: int = 0  # entries that are not decodes (prompts or chunks of them)
 
     @property
     def host_overhead_s(self) -> float:
@@ -166,15 +167,17 @@ def _loop(pending, scheduler, runner, metrics, records, probe, run, clock, sleep
                 on_token(rec, visible)
         for req in finished:
             metrics.on_finish(req, visible)
-        _on_step(metrics, out, scheduler, probe, start, visible - start)
+        num_prefill_reqs = _on_step(metrics, out, scheduler, probe, start, visible - start)
         t_end = clock()
         last = ServeStep(start, len(out.scheduled), out.total_num_scheduled_tokens,
-                         t_exec - t_sched, t_upd - t_exec, t_end - t_upd, t_end - t_sched)
+                         t_exec - t_sched, t_upd - t_exec, t_end - t_upd, t_end - t_sched,
+                         num_prefill_reqs)
         run.steps.append(last)
     run.wall_s = clock() - t0
 
 
-def _on_step(metrics, out, scheduler, probe, start: float, step_time: float) -> None:
+def _on_step(metrics, out, scheduler, probe, start: float, step_time: float) -> int:
+    """Record the step in `metrics`; returns its number of prefill entries."""
     num_prefill = 0
     num_decode = 0
     for sr in out.scheduled:
@@ -187,6 +190,7 @@ def _on_step(metrics, out, scheduler, probe, start: float, step_time: float) -> 
     metrics.on_step((start, step_time, len(out.scheduled), out.total_num_scheduled_tokens,
                      num_prefill, num_decode, num_running, num_waiting, usage, token_state,
                      reserved, internal, external, len(out.preempted_req_ids), out.swap_bytes))
+    return len(out.scheduled) - num_decode
 
 
 def _wait_until(target: float, t0: float, clock, sleep) -> None:
@@ -237,7 +241,7 @@ def run_records(run: ServeRun) -> dict[str, Any]:
         "itl_s": list(run.metrics.itl_s),
         "steps": {name: [getattr(s, name) for s in run.steps] for name in (
             "start_s", "num_reqs", "num_tokens", "schedule_s", "execute_s", "update_s",
-            "period_s")},
+            "period_s", "num_prefill_reqs")},
     }
 
 

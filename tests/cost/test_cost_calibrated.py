@@ -58,6 +58,22 @@ def test_host_overhead_table_is_added_per_step(synthetic_profile, device_model):
     assert sum(bd.values()) == pytest.approx(full.step_time(shape), rel=1e-12)
 
 
+def test_a_step_admitting_prompts_adds_its_measured_host_time(synthetic_profile):
+    plain = CalibratedCostModel(synthetic_profile)
+    meta = dataclasses.replace(synthetic_profile.metadata, overhead_prefill_step_ms=0.2,
+                               overhead_per_prefill_ms=0.15)
+    admitting = CalibratedCostModel(Profile(meta, synthetic_profile.decode,
+                                            synthetic_profile.prefill, synthetic_profile.mixed,
+                                            synthetic_profile.overhead))
+    mixed = BatchShape(16, 3 + 300, 3, 3000, [1000] * 3, [100, 200], [0, 512])
+    host = (plain.step_time_breakdown(mixed)["host_overhead"],
+            admitting.step_time_breakdown(mixed)["host_overhead"])
+    assert host[1] - host[0] == pytest.approx((0.2 + 2 * 0.15) * MS)
+    assert admitting.step_time(mixed) - plain.step_time(mixed) == pytest.approx(0.5 * MS)
+    decode = BatchShape.decode(16, 1000, 16)  # no prompt admitted: the table alone
+    assert admitting.step_time(decode) == plain.step_time(decode)
+
+
 def test_interpolates_between_grid_points(clean_profile):
     cm = CalibratedCostModel(clean_profile)
     # context 128 -> 1024 at batch 16, block 16: strictly between the measured ends

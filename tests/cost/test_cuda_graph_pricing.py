@@ -66,7 +66,8 @@ def test_sizes_round_trip_and_old_versions_load_without_them(tmp_path, clean_pro
     assert Profile.load(path).metadata.cuda_graph_sizes == SIZES
     data = json.loads((path / "profile.json").read_text())
     for key in ("cuda_graph_sizes", "cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n",
-                "decode_tile_n", "decode_programs_per_sm"):
+                "decode_tile_n", "decode_programs_per_sm", "overhead_prefill_step_ms",
+                "overhead_per_prefill_ms"):
         del data[key]
     data["format_version"] = 2
     (path / "profile.json").write_text(json.dumps(data))

@@ -123,8 +123,9 @@ def test_token_sizes_round_trip_and_need_version_4(tmp_path, clean_profile):
         "block_size,num_entries,num_new_tokens,num_cached_tokens,step_time_ms,"
         "step_time_p10_ms,step_time_p90_ms,attention_ms,other_ms\n16,0,64,0,1,1,1,1,1\n")
     data["format_version"] = 4
-    for key in ("decode_tile_n", "decode_programs_per_sm"):  # version-5 keys
-        del data[key]
+    for key in ("decode_tile_n", "decode_programs_per_sm",  # version-5 and -6 keys
+                "overhead_prefill_step_ms", "overhead_per_prefill_ms"):
+        data.pop(key, None)
     (path / "profile.json").write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="multi_prefill.csv row 1: num_entries=0"):
         Profile.load(path)

@@ -190,8 +190,9 @@ def test_version_1_files_load_and_save_as_version_1(tmp_path, clean_profile):
     data = json.loads((path / "profile.json").read_text())
     del data["allreduce_in_step_times"]
     for key in ("cuda_graph_sizes", "cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n",
-                "decode_tile_n", "decode_programs_per_sm"):
-        del data[key]  # version-3, -4 and -5 keys
+                "decode_tile_n", "decode_programs_per_sm", "overhead_prefill_step_ms",
+                "overhead_per_prefill_ms"):
+        del data[key]  # version-3 to -6 keys
     data["format_version"] = 1
     (path / "profile.json").write_text(json.dumps(data))
     old = Profile.load(path)

@@ -20,6 +20,12 @@ from pagesim.gpu.calibrate import (
     prefill_points,
     synthetic_step,
 )
+from pagesim.gpu.overhead import (
+    JOIN_GAP_S,
+    JOIN_START_S,
+    admission_overhead,
+    ramp_prompt_len,
+)
 from pagesim.gpu.profiler import gpu_key, run_calibration
 from pagesim.gpu.serve import ServeStep
 
@@ -69,10 +75,42 @@ def test_overhead_rows_bin_host_time_by_batch_size() -> None:
     assert by[4] == pytest.approx(0.35)  # [2.83, 5.66) holds batches 3 and 4
 
 
+def test_overhead_rows_leave_out_steps_with_prefill_entries() -> None:
+    steps = [ServeStep(0.0, 2, 2, 0.0, 0.010, 0.0, 0.0101) for _ in range(3)]
+    steps += [ServeStep(0.0, 2, 300, 0.0, 0.010, 0.0, 0.0150, 1) for _ in range(5)]
+    assert [r.overhead_ms for r in overhead_rows(steps, max_reqs=2)] == [pytest.approx(0.1)] * 1
+
+
+def test_admission_overhead_recovers_per_step_and_per_entry_costs() -> None:
+    # decode-only host time 0.1 ms + 0.01 ms per request; admitting steps add 0.2 + 0.15 * k
+    def step(n: int, k: int) -> ServeStep:
+        host_ms = 0.1 + 0.01 * n + (0.2 + 0.15 * k if k else 0.0)
+        return ServeStep(0.0, n, n + 100 * k, 0.0, 0.010, 0.0, 0.010 + host_ms * 1e-3, k)
+
+    steps = [step(n, 0) for n in (1, 2, 4, 8, 16) for _ in range(3)]
+    steps += [step(n, k) for n in (3, 6, 12) for k in (1, 2, 5)]
+    rows = overhead_rows(steps, max_reqs=16)
+    base, per_entry = admission_overhead(steps, rows)
+    assert base == pytest.approx(0.2, abs=0.02) and per_entry == pytest.approx(0.15, abs=0.005)
+    assert admission_overhead(steps[:15], rows) is None  # no admitting step
+    assert admission_overhead(steps, []) is None  # no table to measure the excess against
+
+
 def test_overhead_ramp_lengths() -> None:
     reqs = overhead_requests(4)
     assert [r.max_tokens for r in reqs] == [2, 4, 6, 8]
     assert all(r.arrival_time == 0.0 and r.num_prompt_tokens == 64 for r in reqs)
+    joined = overhead_requests(4, prompt_len=100, num_joining=3)
+    assert [r.arrival_time for r in joined[4:]] == pytest.approx(
+        [JOIN_START_S + k * JOIN_GAP_S for k in range(3)])
+    assert all(r.num_prompt_tokens == 100 for r in joined)
+    assert len({tuple(r.prompt_token_ids[:4]) for r in joined}) == 7  # no shared prefix
+
+
+def test_ramp_prompt_length_fits_the_cache() -> None:
+    assert ramp_prompt_len(256, 235_456) == 479  # 188,364 // 256 - 256: the cache binds
+    assert ramp_prompt_len(256, 10**7) == 1024
+    assert ramp_prompt_len(256, 1000) == 64
 
 
 def test_gpu_key() -> None:
