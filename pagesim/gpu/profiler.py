@@ -59,10 +59,13 @@ METHOD = ("step_time_ms: host wall time of GPUModelRunner.execute_model (input p
           "round, in a seeded random order); median and p10/p90 over the rounds. other_ms: "
           "the same with attention replaced by the identity, timed once per (block size, "
           "batch) for decode rows, per (block size, new tokens) for prefill rows and per "
-          "mixed point; attention_ms = "
-          "step - other. overhead_ms: host time per engine step outside execute_model "
-          "(schedule + update_from_output + metrics), from a real replay of a decode ramp at "
-          "block size {bs}, median by batch size.")
+          "(new tokens, decodes) of the mixed points; attention_ms = "
+          "step - other. overhead_ms: host time per decode-only engine step outside "
+          "execute_model (schedule + update_from_output + metrics), from a real replay of a "
+          "decode ramp (prompts as long as the cache allows) at block size {bs}, median by "
+          "batch size; overhead_prefill_step_ms, overhead_per_prefill_ms: the extra host "
+          "time of the replay's steps with prefill entries (requests joining the ramp one at "
+          "a time), least squares.")
 
 
 @dataclass(frozen=True)
@@ -253,7 +256,7 @@ def measure_overhead(config: EngineConfig, model: RandomWeightDecoder,
     n = min(grid.overhead_max_reqs, config.max_num_seqs)
     prompt = min(ramp_prompt_len(n, (blocks - 1) * bs), config.max_model_len - 2 * n - 16)
     run = replay(overhead_requests(n, prompt_len=max(prompt, 1), block_size=bs,
-                                   num_joining=NUM_JOINING), scheduler, runner)
+                                   num_joining=min(NUM_JOINING, n)), scheduler, runner)
     del runner
     _empty_cache(model.device)
     rows = overhead_rows(run.steps[1:], max_reqs=n)
