@@ -9,6 +9,7 @@ else the analytical roofline (whose per-block overhead is an assumption, not a m
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,9 +21,10 @@ from pagesim.sim.build import build_cost_model, default_profile
 
 
 def cost_source(config: EngineConfig, profile: str | Path | None = None) -> str:
-    """`calibrated (<dir>)` or `analytical`, for the model and GPU of `config`."""
+    """`calibrated (<dir>)` or `analytical`, for the model and GPU of `config` (the folder
+    relative to the working directory: no machine's absolute path in a saved notebook)."""
     found = profile or default_profile(config)
-    return f"calibrated ({found})" if found else "analytical"
+    return f"calibrated ({os.path.relpath(found)})" if found else "analytical"
 
 
 def step_time_by_block_size(config: EngineConfig, block_sizes: Sequence[int], *,
