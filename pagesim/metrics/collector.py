@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pagesim.errors import PagesimError
 from pagesim.request import Request
 
 
@@ -71,8 +72,9 @@ class MetricsCollector:
     # number of tokens seen then; vllm bench's peak output tok/s buckets each token by its time.
     token_times_s: array = field(default_factory=lambda: array("d"))
     token_counts: array = field(default_factory=lambda: array("q"))
-    steps: dict[str, array] = field(
-        default_factory=lambda: {c: array("d") for c in STEP_COLUMNS})
+    # Per-step values, one step's `STEP_COLUMNS` after the other's (one C call per step);
+    # `steps` gives them by column.
+    step_values: array = field(default_factory=lambda: array("d"))
 
     def on_arrival(self, request: Request, now: float) -> None:
         self.records[request.request_id] = RequestRecord(
@@ -132,10 +134,26 @@ class MetricsCollector:
         rec.num_preemptions = request.num_preemptions
 
     def on_step(self, values: tuple[float, ...]) -> None:
-        """Append one step's values, in `STEP_COLUMNS` order."""
-        for _ in map(array.append, self.steps.values(), values):  # one C loop
-            pass
+        """Append one step's values, in `STEP_COLUMNS` order (each stored as a float64)."""
+        self.step_values.extend(values)
+
+    @property
+    def steps(self) -> dict[str, array]:
+        """Column -> its values over the steps, in order (new arrays, `STEP_COLUMNS` order)."""
+        table = self._step_table()
+        return {c: array("d", table[:, i].tobytes()) for i, c in enumerate(STEP_COLUMNS)}
+
+    def step_column(self, name: str) -> np.ndarray:
+        """One column of `steps` as a new contiguous float64 array."""
+        return np.ascontiguousarray(self._step_table()[:, STEP_COLUMNS.index(name)])
+
+    def _step_table(self) -> np.ndarray:
+        flat = np.frombuffer(self.step_values, dtype=np.float64)
+        if flat.size % len(STEP_COLUMNS):
+            raise PagesimError(f"step_values: {flat.size} values are not whole steps of "
+                               f"{len(STEP_COLUMNS)}")
+        return flat.reshape(-1, len(STEP_COLUMNS))
 
     @property
     def num_steps(self) -> int:
-        return len(self.steps["start_time_s"])
+        return len(self.step_values) // len(STEP_COLUMNS)

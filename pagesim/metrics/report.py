@@ -192,10 +192,9 @@ def engine_keys(metrics: MetricsCollector, stats, num_gpu_blocks: int) -> dict[s
     `stats` is the scheduler's `SchedulerStats`. The waste split is added by the caller that
     measures it (the simulator).
     """
-    steps = metrics.steps
-    dt = np.frombuffer(steps["step_time_s"], dtype=np.float64)
-    running = np.frombuffer(steps["num_reqs"], dtype=np.float64)
-    usage = np.frombuffer(steps["kv_usage"], dtype=np.float64)
+    dt = metrics.step_column("step_time_s")
+    running = metrics.step_column("num_reqs")
+    usage = metrics.step_column("kv_usage")
     busy = float(dt.sum())
     reasons: dict[str, int] = {}
     for rec in metrics.records.values():
