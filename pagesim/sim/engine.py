@@ -178,7 +178,15 @@ class ServingEngine:
         finished = fast.end_step(now)
         if finished:
             scheduler.finish_decoded(finished)
-        self._note_tokens({}, now, num_lead, now - start)
+        # `_note_tokens` of num_lead >= 1 lazy decodes and nothing sampled, inlined
+        metrics.itl_run_s.append(now - start)
+        metrics.itl_run_counts.append(num_lead)
+        times = metrics.token_times_s
+        if times and times[-1] == now:  # MetricsCollector.on_tokens_visible
+            metrics.token_counts[-1] += num_lead
+        else:
+            times.append(now)
+            metrics.token_counts.append(num_lead)
         for req in finished:
             metrics.on_finish(req, now)
             self._finished(req)
