@@ -3,11 +3,14 @@ expanded samples, float for float.
 
 The pooled ITL of a run holds one gap per output token (tens of millions at 100k requests),
 but a step of n lazy decodes adds n equal gaps, so the collector keeps it as runs: the gap
-`values[i]` repeated `counts[i]` times, in order. `run_stats` gives what `_stats` of
-`pagesim.metrics.report` gives for the expanded array:
+`values[i]` repeated `counts[i]` times, in order. `run_stats` gives
+what `_stats` of `pagesim.metrics.report` gives for the expanded array:
 
-    mean, std   numpy's pairwise sums need the samples in order: the runs are expanded once
-                (milliseconds), and the std's squares are taken in that buffer, not a second one
+    mean, std   numpy's pairwise sums (`np.add.reduce` splits the array in halves rounded to
+                multiples of 8, down to blocks of 128): the same split is made here over the
+                runs, down to parts of at most `leaf` samples, and each part is expanded and
+                summed by numpy (the std's squared deviations as numpy's `_var` takes them), so
+                the whole array is never built
     median, pN  order statistics: read from the runs sorted by value (no partition of the
                 expanded array), then combined with numpy's own formulas (`np.median`'s mean of
                 the middle pair, `np.percentile`'s linear interpolation)
@@ -18,8 +21,11 @@ but a step of n lazy decodes adds n equal gaps, so the collector keeps it as run
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import numpy as np
+
+LEAF_SAMPLES = 1 << 20  # samples expanded at a time (8 MB of float64)
 
 
 def expand(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -28,19 +34,21 @@ def expand(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def run_stats(name: str, values_s: np.ndarray, counts: np.ndarray,
-              percentiles: Iterable[float]) -> dict[str, float]:
+              percentiles: Iterable[float], *, leaf: int = LEAF_SAMPLES) -> dict[str, float]:
     """`_stats(name, expand(values_s, counts), percentiles)` of `pagesim.metrics.report`: mean,
-    median, std and percentiles in ms of the samples (seconds) given as runs; counts >= 0."""
-    run_ms = values_s * 1000.0  # the expanded samples' `* 1000.0`, once per run
+    median, std and percentiles in ms of the samples (seconds) given as runs; counts >= 0.
+    At most `leaf` samples are expanded at a time."""
+    keep = counts > 0
+    run_ms = values_s[keep] * 1000.0  # the expanded samples' `* 1000.0`, once per run
+    counts = counts[keep]
     n = int(counts.sum())
     if n == 0:  # `_stats` of no samples: one zero
         run_ms, counts, n = np.zeros(1), np.ones(1, dtype=np.int64), 1
-    ms = expand(run_ms, counts)
-    mean = float(np.mean(ms))
-    std = _std_consuming(ms)
-    del ms
+    chunk = _Chunks(run_ms, counts)
+    mean = _pairwise_sum(n, chunk.sum, leaf) / n  # np.mean: the sum over the count
+    std = float(np.sqrt(_pairwise_sum(n, partial(chunk.squared_deviation_sum, mean), leaf) / n))
     kth = _order_statistics(run_ms, counts)
-    out = {f"mean_{name}_ms": mean, f"median_{name}_ms": _median(kth, n),
+    out = {f"mean_{name}_ms": float(mean), f"median_{name}_ms": _median(kth, n),
            f"std_{name}_ms": std}
     for p in percentiles:
         key = f"p{int(p)}" if float(p).is_integer() else f"p{p}"
@@ -48,17 +56,47 @@ def run_stats(name: str, values_s: np.ndarray, counts: np.ndarray,
     return out
 
 
-def _std_consuming(x: np.ndarray) -> float:
-    """`float(np.std(x))` (numpy's `_var` step for step), its squared deviations written over
-    `x` instead of into a new array of the same size."""
-    n = np.intp(x.size)
-    mean = np.add.reduce(x, keepdims=True)
-    np.true_divide(mean, n, out=mean, casting="unsafe")
-    np.subtract(x, mean, out=x)
-    np.square(x, out=x)
-    total = np.add.reduce(x)
-    var = total.dtype.type(total / n)
-    return float(np.sqrt(var))
+def _pairwise_sum(n: int, leaf_sum: Callable[[int, int], np.float64],
+                  leaf: int) -> np.float64:
+    """numpy's float64 sum of n samples (`np.add.reduce`: its `pairwise_sum` over the whole
+    array), split as that function splits, each part of at most `leaf` samples summed by numpy
+    itself (`leaf_sum(lo, hi)` over samples lo..hi-1): the same float."""
+    def rec(lo: int, size: int) -> np.float64:
+        if size <= leaf:
+            return leaf_sum(lo, lo + size)
+        half = size // 2
+        half -= half % 8  # pairwise_sum: halves, rounded down to the unroll factor 8
+        return rec(lo, half) + rec(lo + half, size - half)
+    return rec(0, n)
+
+
+class _Chunks:
+    """Expanded samples lo..hi-1 of runs (every count >= 1), for `_pairwise_sum`'s parts."""
+
+    __slots__ = ("values", "counts", "starts", "ends")
+
+    def __init__(self, values: np.ndarray, counts: np.ndarray) -> None:
+        self.values, self.counts = values, counts
+        self.ends = np.cumsum(counts)
+        self.starts = self.ends - counts
+
+    def samples(self, lo: int, hi: int) -> np.ndarray:
+        i = int(np.searchsorted(self.ends, lo, side="right"))  # the run holding sample lo
+        j = int(np.searchsorted(self.starts, hi, side="left"))  # one past the run of hi - 1
+        counts = self.counts[i:j].copy()
+        counts[0] -= lo - self.starts[i]
+        counts[-1] -= self.ends[j - 1] - hi
+        return np.repeat(self.values[i:j], counts)
+
+    def sum(self, lo: int, hi: int) -> np.float64:
+        return np.add.reduce(self.samples(lo, hi))
+
+    def squared_deviation_sum(self, mean: np.float64, lo: int, hi: int) -> np.float64:
+        """numpy's `_var` on the part: (x - mean) squared in place, then summed."""
+        x = self.samples(lo, hi)
+        np.subtract(x, mean, out=x)
+        np.square(x, out=x)
+        return np.add.reduce(x)
 
 
 def _order_statistics(values: np.ndarray, counts: np.ndarray) -> Callable[[int], np.float64]:

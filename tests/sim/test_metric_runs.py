@@ -19,20 +19,21 @@ gaps = st.one_of(
 runs = st.lists(st.tuples(gaps, st.integers(0, 40)), min_size=0, max_size=40)
 
 
-def _check(values: np.ndarray, counts: np.ndarray) -> None:
+def _check(values: np.ndarray, counts: np.ndarray, leaf: int = 1 << 20) -> None:
     expected = _stats("itl", expand(values, counts), PERCENTILES)
-    got = run_stats("itl", values, counts, PERCENTILES)
+    got = run_stats("itl", values, counts, PERCENTILES, leaf=leaf)
     assert list(got) == list(expected)  # same keys, same order
     for key, value in expected.items():
         assert got[key].hex() == value.hex(), key
 
 
 @settings(max_examples=150, deadline=None)
-@given(runs)
-def test_run_stats_equal_numpy_on_expanded(pairs) -> None:
+@given(runs, st.sampled_from([128, 136, 200, 1 << 20]))
+def test_run_stats_equal_numpy_on_expanded(pairs, leaf) -> None:
+    """Small leaves: numpy's pairwise split is replayed over the runs (parts cut mid-run)."""
     values = np.array([v for v, _ in pairs], dtype=np.float64)
     counts = np.array([c for _, c in pairs], dtype=np.int64)
-    _check(values, counts)
+    _check(values, counts, leaf)
 
 
 def test_run_stats_large_and_numpy_percentile_types() -> None:
@@ -40,7 +41,9 @@ def test_run_stats_large_and_numpy_percentile_types() -> None:
     rng = np.random.default_rng(7)
     values = np.round(rng.random(3000) * 0.05, 6)
     counts = rng.integers(1, 300, size=3000)
-    _check(values, counts)
+    counts[::7] = 0
+    for leaf in (1000, 4096, 1 << 20):  # about 450k samples: parts of numpy's tree, and none
+        _check(values, counts, leaf)
     expanded = expand(values, counts)
     for p in (np.float64(99.0), 50, 99.5):
         got = run_stats("x", values, counts, (p,))
