@@ -53,6 +53,10 @@ class CostModelRunner:
         The cost model sees the same `BatchShape` values as for the whole batch in one output.
         """
         if not scheduler_output.scheduled:  # lead decodes only (the common step)
+            if (num_lead and not scheduler_output.swap_bytes
+                    and not scheduler_output.blocks_to_copy):  # nothing else in the step
+                return ModelRunnerOutput(step_time_s=self.lead_decode_step_time(
+                    scheduler_output.block_size, num_lead, lead_context_sum, lead_contexts))
             shape = BatchShape(scheduler_output.block_size, num_lead, num_lead, lead_context_sum,
                                lead_contexts, [], [], scheduler_output.swap_bytes,
                                len(scheduler_output.blocks_to_copy))
