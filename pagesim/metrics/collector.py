@@ -5,7 +5,8 @@ arrival; TPOT = (E2E - TTFT) / (output_len - 1) for output_len > 1; ITL = every 
 consecutive tokens of a request, pooled over requests; E2E = finish - arrival. Queueing time
 is first scheduled - arrival (vLLM's QUEUED -> SCHEDULED interval).
 
-Storage is columnar (`array`) so that 100k requests and millions of token gaps stay compact.
+Storage is columnar (`array`) so that 100k requests and millions of token gaps stay compact;
+the pooled gaps are kept as runs of equal gaps (a step of n decodes adds n equal ones).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from pagesim.errors import PagesimError
 from pagesim.request import Request
 
 
@@ -60,13 +64,17 @@ class MetricsCollector:
     """Collects records during a run; the simulator calls one method per event."""
 
     records: dict[str, RequestRecord] = field(default_factory=dict)
-    itl_s: array = field(default_factory=lambda: array("d"))  # pooled inter-token gaps
+    # Pooled inter-token gaps, in order, as runs: `itl_run_s[i]` repeated `itl_run_counts[i]`
+    # times (`itl_s` expands them; `pagesim.metrics.runs` summarises them without expanding).
+    itl_run_s: array = field(default_factory=lambda: array("d"))
+    itl_run_counts: array = field(default_factory=lambda: array("q"))
     # When output tokens became visible: one entry per distinct time (a step's end), with the
     # number of tokens seen then; vllm bench's peak output tok/s buckets each token by its time.
     token_times_s: array = field(default_factory=lambda: array("d"))
     token_counts: array = field(default_factory=lambda: array("q"))
-    steps: dict[str, array] = field(
-        default_factory=lambda: {c: array("d") for c in STEP_COLUMNS})
+    # Per-step values, one step's `STEP_COLUMNS` after the other's (one C call per step);
+    # `steps` gives them by column.
+    step_values: array = field(default_factory=lambda: array("d"))
 
     def on_arrival(self, request: Request, now: float) -> None:
         self.records[request.request_id] = RequestRecord(
@@ -94,10 +102,22 @@ class MetricsCollector:
         if rec.first_token_time is None:
             rec.first_token_time = now
         else:
-            self.itl_s.append(now - rec.last_token_time)  # type: ignore[operator]
+            self.itl_run_s.append(now - rec.last_token_time)  # type: ignore[operator]
+            self.itl_run_counts.append(1)
         rec.last_token_time = now
         rec.num_output_tokens += 1
         self.on_tokens_visible(now, 1)
+
+    def on_gaps(self, gap_s: float, count: int) -> None:
+        """`count` inter-token gaps of `gap_s` seconds each, pooled in order (count >= 1)."""
+        self.itl_run_s.append(gap_s)
+        self.itl_run_counts.append(count)
+
+    @property
+    def itl_s(self) -> array:
+        """Every pooled inter-token gap in order (seconds; a new array of the expanded runs)."""
+        return array("d", np.repeat(np.frombuffer(self.itl_run_s, dtype=np.float64),
+                                    np.frombuffer(self.itl_run_counts, dtype=np.int64)).tobytes())
 
     def on_tokens_visible(self, now: float, count: int) -> None:
         """`count` output tokens (of any requests) became visible at `now` (non-decreasing)."""
@@ -114,10 +134,26 @@ class MetricsCollector:
         rec.num_preemptions = request.num_preemptions
 
     def on_step(self, values: tuple[float, ...]) -> None:
-        """Append one step's values, in `STEP_COLUMNS` order."""
-        for _ in map(array.append, self.steps.values(), values):  # one C loop
-            pass
+        """Append one step's values, in `STEP_COLUMNS` order (each stored as a float64)."""
+        self.step_values.extend(values)
+
+    @property
+    def steps(self) -> dict[str, array]:
+        """Column -> its values over the steps, in order (new arrays, `STEP_COLUMNS` order)."""
+        table = self._step_table()
+        return {c: array("d", table[:, i].tobytes()) for i, c in enumerate(STEP_COLUMNS)}
+
+    def step_column(self, name: str) -> np.ndarray:
+        """One column of `steps` as a new contiguous float64 array."""
+        return np.ascontiguousarray(self._step_table()[:, STEP_COLUMNS.index(name)])
+
+    def _step_table(self) -> np.ndarray:
+        flat = np.frombuffer(self.step_values, dtype=np.float64)
+        if flat.size % len(STEP_COLUMNS):
+            raise PagesimError(f"step_values: {flat.size} values are not whole steps of "
+                               f"{len(STEP_COLUMNS)}")
+        return flat.reshape(-1, len(STEP_COLUMNS))
 
     @property
     def num_steps(self) -> int:
-        return len(self.steps["start_time_s"])
+        return len(self.step_values) // len(STEP_COLUMNS)

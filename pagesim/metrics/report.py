@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pagesim.metrics.collector import MetricsCollector, RequestRecord
+from pagesim.metrics.runs import run_stats
 
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
 METRIC_TITLES = {
@@ -46,6 +47,13 @@ def latency_arrays(records: list[RequestRecord], itl_s: np.ndarray) -> dict[str,
     Only completed requests count; `tpot_per_request` is aligned with `ttft` (0 for a
     single-token output) for goodput.
     """
+    arrays = request_arrays(records)
+    arrays["itl"] = itl_s
+    return arrays
+
+
+def request_arrays(records: list[RequestRecord]) -> dict[str, np.ndarray]:
+    """`latency_arrays` without the pooled ITL: ttft, tpot, e2el, tpot_per_request."""
     done = [r for r in records if r.reject_reason is None and r.finish_time is not None]
     arrival = np.array([r.arrival_time for r in done], dtype=np.float64)
     first = np.array([r.first_token_time for r in done], dtype=np.float64)
@@ -56,7 +64,7 @@ def latency_arrays(records: list[RequestRecord], itl_s: np.ndarray) -> dict[str,
     multi = n_out > 1
     tpot_per_request = np.zeros_like(e2el)
     tpot_per_request[multi] = (e2el[multi] - ttft[multi]) / (n_out[multi] - 1)
-    return {"ttft": ttft, "tpot": tpot_per_request[multi], "itl": itl_s, "e2el": e2el,
+    return {"ttft": ttft, "tpot": tpot_per_request[multi], "e2el": e2el,
             "tpot_per_request": tpot_per_request}
 
 
@@ -73,10 +81,11 @@ def _peaks(records: list[RequestRecord], metrics: MetricsCollector) -> tuple[flo
         return 0.0, 0
     start = min(r.arrival_time for r in done)
     n = math.ceil(max(r.finish_time for r in done) - start) + 1  # type: ignore[operator]
-    concurrent = np.zeros(n + 1, dtype=np.int64)
-    for r in done:
-        concurrent[int(r.arrival_time - start)] += 1
-        concurrent[int(r.finish_time - start) + 1] -= 1  # type: ignore[operator]
+    # +1 at each start's bucket, -1 after each finish's (truncation, as int(); both >= 0)
+    arrival = np.array([r.arrival_time for r in done], dtype=np.float64)
+    finish = np.array([r.finish_time for r in done], dtype=np.float64)
+    concurrent = (np.bincount((arrival - start).astype(np.int64), minlength=n + 1)
+                  - np.bincount((finish - start).astype(np.int64) + 1, minlength=n + 1))
     times = np.frombuffer(metrics.token_times_s, dtype=np.float64)
     counts = np.frombuffer(metrics.token_counts, dtype=np.int64)
     buckets = (times - start).astype(np.int64)  # truncation, as int()
@@ -99,7 +108,7 @@ def summarize(
     duration = max(max((r.finish_time for r in done), default=0.0) - t0, 1e-9)
     total_in = sum(r.num_prompt_tokens for r in done)
     total_out = sum(r.num_output_tokens for r in done)
-    arrays = latency_arrays(records, np.frombuffer(metrics.itl_s, dtype=np.float64))
+    arrays = request_arrays(records)
     peak_tok, peak_conc = _peaks(records, metrics)
     out: dict[str, Any] = {
         "duration": duration,
@@ -116,8 +125,14 @@ def summarize(
     }
     if goodput_slos_ms:
         out["request_goodput"] = _goodput(arrays, goodput_slos_ms) / duration
+    percentiles = tuple(percentiles)
     for name in LATENCY_METRICS:
-        out.update(_stats(name, arrays[name], percentiles))
+        if name == "itl":  # the pooled gaps, as the collector's runs (`pagesim.metrics.runs`)
+            out.update(run_stats(name, np.frombuffer(metrics.itl_run_s, dtype=np.float64),
+                                 np.frombuffer(metrics.itl_run_counts, dtype=np.int64),
+                                 percentiles))
+        else:
+            out.update(_stats(name, arrays[name], percentiles))
     return out
 
 
@@ -178,10 +193,9 @@ def engine_keys(metrics: MetricsCollector, stats, num_gpu_blocks: int) -> dict[s
     `stats` is the scheduler's `SchedulerStats`. The waste split is added by the caller that
     measures it (the simulator).
     """
-    steps = metrics.steps
-    dt = np.frombuffer(steps["step_time_s"], dtype=np.float64)
-    running = np.frombuffer(steps["num_reqs"], dtype=np.float64)
-    usage = np.frombuffer(steps["kv_usage"], dtype=np.float64)
+    dt = metrics.step_column("step_time_s")
+    running = metrics.step_column("num_reqs")
+    usage = metrics.step_column("kv_usage")
     busy = float(dt.sum())
     reasons: dict[str, int] = {}
     for rec in metrics.records.values():

@@ -15,7 +15,6 @@ An idle engine waits on an event that `add_request` triggers; simulated time mov
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable
 
 import simpy
@@ -179,7 +178,15 @@ class ServingEngine:
         finished = fast.end_step(now)
         if finished:
             scheduler.finish_decoded(finished)
-        self._note_tokens({}, now, num_lead, now - start)
+        # `_note_tokens` of num_lead >= 1 lazy decodes and nothing sampled, inlined
+        metrics.itl_run_s.append(now - start)
+        metrics.itl_run_counts.append(num_lead)
+        times = metrics.token_times_s
+        if times and times[-1] == now:  # MetricsCollector.on_tokens_visible
+            metrics.token_counts[-1] += num_lead
+        else:
+            times.append(now)
+            metrics.token_counts.append(num_lead)
         for req in finished:
             metrics.on_finish(req, now)
             self._finished(req)
@@ -228,15 +235,17 @@ class ServingEngine:
         `lead_gap_s`), then the sampled requests in order (inlined MetricsCollector.on_token)."""
         metrics = self.metrics
         records = metrics.records
-        itl = metrics.itl_s
-        if num_lead:
-            itl.extend(array("d", (lead_gap_s,)) * num_lead)
+        gaps, counts = metrics.itl_run_s, metrics.itl_run_counts
+        if num_lead:  # one run of equal gaps (MetricsCollector.on_gaps, inlined)
+            gaps.append(lead_gap_s)
+            counts.append(num_lead)
         for request_id in sampled:
             rec = records[request_id]
             if rec.first_token_time is None:
                 rec.first_token_time = now
             else:
-                itl.append(now - rec.last_token_time)
+                gaps.append(now - rec.last_token_time)
+                counts.append(1)
             rec.last_token_time = now
             rec.num_output_tokens += 1
         if sampled or num_lead:

@@ -62,7 +62,8 @@ def requests_table(metrics: MetricsCollector) -> pa.Table:
 
 
 def steps_table(metrics: MetricsCollector) -> pa.Table:
-    return pa.table({name: np.frombuffer(metrics.steps[name], dtype=np.float64)
+    steps = metrics.steps
+    return pa.table({name: np.frombuffer(steps[name], dtype=np.float64)
                      for name in STEP_COLUMNS})
 
 

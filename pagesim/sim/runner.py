@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from itertools import chain
 
 from pagesim.cost.base import BatchShape, CostModel, longest_context
+from pagesim.cost.decode_only import decode_only_pricer
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
 
 
@@ -28,6 +29,8 @@ class CostModelRunner:
         self.cost_model = cost_model
         self.vocab_size = vocab_size
         self.shared_block_refs = shared_block_refs
+        # decode-only steps without a BatchShape, where the cost model has such a path
+        self._decode_price = decode_only_pricer(cost_model)
 
     def _priced(self, shape: BatchShape) -> float:
         if self.shared_block_refs is not None:
@@ -50,6 +53,10 @@ class CostModelRunner:
         The cost model sees the same `BatchShape` values as for the whole batch in one output.
         """
         if not scheduler_output.scheduled:  # lead decodes only (the common step)
+            if (num_lead and not scheduler_output.swap_bytes
+                    and not scheduler_output.blocks_to_copy):  # nothing else in the step
+                return ModelRunnerOutput(step_time_s=self.lead_decode_step_time(
+                    scheduler_output.block_size, num_lead, lead_context_sum, lead_contexts))
             shape = BatchShape(scheduler_output.block_size, num_lead, num_lead, lead_context_sum,
                                lead_contexts, [], [], scheduler_output.swap_bytes,
                                len(scheduler_output.blocks_to_copy))
@@ -69,6 +76,11 @@ class CostModelRunner:
                               lead_contexts: Sequence[int]) -> float:
         """Step time of a batch of `num_lead` decodes and nothing else (no swap, no copy): the
         time `execute_with_lead_decodes` gives for an empty output."""
+        price = self._decode_price
+        if price is not None:
+            refs = self.shared_block_refs
+            return price(block_size, num_lead, lead_context_sum, lead_contexts,
+                         refs() * block_size if refs is not None else None)
         return self._priced(BatchShape(block_size, num_lead, num_lead, lead_context_sum,
                                        lead_contexts, [], []))
 
