@@ -16,14 +16,12 @@ request records cannot give. Each replayed step is checked against the runner's 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from pagesim.config import EngineConfig
 from pagesim.cost.base import BatchShape
 from pagesim.scheduler.factory import make_scheduler
 from pagesim.sim.runner import CostModelRunner
-from pagesim.validate import build_requests
+from pagesim.validate import build_requests, load_args, real_run_config
 
 #: Clock slack of the serve loop's admission (`pagesim.gpu.serve.ARRIVAL_SLACK_S`).
 SLACK_S = 1e-9
@@ -55,18 +53,13 @@ def replay_shapes(doc: dict[str, Any], max_tries: int = 32) -> list[BatchShape |
 
 
 def _replay(doc: dict[str, Any], early: set[int]) -> tuple[list[BatchShape | None], int | None]:
-    cfg = dict(doc["engine_config"])
-    blocks = doc["result"]["num_gpu_blocks"]
-    cfg["num_gpu_blocks_override"] = blocks
-    config = EngineConfig(**cfg)
+    config = real_run_config(doc)
     load = doc["load"]
-    rate = math.inf if load["request_rate"] == "inf" else load["request_rate"]
-    params = {k: v for k, v in load.items()
-              if k not in ("workload", "num_prompts", "seed", "request_rate", "burstiness")}
+    rate, burstiness, params = load_args(load)
     pending = sorted(build_requests(config, load["workload"], load["num_prompts"], load["seed"],
-                                    rate, load.get("burstiness", 1.0), **params),
+                                    rate, burstiness, **params),
                      key=lambda r: r.arrival_time)
-    scheduler = make_scheduler(config, blocks)
+    scheduler = make_scheduler(config, config.num_gpu_blocks_override)
     pool = scheduler.kv_cache_manager.block_pool
     runner = CostModelRunner(_ZeroCost(), vocab_size=config.model_spec.vocab_size)
     rs, st = doc["records"]["runner_steps"], doc["records"]["steps"]

@@ -63,6 +63,22 @@ def load_dict(workload: str, num_prompts: int, seed: int, request_rate: float | 
             **{k: v for k, v in workload_params.items() if v is not None}}
 
 
+def load_args(load: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
+    """(request rate, burstiness, workload parameters) of a stored load (`load_dict`'s form:
+    rate "inf" as a string)."""
+    rate = math.inf if load["request_rate"] == "inf" else load["request_rate"]
+    params = {k: v for k, v in load.items() if k not in (
+        "workload", "num_prompts", "seed", "request_rate", "burstiness")}
+    return rate, load.get("burstiness", 1.0), params
+
+
+def real_run_config(doc: dict[str, Any]) -> EngineConfig:
+    """The engine config of a stored real run, over the KV cache the GPU measured."""
+    cfg_fields = dict(doc["engine_config"])
+    cfg_fields["num_gpu_blocks_override"] = doc["result"]["num_gpu_blocks"]
+    return EngineConfig(**cfg_fields)
+
+
 def save_real_run(path: str | Path, *, config: EngineConfig, load: dict[str, Any],
                   result: dict[str, Any], records: dict[str, Any],
                   device: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
@@ -94,12 +110,9 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     from pagesim.gpu.runner import GPUModelRunner, step_record_columns
     from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 
-    rate = load["request_rate"]
-    rate = math.inf if rate == "inf" else rate
-    params = {k: v for k, v in load.items() if k not in (
-        "workload", "num_prompts", "seed", "request_rate", "burstiness")}
+    rate, burstiness, params = load_args(load)
     requests = build_requests(config, load["workload"], load["num_prompts"], load["seed"],
-                              rate, load.get("burstiness", 1.0), **params)
+                              rate, burstiness, **params)
     model.set_block_size(config.block_size)
     scheduler = make_engine(config, num_gpu_blocks)
     num_cpu = scheduler.swap_pool.num_blocks if scheduler.swap_pool is not None else 0
@@ -157,19 +170,14 @@ def simulate_like(real_doc: dict[str, Any], profile: str | Path | None):
     """`simulate` with the real run's engine config (its measured KV blocks) and load."""
     from pagesim.sim.simulate import LoadSpec, simulate
 
-    cfg_fields = dict(real_doc["engine_config"])
-    cfg_fields["num_gpu_blocks_override"] = real_doc["result"]["num_gpu_blocks"]
-    config = EngineConfig(**cfg_fields)
     load = real_doc["load"]
-    rate = load["request_rate"]
-    rate = math.inf if rate == "inf" else rate
-    params = {k: load[k] for k in ("random_input_len", "random_output_len",
-                                   "random_range_ratio", "random_prefix_len", "time_scale")
-              if k in load}
+    rate, burstiness, params = load_args(load)
+    params = {k: params[k] for k in ("random_input_len", "random_output_len",
+                                     "random_range_ratio", "random_prefix_len", "time_scale")
+              if k in params}
     spec = LoadSpec(workload=load["workload"], num_prompts=load["num_prompts"],
-                    request_rate=rate, burstiness=load.get("burstiness", 1.0),
-                    seed=load["seed"], **params)
-    return simulate(config, spec, profile=profile)
+                    request_rate=rate, burstiness=burstiness, seed=load["seed"], **params)
+    return simulate(real_run_config(real_doc), spec, profile=profile)
 
 
 def validate_real_run(real_path: str | Path, profile: str | Path | None) -> dict[str, Any]:

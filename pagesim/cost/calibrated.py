@@ -338,10 +338,7 @@ class CalibratedCostModel:
         if reread is None:
             if not self._reread_varlen:
                 return launch
-            reread = self._reread_varlen_frac.get(b.block_size)
-            if reread is None:
-                reread = self._reread_varlen_frac[b.block_size] = sum(
-                    w * f for w, f in blend_weights(self._reread_varlen, b.block_size))
+            reread = self._blended(self._reread_varlen_frac, self._reread_varlen, b.block_size)
         context = b.decode_context_sum + sum(b.prefill_context_tokens)
         if context == 0:
             return launch
@@ -349,10 +346,7 @@ class CalibratedCostModel:
 
     def _spread_s(self, b: BatchShape, padded: int, graph: bool) -> float:
         """Seconds the decode step's unequal programs add (see `pagesim.cost.spread`)."""
-        kappa = self._spread_frac.get(b.block_size)
-        if kappa is None:
-            kappa = self._spread_frac[b.block_size] = sum(
-                w * k for w, k in blend_weights(self._spread, b.block_size))
+        kappa = self._blended(self._spread_frac, self._spread, b.block_size)
         return kappa * self._decode_kernel.program_spread(
             padded, graph, b.decode_context_sum / b.num_decode_seqs,
             longest_context(b.decode_context_tokens))
@@ -384,6 +378,15 @@ class CalibratedCostModel:
     def varlen_fits(self) -> dict:
         """Block size -> `VarlenFit` (empty: prefill steps are priced per entry)."""
         return dict(self._varlen)
+
+    @staticmethod
+    def _blended(memo: dict[int, float], fitted: dict[int, float], block_size: int) -> float:
+        """A per-block-size fitted value at `block_size` (`blend_weights` of the measured
+        ones), kept in `memo` after its first use."""
+        value = memo.get(block_size)
+        if value is None:
+            value = memo[block_size] = sum(w * f for w, f in blend_weights(fitted, block_size))
+        return value
 
     def _varlen_weights(self, block_size: int) -> tuple:
         """`blend_weights(self._varlen, block_size)`, once per block size (`_varlen` is set
@@ -432,10 +435,7 @@ class CalibratedCostModel:
             work = b.decode_context_sum
             shared = b.shared_context_tokens
             if shared and self._reread:
-                frac = self._reread_frac.get(b.block_size)
-                if frac is None:
-                    frac = self._reread_frac[b.block_size] = sum(
-                        w * f for w, f in blend_weights(self._reread, b.block_size))
+                frac = self._blended(self._reread_frac, self._reread, b.block_size)
                 work -= (1.0 - frac) * min(shared, b.decode_context_sum)
             c = work / rows
             for w, s in dec_w:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagesim.errors import PagesimError
+from pagesim.metrics.runs import expand
 from pagesim.request import Request
 
 
@@ -116,8 +117,8 @@ class MetricsCollector:
     @property
     def itl_s(self) -> array:
         """Every pooled inter-token gap in order (seconds; a new array of the expanded runs)."""
-        return array("d", np.repeat(np.frombuffer(self.itl_run_s, dtype=np.float64),
-                                    np.frombuffer(self.itl_run_counts, dtype=np.int64)).tobytes())
+        return array("d", expand(np.frombuffer(self.itl_run_s, dtype=np.float64),
+                                 np.frombuffer(self.itl_run_counts, dtype=np.int64)).tobytes())
 
     def on_tokens_visible(self, now: float, count: int) -> None:
         """`count` output tokens (of any requests) became visible at `now` (non-decreasing)."""

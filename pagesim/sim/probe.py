@@ -90,7 +90,7 @@ class KVProbe:
             internal += tokens
             tokens = 0
         total = usable * bs
-        w = KVWaste(tokens / total, reserved / total, internal / total, 0 / total,
+        w = KVWaste(tokens / total, reserved / total, internal / total, 0.0,
                     (total - used) / total)
         now = self.env._now
         if self._last is not None:
