@@ -138,15 +138,21 @@ def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10
     return rows
 
 
-def run_plan(dry: bool) -> list[dict]:
+def run_plan(dry: bool, plan: str = "validate") -> list[dict]:
     """The real runs, in priority order. `rate` is "inf" or a fraction of the capacity
-    measured by the run named `of` (default chat-inf-bs16: its request throughput)."""
+    measured by the run named `of` (default chat-inf-bs16: its request throughput).
+
+    `plan="repeat"`: the runs that missed targets in earlier calls, each served twice in a row
+    (the second named `<name>-r2`, same seed, same rate), to measure how far two real runs of
+    one workload differ within one call: the floor under any prediction's error."""
     if dry:
         rnd = {"random_input_len": 24, "random_output_len": 3}
         return [{"name": "random-inf-bs16", "workload": "random", "rate": "inf",
                  "block_size": 16, "num_prompts": 4, **rnd},
                 {"name": "random-r2-bs32", "workload": "random", "rate": 2.0,
                  "block_size": 32, "num_prompts": 3, **rnd}]
+    if plan == "repeat":
+        return _repeat_plan()
     return [
         {"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "block_size": 16,
          "num_prompts": 150},
@@ -167,6 +173,27 @@ def run_plan(dry: bool) -> list[dict]:
     ]
 
 
+def _repeat_plan() -> list[dict]:
+    base = [
+        {"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "block_size": 16,
+         "num_prompts": 150},
+        {"name": "chat-85pct-bs16", "workload": "chat", "rate": 0.85, "block_size": 16},
+        {"name": "system-prompt-inf-bs16", "workload": "system-prompt", "rate": "inf",
+         "block_size": 16, "num_prompts": 150},
+        {"name": "system-prompt-85pct-bs16", "workload": "system-prompt", "rate": 0.85,
+         "block_size": 16, "of": "system-prompt-inf-bs16"},
+        {"name": "code-inf-bs16", "workload": "code", "rate": "inf", "block_size": 16,
+         "num_prompts": 150},
+        {"name": "code-85pct-bs16", "workload": "code", "rate": 0.85, "block_size": 16,
+         "of": "code-inf-bs16"},
+        {"name": "chat-85pct-bs32", "workload": "chat", "rate": 0.85, "block_size": 32},
+    ]
+    plan = []
+    for spec in base:
+        plan += [spec, {**spec, "name": spec["name"] + "-r2"}]
+    return plan
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="llama-2-7b")
@@ -177,6 +204,8 @@ def main() -> int:
     ap.add_argument("--skip-runs", default="")
     ap.add_argument("--calibrate-only", action="store_true",
                     help="Profiles only (the real runs already exist).")
+    ap.add_argument("--plan", choices=("validate", "repeat"), default="validate",
+                    help="repeat: the runs that missed targets, each served twice in a row")
     ap.add_argument("--dry-run-cpu", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="No CUDA graphs (calibration and runs).")
@@ -258,7 +287,7 @@ def main() -> int:
                 if device == "cuda":
                     torch.cuda.empty_cache()
             throughput: dict[str, float] = {}  # run name -> measured request throughput
-            for spec in ([] if args.calibrate_only else run_plan(dry)):
+            for spec in ([] if args.calibrate_only else run_plan(dry, args.plan)):
                 if spec["name"] in skip:
                     continue
                 rate = spec["rate"]
