@@ -144,7 +144,7 @@ class BlockPool:
                         del cache[block_hash]
                         block._block_hash = None
                     else:
-                        self._evict_cached_block(block)
+                        self.evict_cached_block(block)
                 block.ref_cnt = 1
                 block = nxt
         else:
@@ -158,37 +158,9 @@ class BlockPool:
         block.prev_free_block = head
         return out
 
-    def get_new_block(self) -> KVCacheBlock:
-        """`get_new_blocks(1)[0]` without the list: the head of the free queue, evicted from
-        the cache if it held a hash, with ref_cnt 1 (a decode's new block, hot path)."""
-        queue = self.free_block_queue
-        head = queue.fake_free_list_head
-        block = head.next_free_block
-        if block is queue.fake_free_list_tail:
-            raise AllocationError("num_blocks=1: only 0 blocks are free")
-        nxt = block.next_free_block
-        head.next_free_block = nxt
-        nxt.prev_free_block = head
-        block.prev_free_block = block.next_free_block = None
-        queue.num_free_blocks -= 1
-        block_hash = block._block_hash
-        if block_hash is not None:
-            cache = self._cached
-            if type(block_hash) is DeferredBlocks:  # `DeferredBlocks.evict`, inlined
-                block._block_hash = None
-                block_hash.live -= 1
-                if not block_hash.live:
-                    block_hash.drop()
-            elif not self.enable_kv_cache_events and cache.get(block_hash) is block:
-                del cache[block_hash]
-                block._block_hash = None
-            else:
-                self._evict_cached_block(block)
-        block.ref_cnt = 1
-        return block
-
-    def _evict_cached_block(self, block: KVCacheBlock) -> None:
-        """Drop `block`'s hash from the cache map (it is being reused)."""
+    def evict_cached_block(self, block: KVCacheBlock) -> None:
+        """Drop `block`'s registered hash from the cache map (it is being reused). A
+        `DeferredBlocks` hash is never in the map: callers evict it inline."""
         block_hash = block._block_hash
         cache = self._cached
         found = cache.get(block_hash)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from pagesim.errors import AllocationError
 from pagesim.kvcache.invariants import check_kv_cache_manager
-from pagesim.kvcache.lazy_hashes import LazyHashes
+from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
 
 if TYPE_CHECKING:
     from pagesim.kvcache.block import KVCacheBlock
@@ -49,9 +49,28 @@ class DecodeBlockEvents:
             raise AllocationError(f"request_id={request_id!r}: full blocks of its row are not "
                                   "cached; use allocate_slots")
         pool = self.block_pool
-        if not pool.free_block_queue.num_free_blocks:
+        queue = pool.free_block_queue
+        if not queue.num_free_blocks:
             return False
-        block = pool.get_new_block()
+        # `pool.get_new_blocks(1)[0]`, inlined (hot path): the head of the free queue, evicted
+        # from the prefix cache if it held a hash, with ref_cnt 1
+        head = queue.fake_free_list_head
+        block = head.next_free_block
+        nxt = block.next_free_block
+        head.next_free_block = nxt
+        nxt.prev_free_block = head
+        block.prev_free_block = block.next_free_block = None
+        queue.num_free_blocks -= 1
+        block_hash = block._block_hash
+        if block_hash is not None:
+            if type(block_hash) is DeferredBlocks:  # `DeferredBlocks.evict`, inlined
+                block._block_hash = None
+                block_hash.live -= 1
+                if not block_hash.live:
+                    block_hash.drop()
+            else:
+                pool.evict_cached_block(block)
+        block.ref_cnt = 1
         row.append(block)
         self.req_to_block_ids[request_id].append(block.block_id)
         if self.check_invariants:

@@ -80,6 +80,7 @@ class _Lazy:
     """One lazy request. Positions (`*_at`) are num_computed_tokens at the start of a step."""
 
     request: Request
+    rid: str  # request.request_id
     record: RequestRecord
     seq: int  # running order among lazy requests
     offset: int  # num_computed_tokens at the start of tick g is offset + g
@@ -284,7 +285,7 @@ class DecodeFastPath:
             finish_at = min(prompt_len + max_tokens - 2, last_c)
             if finish_at < c:
                 finish_at = c
-            lazy = _Lazy(request, record, self._next_seq, c - g, g, record.num_output_tokens,
+            lazy = _Lazy(request, rid, record, self._next_seq, c - g, g, record.num_output_tokens,
                          prompt_len, prompt_len + max_tokens - 1, span, span, hash_at,
                          finish_at, table.start(request) if table is not None else 0)
             self._next_seq += 1
@@ -330,13 +331,10 @@ class DecodeFastPath:
             c = offset + g
             alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
             if c == alloc_at:
-                if not quick or hash_at == c:  # both at once: block size 1
-                    self._allocate(lazy, c)
-                    alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
-                else:
-                    if not append_decode_block(lazy.request.request_id):
-                        raise PagesimError(f"decode fast path: no block for "
-                                           f"{lazy.request.request_id!r} with its blocks free")
+                if quick and hash_at != c:  # both at once (block size 1): the general call
+                    if not append_decode_block(lazy.rid):
+                        raise PagesimError(f"decode fast path: no block for {lazy.rid!r} "
+                                           "with its blocks free")
                     final = lazy.final
                     grown = c + bs  # the span was c
                     fill = c if c < final else final
@@ -344,6 +342,9 @@ class DecodeFastPath:
                     min_span_delta += grown_fill - fill
                     over_final_delta += grown - grown_fill - c + fill
                     lazy.span = lazy.alloc_at = alloc_at = grown
+                else:
+                    self._allocate(lazy, c)
+                    alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
             elif c == hash_at:
                 first = c + 1 - bs - lazy.prompt_len  # output index of the block's first token
                 if quick and first >= 0 and c + 1 >= 2 * bs:  # output tokens only: one slice
@@ -372,8 +373,8 @@ class DecodeFastPath:
                 at = alloc_at
             at -= offset
             if at <= g:
-                raise PagesimError(f"decode fast path: {lazy.request.request_id!r} has an "
-                                   "event left in this step")
+                raise PagesimError(f"decode fast path: {lazy.rid!r} has an event left in "
+                                   "this step")
             bucket = buckets.get(at)
             if bucket is None:
                 buckets[at] = [lazy]
