@@ -10,6 +10,7 @@ behind; `tests/kvcache/test_decode_events.py` holds them to `allocate_slots`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pagesim.errors import AllocationError
@@ -32,20 +33,25 @@ class DecodeBlockEvents:
     num_cached_block: dict[str, int]
     enable_caching: bool
     check_invariants: bool
+    block_size: int
     block_pool: BlockPool
     hasher: BlockHasher
     _lazy: LazyHashes | None
+    _cache_blocks: Callable[[Request, list[KVCacheBlock], int], None]
 
-    def append_decode_block(self, request_id: str) -> bool:
+    def append_decode_block(self, request_id: str, *, late_blocks: bool = False) -> bool:
         """One more block at the end of a running request's row: what `allocate_slots(request,
         1)` does for a full-attention decode whose context fills its row exactly (every full
         block of the row already cached). False: no free block; nothing changed.
 
         The caller guarantees the rest of `allocate_slots`' fast-path conditions: no sliding
-        window, no copy-on-write, the max_model_len cap not reached.
+        window, no copy-on-write, the max_model_len cap not reached. `late_blocks`: full
+        blocks of the row may still be uncached; the caller caches them later
+        (`cache_decode_blocks`, `pagesim.sim.pending_blocks` says when that is exact).
         """
         row = self.req_to_blocks[request_id]
-        if self.enable_caching and self.num_cached_block[request_id] != len(row):
+        if (self.enable_caching and not late_blocks
+                and self.num_cached_block[request_id] != len(row)):
             raise AllocationError(f"request_id={request_id!r}: full blocks of its row are not "
                                   "cached; use allocate_slots")
         pool = self.block_pool
@@ -93,6 +99,8 @@ class DecodeBlockEvents:
                                   "is not a decode block to cache")
         lazy = self._lazy
         if lazy is not None:  # LazyHashes.defer_decode_block, its common case inlined
+            if lazy.on_touch is not None:
+                lazy.on_touch(request.block_hashes[0])
             tokens = lazy.decode_tokens.get(rid)
             if tokens is None:
                 tokens = lazy.decode_tokens[rid] = {}
@@ -116,3 +124,28 @@ class DecodeBlockEvents:
         num_cached[rid] = index + 1
         if self.check_invariants:
             check_kv_cache_manager(self)
+
+    def cache_decode_blocks(self, request: Request, num_full: int) -> None:
+        """Cache the request's full blocks up to `num_full` (row indices `num_cached_block`
+        to `num_full - 1`; the first block already cached), its tokens up to them in the
+        request: what the `allocate_slots` calls of the decodes that filled them did, when
+        nothing touched the prefix cache's group of their root in between."""
+        rid = request.request_id
+        row = self.req_to_blocks[rid]
+        start = self.num_cached_block[rid]
+        if (not 0 < start < num_full <= len(row)
+                or num_full * self.block_size > request.num_tokens):
+            raise AllocationError(f"request_id={rid!r}: blocks {start}..{num_full - 1} of a row "
+                                  f"of {len(row)} ({request.num_tokens} tokens) are not decode "
+                                  "blocks to cache")
+        self._cache_blocks(request, row, num_full)
+        if self.check_invariants:
+            check_kv_cache_manager(self)
+
+    def watch_lazy_groups(self, hook: Callable[[bytes | None], None]) -> bool:
+        """Call `hook(root)` before anything reads or changes the deferred blocks of `root`
+        (None: of every root); False (no hook set) without lazy hashing."""
+        if self._lazy is None:
+            return False
+        self._lazy.on_touch = hook
+        return True

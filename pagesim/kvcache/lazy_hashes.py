@@ -25,6 +25,7 @@ from the packed tokens kept for it until the request is freed (by then its token
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pagesim.errors import AllocationError
@@ -84,11 +85,16 @@ class LazyHashes:
         self.groups: dict[bytes, dict[DeferredBlocks, None]] = {}
         self.newest: dict[str, DeferredBlocks] = {}  # request id -> its last record
         self.decode_tokens: dict[str, dict[int, bytes]] = {}  # request id -> block -> packed
+        # Called with a root (None: every root) before its group is read or changed, by the
+        # simulator's decode fast path, which joins blocks late (`pagesim.sim.pending_blocks`).
+        self.on_touch: Callable[[bytes | None], None] | None = None
 
     def defer(self, request: Request, row: list[KVCacheBlock], start: int, end: int,
               root: bytes) -> None:
         """Cache `row[start:end]` (blocks 1... of the request whose first block hashes to
         `root`), deferred: blocks already cached or null are skipped, as registration does."""
+        if self.on_touch is not None:
+            self.on_touch(root)
         rid = request.request_id
         groups = self.groups
         group = groups.get(root)
@@ -117,6 +123,8 @@ class LazyHashes:
                            packed_tokens: bytes) -> None:
         """`defer` of the one block `row[index]`, its tokens given packed (little-endian
         int32) because they may not be in the request yet."""
+        if self.on_touch is not None:
+            self.on_touch(request.block_hashes[0])
         rid = request.request_id
         tokens = self.decode_tokens.get(rid)
         if tokens is None:
@@ -143,6 +151,8 @@ class LazyHashes:
         hashes = request.block_hashes
         if not hashes:
             self.hasher.extend(request, 1)
+        if self.on_touch is not None:
+            self.on_touch(hashes[0])
         if hashes[0] in self.groups:
             self.materialize(hashes[0])
         cache = self.pool._cached
@@ -163,6 +173,8 @@ class LazyHashes:
 
     def clear(self) -> None:
         """Forget every deferred block (the pool drops every cached hash)."""
+        if self.on_touch is not None:
+            self.on_touch(None)
         for group in self.groups.values():
             for record in group:
                 record.live = 0
@@ -170,6 +182,8 @@ class LazyHashes:
 
     def materialize(self, root: bytes) -> None:
         """Hash and register every deferred block of `root`, in registration order."""
+        if self.on_touch is not None:
+            self.on_touch(root)
         group = self.groups.pop(root, None)
         if group is None:
             return
@@ -187,6 +201,8 @@ class LazyHashes:
 
     def materialize_all(self) -> None:
         """Register every deferred block (for readers of the whole map)."""
+        if self.on_touch is not None:
+            self.on_touch(None)
         while self.groups:
             self.materialize(next(iter(self.groups)))
 

@@ -28,6 +28,12 @@ only if a lookup can see the block). Other events bring the request up to date a
 real `allocate_slots`; a finishing request is brought up to date for `finish_decoded`. Output
 tokens are appended only then (and at `dissolve`), a run at a time.
 
+With the simulator's lazy hashing, a lazy request whose first block is cached has no `hash_at`
+events at all: the blocks it fills join the prefix cache late, in one call, when it finishes or
+is brought up to date, or when anything else is about to read or change its root's group of
+deferred blocks (`pagesim.sim.pending_blocks` says why that is exact). Its only events are
+then a block appended every `block_size` steps and its finish.
+
 A step runs fast when at least one running request is lazy and nothing the lazy requests do in
 it can differ from the slow path: every lazy request gets its token (they are at most
 `max_num_batched_tokens`), their block allocations cannot fail (the blocks they need now are
@@ -57,6 +63,7 @@ from pagesim.metrics.collector import RequestRecord
 from pagesim.request import Request
 from pagesim.scheduler.output import SyntheticTokenTable, synthetic_tokens
 from pagesim.scheduler.scheduler import Scheduler
+from pagesim.sim.pending_blocks import PendingBlocks
 from pagesim.sim.probe import KVProbe
 from pagesim.sim.runner import CostModelRunner
 
@@ -94,6 +101,7 @@ class _Lazy:
     finish_at: int  # that step samples its last token
     tok0: int  # the synthetic token table's index of its output token 0 (0 without a table)
     done: bool = False
+    root: bytes | None = None  # its first block's hash while its blocks join late
 
 
 class DecodeFastPath:
@@ -127,6 +135,9 @@ class DecodeFastPath:
         self.offset_sum = 0
         self.min_span_sum = 0  # sum of min(span, final), paged
         self.over_final_sum = 0  # sum of span - min(span, final), paged
+        # Filled blocks join the prefix cache late (lazy hashing): no event for a block filling
+        self.late = (PendingBlocks.attach(manager, self._fill_outputs)
+                     if self.quick and self.caching else None)
 
     @staticmethod
     def supports(scheduler, runner, probe) -> bool:
@@ -148,6 +159,9 @@ class DecodeFastPath:
         running = self.scheduler.running
         lazies = self.lazies
         n = len(lazies)
+        late = self.late
+        if late is not None:
+            late.set_frontier(self.tick, -1)  # nothing of this tick filled yet
         if n and (len(running) < n or running[n - 1] is not lazies[-1].request):
             raise PagesimError("decode fast path: the running list changed outside a step")
         if len(running) > n and n < self.budget:
@@ -171,6 +185,8 @@ class DecodeFastPath:
                     self.dissolve()
                     return False
             self._run_events(due, g)
+        if late is not None:
+            late.set_frontier(g)
         return True
 
     def lead_context_sum(self) -> int:
@@ -188,6 +204,11 @@ class DecodeFastPath:
         done = self.finishing
         finished: list[Request] = []
         if done:
+            late = self.late
+            if late is not None:  # their filled blocks join before they are freed
+                for lazy in done:
+                    if lazy.root is not None:
+                        late.join_root(lazy.root)
             for lazy in done:
                 request = lazy.request
                 c = lazy.offset + g
@@ -221,6 +242,9 @@ class DecodeFastPath:
     def dissolve(self) -> None:
         """Bring every lazy request up to date (start of the current tick); none stays lazy."""
         g = self.tick
+        if self.late is not None:
+            self.late.join_all()
+            self.late.clear()
         for lazy in self.lazies:
             request = lazy.request
             c = lazy.offset + g
@@ -254,6 +278,8 @@ class DecodeFastPath:
             reservations = manager.reservations
         last_c = self.max_model_len - 2  # a decode past it gets no token (max_model_len cap)
         table = self.table
+        late = self.late
+        joins_late = False
         limit = min(len(running), self.budget)
         lazies, offsets, due = self.lazies, self.offsets, self.due
         while n < limit:
@@ -272,7 +298,8 @@ class DecodeFastPath:
                 if row is None or rid in cow:
                     break
                 span = len(row) * bs
-                hash_at = (cached[rid] + 1) * bs - 1 if caching else _NEVER
+                joins_late = late is not None and cached[rid] > 0
+                hash_at = (cached[rid] + 1) * bs - 1 if caching and not joins_late else _NEVER
             else:
                 res = reservations.get(rid)
                 if res is None:
@@ -289,6 +316,8 @@ class DecodeFastPath:
                          prompt_len, prompt_len + max_tokens - 1, span, span, hash_at,
                          finish_at, table.start(request) if table is not None else 0)
             self._next_seq += 1
+            if joins_late:
+                late.add(lazy, request.block_hashes[0])  # type: ignore[union-attr]
             lazies.append(lazy)
             offsets.append(c - g)
             if self.offset_max is None or c - g > self.offset_max:
@@ -324,6 +353,7 @@ class DecodeFastPath:
             append_decode_block = manager.append_decode_block
             cache_decode_block = manager.cache_decode_block
         nbytes = 4 * bs
+        late = self.late is not None
         min_span_delta = over_final_delta = 0  # added to the sums once, after the loop
         finishing = self.finishing
         for lazy in due:
@@ -332,7 +362,7 @@ class DecodeFastPath:
             alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
             if c == alloc_at:
                 if quick and hash_at != c:  # both at once (block size 1): the general call
-                    if not append_decode_block(lazy.rid):
+                    if not append_decode_block(lazy.rid, late_blocks=late):
                         raise PagesimError(f"decode fast path: no block for {lazy.rid!r} "
                                            "with its blocks free")
                     final = lazy.final
@@ -389,6 +419,9 @@ class DecodeFastPath:
         bs = self.block_size
         request = lazy.request
         rid = request.request_id
+        late = self.late
+        if late is not None:  # the lazy requests ahead of it have filled this tick's blocks
+            late.set_frontier(c - lazy.offset, lazy.seq)
         request.num_computed_tokens = c
         self._fill_outputs(lazy, c + 1 - lazy.prompt_len)
         if manager.allocate_slots(request, 1) is None:
@@ -402,6 +435,9 @@ class DecodeFastPath:
             lazy.span = lazy.alloc_at = span
         if self.caching:
             lazy.hash_at = (manager.num_cached_block[rid] + 1) * bs - 1
+            if late is not None and lazy.root is None and manager.num_cached_block[rid] > 0:
+                lazy.hash_at = _NEVER  # its first block is cached: the others join late
+                late.add(lazy, request.block_hashes[0])
         if lazy.alloc_at <= c or lazy.hash_at <= c:
             raise PagesimError(f"decode fast path: {rid!r} still has an allocation "
                                "due after allocate_slots")
@@ -412,6 +448,8 @@ class DecodeFastPath:
         self.over_final_sum += sign * (span - fill_to)
 
     def _forget(self, lazy: _Lazy) -> None:
+        if self.late is not None:
+            self.late.remove(lazy)
         self.offset_sum -= lazy.offset
         self._add_span(lazy.final, lazy.span, -1)
 

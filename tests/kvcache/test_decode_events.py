@@ -71,3 +71,31 @@ def test_decode_events_refuse_misuse() -> None:
     mgr.num_cached_block["a"] = 1  # a full block not cached would be skipped: refused
     with pytest.raises(AllocationError, match="not cached"):
         mgr.append_decode_block("a")
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_late_decode_blocks_match_allocate_slots(lazy: bool) -> None:
+    """Blocks appended with `late_blocks=True` and cached later in one `cache_decode_blocks`
+    call leave the manager as the step-by-step `allocate_slots` calls did."""
+    bs = 4
+    slow = make_manager(40, bs, lazy_hashing=lazy)
+    fast = make_manager(40, bs, lazy_hashing=lazy)
+    prompt = list(range(2 * bs + 1))
+    r_slow, r_fast = (make_request("a", prompt, max_tokens=6 * bs) for _ in range(2))
+    admit(slow, r_slow)
+    admit(fast, r_fast)
+    for _ in range(4 * bs):
+        c = r_slow.num_computed_tokens
+        token = synthetic_token(r_slow, len(r_slow.output_token_ids))
+        r_slow.output_token_ids.append(token)
+        assert slow.allocate_slots(r_slow, 1) is not None
+        r_slow.num_computed_tokens += 1
+        r_fast.output_token_ids.append(token)
+        if c == len(fast.req_to_block_ids["a"]) * bs:
+            assert fast.append_decode_block("a", late_blocks=True)
+    assert fast.num_cached_block["a"] < slow.num_cached_block["a"]  # really late
+    fast.cache_decode_blocks(r_fast, slow.num_cached_block["a"])
+    assert _state(slow) == _state(fast)
+    assert r_slow.block_hashes == r_fast.block_hashes
+    with pytest.raises(AllocationError, match="not decode blocks"):
+        fast.cache_decode_blocks(r_fast, len(fast.req_to_block_ids["a"]) + 1)

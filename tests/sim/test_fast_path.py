@@ -266,3 +266,23 @@ def test_synthetic_token_table_windows(vocab: int) -> None:
             f"<{count}i", *synthetic_tokens(r, 9, 9 + count, vocab))
         assert table.packed(start, 9, vocab + 1) is None
     assert not SyntheticTokenTable(2 * 104_729).usable  # stride not invertible: no table
+
+
+def test_filled_blocks_join_late(monkeypatch) -> None:
+    """With lazy hashing the filled decode blocks join in bulk, not one event per block (the
+    equality tests would pass if they never did)."""
+    calls = {"one": 0, "bulk": 0}
+    one, bulk = KVCacheManager.cache_decode_block, KVCacheManager.cache_decode_blocks
+
+    def count_one(self, *args):
+        calls["one"] += 1
+        return one(self, *args)
+
+    def count_bulk(self, *args):
+        calls["bulk"] += 1
+        return bulk(self, *args)
+
+    monkeypatch.setattr(KVCacheManager, "cache_decode_block", count_one)
+    monkeypatch.setattr(KVCacheManager, "cache_decode_blocks", count_bulk)
+    simulate(EngineConfig.create(), LoadSpec(**CHAT))
+    assert calls["one"] == 0 and calls["bulk"] > 0
