@@ -154,7 +154,7 @@ class LazyHashes:
         if self.on_touch is not None:
             self.on_touch(hashes[0])
         if hashes[0] in self.groups:
-            self.materialize(hashes[0])
+            self._materialize(hashes[0])
         cache = self.pool._cached
         hit: list[KVCacheBlock] = []
         for i in range(max_num_blocks):
@@ -184,6 +184,9 @@ class LazyHashes:
         """Hash and register every deferred block of `root`, in registration order."""
         if self.on_touch is not None:
             self.on_touch(root)
+        self._materialize(root)
+
+    def _materialize(self, root: bytes) -> None:
         group = self.groups.pop(root, None)
         if group is None:
             return

@@ -136,7 +136,7 @@ class DecodeFastPath:
         self.min_span_sum = 0  # sum of min(span, final), paged
         self.over_final_sum = 0  # sum of span - min(span, final), paged
         # Filled blocks join the prefix cache late (lazy hashing): no event for a block filling
-        self.late = (PendingBlocks.attach(manager, self._fill_outputs)
+        self.late = (PendingBlocks.attach(manager, self._fill_outputs, self._block_tokens)
                      if self.quick and self.caching else None)
 
     @staticmethod
@@ -346,13 +346,9 @@ class DecodeFastPath:
         bs = self.block_size
         buckets = self.due
         quick = self.quick
-        table = self.table
         if quick:
-            packed_table = table.packed_table  # type: ignore[union-attr]
-            vocab = self.vocab_size
             append_decode_block = manager.append_decode_block
             cache_decode_block = manager.cache_decode_block
-        nbytes = 4 * bs
         late = self.late is not None
         min_span_delta = over_final_delta = 0  # added to the sums once, after the loop
         finishing = self.finishing
@@ -376,21 +372,12 @@ class DecodeFastPath:
                     self._allocate(lazy, c)
                     alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
             elif c == hash_at:
-                first = c + 1 - bs - lazy.prompt_len  # output index of the block's first token
-                if quick and first >= 0 and c + 1 >= 2 * bs:  # output tokens only: one slice
-                    k = 4 * ((lazy.tok0 + first) % vocab)
-                    cache_decode_block(lazy.request, packed_table[k:k + nbytes])
+                # the block's tokens packed (not block 0: it is the root, hashed at once)
+                packed = self._block_tokens(lazy, c // bs) if quick and c + 1 >= 2 * bs else None
+                if packed is not None:
+                    cache_decode_block(lazy.request, packed)
                     lazy.hash_at = hash_at = c + bs
-                elif quick and c + 1 >= 2 * bs:  # the prompt's last tokens, then outputs
-                    packed = _pack_tokens(lazy.request.prompt_token_ids[first:])
-                    if packed is None:  # a prompt token out of int32: the general call says so
-                        self._allocate(lazy, c)
-                        alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
-                    else:
-                        packed += table.packed(lazy.tok0, 0, bs + first)  # type: ignore[union-attr]
-                        cache_decode_block(lazy.request, packed)
-                        lazy.hash_at = hash_at = c + bs
-                else:
+                else:  # the general call (a prompt token out of int32 says so there)
                     self._allocate(lazy, c)
                     alloc_at, hash_at = lazy.alloc_at, lazy.hash_at
             at = lazy.finish_at
@@ -452,6 +439,21 @@ class DecodeFastPath:
             self.late.remove(lazy)
         self.offset_sum -= lazy.offset
         self._add_span(lazy.final, lazy.span, -1)
+
+    def _block_tokens(self, lazy: _Lazy, index: int) -> bytes | None:
+        """Block `index` (>= 1) of a lazy request as the int32 bytes its hash reads, from the
+        synthetic token table (its output tokens may not be appended yet); None if a prompt
+        token does not fit in int32."""
+        bs = self.block_size
+        first = index * bs - lazy.prompt_len  # output index of the block's first token
+        table = self.table
+        if first >= 0:  # output tokens only: one slice
+            k = 4 * ((lazy.tok0 + first) % self.vocab_size)
+            return table.packed_table[k:k + 4 * bs]  # type: ignore[union-attr]
+        packed = _pack_tokens(lazy.request.prompt_token_ids[first:])  # the prompt's last tokens
+        if packed is None:
+            return None
+        return packed + table.packed(lazy.tok0, 0, bs + first)  # type: ignore[union-attr]
 
     def _fill_outputs(self, lazy: _Lazy, count: int) -> None:
         """Append the synthetic output tokens the runner would have sampled, up to `count`."""

@@ -31,6 +31,7 @@ path has appended by the frontier.
 from __future__ import annotations
 
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,24 +42,35 @@ _AFTER_ALL = 1 << 62  # a running position past every lazy request
 
 
 class PendingBlocks:
-    """Lazy requests whose filled blocks join the prefix cache late, by root."""
+    """Lazy requests whose filled blocks join the prefix cache late, by root.
 
-    def __init__(self, manager: KVCacheManager,
-                 fill_outputs: Callable[[_Lazy, int], None]) -> None:
+    Each root keeps a heap of its lazy requests' next fills, (tick, running position, lazy):
+    a touch pops only the fills that are due, in the order the steps made them, and a touch
+    with none due costs one comparison. A root with a single lazy request (the common case:
+    roots are shared only by system prompts, multi-turn histories and traces' hash ids) joins
+    all its due blocks in one call.
+    """
+
+    def __init__(self, manager: KVCacheManager, fill_outputs: Callable[[_Lazy, int], None],
+                 block_tokens: Callable[[_Lazy, int], bytes | None]) -> None:
         self.manager = manager
         self.block_size = manager.block_size
         self._fill_outputs = fill_outputs
+        self._block_tokens = block_tokens
         self.by_root: dict[bytes, list[_Lazy]] = {}  # running order within a root
+        self.fills: dict[bytes, list[tuple[int, int, _Lazy]]] = {}  # root -> heap of next fills
         self.frontier_tick = 0
         self.frontier_seq = -1  # lazy requests ahead of this position have done tick's fill
         self._joining = False
 
     @classmethod
-    def attach(cls, manager: KVCacheManager,
-               fill_outputs: Callable[[_Lazy, int], None]) -> PendingBlocks | None:
+    def attach(cls, manager: KVCacheManager, fill_outputs: Callable[[_Lazy, int], None],
+               block_tokens: Callable[[_Lazy, int], bytes | None]) -> PendingBlocks | None:
         """One watching `manager`'s deferred blocks; None without lazy hashing (filled blocks
-        are hashed at once there, so they must join at their step)."""
-        pending = cls(manager, fill_outputs)
+        are hashed at once there, so they must join at their step). `fill_outputs(lazy, n)`
+        appends a lazy request's outputs up to n; `block_tokens(lazy, i)` gives its block i's
+        tokens packed (None: use the request's tokens)."""
+        pending = cls(manager, fill_outputs, block_tokens)
         return pending if manager.watch_lazy_groups(pending.on_touch) else None
 
     def clear(self) -> None:
@@ -67,24 +79,30 @@ class PendingBlocks:
             for lazy in group:
                 lazy.root = None
         self.by_root = {}
+        self.fills = {}
 
     def add(self, lazy: _Lazy, root: bytes) -> None:
         """`lazy` (up to date: every block it has filled is cached) joins late from now on."""
         lazy.root = root
+        fill = (self._next_fill(lazy), lazy.seq, lazy)
         group = self.by_root.get(root)
         if group is None:
             self.by_root[root] = [lazy]
+            self.fills[root] = [fill]
         else:
             group.append(lazy)
+            heappush(self.fills[root], fill)
 
     def remove(self, lazy: _Lazy) -> None:
-        """`lazy` is no longer lazy (its blocks joined first)."""
+        """`lazy` is no longer lazy (its blocks joined first). Its heap entry stays until
+        popped (a removed request's entry is skipped)."""
         root = lazy.root
         if root is None:
             return
         group = self.by_root[root]
         if len(group) == 1:
             del self.by_root[root]
+            del self.fills[root]
         else:
             group.remove(lazy)
         lazy.root = None
@@ -97,13 +115,17 @@ class PendingBlocks:
     def on_touch(self, root: bytes | None) -> None:
         """`LazyHashes.on_touch`: the group of `root` (None: every group) is about to be read
         or changed; its late blocks join first."""
-        if self._joining or not self.by_root:
+        if self._joining:
             return
         if root is None:
             for r in list(self.by_root):
                 self.join_root(r)
-        elif root in self.by_root:
-            self.join_root(root)
+            return
+        heap = self.fills.get(root)
+        if heap:  # `join_root`'s test that something is due, inlined (touches are frequent)
+            due, at, _ = heap[0]
+            if due < self.frontier_tick or (due == self.frontier_tick and at < self.frontier_seq):
+                self.join_root(root)
 
     def join_all(self) -> None:
         """Every late block filled by the frontier joins."""
@@ -112,37 +134,46 @@ class PendingBlocks:
     def join_root(self, root: bytes) -> None:
         """The late blocks of `root`'s lazy requests filled by the frontier join, in the order
         the steps filled them."""
-        group = self.by_root.get(root)
-        if not group:
+        heap = self.fills.get(root)
+        if not heap:
             return
-        bs = self.block_size
-        num_cached = self.manager.num_cached_block
         tick, seq = self.frontier_tick, self.frontier_seq
+        due, at = heap[0][0], heap[0][1]
+        if due > tick or (due == tick and at >= seq):
+            return
         self._joining = True
         try:
-            if len(group) == 1:
+            group = self.by_root[root]
+            if len(group) == 1:  # all its due blocks in one call
                 lazy = group[0]
                 last = tick if lazy.seq < seq else tick - 1
-                self._join(lazy, (lazy.offset + last + 1) // bs)
+                target = (lazy.offset + last + 1) // self.block_size
+                if target > self.manager.num_cached_block[lazy.rid]:  # (a due entry may be stale)
+                    self._join(lazy, target)
+                heap[:] = [(self._next_fill(lazy), lazy.seq, lazy)]
                 return
-            fills = []  # (tick, running position, block index, lazy): one per (tick, lazy)
-            for lazy in group:
-                last = tick if lazy.seq < seq else tick - 1
-                for i in range(num_cached[lazy.rid], (lazy.offset + last + 1) // bs):
-                    fills.append(((i + 1) * bs - 1 - lazy.offset, lazy.seq, i, lazy))
-            fills.sort(key=_fill_order)
-            for _, _, i, lazy in fills:
-                self._join(lazy, i + 1)
+            bs = self.block_size
+            num_cached = self.manager.num_cached_block
+            cache_decode_block = self.manager.cache_decode_block
+            while heap and (heap[0][0] < tick or (heap[0][0] == tick and heap[0][1] < seq)):
+                due, at, lazy = heappop(heap)
+                if lazy.root != root:  # no longer lazy
+                    continue
+                i = num_cached[lazy.rid]  # the block it filled at tick `due`
+                packed = self._block_tokens(lazy, i)
+                if packed is None:
+                    self._join(lazy, i + 1)
+                else:  # one block, its tokens from the table
+                    cache_decode_block(lazy.request, packed)
+                heappush(heap, (due + bs, at, lazy))
         finally:
             self._joining = False
 
+    def _next_fill(self, lazy: _Lazy) -> int:
+        """The tick at which `lazy` fills its first block not cached yet."""
+        return (self.manager.num_cached_block[lazy.rid] + 1) * self.block_size - 1 - lazy.offset
+
     def _join(self, lazy: _Lazy, num_full: int) -> None:
         """Cache `lazy`'s blocks up to `num_full`, its outputs filled to their end first."""
-        if num_full <= self.manager.num_cached_block[lazy.rid]:
-            return
         self._fill_outputs(lazy, num_full * self.block_size - lazy.prompt_len)
         self.manager.cache_decode_blocks(lazy.request, num_full)
-
-
-def _fill_order(fill: tuple) -> tuple[int, int]:
-    return fill[0], fill[1]
