@@ -98,6 +98,7 @@ class _Lazy:
     span: int  # slots of its block-table row (paged) or of its row (contiguous)
     alloc_at: int  # == span: that step's token needs a new block
     hash_at: int  # that step's token fills a block (prefix caching); _NEVER without caching
+    # or while its filled blocks join late (`PendingBlocks`)
     finish_at: int  # that step samples its last token
     tok0: int  # the synthetic token table's index of its output token 0 (0 without a table)
     done: bool = False

@@ -9,7 +9,9 @@ in its group's order (the order in which materialization registers blocks), and 
 request's record is still its group's newest (a later block may join it, or needs a record
 of its own). Nothing else reads the group until the next operation on it: a lookup of the
 root, another block joining or deferred under it, a materialization, a read of a deferred
-block's hash, a reset. Such operations call `LazyHashes.on_touch` first.
+block's hash, a reset. Such operations call `LazyHashes.on_touch` first. (Evicting a deferred
+block changes no other record's place, and drops only a record whose blocks are all free,
+which a running request's blocks are not.)
 
 So the decode fast path does not make an event of a block filling. A lazy request's full
 blocks are a function of the tick: block i fills at the step whose token is its last slot,
@@ -23,9 +25,11 @@ events, everything up to tick g. The group then holds exactly what it would hold
 block joined at its step, in the same order; the request's `num_cached_block` catches up at
 the join (nothing reads it for a lazy request before).
 
-Tokens: a join needs the request's tokens up to the block's end (later hashing reads them);
-the request's outputs are filled that far first, which never goes past what the step-by-step
-path has appended by the frontier.
+Tokens: later hashing reads a joined block's tokens. A join of all of a request's due blocks
+in one call fills its outputs to their end first, which never goes past what the step-by-step
+path has appended by the frontier; a join of one block (when several requests of a root have
+due blocks, interleaved) hands its tokens packed from the synthetic token table instead, as
+`cache_decode_block` takes them.
 """
 
 from __future__ import annotations
