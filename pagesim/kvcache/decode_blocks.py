@@ -1,11 +1,13 @@
-"""Decode steps one block event at a time: the two calls of the simulator's decode fast path
+"""Decode steps one block event at a time: the calls of the simulator's decode fast path
 (`pagesim.sim.fast_path`), as methods of `KVCacheManager`.
 
 A decode that only moves a request forward by one token changes the manager in two places
 only: when its context fills its row (a block is appended) and when its token fills a block
 (the block is cached). These calls do exactly what `allocate_slots(request, 1)` does then,
 without reading the request's tokens, so the fast path can leave the request's counters
-behind; `tests/kvcache/test_decode_events.py` holds them to `allocate_slots`.
+behind; with lazy hashing the filled blocks may also be cached later, several in one call
+(`cache_decode_blocks`, see `pagesim.sim.pending_blocks`). `tests/kvcache/test_decode_events.py`
+holds them to `allocate_slots`.
 """
 
 from __future__ import annotations
