@@ -68,9 +68,10 @@ def main() -> None:
         dev, dtype = torch.device("cuda"), torch.bfloat16
     info = device_info(dev if dev.type == "cuda" else None)
     print(f"device {info}")
+    before = MemorySnapshot.take(dev) if dev.type == "cuda" else None  # before the weights
     model = RandomWeightDecoder(config.model_spec, dtype, dev, 16, 0)
-    if dev.type == "cuda":
-        capacity = measure_kv_capacity(config, model, MemorySnapshot.take(dev), (16, 32))
+    if before is not None:
+        capacity = measure_kv_capacity(config, model, before, (16, 32))
     else:
         capacity = override_capacity(config, (16, 32))
     rows: dict[tuple[str, int], dict] = {}
