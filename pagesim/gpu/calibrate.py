@@ -214,10 +214,6 @@ def prefill_points(grid: CalibrationGrid, max_model_len: int,
             if n <= max_num_batched_tokens and n + k <= max_model_len]
 
 
-# Points whose step is decode-only (timed apart from the prefill and mixed points)
-DECODE_KINDS = frozenset({"decode", "reference", "shared", "spread"})
-
-
 def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_model_len: int,
                          max_num_batched_tokens: int, max_num_seqs: int, full: bool,
                          progress: Progress | None = None, seed: int = 0,
@@ -289,19 +285,7 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         if progress is not None:
             progress(done, total, f"bs={block_size} warm-up")
 
-    # Decode-only steps are timed in rounds of their own, before the rest: rounds that mix
-    # them with prefill steps of up to 8,192 tokens hold the GPU at lower clocks than a
-    # serving stream of mostly decode steps runs at (results/gpu_variance/README.md).
-    light = {i for i, (kind, _, _, _) in enumerate(points) if kind in DECODE_KINDS}
-    light |= {i for other, i in other_index.items() if other[0] == "decode"}
-    groups = [sorted(light), [i for i in range(len(items)) if i not in light]]
-    timings: list[Timing] = [None] * len(items)  # type: ignore[list-item]
-    for group in groups:
-        if group:
-            measured = measure_interleaved(runner, [items[i] for i in group], grid, seed=seed,
-                                           deadline=deadline, tick=tick)
-            for i, t in zip(group, measured, strict=True):
-                timings[i] = t
+    timings = measure_interleaved(runner, items, grid, seed=seed, deadline=deadline, tick=tick)
     if progress is not None:
         progress(total, total, f"bs={block_size} {len(timings[0].samples) if timings else 0} "
                                "rounds timed")
