@@ -16,8 +16,6 @@ number of prefill entries.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +23,7 @@ import numpy as np
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import Profile
+from pagesim.validate import read_real_run
 
 
 def table_ms(cm: CalibratedCostModel, num_reqs: int) -> float:
@@ -36,8 +35,7 @@ def table_ms(cm: CalibratedCostModel, num_reqs: int) -> float:
 
 def run_rows(path: Path, cm: CalibratedCostModel) -> tuple[dict, list[tuple[int, float]]]:
     """(row of the table, [(prefill entries, excess ms)] of its steps with prefill)."""
-    doc = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
-                     else path.read_bytes())
+    doc = read_real_run(path)
     st, rs = doc["records"]["steps"], doc["records"]["runner_steps"]
     host = (np.asarray(st["schedule_s"]) + np.asarray(st["update_s"])) * 1e3
     reqs = np.asarray(rs["num_reqs"])

@@ -124,12 +124,8 @@ class PendingBlocks:
         if root is None:
             for r in list(self.by_root):
                 self.join_root(r)
-            return
-        heap = self.fills.get(root)
-        if heap:  # `join_root`'s test that something is due, inlined (touches are frequent)
-            due, at, _ = heap[0]
-            if due < self.frontier_tick or (due == self.frontier_tick and at < self.frontier_seq):
-                self.join_root(root)
+        elif root in self.fills:
+            self.join_root(root)
 
     def join_all(self) -> None:
         """Every late block filled by the frontier joins."""
@@ -139,12 +135,9 @@ class PendingBlocks:
         """The late blocks of `root`'s lazy requests filled by the frontier join, in the order
         the steps filled them."""
         heap = self.fills.get(root)
-        if not heap:
+        if not heap or not self._due(heap[0]):
             return
         tick, seq = self.frontier_tick, self.frontier_seq
-        due, at = heap[0][0], heap[0][1]
-        if due > tick or (due == tick and at >= seq):
-            return
         self._joining = True
         try:
             group = self.by_root[root]
@@ -159,7 +152,7 @@ class PendingBlocks:
             bs = self.block_size
             num_cached = self.manager.num_cached_block
             cache_decode_block = self.manager.cache_decode_block
-            while heap and (heap[0][0] < tick or (heap[0][0] == tick and heap[0][1] < seq)):
+            while heap and self._due(heap[0]):
                 due, at, lazy = heappop(heap)
                 if lazy.root != root:  # no longer lazy
                     continue
@@ -172,6 +165,11 @@ class PendingBlocks:
                 heappush(heap, (due + bs, at, lazy))
         finally:
             self._joining = False
+
+    def _due(self, fill: tuple[int, int, _Lazy]) -> bool:
+        """Whether the steps have made `fill` (tick, running position, lazy) by the frontier."""
+        tick = self.frontier_tick
+        return fill[0] < tick or (fill[0] == tick and fill[1] < self.frontier_seq)
 
     def _next_fill(self, lazy: _Lazy) -> int:
         """The tick at which `lazy` fills its first block not cached yet."""
