@@ -61,8 +61,9 @@ are taken against the line of their own mode. Profiles without token sizes keep 
 
 Steps through the variable-length attention kernel (any prefill entry): when the profile
 names the kernel's tiles (`varlen_block_q`, `varlen_tile_n`, format 4), other(mode, tokens)
-plus the kernel's time from its launch grid (`pagesim.cost.varlen`: work, critical path and
-surplus programs, fitted per block size on the prefill, mixed and multi-prefill rows); the
+plus the kernel's time from its launch grid (`pagesim.cost.varlen`: its programs handed out in
+grid order to the slots the GPU runs at once, and its surplus programs, fitted per block size
+on the prefill, mixed and multi-prefill rows); the
 per-entry residuals and `shared` below are then not used. Older profiles keep them.
 
 Shared prefixes (decode_shared.csv): a decode step whose sequences share cached prefix blocks
@@ -112,7 +113,7 @@ from pagesim.cost.spread import DecodeKernel, fit_decode_spread
 from pagesim.cost.surface import Pwl, Surface, blend_weights
 from pagesim.cost.varlen import VarlenKernel, fit_varlen, shape_launch
 from pagesim.errors import ConfigError
-from pagesim.specs import GPUSpec, ModelSpec
+from pagesim.specs import MODELS, GPUSpec, ModelSpec
 
 MS = 1e-3
 BREAKDOWN_KEYS: tuple[str, ...] = ("other", "attention", "allreduce", "host_overhead", "swap",
@@ -314,7 +315,9 @@ class CalibratedCostModel:
         if not (meta.varlen_block_q and meta.varlen_tile_n):
             return None, {}
         cap = (self._graph_sizes or self._token_sizes or (0,))[-1]
-        kernel = VarlenKernel(meta.varlen_block_q, meta.varlen_tile_n, cap)
+        spec = MODELS.get(meta.model)  # the grid's KV heads; one for a model pagesim lacks
+        heads = max(1, spec.num_kv_heads // meta.tensor_parallel_size) if spec else 1
+        kernel = VarlenKernel(meta.varlen_block_q, meta.varlen_tile_n, cap, heads)
         per_bs: dict[int, list] = defaultdict(list)
         for kind, tokens, r in rows:
             shape = row_batch(kind, r)

@@ -1,11 +1,13 @@
-"""The variable-length kernel's attention model: program counting, the fit, and its use by the
-calibrated cost model."""
+"""The variable-length kernel's attention model: program counting, the grid-order schedule,
+the fit, and its use by the calibrated cost model."""
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,41 +16,55 @@ from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import MultiPrefillRow, Profile
 from pagesim.cost.varlen import (
-    CONCURRENCY_GRID,
     PROGRAM_OVERHEAD_TILES,
+    SLOTS_GRID,
     Launch,
     VarlenFit,
     VarlenKernel,
     fit_varlen,
     launch_of,
+    makespans,
     shape_launch,
 )
+from pagesim.specs import MODELS
 
-KERNEL = VarlenKernel(block_q=128, tile_n=64, max_graph_seqs=512)
+KERNEL = VarlenKernel(block_q=128, tile_n=64, max_graph_seqs=512, num_kv_heads=8)
 
 
-def brute_force(kernel: VarlenKernel, entries, decodes, padded) -> Launch:
-    """Every program of the launch, one by one (per KV head)."""
-    keys = []
+def brute_force(kernel: VarlenKernel, entries, decodes, padded) -> tuple[Launch, np.ndarray]:
+    """Every program of the launch, one by one (per KV head), decodes first: the launch's
+    counts and the programs' lengths."""
+    keys = [c + 1 for c in decodes]
     for q, c in entries:
         for j in range(math.ceil(q / kernel.block_q)):
             keys.append(c + min((j + 1) * kernel.block_q, q))
-    keys += [c + 1 for c in decodes]
     tiles = [k / kernel.tile_n + PROGRAM_OVERHEAD_TILES for k in keys]
     tokens = sum(q for q, _ in entries) + len(decodes)
     seqs = len(entries) + len(decodes)
     launched = (tokens // kernel.block_q + seqs if padded is None
                 else padded // kernel.block_q + min(padded, kernel.max_graph_seqs))
-    return Launch(sum(tiles), max(tiles, default=0.0), len(keys), launched)
+    return Launch(sum(tiles), max(tiles, default=0.0), len(keys), launched), np.array(tiles)
+
+
+def greedy_schedule(programs, heads: int, slots: int) -> float:
+    """The exact schedule: every head's programs in turn, each to the first free slot."""
+    free = [0.0] * slots
+    end = 0.0
+    for _ in range(heads):
+        for x in programs:
+            t = heapq.heappop(free) + x
+            heapq.heappush(free, t)
+            end = max(end, t)
+    return end
 
 
 def test_a_hand_counted_launch() -> None:
     # 300 new over 100 cached: programs of 228, 356 and 400 keys
-    got = launch_of(KERNEL, [(300, 100)], 0, 0, 0, None)
+    got = launch_of(KERNEL, [(300, 100)], [], None)
     assert got.work == pytest.approx((228 + 356 + 400) / 64 + 3)
     assert got.longest == pytest.approx(400 / 64 + 1)
     assert (got.used, got.launched, got.surplus) == (3, 300 // 128 + 1, 0)
-    graph = launch_of(KERNEL, [(300, 100)], 0, 0, 0, 320)
+    graph = launch_of(KERNEL, [(300, 100)], [], 320)
     assert graph.surplus == 320 // 128 + 320 - 3  # padded sequences' programs exit at once
 
 
@@ -60,15 +76,71 @@ def test_closed_form_counts_every_program(entries, decodes, block_q, graph) -> N
     kernel = VarlenKernel(block_q, 64, 256)
     tokens = sum(q for q, _ in entries) + len(decodes)
     padded = max(tokens, 1) * 2 if graph else None
-    got = launch_of(kernel, entries, sum(decodes), max(decodes, default=0), len(decodes),
-                    padded)
-    want = brute_force(kernel, entries, decodes, padded)
+    got = launch_of(kernel, entries, decodes, padded)
+    want, programs = brute_force(kernel, entries, decodes, padded)
     assert got.work == pytest.approx(want.work)
     assert got.longest == pytest.approx(want.longest)
     assert (got.used, got.launched) == (want.used, want.launched)
+    assert got.lengths() == pytest.approx(programs)
     shape = BatchShape(16, tokens, len(decodes), sum(decodes), list(decodes),
                        [q for q, _ in entries], [c for _, c in entries])
     assert shape_launch(kernel, shape, padded) == got
+
+
+def of_lengths(lengths, heads: int) -> Launch:
+    """A launch of decodes only whose programs have these lengths (tile iterations)."""
+    kernel = VarlenKernel(block_q=1, tile_n=1, max_graph_seqs=0, num_kv_heads=heads)
+    return launch_of(kernel, [], [x - 1.0 - PROGRAM_OVERHEAD_TILES for x in lengths], None)
+
+
+def test_a_launch_that_fits_at_once_lasts_its_longest_program() -> None:
+    launch = of_lengths([3.0, 9.0, 2.0], heads=4)
+    assert launch.lengths().tolist() == [3.0, 9.0, 2.0]
+    assert makespans(launch, [12, 100]).tolist() == [9.0, 9.0]
+    assert launch.makespan(12) == 9.0 == greedy_schedule([3.0, 9.0, 2.0], 4, 12)
+
+
+def test_the_last_heads_long_program_starts_after_the_other_heads_work() -> None:
+    # 8 heads of [one 40-tile decode, 30 one-tile programs], 64 slots: the last head's long
+    # decode is handed out after the other heads' work; max(work / slots, longest) misses it
+    lengths = [40.0] + [1.0] * 30
+    exact = greedy_schedule(lengths, 8, 64)
+    fluid = of_lengths(lengths, 8).makespan(64)
+    assert exact == 43.0  # the last head's decode starts 3 tiles in
+    assert fluid == pytest.approx(exact, rel=0.1)
+    assert max(40.0, 8 * sum(lengths) / 64) == 40.0  # the old critical path
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.floats(2.0, 80.0), min_size=1, max_size=60),
+       heads=st.integers(1, 32), slots=st.integers(1, 400))
+def test_fluid_schedule_stays_within_the_greedy_bounds(lengths, heads, slots) -> None:
+    """Both the exact greedy schedule and its fluid form lie between the lower bound
+    max(longest, all work / slots) and Graham's bound all work / slots + longest."""
+    x = np.array(lengths)
+    low = max(x.max(), heads * x.sum() / slots)
+    high = heads * x.sum() / slots + x.max()
+    exact = greedy_schedule(x, heads, slots)
+    fluid = of_lengths(lengths, heads).makespan(slots)
+    for t in (exact, fluid):
+        assert low - 1e-9 <= t <= high + 1e-9
+    if heads * len(x) <= slots:
+        assert fluid == pytest.approx(exact) and exact == x.max()
+
+
+@settings(max_examples=100, deadline=None)
+@given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
+       decodes=st.lists(st.integers(1, 4000), max_size=40), heads=st.integers(1, 32),
+       reread=st.floats(0.0, 1.0))
+def test_pricing_and_fitting_schedules_agree(entries, decodes, heads, reread) -> None:
+    """`Launch.makespan` (plain Python, per step) and `makespans` (numpy, over the fit's slot
+    counts) are one formula; `lengths` lists the programs `launch_of` counts."""
+    kernel = VarlenKernel(block_q=32, tile_n=64, max_graph_seqs=512, num_kv_heads=heads)
+    launch = launch_of(kernel, entries, decodes, None).reread(0.5, reread)
+    assert launch.lengths().sum() * launch.scale == pytest.approx(launch.work)
+    slots = SLOTS_GRID[::7]
+    want = [launch.makespan(p) for p in slots]
+    assert makespans(launch, slots) == pytest.approx(want)
 
 
 def _rows(truth: VarlenFit):
@@ -79,7 +151,7 @@ def _rows(truth: VarlenFit):
                     (16, 2000, 2)]:
         for graph in (True, False):
             decodes = 128 if q == 300 else 0  # one step mixes 128 decodes of 512 tokens
-            launch = launch_of(KERNEL, [(q, c)] * k, decodes * 512, 512, decodes,
+            launch = launch_of(KERNEL, [(q, c)] * k, [512] * decodes,
                                512 if graph else None)
             att = truth(launch, graph)
             rows.append((launch, graph, att, att + 0.01))
@@ -87,9 +159,9 @@ def _rows(truth: VarlenFit):
 
 
 def test_fit_recovers_the_law_it_was_made_from() -> None:
-    truth = VarlenFit(2e-4, 9e-4, 6e-5, 8e-6, CONCURRENCY_GRID[24], 0.0)
+    truth = VarlenFit(2e-4, 9e-4, 6e-5, 8e-6, SLOTS_GRID[43], 0.0)
     fit = fit_varlen(_rows(truth))
-    assert fit.concurrency == truth.concurrency
+    assert fit.slots == truth.slots
     for name in ("alpha_graph", "alpha_eager", "beta", "gamma"):
         assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
     assert fit.rms < 1e-9
@@ -102,10 +174,12 @@ def _with_varlen(profile: Profile, truth: VarlenFit) -> Profile:
     meta = dataclasses.replace(profile.metadata, varlen_block_q=KERNEL.block_q,
                                varlen_tile_n=KERNEL.tile_n)
     base = CalibratedCostModel(profile)
+    spec = MODELS.get(meta.model)  # the grid's KV heads, as the calibrated model counts them
+    kernel = dataclasses.replace(KERNEL, num_kv_heads=spec.num_kv_heads if spec else 1)
 
     def step(shape: BatchShape) -> float:
         other = base.step_time_breakdown(shape)["other"]
-        return (other + truth(shape_launch(KERNEL, shape, None), False)) * 1e3
+        return (other + truth(shape_launch(kernel, shape, None), False)) * 1e3
 
     prefill = tuple(dataclasses.replace(r, step_time_ms=(t := step(BatchShape.prefill(
         r.num_new_tokens, r.num_cached_tokens, r.block_size))), step_time_p10_ms=t,
@@ -121,7 +195,7 @@ def _with_varlen(profile: Profile, truth: VarlenFit) -> Profile:
 
 
 def test_calibrated_model_prices_prefill_steps_with_the_fit(clean_profile) -> None:
-    truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, CONCURRENCY_GRID[30], 0.0)
+    truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, SLOTS_GRID[43], 0.0)
     profile = _with_varlen(clean_profile, truth)
     model = CalibratedCostModel(profile)
     assert set(model.varlen_fits) == {r.block_size for r in profile.prefill}
@@ -144,7 +218,7 @@ def test_calibrated_model_prices_prefill_steps_with_the_fit(clean_profile) -> No
 def test_fit_report_holds_out_multi_prefill_rows(clean_profile) -> None:
     from pagesim.cost.fit import fit_report
 
-    truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, CONCURRENCY_GRID[30], 0.0)
+    truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, SLOTS_GRID[43], 0.0)
     report = fit_report(_with_varlen(clean_profile, truth), holdout_fraction=0.5)
     rows = {r.table: r for r in report.rows}
     assert rows["multi_prefill"].num_holdout == 2 and rows["multi_prefill"].num_fit == 2
@@ -155,7 +229,7 @@ def test_varlen_reread_fraction_is_recovered_and_applied(clean_profile) -> None:
     from pagesim.cost.profile import VarlenSharedRow
 
     # a GPU that runs one program at a time: every step bound by its work, not a program
-    truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, CONCURRENCY_GRID[0], 0.0)
+    truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, SLOTS_GRID[0], 0.0)
     base_profile = _with_varlen(clean_profile, truth)
     base = CalibratedCostModel(base_profile)
     reread = 0.6
