@@ -25,10 +25,12 @@ as the decode split rule counts it).
 Why the order matters: a served mixed step holds a few new tokens and decodes of very unequal
 contexts, and the longest decode program of the last head is handed out after the other heads'
 work, so the step lasts about that work over the slots plus that program. The previous form,
-beta * max(work / S, longest), priced such steps 8-9 % fast on average (mean per-step error of
-the mixed-graph steps of the stored H200 runs) and fitted the calibration's own mixed rows 1-6 %
-fast; the grid-order form prices the served ones within 1-4 % with ~130 slots, the H200's 132
-SMs (results/validation/README.md, "How steps are priced").
+beta * max(work / S, longest), took the longest program as running alone. On the H200, mixed
+steps timed against twins whose decodes all have the mean context (`benchmarks/varlen_spread.py`)
+took 1.01-1.18 times their twins' time; that form predicted 1.00 for most of them (ratio error
+rms 4.7 % for llama-2-7b, 7.9 % for llama-3-8b), this one 1.01-1.15 (1.2 and 3.9 %), with
+105-113 slots fitted (the H200 has 132 SMs). On the stored served runs, llama-3-8b's
+mixed-graph steps went from 6.9 % fast (summed time) to 1.8 % (results/validation/README.md).
 
 Shared prefixes: when the step's sequences hold fewer distinct tokens U than their cached
 contexts add up to (C), a fraction (C - U) / C of the context reads are of blocks another
@@ -47,8 +49,7 @@ their step time on the H200 profiles (`fit_varlen`'s `rms`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -72,22 +73,27 @@ class VarlenKernel:
     num_kv_heads: int = 1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Launch:
     """One step's launch: per KV head, work W and critical path L (tile iterations),
     programs with rows and programs launched; `context_work` is the part of W spent reading
     cached context (decodes' contexts, prefill entries' cached prefixes), the part that
     shared prefix blocks make cheaper. One head's programs, in grid order, are a decode per
-    context of `decodes` (as the batch lists them) and then each of `entries`' query blocks;
-    `heads` is the grid's KV heads and `scale` what shared-prefix reads leave of every
-    program's length."""
+    sequence (as the batch lists them: `decode_sum` keys of context in all, the longest at
+    `longest_decode` with `longest_context` keys, the last with `last_context`) and then each
+    of `entries`' query blocks; `heads` is the grid's KV heads and `scale` what shared-prefix
+    reads leave of every program's length."""
 
     work: float
     longest: float
     used: int
     launched: int
     context_work: float = 0.0
-    decodes: list[float] = field(default_factory=list, compare=False)
+    num_decodes: int = 0
+    decode_sum: float = 0.0
+    longest_decode: int = 0
+    longest_context: float = 0.0
+    last_context: float = 0.0
     entries: tuple[tuple[int, int], ...] = ()
     block_q: int = 1
     tile_n: int = 1
@@ -104,42 +110,37 @@ class Launch:
         read. The saving shortens every program alike (a share of the work)."""
         saved = (1.0 - reread_cost) * duplicate_fraction * self.context_work
         left = (self.work - saved) / self.work if self.work > 0 else 1.0
-        return Launch(self.work - saved, self.longest, self.used, self.launched,
-                      self.context_work - saved, self.decodes, self.entries, self.block_q,
-                      self.tile_n, self.heads, self.scale * left)
+        return replace(self, work=self.work - saved, context_work=self.context_work - saved,
+                       scale=self.scale * left)
 
-    # ---- one head's programs ----
-    def lengths(self) -> np.ndarray:
-        """Every program's length (tile iterations, before `scale`), in grid order."""
-        bq = self.block_q
-        parts = [np.asarray(self.decodes, dtype=float) + 1.0]
-        for q, c in self.entries:
-            keys = c + np.minimum(np.arange(1, -(-q // bq) + 1) * bq, q)
-            parts.append(keys.astype(float))
-        return np.concatenate(parts) / self.tile_n + PROGRAM_OVERHEAD_TILES
-
-    def candidates(self) -> list[int]:
-        """The programs that can end the launch: the longest decode and the last one, and
-        every entry's last query block (its longest: causal). Any other program is shorter
-        than one of these and is handed out before it; on the steps of the stored H200
-        runs, the fluid schedule's end over these alone is within 0.2 % of its end over
-        every program on average (5 % at worst)."""
-        nd = len(self.decodes)
-        out = [self.decodes.index(max(self.decodes)), nd - 1] if nd else []
+    def candidates(self) -> list[tuple[int, float]]:
+        """(index, length) of the programs that end the launch, nearly always: the longest
+        decode and the last one, and every entry's last query block (its longest: causal). A
+        decode between the first two is no longer than the first and starts before the
+        second."""
+        tile = self.tile_n
+        nd = self.num_decodes
+        out = []
+        if nd:
+            out.append((self.longest_decode,
+                        (self.longest_context + 1.0) / tile + PROGRAM_OVERHEAD_TILES))
+            if self.longest_decode != nd - 1:
+                out.append((nd - 1, (self.last_context + 1.0) / tile + PROGRAM_OVERHEAD_TILES))
         at = nd
-        for q, _ in self.entries:
+        for q, c in self.entries:
             at += -(-q // self.block_q)
-            out.append(at - 1)
+            out.append((at - 1, (c + q) / tile + PROGRAM_OVERHEAD_TILES))
         return out
 
-    def _prefix(self, i: int, decode_sums: list[float]) -> float:
-        """Tile iterations of one head's programs before program `i` (`decode_sums[j]`: the
-        first j decodes' contexts)."""
-        tile, nd = float(self.tile_n), len(self.decodes)
-        per_decode = 1.0 / tile + PROGRAM_OVERHEAD_TILES
+    def _prefix(self, i: int) -> float:
+        """Tile iterations of one head's programs before program `i`; the decodes' share
+        is taken as evenly spread over them (their order within a head moves a program's
+        start by at most one head's work over all slots)."""
+        tile, nd = float(self.tile_n), self.num_decodes
+        per_decode = (self.decode_sum / nd + 1.0) / tile + PROGRAM_OVERHEAD_TILES if nd else 0.0
         if i <= nd:
-            return decode_sums[i] / tile + i * per_decode
-        acc = decode_sums[nd] / tile + nd * per_decode
+            return i * per_decode
+        acc = nd * per_decode
         i -= nd
         bq = self.block_q
         for q, c in self.entries:
@@ -150,23 +151,22 @@ class Launch:
             i -= nb
         return acc
 
-    def _length(self, i: int) -> float:
-        nd = len(self.decodes)
-        if i < nd:
-            return (self.decodes[i] + 1.0) / self.tile_n + PROGRAM_OVERHEAD_TILES
-        i -= nd
-        bq = self.block_q
-        for q, c in self.entries:
-            nb = -(-q // bq)
-            if i < nb:
-                return (c + min((i + 1) * bq, q)) / self.tile_n + PROGRAM_OVERHEAD_TILES
-            i -= nb
-        raise IndexError(i)
-
     def makespan(self, slots: int) -> float:
         """Tile iterations from the first program's start to the last one's end, with
-        `slots` programs running at once (`makespans`, for one slot count, in plain Python:
-        the simulator prices one such step per admitted prompt)."""
+        `slots` programs running at once.
+
+        The grid's programs are handed out in order, every head's programs in turn, each to
+        the first slot that frees. Exact scheduling is a loop over every program of every
+        head, too slow for a simulator step; this is its fluid form: the k-th program
+        (k >= slots) starts once the work handed out before it, less what is still running
+        (about half of the last `slots` programs' work), is done at `slots` programs at a
+        time: start_k = (A_k + A_(k - slots)) / (2 * slots), A the work before a program;
+        the first `slots` programs start at once. Every head holds the same programs, so the
+        last head's end last, and of those only `candidates` can end the launch. The result
+        lies within the bounds of the exact schedule, max(longest, work / slots) and
+        work / slots + longest (tests/cost/test_varlen.py); on the steps of the stored H200
+        runs it is 2 % above the exact schedule at the median.
+        """
         n, heads = self.used, self.heads
         if n == 0:
             return 0.0
@@ -174,49 +174,31 @@ class Launch:
             return self.scale * self.longest
         w = self.work / self.scale  # the programs' own work, before `scale`
         best = max(self.longest, heads * w / slots)
-        sums = list(accumulate(self.decodes, initial=0))
-        for j in set(self.candidates()):
+        for j, length in self.candidates():
             k = (heads - 1) * n + j
             if k < slots:
                 continue
             q, r = divmod(k - slots, n)
-            start = ((heads - 1) * w + self._prefix(j, sums) + q * w + self._prefix(r, sums)
-                     ) / (2 * slots)
-            best = max(best, start + self._length(j))
+            start = ((heads - 1) * w + self._prefix(j) + q * w + self._prefix(r)) / (2 * slots)
+            best = max(best, start + length)
         return self.scale * best
 
 
 def makespans(launch: Launch, slots: Sequence[int]) -> np.ndarray:
-    """The launch's duration with each slot count of `slots`, in tile iterations.
-
-    The grid's programs are handed out in order, every head's programs in turn, each to the
-    first slot that frees. Exact scheduling is a loop over every program of every head, too
-    slow for a simulator step; this is its fluid form: the k-th program (k >= slots) starts
-    once the work handed out before it, less what is still running (about half of the last
-    `slots` programs' work), is done at `slots` programs at a time:
-    start_k = (A_k + A_(k - slots)) / (2 * slots), A the work before a program; the first
-    `slots` programs start at once. Every head holds the same programs, so the last head's
-    end last, and of those only `Launch.candidates` can end the launch. The result lies
-    within the bounds of the exact schedule, max(longest, work / slots) and work / slots +
-    longest (tests/cost/test_varlen.py); over every program, the fluid form is 2 % above the
-    exact schedule at the median over the steps of the stored H200 runs.
-    """
+    """`launch.makespan` at every slot count of `slots` at once (numpy), for the fit."""
     p = np.asarray(slots, dtype=np.int64)
     n, heads = launch.used, launch.heads
     if n == 0:
         return np.zeros(len(p))
-    x = launch.lengths()
-    before = np.cumsum(x) - x
-    w = float(before[-1] + x[-1])
-    j = np.asarray(launch.candidates())
-    k = (heads - 1) * n + j[None, :]
-    m = k - p[:, None]
-    started = m >= 0
-    mm = np.where(started, m, 0)
-    start = ((heads - 1) * w + before[j][None, :] + (mm // n) * w + before[mm % n]) / (2.0 * p[:, None])
-    finish = np.where(started, start, 0.0) + x[j][None, :]
-    out = np.maximum(np.maximum(finish.max(axis=1), x.max()), heads * w / p)
-    return launch.scale * np.where(heads * n <= p, x.max(), out)
+    before = np.array([launch._prefix(i) for i in range(n)])  # work before each program
+    w = launch.work / launch.scale
+    best = np.maximum(launch.longest, heads * w / p)
+    for j, length in launch.candidates():
+        m = (heads - 1) * n + j - p
+        mm = np.maximum(m, 0)
+        start = ((heads - 1) * w + before[j] + (mm // n) * w + before[mm % n]) / (2 * p)
+        best = np.where(m >= 0, np.maximum(best, start + length), best)
+    return launch.scale * np.where(heads * n <= p, launch.longest, best)
 
 
 def launch_of(kernel: VarlenKernel, entries: list[tuple[int, int]],
@@ -224,13 +206,17 @@ def launch_of(kernel: VarlenKernel, entries: list[tuple[int, int]],
     """The launch of a step of prefill `entries` (new, cached) plus decodes of the given
     contexts, in batch order; `padded_tokens` is the graph's size (None: eager)."""
     bq, tile = kernel.block_q, float(kernel.tile_n)
-    decode_contexts = list(decode_contexts)  # a simulator's lazy view, read once
+    if not isinstance(decode_contexts, list):  # a simulator's lazy view: read it once
+        decode_contexts = list(decode_contexts)
     num_decodes = len(decode_contexts)
     decode_sum = sum(decode_contexts)
     work = (decode_sum + num_decodes) / tile + num_decodes * PROGRAM_OVERHEAD_TILES
     context_work = decode_sum / tile
-    longest = ((max(decode_contexts) + 1) / tile + PROGRAM_OVERHEAD_TILES
-               if num_decodes else 0.0)
+    longest, most, at_most, last = 0.0, 0, 0, 0
+    if num_decodes:
+        most, last = max(decode_contexts), decode_contexts[-1]
+        at_most = decode_contexts.index(most)
+        longest = (most + 1) / tile + PROGRAM_OVERHEAD_TILES
     used = num_decodes
     tokens = num_decodes
     for q, c in entries:
@@ -246,8 +232,8 @@ def launch_of(kernel: VarlenKernel, entries: list[tuple[int, int]],
         launched = tokens // bq + seqs
     else:
         launched = padded_tokens // bq + min(padded_tokens, kernel.max_graph_seqs)
-    return Launch(work, longest, used, launched, context_work, decode_contexts,
-                  tuple(entries), bq, kernel.tile_n, kernel.num_kv_heads)
+    return Launch(work, longest, used, launched, context_work, num_decodes, decode_sum,
+                  at_most, most, last, tuple(entries), bq, kernel.tile_n, kernel.num_kv_heads)
 
 
 def shape_launch(kernel: VarlenKernel, b: BatchShape, padded_tokens: int | None) -> Launch:

@@ -81,7 +81,8 @@ def test_closed_form_counts_every_program(entries, decodes, block_q, graph) -> N
     assert got.work == pytest.approx(want.work)
     assert got.longest == pytest.approx(want.longest)
     assert (got.used, got.launched) == (want.used, want.launched)
-    assert got.lengths() == pytest.approx(programs)
+    for j, length in got.candidates():  # the programs that can end the launch, as counted
+        assert length == pytest.approx(programs[j])
     shape = BatchShape(16, tokens, len(decodes), sum(decodes), list(decodes),
                        [q for q, _ in entries], [c for _, c in entries])
     assert shape_launch(kernel, shape, padded) == got
@@ -95,9 +96,8 @@ def of_lengths(lengths, heads: int) -> Launch:
 
 def test_a_launch_that_fits_at_once_lasts_its_longest_program() -> None:
     launch = of_lengths([3.0, 9.0, 2.0], heads=4)
-    assert launch.lengths().tolist() == [3.0, 9.0, 2.0]
-    assert makespans(launch, [12, 100]).tolist() == [9.0, 9.0]
-    assert launch.makespan(12) == 9.0 == greedy_schedule([3.0, 9.0, 2.0], 4, 12)
+    assert [launch.makespan(12), launch.makespan(100)] == [9.0, 9.0]
+    assert greedy_schedule([3.0, 9.0, 2.0], 4, 12) == 9.0
 
 
 def test_the_last_heads_long_program_starts_after_the_other_heads_work() -> None:
@@ -131,16 +131,26 @@ def test_fluid_schedule_stays_within_the_greedy_bounds(lengths, heads, slots) ->
 @settings(max_examples=100, deadline=None)
 @given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
        decodes=st.lists(st.integers(1, 4000), max_size=40), heads=st.integers(1, 32),
-       reread=st.floats(0.0, 1.0))
-def test_pricing_and_fitting_schedules_agree(entries, decodes, heads, reread) -> None:
-    """`Launch.makespan` (plain Python, per step) and `makespans` (numpy, over the fit's slot
-    counts) are one formula; `lengths` lists the programs `launch_of` counts."""
+       reread=st.floats(0.05, 1.0), slots=st.sampled_from(SLOTS_GRID))
+def test_shared_reads_shorten_every_program_alike(entries, decodes, heads, reread,
+                                                  slots) -> None:
+    kernel = VarlenKernel(block_q=32, tile_n=64, max_graph_seqs=512, num_kv_heads=heads)
+    launch = launch_of(kernel, entries, decodes, None)
+    shared = launch.reread(0.5, reread)
+    assert shared.makespan(slots) == pytest.approx(launch.makespan(slots) * shared.scale)
+    assert shared.work == pytest.approx(launch.work * shared.scale)
+
+
+@settings(max_examples=100, deadline=None)
+@given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
+       decodes=st.lists(st.integers(1, 4000), max_size=40), heads=st.integers(1, 32),
+       reread=st.floats(0.05, 1.0))
+def test_the_fits_schedules_are_the_pricing_ones(entries, decodes, heads, reread) -> None:
+    """`makespans` (numpy, every slot count of the fit at once) is `Launch.makespan`."""
     kernel = VarlenKernel(block_q=32, tile_n=64, max_graph_seqs=512, num_kv_heads=heads)
     launch = launch_of(kernel, entries, decodes, None).reread(0.5, reread)
-    assert launch.lengths().sum() * launch.scale == pytest.approx(launch.work)
-    slots = SLOTS_GRID[::7]
-    want = [launch.makespan(p) for p in slots]
-    assert makespans(launch, slots) == pytest.approx(want)
+    assert makespans(launch, SLOTS_GRID) == pytest.approx(
+        [launch.makespan(slots) for slots in SLOTS_GRID])
 
 
 def _rows(truth: VarlenFit):
