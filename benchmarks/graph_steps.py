@@ -49,8 +49,7 @@ def run_rows(path: Path, cm: CalibratedCostModel) -> dict:
     for i, wall in enumerate(rs["wall_s"]):
         if rs["num_reqs"][i] == 0:
             continue
-        br = cm.step_time_breakdown(shape(rs, i, bs))
-        pred = sum(br.values()) - br["host_overhead"]
+        pred = cm.device_time(shape(rs, i, bs))
         key = ("graph", rs["padded_reqs"][i]) if rs["cuda_graph"][i] else ("eager", 0)
         by.setdefault(key, []).append((wall * 1e3, pred * 1e3, rs["num_reqs"][i]))
     rows = []

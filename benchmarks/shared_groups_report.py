@@ -42,11 +42,10 @@ def main() -> None:
             pre = [(c, n) for c, n in zip(ctx, news, strict=True) if n > 1]
 
             def device_s(shared_tokens: int | None, cm=cm, dec=dec, pre=pre) -> float:
-                b = cm.step_time_breakdown(BatchShape(
+                return cm.device_time(BatchShape(
                     16, len(dec) + sum(n for _, n in pre), len(dec), sum(dec), dec,
                     [n for _, n in pre], [c for c, _ in pre],
                     shared_context_tokens=shared_tokens))
-                return sum(b.values()) - b["host_overhead"]
 
             predicted = device_s(shared) / device_s(None)
             kind = r["label"].split(" b=")[0]

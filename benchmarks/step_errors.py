@@ -60,13 +60,12 @@ def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
             continue
         if not shared:
             shape = dataclasses.replace(shape, shared_context_tokens=None)
-        b = cm.step_time_breakdown(shape)
         kind = step_kind(rs, i, shape.num_prefill_reqs)
         if spans and kind == "decode graph":
             span = span_bucket(max(shape.decode_context_tokens) + 1,
                                doc["engine_config"]["max_model_len"])
             kind = f"decode graph, {rs['padded_reqs'][i]:>3} seqs, longest < {span:>4}"
-        by.setdefault(kind, []).append((wall, sum(b.values()) - b["host_overhead"]))
+        by.setdefault(kind, []).append((wall, cm.device_time(shape)))
     rows = []
     for kind, v in sorted(by.items()):
         a = np.asarray(v)

@@ -77,11 +77,6 @@ def rebuild(doc: dict):
     return dec, entries
 
 
-def device(cm: CalibratedCostModel, shape: BatchShape) -> float:
-    b = cm.step_time_breakdown(shape)
-    return sum(b.values()) - b["host_overhead"]
-
-
 def main() -> None:
     prof = Profile.load(PROFILE)
     graphs = CalibratedCostModel(prof)
@@ -106,7 +101,7 @@ def main() -> None:
             if rs["cuda_graph"][i]:
                 for k, f in dec_variants.items():
                     cm, n, c = f(len(dec[i]), dec[i])
-                    t = device(cm, BatchShape(bs, n, n, round(c * n), [round(c)] * n))
+                    t = cm.device_time(BatchShape(bs, n, n, round(c * n), [round(c)] * n))
                     err[k].setdefault(run, []).append(100 * (t - wall) / wall)
             elif rs["num_prefill_tokens"][i] and ent[i] is not None:
                 for k, zero in (("with cached prefix", False), ("cached prefix as 0", True)):
@@ -114,7 +109,7 @@ def main() -> None:
                     shape = BatchShape(bs, len(dec[i]) + sum(q for q, _ in e), len(dec[i]),
                                        sum(dec[i]), dec[i], [q for q, _ in e],
                                        [0 if zero else c for _, c in e])
-                    t = device(graphs, shape)
+                    t = graphs.device_time(shape)
                     pre_err[k].setdefault(run, []).append(100 * (t - wall) / wall)
     runs = sorted(err["true batch, mean context (before)"])
     lines = ["Decode (CUDA-graph) steps: MAPE % / mean error % (> 0: predicted slow)", "",

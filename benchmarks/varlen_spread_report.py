@@ -21,9 +21,8 @@ from pagesim.cost.profile import Profile
 
 
 def device_time(model: CalibratedCostModel, ctx: list[int], q: int) -> float:
-    shape = BatchShape(16, len(ctx) + q, len(ctx), sum(ctx), list(ctx), [q], [0])
-    parts = model.step_time_breakdown(shape)
-    return sum(parts.values()) - parts["host_overhead"]
+    return model.device_time(BatchShape(16, len(ctx) + q, len(ctx), sum(ctx), list(ctx),
+                                        [q], [0]))
 
 
 def main() -> None:

@@ -113,7 +113,7 @@ from pagesim.cost.spread import DecodeKernel, fit_decode_spread
 from pagesim.cost.surface import Pwl, Surface, blend_weights
 from pagesim.cost.varlen import VarlenKernel, fit_varlen, shape_launch
 from pagesim.errors import ConfigError
-from pagesim.specs import MODELS, GPUSpec, ModelSpec
+from pagesim.specs import GPUSpec, ModelSpec
 
 MS = 1e-3
 BREAKDOWN_KEYS: tuple[str, ...] = ("other", "attention", "allreduce", "host_overhead", "swap",
@@ -238,6 +238,12 @@ class CalibratedCostModel:
         """Seconds for one step: never negative; see `step_time_breakdown`."""
         return sum(self._components(batch))
 
+    def device_time(self, batch: BatchShape) -> float:
+        """Seconds of the step itself (`GPUModelRunner.execute_model`): the step time less
+        the host time between steps, what a real run's per-step records compare with."""
+        parts = self.step_time_breakdown(batch)
+        return sum(parts.values()) - parts["host_overhead"]
+
     def step_time_breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per component, keyed by `BREAKDOWN_KEYS` ("attention" holds every residual
         after the shared-cost correction, so it can include per-sequence non-GEMM work)."""
@@ -315,9 +321,9 @@ class CalibratedCostModel:
         if not (meta.varlen_block_q and meta.varlen_tile_n):
             return None, {}
         cap = (self._graph_sizes or self._token_sizes or (0,))[-1]
-        spec = MODELS.get(meta.model)  # the grid's KV heads; one for a model pagesim lacks
-        heads = max(1, spec.num_kv_heads // meta.tensor_parallel_size) if spec else 1
-        kernel = VarlenKernel(meta.varlen_block_q, meta.varlen_tile_n, cap, heads)
+        # the grid's KV heads; one for a model pagesim does not know
+        kernel = VarlenKernel(meta.varlen_block_q, meta.varlen_tile_n, cap,
+                              meta.kv_heads_per_gpu or 1)
         per_bs: dict[int, list] = defaultdict(list)
         for kind, tokens, r in rows:
             shape = row_batch(kind, r)

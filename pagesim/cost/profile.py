@@ -93,6 +93,7 @@ from pagesim.cost.profile_rows import (
     VarlenSharedRow,
 )
 from pagesim.errors import ConfigError
+from pagesim.specs import MODELS
 
 __all__ = ["PROFILE_FORMAT_VERSION", "SUPPORTED_FORMAT_VERSIONS", "TABLES", "AllReduceRow",
            "DecodeRow", "DecodeSharedRow", "DecodeSpreadRow", "MixedRow", "MultiPrefillRow",
@@ -162,6 +163,15 @@ class ProfileMetadata:
 
     def __post_init__(self) -> None:
         self.check(PROFILE_JSON)
+
+    @property
+    def kv_heads_per_gpu(self) -> int | None:
+        """KV heads of the measured model on each GPU (the attention kernels' grids are
+        sized by them); None for a model pagesim does not know."""
+        spec = MODELS.get(self.model)
+        if spec is None:
+            return None
+        return max(1, spec.num_kv_heads // self.tensor_parallel_size)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

@@ -51,8 +51,8 @@ class DecodeKernel:
         spec = MODELS.get(meta.model)
         if not (meta.decode_tile_n and meta.decode_programs_per_sm and sms and spec):
             return None
-        heads = max(1, spec.num_kv_heads // meta.tensor_parallel_size)
-        return cls(meta.decode_tile_n, meta.decode_programs_per_sm, int(sms), heads,
+        return cls(meta.decode_tile_n, meta.decode_programs_per_sm, int(sms),
+                   meta.kv_heads_per_gpu,
                    spec.max_position_embeddings, spec.sliding_window)
 
     def partition_size(self, num_seqs: int, span: int) -> int:

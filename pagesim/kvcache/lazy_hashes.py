@@ -207,7 +207,7 @@ class LazyHashes:
         if self.on_touch is not None:
             self.on_touch(None)
         while self.groups:
-            self.materialize(next(iter(self.groups)))
+            self._materialize(next(iter(self.groups)))
 
     def chain(self, request: Request, num_blocks: int) -> None:
         """Extend `request.block_hashes` to `num_blocks` hashes, from its tokens or the
