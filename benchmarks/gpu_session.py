@@ -201,6 +201,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--calib-budget-s", type=float, default=150.0)
     ap.add_argument("--arrival-window-s", type=float, default=10.0)
+    ap.add_argument("--max-prompts", type=int, default=200,
+                    help="cap on a Poisson run's prompts (rate x arrival window)")
     ap.add_argument("--skip-runs", default="")
     ap.add_argument("--calibrate-only", action="store_true",
                     help="Profiles only (the real runs already exist).")
@@ -297,7 +299,7 @@ def main() -> int:
                         log(f"skip {spec['name']}: no capacity measured")
                         continue
                     rate = round(rate * base, 3)
-                n = spec.get("num_prompts") or int(min(200, max(60, round(
+                n = spec.get("num_prompts") or int(min(args.max_prompts, max(60, round(
                     rate * args.arrival_window_s))))
                 remaining = left(args.budget_s)
                 if remaining < (20 if dry else 45):
