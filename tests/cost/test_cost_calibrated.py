@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import statistics
 
 import pytest
 from hypothesis import given, settings
@@ -37,14 +38,44 @@ def device_model(synthetic_profile) -> CalibratedCostModel:
     return CalibratedCostModel(synthetic_profile.replace_tables(overhead=()))
 
 
-def test_reproduces_every_decode_and_prefill_grid_point(synthetic_profile, device_model):
+def test_reproduces_every_grid_point_of_a_profile_without_drift(clean_profile):
+    cm = CalibratedCostModel(clean_profile.replace_tables(overhead=()))
+    for r in clean_profile.decode:
+        got = cm.step_time(BatchShape.decode(r.batch_size, r.context_len, r.block_size))
+        assert got == pytest.approx(r.step_time_ms * MS, rel=1e-9), r
+    for r in clean_profile.prefill:
+        got = cm.step_time(BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size))
+        assert got == pytest.approx(r.step_time_ms * MS, rel=1e-9), r
+
+
+def test_a_grid_point_is_its_step_less_its_block_sizes_drift(synthetic_profile, device_model):
+    """Noisy rows: a decode grid point is priced at its step time less how far its own
+    `other_ms` (timed in the same rounds) sits from the median over block sizes."""
+    def section(bs: int, batch: int) -> float:  # a block size's other_ms at one batch
+        return statistics.median(q.other_ms for q in synthetic_profile.decode
+                                 if q.block_size == bs and q.batch_size == batch)
+
     for r in synthetic_profile.decode:
+        drift = r.other_ms - statistics.median(section(bs, r.batch_size) for bs in (8, 16, 32))
         got = device_model.step_time(BatchShape.decode(r.batch_size, r.context_len, r.block_size))
-        assert got == pytest.approx(r.step_time_ms * MS, rel=1e-9), r
-    for r in synthetic_profile.prefill:
-        got = device_model.step_time(
-            BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size))
-        assert got == pytest.approx(r.step_time_ms * MS, rel=1e-9), r
+        assert got == pytest.approx((r.step_time_ms - drift) * MS, rel=1e-9), r
+
+
+def test_a_block_size_calibrated_in_a_slow_spell_is_priced_as_the_others(clean_profile):
+    """Block sizes are calibrated one after another; a spell that slowed one block size's
+    whole section (its `other_ms`, which cannot depend on the block size, 6 % above the
+    others') must not make that block size's steps dearer."""
+    def slow(r):
+        extra = 0.06 * r.other_ms
+        return dataclasses.replace(r, step_time_ms=r.step_time_ms + extra,
+                                   other_ms=r.other_ms + extra) if r.block_size == 32 else r
+    base = clean_profile.replace_tables(overhead=())
+    drifted = base.replace_tables(decode=tuple(slow(r) for r in base.decode),
+                                  prefill=tuple(slow(r) for r in base.prefill))
+    cm, cm_drift = CalibratedCostModel(base), CalibratedCostModel(drifted)
+    for shape in (BatchShape.decode(16, 1000, 32), BatchShape.decode(3, 777, 32),
+                  BatchShape.prefill(500, 1024, 32), BatchShape.decode(64, 300, 16)):
+        assert cm_drift.step_time(shape) == pytest.approx(cm.step_time(shape), rel=1e-9)
 
 
 def test_host_overhead_table_is_added_per_step(synthetic_profile, device_model):
@@ -52,7 +83,7 @@ def test_host_overhead_table_is_added_per_step(synthetic_profile, device_model):
     r = next(r for r in synthetic_profile.decode if r.batch_size == 16)
     host = next(o for o in synthetic_profile.overhead if o.num_reqs == 16).overhead_ms * MS
     shape = BatchShape.decode(16, r.context_len, r.block_size)
-    assert full.step_time(shape) == pytest.approx(r.step_time_ms * MS + host, rel=1e-9)
+    assert full.step_time(shape) == pytest.approx(device_model.step_time(shape) + host, rel=1e-9)
     bd = full.step_time_breakdown(shape)
     assert tuple(bd) == BREAKDOWN_KEYS and bd["host_overhead"] == pytest.approx(host)
     assert sum(bd.values()) == pytest.approx(full.step_time(shape), rel=1e-12)
