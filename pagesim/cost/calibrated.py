@@ -33,9 +33,9 @@ much dearer. A row's `other_ms` was timed in the same interleaved rounds as its 
 measures that drift: each row's step time (and its `other_ms`, in the `other` line) is taken
 less its own `other_ms` minus the median over block sizes of the same timing
 (`profile_rows.section_drift_ms`). Its attention time (step - other, both timed in its
-rounds) is kept as measured. On the stored H200 runs this moved the per-run error of the
-decode-graph steps' summed time from 2.5 to 2.2 % rms (llama-2-7b) and 3.0 to 2.7 %
-(llama-3-8b), over seven GPU calls (results/validation/README.md).
+rounds) is kept as measured. On the stored H200 runs of eight GPU calls, the per-run error of
+the decode-graph steps' summed time went from 2.8 to 2.3 % rms (llama-2-7b) and 3.1 to 2.7 %
+(llama-3-8b) (results/validation/README.md).
 
 Each residual surface z(u, v) (decode: u = batch, v = mean context; prefill: u = new tokens,
 v = cached tokens) is a *backbone* plus a *deviation*:
