@@ -88,34 +88,39 @@ def check_model(spec_name: str, dtype, device: str) -> float:
     return err
 
 
-def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10) -> list[dict]:
+def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10,
+                   shapes: dict | None = None, modes: tuple[str, ...] = ("graph", "eager")
+                   ) -> list[dict]:
     """Steps timed on the host clock with graph replay and eagerly in one runner (same KV
     cache; graphs set aside for the eager calls), alternating, and the relative difference of
     their final hidden rows (the same step run twice writes the same K/V, so both see the same
     cache). Shapes: decode batches, and mixed steps (a prefill, a chunk with decodes, several
-    prefill entries), as lists of (context, new tokens) entries."""
+    prefill entries), as lists of (context, new tokens) entries. `modes=("graph",)` times the
+    steps as a served run would run them alone (`speed_probe`)."""
     import statistics
 
     from pagesim.gpu.calibrate import BlockSource, synthetic_step
     from pagesim.gpu.runner import GPUModelRunner
 
-    runner = GPUModelRunner(config, num_gpu_blocks, device=model.device, model=model)
-    if runner.graphs is None:
+    runner = GPUModelRunner(config, num_gpu_blocks, device=model.device, model=model,
+                            cuda_graphs="graph" in modes)
+    if runner.graphs is None and "graph" in modes:
         return []
     graphs = runner.graphs
-    shapes = {"decode 1x40": [(40, 1)], "prefill 24": [(0, 24)]} if dry else {
-        "decode 1x512": [(512, 1)], "decode 64x512": [(512, 1)] * 64,
-        "decode 256x512": [(512, 1)] * 256, "prefill 128": [(0, 128)],
-        "prefill 500 over 1024 cached": [(1024, 500)],
-        "32 decodes x512 + chunk 256": [(512, 1)] * 32 + [(0, 256)],
-        "4 prefills x 64 over 1024 cached": [(1024, 64)] * 4}
+    if shapes is None:
+        shapes = {"decode 1x40": [(40, 1)], "prefill 24": [(0, 24)]} if dry else {
+            "decode 1x512": [(512, 1)], "decode 64x512": [(512, 1)] * 64,
+            "decode 256x512": [(512, 1)] * 256, "prefill 128": [(0, 128)],
+            "prefill 500 over 1024 cached": [(1024, 500)],
+            "32 decodes x512 + chunk 256": [(512, 1)] * 32 + [(0, 256)],
+            "4 prefills x 64 over 1024 cached": [(1024, 64)] * 4}
     rows = []
     for label, spec in shapes.items():
         out = synthetic_step(spec, config.block_size, BlockSource(num_gpu_blocks, 0))
-        times = {"graph": [], "eager": []}
+        times: dict[str, list[float]] = {mode: [] for mode in modes}
         hidden = {}
         for i in range(reps + 2):
-            for mode in ("graph", "eager"):
+            for mode in modes:
                 runner.graphs = graphs if mode == "graph" else None
                 t = time.perf_counter()
                 runner.execute_model(out)
@@ -123,6 +128,10 @@ def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10
                     times[mode].append(time.perf_counter() - t)
                 hidden[mode] = runner.last_hidden.float().clone()
         runner.graphs = graphs
+        if len(modes) == 1:
+            rows.append({"shape": label, "reps": reps, "mode": modes[0],
+                         "ms": 1e3 * statistics.median(times[modes[0]])})
+            continue
         err = float((hidden["graph"] - hidden["eager"]).norm() / hidden["eager"].norm())
         rows.append({"shape": label, "num_reqs": len(spec),
                      "num_tokens": sum(n for _, n in spec), "reps": reps,
@@ -136,6 +145,27 @@ def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10
             + (f" (graphs FAILED: {graphs.failed})" if graphs.failed else ""))
     del runner, graphs
     return rows
+
+
+def speed_probe(config, model, num_gpu_blocks: int, dry: bool,
+                graphs: bool = True) -> dict[str, float]:
+    """Median ms of a few fixed steps, each run as a served run runs it (graphs where the
+    runner would replay one), in a fresh runner: timed between served runs, they say how fast
+    the GPU and host are at that moment, apart from the runs' own shapes."""
+    shapes = {"decode 2x40": [(40, 1)] * 2, "prefill 40": [(0, 40)]} if dry else {
+        "decode 16x2048": [(2048, 1)] * 16, "decode 64x1024": [(1024, 1)] * 64,
+        "32 decodes x1024 + chunk 256": [(1024, 1)] * 32 + [(0, 256)],
+        "prefill 2048": [(0, 2048)]}
+    model.set_block_size(config.block_size)
+    rows = graph_vs_eager(config, model, num_gpu_blocks, dry, reps=3 if dry else 10,
+                          shapes=shapes, modes=("graph",) if graphs else ("eager",))
+    if model.device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    probe = {r["shape"]: r["ms"] for r in rows}
+    log(f"  probe: {', '.join(f'{k} {v:.2f} ms' for k, v in probe.items())}")
+    return probe
 
 
 def run_plan(dry: bool, plan: str = "validate") -> list[dict]:
@@ -153,6 +183,8 @@ def run_plan(dry: bool, plan: str = "validate") -> list[dict]:
                  "block_size": 32, "num_prompts": 3, **rnd}]
     if plan == "repeat":
         return _repeat_plan()
+    if plan == "drift":
+        return _drift_plan()
     return [
         {"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "block_size": 16,
          "num_prompts": 150},
@@ -171,6 +203,19 @@ def run_plan(dry: bool, plan: str = "validate") -> list[dict]:
         {"name": "code-85pct-bs16", "workload": "code", "rate": 0.85, "block_size": 16,
          "of": "code-inf-bs16"},
     ]
+
+
+def _drift_plan() -> list[dict]:
+    """chat at 85 % on blocks 16 and 32, three times each, alternating (with `--probe`, the
+    fixed steps of `speed_probe` are timed before each run): how far identical runs minutes
+    apart move, and whether the GPU's speed moves with them."""
+    plan = [{"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "block_size": 16,
+             "num_prompts": 150}]
+    for i in ("", "-r2", "-r3"):
+        for bs in (16, 32):
+            plan.append({"name": f"chat-85pct-bs{bs}{i}", "workload": "chat", "rate": 0.85,
+                         "block_size": bs})
+    return plan
 
 
 def _repeat_plan() -> list[dict]:
@@ -206,7 +251,9 @@ def main() -> int:
     ap.add_argument("--skip-runs", default="")
     ap.add_argument("--calibrate-only", action="store_true",
                     help="Profiles only (the real runs already exist).")
-    ap.add_argument("--plan", choices=("validate", "repeat"), default="validate",
+    ap.add_argument("--probe", action="store_true",
+                    help="time speed_probe's fixed steps before every run and after the last")
+    ap.add_argument("--plan", choices=("validate", "repeat", "drift"), default="validate",
                     help="repeat: the runs that missed targets, each served twice in a row")
     ap.add_argument("--dry-run-cpu", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true",
@@ -289,6 +336,7 @@ def main() -> int:
                 if device == "cuda":
                     torch.cuda.empty_cache()
             throughput: dict[str, float] = {}  # run name -> measured request throughput
+            cfg = None
             for spec in ([] if args.calibrate_only else run_plan(dry, args.plan)):
                 if spec["name"] in skip:
                     continue
@@ -311,6 +359,9 @@ def main() -> int:
                 params = {k: v for k, v in spec.items() if k.startswith("random_")}
                 load = load_dict(spec["workload"], n, 0, math.inf if rate == "inf" else rate,
                                  **params)
+                if args.probe:
+                    ms.setdefault("probes", {})[f"before {spec['name']}"] = speed_probe(
+                        cfg, model, blocks, dry, graphs_on and device == "cuda")
                 t = time.monotonic()
                 with ClockSampler() as clocks:
                     result, records = serve_workload(cfg, model, blocks, load, device=device,
@@ -333,6 +384,9 @@ def main() -> int:
                 log(f"{name} {spec['name']}: rate {rate} n {n} in {time.monotonic() - t:.0f} s: "
                     + json.dumps(ms["runs"][spec["name"]]))
                 pack(out, work)
+            if args.probe and cfg is not None:
+                ms.setdefault("probes", {})["after the last run"] = speed_probe(
+                    cfg, model, blocks, dry, graphs_on and device == "cuda")
             del model, res
             if device == "cuda":
                 torch.cuda.empty_cache()
