@@ -183,8 +183,8 @@ def other_key(kind: str, r) -> tuple:
 
 
 def section_drift_ms(rows: list[tuple[str, int, object]]) -> dict[object, float]:
-    """Row -> how far its block size's `other_ms` sits from the median over block sizes of
-    the same timing (`other_key`), in ms.
+    """Row -> how far its `other_ms` sits from the median over block sizes of the same
+    timing (`other_key`; each block size's own median first), in ms.
 
     Why: block sizes are calibrated one after another, and the machine's state drifts between
     them (the non-attention part of one step, which cannot depend on the block size, differed
