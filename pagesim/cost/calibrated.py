@@ -128,7 +128,7 @@ from pagesim.cost.profile_rows import (
 from pagesim.cost.reread import fit_decode_reread, fit_varlen_reread
 from pagesim.cost.spread import DecodeKernel, fit_decode_spread
 from pagesim.cost.surface import Pwl, Surface, blend_weights
-from pagesim.cost.varlen import VarlenKernel, fit_varlen, shape_launch
+from pagesim.cost.varlen import VarlenKernel, fit_varlen_overhead, shape_launch
 from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
@@ -355,9 +355,8 @@ class CalibratedCostModel:
             padded = self.padded_tokens(tokens)
             step = self._measured_s(r)
             other = self._other_for(padded is not None, padded or tokens)
-            per_bs[r.block_size].append((shape_launch(kernel, shape, padded),
-                                         padded is not None, step - other, step))
-        fits = {bs: f for bs, v in sorted(per_bs.items()) if (f := fit_varlen(v)) is not None}
+            per_bs[r.block_size].append((shape, padded, step - other, step))
+        kernel, fits = fit_varlen_overhead(kernel, per_bs)
         return (kernel, fits) if fits else (None, {})
 
     def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):

@@ -22,6 +22,7 @@ from pagesim.cost.varlen import (
     VarlenFit,
     VarlenKernel,
     fit_varlen,
+    fit_varlen_overhead,
     launch_of,
     makespans,
     shape_launch,
@@ -176,6 +177,29 @@ def test_fit_recovers_the_law_it_was_made_from() -> None:
         assert getattr(fit, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
     assert fit.rms < 1e-9
     assert fit_varlen(_rows(truth)[:4]) is None  # too few rows to fit four terms
+
+
+def test_fit_finds_the_program_overhead_the_rows_were_made_with() -> None:
+    """Rows whose programs each cost 3 tile iterations beyond their keys: the overhead search
+    finds 3, and the law's coefficients with it, for every block size."""
+    truth = VarlenFit(2e-4, 9e-4, 6e-5, 8e-6, SLOTS_GRID[43], 0.0)
+    made_with = dataclasses.replace(KERNEL, program_overhead=3.0)
+    rows: dict[int, list] = {}
+    for bs in (16, 32):
+        for q, c, k, d in [(16, 0, 1, 0), (128, 0, 1, 0), (512, 1024, 1, 0), (2048, 0, 1, 0),
+                           (64, 0, 16, 0), (128, 1024, 4, 0), (512, 0, 8, 0), (300, 100, 1, 128),
+                           (16, 3000, 1, 0), (32, 4000, 1, 0), (16, 2000, 2, 0), (64, 0, 1, 96)]:
+            shape = BatchShape.mixed(q, c, d, 700, bs) if d else BatchShape(
+                bs, q * k, prefill_new_tokens=[q] * k, prefill_context_tokens=[c] * k)
+            for padded in (512, None):
+                att = truth(shape_launch(made_with, shape, padded), padded is not None)
+                rows.setdefault(bs, []).append((shape, padded, att, att + 0.01))
+    kernel, fits = fit_varlen_overhead(KERNEL, rows)
+    assert kernel.program_overhead == 3.0 and set(fits) == {16, 32}
+    for fit in fits.values():
+        assert fit.slots == truth.slots and fit.rms < 1e-9
+        assert fit.beta == pytest.approx(truth.beta, rel=1e-6)
+    assert launch_of(kernel, [(100, 0)], [], None).work == pytest.approx(100 / 64 + 3.0)
 
 
 def _with_varlen(profile: Profile, truth: VarlenFit) -> Profile:
