@@ -7,6 +7,7 @@ setting means the same thing everywhere.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from pagesim.config import EngineConfig
@@ -31,21 +32,44 @@ def default_profile(config: EngineConfig) -> Path | None:
 
 
 def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostModel:
-    """The calibrated model for `profile` (a directory), else the analytical default."""
+    """The calibrated model for `profile` (a directory), else the analytical default.
+
+    A calibrated model is fitted once per process for a profile's files as they are on disk
+    (names, sizes, modification times) and engine: a sweep or a capacity search runs many
+    simulations of one profile, and the fit (tenths of a second) would be paid by each. The
+    model only memoizes pure arithmetic, so sharing it changes no result."""
     if profile is None:
         return AnalyticalCostModel(config.model_spec, config.gpu_spec,
                                    tensor_parallel_size=config.tensor_parallel_size,
                                    kv_cache_dtype=config.kv_cache_dtype)
+    path = Path(profile)
+    return _calibrated(str(path.resolve()), _files_stamp(path), str(profile), config.model,
+                       config.model_spec, config.gpu_spec, config.tensor_parallel_size)
+
+
+def _files_stamp(path: Path) -> tuple:
+    """(name, size, mtime) of every file of a profile directory; empty where it cannot be
+    listed (`Profile.load` then says what is wrong)."""
+    try:
+        return tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in path.iterdir()
+                            if (st := f.stat()) and f.is_file()))
+    except OSError:
+        return ()
+
+
+@lru_cache(maxsize=8)
+def _calibrated(resolved: str, stamp: tuple, shown: str, model: str, model_spec, gpu_spec,
+                tensor_parallel_size: int) -> CostModel:
     from pagesim.cost.calibrated import CalibratedCostModel
     from pagesim.cost.profile import Profile
 
-    loaded = Profile.load(profile)
+    loaded = Profile.load(shown)
     meta = loaded.metadata
-    if meta.model and meta.model != config.model:
-        raise ConfigError(f"profile {profile} was measured for model {meta.model!r}, "
-                          f"not {config.model!r}")
-    return CalibratedCostModel(loaded, model=config.model_spec, gpu=config.gpu_spec,
-                               tensor_parallel_size=config.tensor_parallel_size)
+    if meta.model and meta.model != model:
+        raise ConfigError(f"profile {shown} was measured for model {meta.model!r}, "
+                          f"not {model!r}")
+    return CalibratedCostModel(loaded, model=model_spec, gpu=gpu_spec,
+                               tensor_parallel_size=tensor_parallel_size)
 
 
 def build_scheduler(config: EngineConfig, check_invariants: bool = False) -> Scheduler:

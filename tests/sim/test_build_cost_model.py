@@ -1,0 +1,41 @@
+"""`build_cost_model`: a calibrated model is fitted once per profile's files and engine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from pagesim.config import EngineConfig
+from pagesim.cost.analytical import AnalyticalCostModel
+from pagesim.cost.base import BatchShape
+from pagesim.errors import ConfigError
+from pagesim.sim.build import build_cost_model, default_profile
+
+
+def test_one_fit_per_profile_files_and_engine(tmp_path) -> None:
+    config = EngineConfig.create(model="llama-2-7b", gpu="h200")
+    shipped = default_profile(config)
+    assert shipped is not None
+    profile = tmp_path / "profile"
+    shutil.copytree(shipped, profile)
+    first = build_cost_model(config, profile)
+    assert build_cost_model(config, str(profile)) is first  # same files: the same fit
+    assert build_cost_model(config.replace(block_size=32), profile) is first  # same specs
+    table = profile / "decode.csv"
+    stat = table.stat()
+    os.utime(table, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    refit = build_cost_model(config, profile)  # a file changed on disk: fitted again
+    assert refit is not first
+    shape = BatchShape.mixed(300, 1024, 32, 900, 16)
+    assert refit.step_time(shape) == first.step_time(shape)  # same contents, same prices
+    assert isinstance(build_cost_model(config, None), AnalyticalCostModel)
+
+
+def test_a_profile_of_another_model_is_refused_every_time(tmp_path) -> None:
+    config = EngineConfig.create(model="llama-3-8b", gpu="h200")
+    other = default_profile(EngineConfig.create(model="llama-2-7b", gpu="h200"))
+    for _ in range(2):  # a refusal is not cached as a model
+        with pytest.raises(ConfigError, match="measured for model 'llama-2-7b'"):
+            build_cost_model(config, other)
