@@ -32,8 +32,9 @@ beta * max(work / S, longest), took the longest program as running alone. On the
 steps timed against twins whose decodes all have the mean context (`benchmarks/varlen_spread.py`)
 took 1.01-1.18 times their twins' time; that form predicted 1.00 for most of them (ratio error
 rms 4.7 % for llama-2-7b, 7.9 % for llama-3-8b), this one 1.01-1.15 (1.2 and 3.9 %), with
-105-113 slots fitted (the H200 has 132 SMs). On the stored served runs, llama-3-8b's
-mixed-graph steps went from 6.9 % fast (summed time) to 1.8 % (results/validation/README.md).
+105-113 slots fitted (the H200 has 132 SMs; 122 and 1.0 and 4.2 % once the program's fixed
+cost was fitted too). On the stored served runs, llama-3-8b's mixed-graph steps went from
+6.9 % fast (summed time) to 1.8 % (results/validation/README.md).
 
 Shared prefixes: when the step's sequences hold fewer distinct tokens U than their cached
 contexts add up to (C), a fraction (C - U) / C of the context reads are of blocks another
