@@ -50,11 +50,15 @@ def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostMo
 def _files_stamp(path: Path) -> tuple:
     """(name, size, mtime) of every file of a profile directory; empty where it cannot be
     listed (`Profile.load` then says what is wrong)."""
+    stamp = []
     try:
-        return tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in path.iterdir()
-                            if (st := f.stat()) and f.is_file()))
+        for f in path.iterdir():
+            if f.is_file():
+                st = f.stat()
+                stamp.append((f.name, st.st_size, st.st_mtime_ns))
     except OSError:
         return ()
+    return tuple(sorted(stamp))
 
 
 @lru_cache(maxsize=8)
