@@ -1,5 +1,6 @@
 """Measure only the tables whose rows carry their own reference on this GPU: shared prefixes
-(decode_shared.csv, varlen_shared.csv) and context spread (decode_spread.csv).
+(decode_shared.csv, decode_shared_spread.csv, varlen_shared.csv) and context spread
+(decode_spread.csv).
 
 Each such row is timed with its reference (the same step over distinct blocks; every context
 at the mean) in the same rounds, and only the ratio of the two is used, so the rows can be
@@ -45,6 +46,8 @@ def main() -> None:
         if "shared" in tables else (),
         varlen_shared=(base.varlen_shared if not dry else ((2, 64, 1, 16, 32),))
         if "shared" in tables else (),
+        decode_shared_spread=(base.decode_shared_spread if not dry else ((4, 32, 32, 16),))
+        if "shared" in tables else (),
         decode_spread=(base.decode_spread if not dry else ((4, 64, 32),))
         if "spread" in tables else (),
         repeats=5 if not dry else 2, min_repeats=3 if not dry else 1)
@@ -60,7 +63,8 @@ def main() -> None:
                               calibration_root=Path(args.out) / "calibration",
                               device="cpu" if dry else "cuda")
         p = res.profile
-        print(f"{name}: {len(p.decode_shared)} decode_shared, {len(p.varlen_shared)} "
+        print(f"{name}: {len(p.decode_shared)} decode_shared, "
+              f"{len(p.decode_shared_spread)} decode_shared_spread, {len(p.varlen_shared)} "
               f"varlen_shared, {len(p.decode_spread)} decode_spread rows in "
               f"{time.monotonic() - t:.0f} s -> {res.directory}", flush=True)
         del res

@@ -205,8 +205,10 @@ class CalibratedCostModel:
         self._decode_base: dict[int, tuple] = {}  # decode-only n -> (graph, padded n, other)
         self._host_memo: dict[int, float] = {}  # requests in the batch -> host overhead (s)
         self._spread_frac: dict[int, float] = {}  # block size -> blended spread cost
-        # decode spread cost per block size: off until fitted last (rows are priced uniform)
+        # decode spread cost and shared-block re-read cost per block size: off until fitted
+        # (the spread rows are priced uniform, the re-read fit's spread rows need the spread)
         self._spread: dict[int, float] = {}
+        self._reread: dict[int, float] = {}
         residuals = [z for s in (*self._decode.values(), *self._prefill.values())
                      for z in s.values]
         floor = max(min(residuals), 0.0)
@@ -230,10 +232,10 @@ class CalibratedCostModel:
         self.shared_s = self._shared[False]  # eager steps' (and every step's without graphs)
         self.shared_graph_s = self._shared[True]  # mixed-graph steps'
         self._varlen_kernel, self._varlen = self._fit_varlen(rows)
-        self._reread = fit_decode_reread(self, profile)
-        self._reread_varlen = fit_varlen_reread(self, profile)
         self._decode_kernel = DecodeKernel.of(profile)
         self._spread = fit_decode_spread(self, profile, self._decode_kernel)
+        self._reread = fit_decode_reread(self, profile)  # its spread rows need `_spread`
+        self._reread_varlen = fit_varlen_reread(self, profile)
         self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
                       if profile.overhead else None)
         # host time of a step that admits prompts, beyond the decode-only line (format 6)
@@ -427,8 +429,9 @@ class CalibratedCostModel:
             weights = self._varlen_blend[block_size] = blend_weights(self._varlen, block_size)
         return weights
 
-    def _parts(self, b: BatchShape) -> tuple[float, float]:
-        """(device time, its `other` share) before clamping."""
+    def _parts(self, b: BatchShape, reread: float | None = None) -> tuple[float, float]:
+        """(device time, its `other` share) before clamping; `reread` prices a decode-only
+        step's shared-block reads at that fraction instead of the fitted one (for the fit)."""
         weights = self._weights.get(b.block_size)
         if weights is None:
             weights = self._weights[b.block_size] = (
@@ -465,8 +468,9 @@ class CalibratedCostModel:
             rows = n if spread else b.num_decode_seqs
             work = b.decode_context_sum
             shared = b.shared_context_tokens
-            if shared and self._reread:
-                frac = self._blended(self._reread_frac, self._reread, b.block_size)
+            if shared and (self._reread or reread is not None):
+                frac = reread if reread is not None else self._blended(
+                    self._reread_frac, self._reread, b.block_size)
                 work -= (1.0 - frac) * min(shared, b.decode_context_sum)
             c = work / rows
             for w, s in dec_w:

@@ -21,6 +21,10 @@ On disk, `calibration/<gpu>/<model>/` holds
                    block_size, batch_size, context_len (the mean), longest_context_len,
                    step_time_ms, ... (as decode), uniform_step_time_ms (every context at the
                    mean, same rounds)
+    decode_shared_spread.csv  (optional) decode rows whose sequences share their first
+                   shared_len tokens and then have own parts of spread lengths: block_size,
+                   batch_size, context_len (the mean), longest_context_len, shared_len,
+                   step_time_ms, ... (as decode), reference_step_time_ms
     varlen_shared.csv  (optional) steps through the variable-length kernel whose decodes and
                    prefill entries share a cached prefix: block_size, num_decodes,
                    decode_context_len, num_entries, num_new_tokens, shared_len,
@@ -85,6 +89,7 @@ from pagesim.cost.profile_rows import (
     AllReduceRow,
     DecodeRow,
     DecodeSharedRow,
+    DecodeSharedSpreadRow,
     DecodeSpreadRow,
     MixedRow,
     MultiPrefillRow,
@@ -96,7 +101,8 @@ from pagesim.errors import ConfigError
 from pagesim.specs import MODELS
 
 __all__ = ["PROFILE_FORMAT_VERSION", "SUPPORTED_FORMAT_VERSIONS", "TABLES", "AllReduceRow",
-           "DecodeRow", "DecodeSharedRow", "DecodeSpreadRow", "MixedRow", "MultiPrefillRow",
+           "DecodeRow", "DecodeSharedRow", "DecodeSharedSpreadRow", "DecodeSpreadRow",
+           "MixedRow", "MultiPrefillRow",
            "OverheadRow", "PrefillRow", "Profile", "ProfileError", "ProfileMetadata",
            "VarlenSharedRow", "profile_dir"]
 
@@ -291,6 +297,7 @@ class Profile:
     decode_shared: tuple[DecodeSharedRow, ...] = ()
     varlen_shared: tuple[VarlenSharedRow, ...] = ()
     decode_spread: tuple[DecodeSpreadRow, ...] = ()
+    decode_shared_spread: tuple[DecodeSharedSpreadRow, ...] = ()
 
     def __post_init__(self) -> None:
         for name, (row_cls, required) in TABLES.items():

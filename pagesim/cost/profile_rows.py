@@ -110,6 +110,27 @@ class DecodeSpreadRow:
 
 
 @dataclass(frozen=True)
+class DecodeSharedSpreadRow:
+    """A decode batch as a prefix-caching server runs it: every sequence starts with the same
+    `shared_len` cached tokens (one system prompt, the same blocks) and then its own part, of
+    lengths spread evenly, so contexts run from `2 * context_len - longest_context_len` up to
+    `longest_context_len`. The uniform shared rows (`DecodeSharedRow`) give every sequence
+    one context; served steps never do."""
+
+    block_size: int
+    batch_size: int
+    context_len: int  # mean cached tokens per sequence before the step, the shared ones included
+    longest_context_len: int  # the longest sequence's cached tokens
+    shared_len: int  # leading tokens every sequence shares (whole blocks)
+    step_time_ms: float
+    step_time_p10_ms: float
+    step_time_p90_ms: float
+    attention_ms: float
+    other_ms: float
+    reference_step_time_ms: float  # the same contexts over distinct blocks, same rounds
+
+
+@dataclass(frozen=True)
 class VarlenSharedRow:
     """A step through the variable-length kernel whose sequences all start with the same
     `shared_len` cached tokens: `num_decodes` decodes over `decode_context_len` tokens and
@@ -153,10 +174,11 @@ TABLES: dict[str, tuple[type, bool]] = {
     "mixed": (MixedRow, False), "multi_prefill": (MultiPrefillRow, False),
     "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False),
     "decode_shared": (DecodeSharedRow, False), "varlen_shared": (VarlenSharedRow, False),
-    "decode_spread": (DecodeSpreadRow, False)}
+    "decode_spread": (DecodeSpreadRow, False),
+    "decode_shared_spread": (DecodeSharedSpreadRow, False)}
 KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "multi_prefill": 4, "overhead": 1,
                "allreduce": 2, "decode_shared": 4, "varlen_shared": 6,
-               "decode_spread": 4}  # leading int columns
+               "decode_spread": 4, "decode_shared_spread": 5}  # leading int columns
 
 
 def row_shapes(profile) -> list[tuple[str, int, object]]:

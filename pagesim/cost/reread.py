@@ -21,7 +21,8 @@ from pagesim.cost.varlen import shape_launch
 
 def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
     """Block size -> the cost of reading a token of a shared block, per reading sequence
-    of a decode step, as a fraction of a private token (decode_shared.csv).
+    of a decode step, as a fraction of a private token (decode_shared.csv and
+    decode_shared_spread.csv).
 
     A decode step reads every sequence's context; a prefix that several sequences share is
     the same blocks. The step is priced as if each sequence had the mean *effective* context
@@ -29,24 +30,52 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
     0.01) that best reproduces each row's ratio of its shared time to its reference time
     (the same step over distinct blocks, timed in the same session), so rows measured in
     another session of the same model and GPU fit as well as this profile's own.
+
+    Rows of both tables count alike. A uniform row's ratio comes from the decode surface at
+    its padded batch; a spread row (every sequence the shared prefix plus an own part of its
+    own length, as served) is priced whole by `model`, the unequal programs included, so the
+    model's decode spread must be fitted first.
     """
     out: dict[int, float] = {}
-    for bs, rs in _by_block_size(profile.decode_shared, model._decode):
+    uniform = dict(_by_block_size(profile.decode_shared, model._decode))
+    spread = dict(_by_block_size(profile.decode_shared_spread, model._decode))
+    for bs in sorted(uniform.keys() | spread.keys()):
         surface = model._decode[bs]
+        cases = []
+        for r in uniform.get(bs, ()):
+            p = model._padded_decode(r.batch_size)
+            other = model._other_for(model._decode_graph(r.batch_size), p)
+            cases.append((_uniform_ratio(surface, other, p, r.context_len, r.shared_len),
+                          r.step_time_ms / r.reference_step_time_ms))
+        for r in spread.get(bs, ()):
+            shape = shared_spread_shape(r)
+            plain = model._parts(shape, reread=1.0)[0]
+            cases.append((lambda f, shape=shape, plain=plain:
+                          model._parts(shape, reread=f)[0] / plain,
+                          r.step_time_ms / r.reference_step_time_ms))
 
-        def error(frac: float, rs=rs, surface=surface) -> float:
-            err = 0.0
-            for r in rs:
-                b, c, s = r.batch_size, r.context_len, r.shared_len
-                ceff = c - (1.0 - frac) * s
-                p = model._padded_decode(b)
-                other = model._other_for(model._decode_graph(b), p)
-                ratio = (other + surface(p, ceff)) / (other + surface(p, c))
-                err += (ratio - r.step_time_ms / r.reference_step_time_ms) ** 2
-            return err
+        def error(frac: float, cases=cases) -> float:
+            return sum((ratio(frac) - measured) ** 2 for ratio, measured in cases)
 
         out[bs] = best_fraction(error)
     return out
+
+
+def _uniform_ratio(surface, other: float, padded: int, context: int, shared: int):
+    """A uniform shared row's ratio to its reference at re-read cost f, as a function of f."""
+    plain = other + surface(padded, context)
+    return lambda f: (other + surface(padded, context - (1.0 - f) * shared)) / plain
+
+
+def shared_spread_shape(r) -> BatchShape:
+    """The decode step of a decode_shared_spread row: contexts evenly from
+    2 * mean - longest to longest, every one starting with the `shared_len` shared tokens."""
+    b, mean, longest = r.batch_size, r.context_len, r.longest_context_len
+    low = 2 * mean - longest
+    contexts = [round(low + i * (longest - low) / (b - 1)) if b > 1 else mean
+                for i in range(b)]
+    return BatchShape(r.block_size, b, b, sum(contexts), contexts, [], [],
+                      shared_context_tokens=b * r.shared_len if b > 1 else 0)
 
 
 def _by_block_size(rows, fitted: dict) -> list[tuple[int, list]]:

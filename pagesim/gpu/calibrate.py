@@ -43,6 +43,7 @@ import numpy as np
 from pagesim.cost.profile import (
     DecodeRow,
     DecodeSharedRow,
+    DecodeSharedSpreadRow,
     DecodeSpreadRow,
     MixedRow,
     MultiPrefillRow,
@@ -256,6 +257,14 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                 if (b, c) not in plain:  # its uniform twin
                     plain.add((b, c))
                     entries.append(("reference", (b, c), [(c, 1)] * b, ("decode", b)))
+        for b, sh, own, w in grid.decode_shared_spread:
+            contexts = [sh + x for x in spread_contexts(b, own, w, seed=b * 7919 + sh)]
+            if (b <= max_num_seqs and max(contexts) + 1 <= max_model_len
+                    and sh % block_size == 0 and 0 < sh and 0 < w < own):
+                key = (b, sh + own, max(contexts), sh)
+                spec = [(x, 1) for x in contexts]
+                entries.append(("sshared", key, spec, ("decode", b)))
+                entries.append(("sreference", key, spec, ("decode", b)))
         for d, dc, k, n, sh in grid.varlen_shared:
             spec = [(dc, 1)] * d + [(sh, n)] * k
             if (d + k <= max_num_seqs and d + k * n <= max_num_batched_tokens
@@ -266,7 +275,7 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                 entries.append(("vreference", key, spec, ("vshared", d, k, n)))
     points = []  # (kind, key, out, other key); a point whose blocks do not fit is dropped
     for kind, key, spec, other in entries:
-        shared = {"shared": key[-1], "vshared": key[-1]}.get(kind, 0)
+        shared = {"shared": key[-1], "vshared": key[-1], "sshared": key[-1]}.get(kind, 0)
         out = synthetic_step(spec, block_size, blocks, shared=shared)
         if out is not None:
             points.append((kind, key, out, other))
@@ -291,8 +300,9 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                                "rounds timed")
     plain_ms = {key: timings[i].median * 1e3 for i, (kind, key, _, _) in enumerate(points)
                 if kind in ("decode", "reference")}
-    vref_ms = {key: timings[i].median * 1e3 for i, (kind, key, _, _) in enumerate(points)
-               if kind == "vreference"}
+    twin_ms = {(kind, key): timings[i].median * 1e3
+               for i, (kind, key, _, _) in enumerate(points)
+               if kind in ("vreference", "sreference")}
     # kind -> (row type, table); shared rows carry their unshared reference time
     plain_kinds = {"decode": (DecodeRow, "decode"), "prefill": (PrefillRow, "prefill"),
                    "mixed": (MixedRow, "mixed"), "multi": (MultiPrefillRow, "multi_prefill")}
@@ -307,8 +317,11 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
             getattr(rows, table).append(row_type(*fields))
         elif kind == "shared" and key[:2] in plain_ms:
             rows.decode_shared.append(DecodeSharedRow(*fields, plain_ms[key[:2]]))
-        elif kind == "vshared" and key in vref_ms:
-            rows.varlen_shared.append(VarlenSharedRow(*fields, vref_ms[key]))
+        elif kind == "vshared" and ("vreference", key) in twin_ms:
+            rows.varlen_shared.append(VarlenSharedRow(*fields, twin_ms["vreference", key]))
+        elif kind == "sshared" and ("sreference", key) in twin_ms:
+            rows.decode_shared_spread.append(
+                DecodeSharedSpreadRow(*fields, twin_ms["sreference", key]))
         elif kind == "spread" and key[:2] in plain_ms:
             rows.decode_spread.append(DecodeSpreadRow(*fields, plain_ms[key[:2]]))
     return rows

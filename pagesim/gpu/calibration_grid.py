@@ -8,6 +8,7 @@ from typing import NamedTuple
 from pagesim.cost.profile import (
     DecodeRow,
     DecodeSharedRow,
+    DecodeSharedSpreadRow,
     DecodeSpreadRow,
     MixedRow,
     MultiPrefillRow,
@@ -41,6 +42,13 @@ class CalibrationGrid:
     # (decode batch, context per sequence, shared prefix tokens: a multiple of 128)
     decode_shared: tuple[tuple[int, int, int], ...] = tuple(
         (b, c, s) for b in (16, 64, 256) for c in (1024, 2048) for s in (c // 2, c - c // 8))
+    # (decode batch, shared prefix tokens, mean own tokens, half width): every sequence holds
+    # the prefix and then its own part, spread evenly over mean +- width, as a served batch
+    # behind one cached system prompt (the uniform rows above give every sequence one
+    # context). Batches up to 128: llama-2-7b's unshared reference of 128 x ~1,500 tokens is
+    # about what an H200 holds.
+    decode_shared_spread: tuple[tuple[int, int, int, int], ...] = tuple(
+        (b, s, 512, 448) for b in (32, 64, 128) for s in (512, 1024))
     # (decodes, decode context, prefill entries, new tokens each, shared prefix tokens): the
     # variable-length kernel over a shared prefix (a multiple of 128)
     varlen_shared: tuple[tuple[int, int, int, int, int], ...] = (
@@ -75,7 +83,9 @@ class CalibrationGrid:
                 "varlen_shared_prefixes": sorted({v[4] for v in self.varlen_shared}),
                 "decode_spread_batches": sorted({b for b, _, _ in self.decode_spread}),
                 "decode_spread_contexts": sorted({c for _, c, _ in self.decode_spread}),
-                "decode_spread_half_widths": sorted({w for _, _, w in self.decode_spread})}
+                "decode_spread_half_widths": sorted({w for _, _, w in self.decode_spread}),
+                "decode_shared_spread_batches": sorted({v[0] for v in self.decode_shared_spread}),
+                "decode_shared_spread_prefixes": sorted({v[1] for v in self.decode_shared_spread})}
 
 
 class CalibrationRows(NamedTuple):
@@ -88,10 +98,11 @@ class CalibrationRows(NamedTuple):
     decode_shared: list[DecodeSharedRow]
     varlen_shared: list[VarlenSharedRow]
     decode_spread: list[DecodeSpreadRow]
+    decode_shared_spread: list[DecodeSharedSpreadRow]
 
     @classmethod
     def empty(cls) -> CalibrationRows:
-        return cls([], [], [], [], [], [], [])
+        return cls([], [], [], [], [], [], [], [])
 
     def extend(self, other: CalibrationRows) -> None:
         """Append `other`'s rows (another block size) to these, table by table."""

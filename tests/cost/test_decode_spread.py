@@ -12,7 +12,14 @@ import pytest
 from pagesim.cost.base import BatchShape, longest_context
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.decode_launch import span_bucket, split_rule
-from pagesim.cost.profile import DecodeSpreadRow, Profile, ProfileError
+from pagesim.cost.profile import (
+    DecodeSharedRow,
+    DecodeSharedSpreadRow,
+    DecodeSpreadRow,
+    Profile,
+    ProfileError,
+)
+from pagesim.cost.reread import shared_spread_shape
 from pagesim.cost.spread import NO_SPLIT, DecodeKernel
 
 SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256]
@@ -123,3 +130,50 @@ def test_rows_round_trip_and_need_version_5(tmp_path, spread) -> None:
     (path / "profile.json").write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="decode_tile_n needs format_version 5"):
         Profile.load(path)
+
+
+REREAD = 0.4  # the shared-block read cost the synthetic shared rows follow
+SHARED_SPREAD_POINTS = [(b, s, 512, 448) for b in (32, 64, 128) for s in (512, 1024)]
+
+
+def _shared_spread_rows(truth: CalibratedCostModel) -> tuple[DecodeSharedSpreadRow, ...]:
+    """Rows priced by `truth` (spread cost and re-read fraction fitted), 7 % slower."""
+    rows = []
+    for bs in (16, 32):
+        for b, s, own, w in SHARED_SPREAD_POINTS:
+            row = DecodeSharedSpreadRow(bs, b, s + own, s + own + w, s, 0, 0, 0, 0, 0, 0)
+            shape = shared_spread_shape(row)
+            t = 1.07e3 * truth.device_time(shape)
+            ref = 1.07e3 * truth.device_time(dataclasses.replace(shape,
+                                                                 shared_context_tokens=0))
+            rows.append(dataclasses.replace(row, step_time_ms=t, step_time_p10_ms=t,
+                                            step_time_p90_ms=t, reference_step_time_ms=ref))
+    return tuple(rows)
+
+
+def test_served_like_shared_rows_fit_the_reread_with_their_spread_priced(spread,
+                                                                          tmp_path) -> None:
+    # truth: the spread model plus uniform shared rows that follow REREAD
+    uniform = []
+    for bs in (16, 32):
+        for b, c, s in [(16, 1024, 512), (64, 2048, 1024), (256, 1024, 896)]:
+            t = spread.step_time(BatchShape.decode(b, round(c - (1 - REREAD) * s), bs)) * 1e3
+            ref = spread.step_time(BatchShape.decode(b, c, bs)) * 1e3
+            uniform.append(DecodeSharedRow(bs, b, c, s, t, t, t, 0.0, 0.0, ref))
+    truth = CalibratedCostModel(dataclasses.replace(spread.profile,
+                                                    decode_shared=tuple(uniform)))
+    assert truth.reread_fraction == {16: pytest.approx(REREAD, abs=0.011),
+                                     32: pytest.approx(REREAD, abs=0.011)}
+    rows = _shared_spread_rows(truth)
+    shape = shared_spread_shape(rows[-1])  # 128 x (1024 shared + 64 .. 960 own)
+    assert (shape.num_decode_seqs, min(shape.decode_context_tokens),
+            max(shape.decode_context_tokens)) == (128, 1024 + 64, 1024 + 960)
+    assert shape.decode_context_sum == 128 * (1024 + 512)
+    assert shape.shared_context_tokens == 128 * 1024
+    even = dataclasses.replace(shape, decode_context_tokens=[1536] * 128)
+    assert truth.device_time(shape) > truth.device_time(even)  # the rows hold a spread cost
+    only_spread = CalibratedCostModel(dataclasses.replace(spread.profile,
+                                                          decode_shared_spread=rows))
+    assert only_spread.reread_fraction == truth.reread_fraction
+    loaded = Profile.load(only_spread.profile.save(tmp_path / "p"))
+    assert loaded.decode_shared_spread == rows

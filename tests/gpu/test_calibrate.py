@@ -129,15 +129,16 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
                            mixed=(), multi_prefill=((2, 16, 0), (8, 16, 0)),
                            decode_shared=((2, 32, 16), (2, 32, 24)),  # 24: not whole blocks
                            varlen_shared=((1, 40, 2, 8, 32),),
+                           decode_shared_spread=((2, 16, 16, 8), (2, 24, 16, 8)),
                            overhead_max_reqs=2, repeats=3)
     seen = []
     res = run_calibration(config, grid, dtype=torch.float32, calibration_root=tmp_path,
                           progress=lambda d, t, label: seen.append((d, t)), log=lambda m: None,
                           device="cpu")
-    # 8 points (two shared rows, each with its unshared reference) + 5 attention-skipped
-    # variants (the shared decode row reuses the batch-2 one); 8 entries exceed
+    # 10 points (three shared rows, each with its unshared reference) + 5 attention-skipped
+    # variants (the shared decode rows reuse the batch-2 one); 8 entries exceed
     # max_num_seqs=4 and 24 shared tokens are not whole blocks: dropped
-    assert seen[-1][0] == seen[-1][1] == 13
+    assert seen[-1][0] == seen[-1][1] == 15
     prof = Profile.load(res.directory)
     assert res.directory == tmp_path / "cpu" / "tiny-llama"
     assert prof.metadata.synthetic and prof.metadata.num_gpu_blocks == {16: 64}
@@ -151,7 +152,12 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
     assert [(r.num_decodes, r.num_entries, r.shared_len) for r in prof.varlen_shared] == \
         [(1, 2, 32)]
     assert prof.varlen_shared[0].reference_step_time_ms > 0
-    for r in prof.decode + prof.prefill + prof.multi_prefill + prof.decode_shared:
+    # contexts 16 + (8, 24): the shared prefix, then own parts over 16 +- 8
+    assert [(r.batch_size, r.context_len, r.longest_context_len, r.shared_len)
+            for r in prof.decode_shared_spread] == [(2, 32, 40, 16)]
+    assert prof.decode_shared_spread[0].reference_step_time_ms > 0
+    for r in (prof.decode + prof.prefill + prof.multi_prefill + prof.decode_shared
+              + prof.decode_shared_spread):
         assert r.step_time_p10_ms <= r.step_time_ms <= r.step_time_p90_ms
         assert r.attention_ms + r.other_ms == pytest.approx(r.step_time_ms)
     assert prof.overhead and all(r.overhead_ms > 0 for r in prof.overhead)
