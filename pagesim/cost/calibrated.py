@@ -78,15 +78,20 @@ grid order to the slots the GPU runs at once, and its surplus programs, fitted p
 on the prefill, mixed and multi-prefill rows); the
 per-entry residuals and `shared` below are then not used. Older profiles keep them.
 
-Shared prefixes (decode_shared.csv): a decode step whose sequences share cached prefix blocks
-(`BatchShape.shared_context_tokens`: context tokens in blocks two or more requests hold,
-once per reading sequence) pays r of a private read for each of those tokens; it is priced at
-the mean effective context (context - (1 - r) * shared) / sequences, with r fitted per block
-size on rows measured with shared blocks (`reread_fraction`). The first reader of a shared
-block pays r too: measured with the prefixes split among 1 to 16 groups
-(`benchmarks/shared_groups.py`, results/validation/shared_groups.csv), a step's time follows
-its shared tokens and hardly the number of distinct prefixes. Without such rows, or without
-the shared count, every context is its own.
+Shared prefixes (decode_shared.csv, decode_shared_spread.csv): a decode step whose sequences
+share cached prefix blocks (`BatchShape.shared_context_tokens`: context tokens in blocks two
+or more requests hold, once per reading sequence) pays r of a private read for each of those
+tokens; it is priced at the mean effective context (context - (1 - r) * shared) / sequences,
+with r fitted per block size on rows measured with shared blocks (`reread_fraction`). The
+first reader of a shared block pays r too: measured with the prefixes split among 1 to 16
+groups (`benchmarks/shared_groups.py`, results/validation/shared_groups.csv), a step's time
+follows its shared tokens and hardly the number of distinct prefixes. The uniform rows give
+every sequence one context; a served batch behind a system prompt has own parts of many
+lengths, and rows timed that way (decode_shared_spread.csv, 32-128 sequences) put r lower:
+llama-2-7b's H200 rows gave 0.64-0.65 in two calls against 0.71-0.72 from the same calls'
+uniform rows, and served system-prompt steps of 100-150 sequences are priced exactly at
+0.645. Where a block size has such rows, r is fitted on them alone (`fit_decode_reread`).
+Without shared rows, or without the shared count, every context is its own.
 
 Contexts of different lengths (decode_spread.csv, format 5 profiles that record the decode
 kernel's tile and programs per SM): a decode-only step is priced at its padded batch with the

@@ -31,27 +31,31 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
     (the same step over distinct blocks, timed in the same session), so rows measured in
     another session of the same model and GPU fit as well as this profile's own.
 
-    Rows of both tables count alike. A uniform row's ratio comes from the decode surface at
-    its padded batch; a spread row (every sequence the shared prefix plus an own part of its
-    own length, as served) is priced whole by `model`, the unequal programs included, so the
-    model's decode spread must be fitted first.
+    A block size with spread rows (decode_shared_spread.csv: every sequence the shared prefix
+    plus an own part of its own length, as a served batch behind one system prompt) is fitted
+    on those alone, each priced whole by `model`, the unequal programs included (so the
+    model's decode spread must be fitted first); else on its uniform rows, each through the
+    decode surface at its padded batch. Why the spread rows decide: on llama-2-7b's H200 rows
+    of two calls they put r at 0.64-0.65 and the uniform rows of the same calls at 0.71-0.72,
+    and the served system-prompt decode steps of 100-150 sequences are priced exactly at
+    r = 0.645 (median over the steps of the shipped run); served batches are never uniform.
     """
     out: dict[int, float] = {}
     uniform = dict(_by_block_size(profile.decode_shared, model._decode))
     spread = dict(_by_block_size(profile.decode_shared_spread, model._decode))
     for bs in sorted(uniform.keys() | spread.keys()):
-        surface = model._decode[bs]
         cases = []
-        for r in uniform.get(bs, ()):
-            p = model._padded_decode(r.batch_size)
-            other = model._other_for(model._decode_graph(r.batch_size), p)
-            cases.append((_uniform_ratio(surface, other, p, r.context_len, r.shared_len),
-                          r.step_time_ms / r.reference_step_time_ms))
         for r in spread.get(bs, ()):
             shape = shared_spread_shape(r)
             plain = model._parts(shape, reread=1.0)[0]
             cases.append((lambda f, shape=shape, plain=plain:
                           model._parts(shape, reread=f)[0] / plain,
+                          r.step_time_ms / r.reference_step_time_ms))
+        for r in uniform.get(bs, ()) if not cases else ():
+            p = model._padded_decode(r.batch_size)
+            other = model._other_for(model._decode_graph(r.batch_size), p)
+            cases.append((_uniform_ratio(model._decode[bs], other, p, r.context_len,
+                                         r.shared_len),
                           r.step_time_ms / r.reference_step_time_ms))
 
         def error(frac: float, cases=cases) -> float:

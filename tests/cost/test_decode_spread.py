@@ -175,5 +175,13 @@ def test_served_like_shared_rows_fit_the_reread_with_their_spread_priced(spread,
     only_spread = CalibratedCostModel(dataclasses.replace(spread.profile,
                                                           decode_shared_spread=rows))
     assert only_spread.reread_fraction == truth.reread_fraction
+    # with uniform rows of another law beside them, the served-like rows decide
+    other_law = tuple(dataclasses.replace(r, step_time_ms=r.reference_step_time_ms)
+                      for r in uniform)  # r = 1: no saving at all
+    assert CalibratedCostModel(dataclasses.replace(
+        spread.profile, decode_shared=other_law)).reread_fraction == {16: 1.0, 32: 1.0}
+    both = CalibratedCostModel(dataclasses.replace(
+        spread.profile, decode_shared=other_law, decode_shared_spread=rows))
+    assert both.reread_fraction == truth.reread_fraction
     loaded = Profile.load(only_spread.profile.save(tmp_path / "p"))
     assert loaded.decode_shared_spread == rows
