@@ -16,6 +16,7 @@ import numpy as np
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import MS, CalibratedCostModel
 from pagesim.cost.profile import TABLES, Profile
+from pagesim.cost.reread import shared_spread_shape
 from pagesim.errors import ConfigError
 
 
@@ -66,7 +67,8 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
     rng = np.random.default_rng(seed)
     fit_tables: dict[str, tuple] = {}
     held: dict[str, list] = {}
-    tables = ("decode", "prefill", "mixed", "multi_prefill", "decode_shared")
+    tables = ("decode", "prefill", "mixed", "multi_prefill", "decode_shared",
+              "decode_shared_spread")
     for name in tables:
         rows = getattr(profile, name)
         groups: dict[int, list[int]] = defaultdict(list)
@@ -96,7 +98,8 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
             prefill_context_tokens=[r.num_cached_tokens] * r.num_entries),
         "decode_shared": lambda r: dataclasses.replace(
             BatchShape.decode(r.batch_size, r.context_len, r.block_size),
-            shared_context_tokens=r.batch_size * r.shared_len)}
+            shared_context_tokens=r.batch_size * r.shared_len),
+        "decode_shared_spread": shared_spread_shape}
     report: list[FitRow] = []
     every: list[float] = []
     for name in tables:
