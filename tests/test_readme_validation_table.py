@@ -1,0 +1,46 @@
+"""The validation tables in README.md and results/validation/README.md are the shipped report's
+figures: every row must match `results/validation/validation_<model>.json` (re-made by
+`pagesim validate`), so a re-made report with a stale README fails here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COLUMNS = ("request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
+           "mean_e2el_ms", "p99_e2el_ms")
+MODELS = ("llama-2-7b", "llama-3-8b")
+
+
+def report_rows(model: str) -> list[str]:
+    """The README row of every run of the shipped report: error % per column, `*` = missed."""
+    doc = json.loads((ROOT / "results" / "validation" / f"validation_{model}.json").read_text())
+    rows = []
+    for run in doc["runs"]:
+        by = {r["metric"]: r for r in run["rows"]}
+        cells = [f"{by[c]['error_pct']:+.1f}" + ("" if by[c]["met"] else "*") for c in COLUMNS]
+        met = sum(r["met"] for r in run["rows"])
+        rows.append(f"| {model} | {run['run']} | " + " | ".join(cells)
+                    + f" | {met}/{len(run['rows'])} |")
+    return rows
+
+
+@pytest.mark.parametrize("readme", ["README.md", "results/validation/README.md"])
+@pytest.mark.parametrize("model", MODELS)
+def test_readme_table_is_the_shipped_report(readme: str, model: str) -> None:
+    text = (ROOT / readme).read_text()
+    table = [line for line in text.splitlines()
+             if line.startswith(f"| {model} | ") and line.count("|") == 11]
+    assert sorted(table) == sorted(report_rows(model))
+
+
+def test_readme_states_the_shipped_counts() -> None:
+    docs = [json.loads((ROOT / "results" / "validation" / f"validation_{m}.json").read_text())
+            for m in MODELS]
+    assert [d["targets_checked"] for d in docs] == [140, 140]
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"{docs[0]['targets_met']} of 140 met for llama-2-7b and {docs[1]['targets_met']}"
+            " of 140 for llama-3-8b") in text
