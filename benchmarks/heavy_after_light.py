@@ -50,12 +50,49 @@ def clock_mhz() -> int:
         return 0
 
 
+def in_calibration_rounds(name: str, runner, config, heavy_tokens: list[int], rows: list,
+                          dry: bool, info: dict) -> list[dict]:
+    """The heavy steps' prefill rows as `calibrate_block_size` times them (block 16, the
+    default grid, 3 rounds), against this runner's burst time of the same step."""
+    from gpu_bench import device_columns
+
+    from pagesim.gpu.calibrate import CalibrationGrid, calibrate_block_size
+
+    grid = CalibrationGrid(repeats=3, min_repeats=3)
+    if dry:
+        grid = CalibrationGrid(decode_batches=(1, 2), decode_contexts=(16,),
+                               prefill_tokens=tuple(heavy_tokens), prefill_cached=(0,),
+                               mixed=(), multi_prefill=(), decode_shared=(),
+                               varlen_shared=(), decode_spread=(), decode_shared_spread=(),
+                               repeats=2, min_repeats=2)
+    got = calibrate_block_size(runner, 16, grid, max_model_len=config.max_model_len,
+                               max_num_batched_tokens=config.max_num_batched_tokens,
+                               max_num_seqs=config.max_num_seqs, full=True)
+    out = []
+    for r in got.prefill:
+        if r.num_cached_tokens or r.num_new_tokens not in heavy_tokens:
+            continue
+        burst = next(x["heavy_ms"] for x in rows if x["model"] == name
+                     and x["heavy_tokens"] == r.num_new_tokens
+                     and x["context"] == "after 3 heavy")
+        out.append({"model": name, "heavy_tokens": r.num_new_tokens,
+                    "context": "calibration rounds", "rounds": 3,
+                    "heavy_ms": r.step_time_ms, "ratio_to_burst": r.step_time_ms / burst,
+                    "clock_mhz": 0, **device_columns(info)})
+        print(f"{name} prefill {r.num_new_tokens}: calibration rounds "
+              f"{r.step_time_ms:8.2f} ms  x{r.step_time_ms / burst:.3f}", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="llama-2-7b,llama-3-8b")
     ap.add_argument("--out", default="results")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--heavy-tokens", default="4096,1024")
+    ap.add_argument("--calibration-rounds", action="store_true",
+                    help="also time the heavy steps as the calibration does, in interleaved "
+                         "rounds of block 16's whole grid (3 rounds), in the same runner")
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     if args.dry_run_cpu:
@@ -115,6 +152,8 @@ def main() -> None:
                 rows.append(row)
                 print(f"{name} prefill {tokens}: {label:15s} {ms:8.2f} ms  "
                       f"x{row['ratio_to_burst']:.3f}  clock {row['clock_mhz']} MHz", flush=True)
+        if args.calibration_rounds:
+            rows += in_calibration_rounds(name, runner, config, heavy_tokens, rows, dry, info)
         print(f"{name}: {time.monotonic() - t0:.0f} s", flush=True)
         if not dry:
             release(runner)
