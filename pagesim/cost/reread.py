@@ -51,12 +51,13 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
             cases.append((lambda f, shape=shape, plain=plain:
                           model._parts(shape, reread=f)[0] / plain,
                           r.step_time_ms / r.reference_step_time_ms))
-        for r in uniform.get(bs, ()) if not cases else ():
-            p = model._padded_decode(r.batch_size)
-            other = model._other_for(model._decode_graph(r.batch_size), p)
-            cases.append((_uniform_ratio(model._decode[bs], other, p, r.context_len,
-                                         r.shared_len),
-                          r.step_time_ms / r.reference_step_time_ms))
+        if not cases:  # no served-like rows at this block size: the uniform ones
+            for r in uniform.get(bs, ()):
+                p = model._padded_decode(r.batch_size)
+                other = model._other_for(model._decode_graph(r.batch_size), p)
+                cases.append((_uniform_ratio(model._decode[bs], other, p, r.context_len,
+                                             r.shared_len),
+                              r.step_time_ms / r.reference_step_time_ms))
 
         def error(frac: float, cases=cases) -> float:
             return sum((ratio(frac) - measured) ** 2 for ratio, measured in cases)
