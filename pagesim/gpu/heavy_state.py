@@ -15,8 +15,8 @@ context, over rounds that take the contexts in a seeded random order:
 
 Each row keeps the median and the burst median of its tokens. With the calibration's own
 prefill row of the same tokens (timed in its rounds, in the same runner just before), the cost
-model prices a heavy step after N light ones at (row at N / burst) / (calibration row / burst)
-of its calibrated time (`CalibratedCostModel.heavy_step_factor`).
+model prices a heavy step after N light ones at (row at N) / (calibration row) of its
+calibrated device time (`pagesim.cost.heavy_state`, `CalibratedCostModel.step_time_after`).
 """
 
 from __future__ import annotations
