@@ -50,7 +50,9 @@ def heavy_steps(path: Path, cm: CalibratedCostModel) -> list[dict]:
             continue
         t0 = st["start_s"][i]
         during = clock[(clock[:, 0] >= t0) & (clock[:, 0] <= t0 + st["execute_s"][i]), 1]
-        out.append({"err": 100.0 * (cm.device_time(shape) / wall - 1.0), "wall": wall,
+        # priced as the simulator prices it: by the light steps before it, where the profile
+        # has heavy_state rows
+        out.append({"err": 100.0 * (cm.device_time(shape, light) / wall - 1.0), "wall": wall,
                     "tokens": shape.total_tokens, "light_before": light,
                     "clock": float(during.mean()) if len(during) else 0.0})
         light = 0

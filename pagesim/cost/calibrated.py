@@ -293,20 +293,34 @@ class CalibratedCostModel:
         heavy step (`is_heavy`): a heavy step's device time (`other` and attention) scaled by
         the profile's heavy_state factor for that count (`heavy_state_factors`); any other
         step, or a profile without the rows, as `step_time`."""
-        if not self._heavy or not self.is_heavy(batch):
+        factor = self.heavy_factor(batch, light_steps_before)
+        if factor == 1.0:
             return self.step_time(batch)
+        other, attention, allreduce, host, swap, copy = self._components(batch)
+        return (other + attention) * factor + allreduce + host + swap + copy
+
+    def heavy_factor(self, batch: BatchShape, light_steps_before: int) -> float:
+        """The factor on a step's `other` and attention time after `light_steps_before` light
+        steps: the heavy_state one for a heavy step (`is_heavy`), 1 for any other step or a
+        profile without the rows."""
+        if not self._heavy or not self.is_heavy(batch):
+            return 1.0
         factor = self._heavy_memo.get(light_steps_before)
         if factor is None:
             factor = self._heavy_memo[light_steps_before] = interpolate(self._heavy,
                                                                         light_steps_before)
-        other, attention, allreduce, host, swap, copy = self._components(batch)
-        return (other + attention) * factor + allreduce + host + swap + copy
+        return factor
 
-    def device_time(self, batch: BatchShape) -> float:
+    def device_time(self, batch: BatchShape, light_steps_before: int | None = None) -> float:
         """Seconds of the step itself (`GPUModelRunner.execute_model`): the step time less
-        the host time between steps, what a real run's per-step records compare with."""
+        the host time between steps, what a real run's per-step records compare with; with
+        `light_steps_before`, a heavy step's as `step_time_after` prices it."""
         parts = self.step_time_breakdown(batch)
-        return sum(parts.values()) - parts["host_overhead"]
+        device = sum(parts.values()) - parts["host_overhead"]
+        if light_steps_before is None:
+            return device
+        factor = self.heavy_factor(batch, light_steps_before)
+        return device + (factor - 1.0) * (parts["other"] + parts["attention"])
 
     def step_time_breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per component, keyed by `BREAKDOWN_KEYS` ("attention" holds every residual

@@ -60,6 +60,9 @@ def test_a_heavy_step_is_priced_by_the_light_steps_before_it(stateful, plain) ->
     for k, expected in [(0, 1.02), (10, 0.97), (20, 0.965), (99, 0.96)]:
         assert stateful.step_time_after(heavy, k) == pytest.approx(
             device * expected + stateful.step_time(heavy) - device)
+    # the device part alone (what a real run's per-step records compare with)
+    assert stateful.device_time(heavy, 10) == pytest.approx(
+        stateful.device_time(heavy) + (0.97 - 1.0) * device)
     # light steps, and any step of a profile without the rows, are priced as before
     for shape in (BatchShape.decode(64, 1024, 16), BatchShape.prefill(256, 0, 16)):
         assert stateful.step_time_after(shape, 10) == stateful.step_time(shape)
