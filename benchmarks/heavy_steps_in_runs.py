@@ -45,7 +45,7 @@ def heavy_steps(path: Path, cm: CalibratedCostModel) -> list[dict]:
         shape = shapes[i]
         if shape is None or not rs["num_reqs"][i]:
             continue
-        if rs["cuda_graph"][i] or not shape.num_prefill_reqs:
+        if not cm.is_heavy(shape):  # the simulator's rule, so the counts are its counts
             light += 1
             continue
         t0 = st["start_s"][i]
