@@ -12,7 +12,9 @@ take the contexts in a seeded random order:
 
     after 3 heavy    three untimed heavy steps first (a burst, as at rate inf)
     after 1 heavy
-    after N light    N decode-graph steps (32 sequences x 1,024 tokens) first, N = 1, 3, 10, 30
+    after N light    N decode-graph steps (32 sequences x 1,024 tokens) first, N = 1-100
+    after N small    N decode-graph steps of 4 sequences x 1,024 tokens first (a lighter load,
+                     as at 50 % of capacity), N = 30, 100
 
 with the SM clock read just before the timed step.
 
@@ -31,7 +33,9 @@ import time
 
 CONTEXTS = (("after 3 heavy", "heavy", 3), ("after 1 heavy", "heavy", 1),
             ("after 1 light", "light", 1), ("after 3 light", "light", 3),
-            ("after 10 light", "light", 10), ("after 30 light", "light", 30))
+            ("after 10 light", "light", 10), ("after 30 light", "light", 30),
+            ("after 100 light", "light", 100),
+            ("after 30 small light", "small", 30), ("after 100 small light", "small", 100))
 
 
 def timed(runner, step) -> float:
@@ -119,18 +123,20 @@ def main() -> None:
                                          num_gpu_blocks_override=64)
             model = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, 0)
             runner = GPUModelRunner(config, 64, device="cpu", model=model)
-            light_spec, heavy_tokens = [(24, 1)] * 2, [32]
+            light_spec, small_spec, heavy_tokens = [(24, 1)] * 2, [(24, 1)], [32]
         else:
             config, runner = served_runner(name)
-            light_spec = [(1024, 1)] * 32
+            light_spec, small_spec = [(1024, 1)] * 32, [(1024, 1)] * 4
             heavy_tokens = [int(x) for x in args.heavy_tokens.split(",")]
         blocks = runner.num_gpu_blocks
         runner.record_steps = False
         light = synthetic_step(light_spec, 16, BlockSource(blocks, 1))
+        small = synthetic_step(small_spec, 16, BlockSource(blocks, 3))
         rng = np.random.default_rng(0)
         for tokens in heavy_tokens:
             heavy = synthetic_step([(0, tokens)], 16, BlockSource(blocks, 2))
-            for out in (light, heavy, light, heavy):  # warm-up: compiles, graph capture
+            before = {"heavy": heavy, "light": light, "small": small}
+            for out in (light, small, heavy, light, small, heavy):  # warm-up: compiles, graphs
                 runner.execute_model(out)
             times: dict[str, list[float]] = {label: [] for label, _, _ in CONTEXTS}
             clocks: dict[str, list[int]] = {label: [] for label, _, _ in CONTEXTS}
@@ -138,7 +144,7 @@ def main() -> None:
                 for i in rng.permutation(len(CONTEXTS)).tolist():
                     label, kind, count = CONTEXTS[i]
                     for _ in range(min(count, 2) if dry else count):
-                        runner.execute_model(heavy if kind == "heavy" else light)
+                        runner.execute_model(before[kind])
                     clocks[label].append(clock_mhz())  # the clock the heavy step starts at
                     times[label].append(timed(runner, heavy))
             base = statistics.median(times["after 3 heavy"])
@@ -150,7 +156,7 @@ def main() -> None:
                        "clock_mhz": statistics.median(clocks[label]) if clocks[label] else 0,
                        **device_columns(info)}
                 rows.append(row)
-                print(f"{name} prefill {tokens}: {label:15s} {ms:8.2f} ms  "
+                print(f"{name} prefill {tokens}: {label:21s} {ms:8.2f} ms  "
                       f"x{row['ratio_to_burst']:.3f}  clock {row['clock_mhz']} MHz", flush=True)
         if args.calibration_rounds:
             rows += in_calibration_rounds(name, runner, config, heavy_tokens, rows, dry, info)
