@@ -50,7 +50,6 @@ def main() -> None:
         if "shared" in tables else (),
         decode_spread=(base.decode_spread if not dry else ((4, 64, 32),))
         if "spread" in tables else (),
-        heavy_state_tokens=(),  # its rows are set against prefill rows this grid lacks
         repeats=5 if not dry else 2, min_repeats=3 if not dry else 1)
     for name in args.models.split(","):
         t = time.monotonic()

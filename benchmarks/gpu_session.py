@@ -297,8 +297,6 @@ def main() -> int:
                                        decode_contexts=(16, 40), prefill_tokens=(16,),
                                        prefill_cached=(0,), mixed=((8, 0, 2, 16),),
                                        decode_shared_spread=((2, 16, 16, 8),),
-                                       heavy_state_tokens=(16,),
-                                       heavy_state_light_steps=(0, 2), heavy_state_rounds=2,
                                        overhead_max_reqs=4, repeats=3)
             else:
                 config = EngineConfig.create(model=name, gpu="h200", block_size=16)
@@ -320,7 +318,7 @@ def main() -> int:
             ms["capacity"] = res.capacity.to_dict()
             ms["profile_rows"] = {k: len(getattr(res.profile, k)) for k in
                                   ("decode", "prefill", "mixed", "multi_prefill", "overhead",
-                                   "decode_shared", "decode_shared_spread", "heavy_state")}
+                                   "decode_shared", "decode_shared_spread")}
             log(f"{name}: calibrated in {res.elapsed_s:.0f} s: {ms['profile_rows']}")
             pack(out, work)
             model = res.model

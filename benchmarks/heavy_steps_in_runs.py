@@ -45,14 +45,12 @@ def heavy_steps(path: Path, cm: CalibratedCostModel) -> list[dict]:
         shape = shapes[i]
         if shape is None or not rs["num_reqs"][i]:
             continue
-        if not cm.is_heavy(shape):  # the simulator's rule, so the counts are its counts
+        if rs["cuda_graph"][i] or not shape.num_prefill_reqs:
             light += 1
             continue
         t0 = st["start_s"][i]
         during = clock[(clock[:, 0] >= t0) & (clock[:, 0] <= t0 + st["execute_s"][i]), 1]
-        # priced as the simulator prices it: by the light steps before it, where the profile
-        # has heavy_state rows
-        out.append({"err": 100.0 * (cm.device_time(shape, light) / wall - 1.0), "wall": wall,
+        out.append({"err": 100.0 * (cm.device_time(shape) / wall - 1.0), "wall": wall,
                     "tokens": shape.total_tokens, "light_before": light,
                     "clock": float(during.mean()) if len(during) else 0.0})
         light = 0

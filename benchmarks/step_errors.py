@@ -51,7 +51,6 @@ def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
     shapes = replay_shapes(doc)
     by: dict[str, list[tuple[float, float]]] = {}
     total = 0.0
-    light = 0  # light steps since the last heavy one (a profile's heavy_state rows use it)
     for i, wall in enumerate(rs["wall_s"]):
         if not rs["num_reqs"][i]:
             continue
@@ -66,8 +65,7 @@ def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
             span = span_bucket(max(shape.decode_context_tokens) + 1,
                                doc["engine_config"]["max_model_len"])
             kind = f"decode graph, {rs['padded_reqs'][i]:>3} seqs, longest < {span:>4}"
-        by.setdefault(kind, []).append((wall, cm.device_time(shape, light)))
-        light = 0 if cm.is_heavy(shape) else light + 1
+        by.setdefault(kind, []).append((wall, cm.device_time(shape)))
     rows = []
     for kind, v in sorted(by.items()):
         a = np.asarray(v)

@@ -100,15 +100,6 @@ nothing), plus kappa * (longest - mean program length), the decode kernel's prog
 with the launch rule it runs with (`pagesim.cost.decode_launch`, `pagesim.cost.spread`).
 Without such rows a decode step is priced at the padded batch and the mean real context.
 
-A heavy step after light ones (heavy_state.csv): the GPU's clock follows its recent load, and a
-prefill step that runs eagerly among decode-graph steps is faster than one in a burst of heavy
-steps (H200: 5-6 % after 10-30 light steps; results/gpu_variance/). The calibration times its
-rows in interleaved rounds of every kind of step; its heavy_state rows time two prefill sizes
-after 0 (a burst), 1, 3, 10 and 30 light steps in the same runner, and each row over the
-calibration's prefill row of the same tokens is the factor on a heavy step's device time
-after that many light steps (`pagesim.cost.heavy_state`; `step_time_after`, which the
-simulator's runner calls with its count). Profiles without the rows price every step alike.
-
 Block sizes between measured ones interpolate linearly in log2(block size); outside the
 measured range the nearest is used (the block-size effect is not extrapolated). The total is
 never negative. `shared` is what one more part adds less than its residual says: every part's
@@ -132,7 +123,6 @@ from pagesim.cost.analytical import (
     kv_dtype_bytes,
 )
 from pagesim.cost.base import BatchShape, longest_context
-from pagesim.cost.heavy_state import heavy_state_factors, interpolate
 from pagesim.cost.profile import DecodeRow, Profile
 from pagesim.cost.profile_rows import (
     multi_part_shape,
@@ -256,8 +246,6 @@ class CalibratedCostModel:
         # host time of a step that admits prompts, beyond the decode-only line (format 6)
         self._admit_step_s = (meta.overhead_prefill_step_ms or 0.0) * MS
         self._admit_entry_s = (meta.overhead_per_prefill_ms or 0.0) * MS
-        self._heavy = heavy_state_factors(profile)  # (light steps before, factor) points
-        self._heavy_memo: dict[int, float] = {}  # light steps before -> factor
         self._swap_s_per_byte = self._copy_s_per_token = None
         host = meta.host_link_bytes_per_s or (
             gpu.host_link_bytes_per_s * AnalyticalConstants().host_link_efficiency
@@ -275,52 +263,11 @@ class CalibratedCostModel:
         """Seconds for one step: never negative; see `step_time_breakdown`."""
         return sum(self._components(batch))
 
-    @property
-    def heavy_state(self) -> tuple[tuple[int, float], ...]:
-        """(light steps before, factor) points of `step_time_after` (empty: no heavy_state
-        rows, or no calibration prefill row to set them against)."""
-        return self._heavy
-
-    def is_heavy(self, batch: BatchShape) -> bool:
-        """A step that runs the prefill kernel eagerly: one with a prefill entry and more
-        tokens than the largest mixed graph (512 without graphs)."""
-        sizes = self._token_sizes
-        return bool(batch.prefill_new_tokens) and batch.total_tokens > (
-            sizes[-1] if sizes else 512)
-
-    def step_time_after(self, batch: BatchShape, light_steps_before: int) -> float:
-        """`step_time` of a step run after `light_steps_before` light ones since the last
-        heavy step (`is_heavy`): a heavy step's device time (`other` and attention) scaled by
-        the profile's heavy_state factor for that count (`heavy_state_factors`); any other
-        step, or a profile without the rows, as `step_time`."""
-        factor = self.heavy_factor(batch, light_steps_before)
-        if factor == 1.0:
-            return self.step_time(batch)
-        other, attention, allreduce, host, swap, copy = self._components(batch)
-        return (other + attention) * factor + allreduce + host + swap + copy
-
-    def heavy_factor(self, batch: BatchShape, light_steps_before: int) -> float:
-        """The factor on a step's `other` and attention time after `light_steps_before` light
-        steps: the heavy_state one for a heavy step (`is_heavy`), 1 for any other step or a
-        profile without the rows."""
-        if not self._heavy or not self.is_heavy(batch):
-            return 1.0
-        factor = self._heavy_memo.get(light_steps_before)
-        if factor is None:
-            factor = self._heavy_memo[light_steps_before] = interpolate(self._heavy,
-                                                                        light_steps_before)
-        return factor
-
-    def device_time(self, batch: BatchShape, light_steps_before: int | None = None) -> float:
+    def device_time(self, batch: BatchShape) -> float:
         """Seconds of the step itself (`GPUModelRunner.execute_model`): the step time less
-        the host time between steps, what a real run's per-step records compare with; with
-        `light_steps_before`, a heavy step's as `step_time_after` prices it."""
+        the host time between steps, what a real run's per-step records compare with."""
         parts = self.step_time_breakdown(batch)
-        device = sum(parts.values()) - parts["host_overhead"]
-        if light_steps_before is None:
-            return device
-        factor = self.heavy_factor(batch, light_steps_before)
-        return device + (factor - 1.0) * (parts["other"] + parts["attention"])
+        return sum(parts.values()) - parts["host_overhead"]
 
     def step_time_breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per component, keyed by `BREAKDOWN_KEYS` ("attention" holds every residual

@@ -29,9 +29,6 @@ On disk, `calibration/<gpu>/<model>/` holds
                    prefill entries share a cached prefix: block_size, num_decodes,
                    decode_context_len, num_entries, num_new_tokens, shared_len,
                    step_time_ms, ... (as decode), reference_step_time_ms
-    heavy_state.csv  (optional) a prefill step (eager) timed after light decode steps and
-                   after a burst of heavy ones: block_size, heavy_tokens, light_steps_before
-                   (0: the burst), step_time_ms, burst_step_time_ms
     overhead.csv   (optional) num_reqs, overhead_ms, overhead_p10_ms, overhead_p90_ms
     allreduce.csv  (optional) tp, message_bytes, time_us, time_p10_us, time_p90_us: one sum
                    all-reduce of `message_bytes` over `tp` GPUs (median and spread)
@@ -94,7 +91,6 @@ from pagesim.cost.profile_rows import (
     DecodeSharedRow,
     DecodeSharedSpreadRow,
     DecodeSpreadRow,
-    HeavyStateRow,
     MixedRow,
     MultiPrefillRow,
     OverheadRow,
@@ -106,7 +102,7 @@ from pagesim.specs import MODELS
 
 __all__ = ["PROFILE_FORMAT_VERSION", "SUPPORTED_FORMAT_VERSIONS", "TABLES", "AllReduceRow",
            "DecodeRow", "DecodeSharedRow", "DecodeSharedSpreadRow", "DecodeSpreadRow",
-           "HeavyStateRow", "MixedRow", "MultiPrefillRow",
+           "MixedRow", "MultiPrefillRow",
            "OverheadRow", "PrefillRow", "Profile", "ProfileError", "ProfileMetadata",
            "VarlenSharedRow", "profile_dir"]
 
@@ -302,7 +298,6 @@ class Profile:
     varlen_shared: tuple[VarlenSharedRow, ...] = ()
     decode_spread: tuple[DecodeSpreadRow, ...] = ()
     decode_shared_spread: tuple[DecodeSharedSpreadRow, ...] = ()
-    heavy_state: tuple[HeavyStateRow, ...] = ()
 
     def __post_init__(self) -> None:
         for name, (row_cls, required) in TABLES.items():
@@ -422,8 +417,7 @@ def _check_rows(table: str, row_cls: type, rows: tuple) -> None:
         key = tuple(getattr(r, n) for n in names[:n_keys])
         for n, v in zip(names[:n_keys], key, strict=True):
             # a decode context is never empty; a shared-prefix step may have no decodes
-            low = 0 if n in ("num_cached_tokens", "num_decodes", "decode_context_len",
-                             "light_steps_before") else 1
+            low = 0 if n in ("num_cached_tokens", "num_decodes", "decode_context_len") else 1
             if not isinstance(v, int) or v < low:
                 raise ProfileError(f"{table}.csv row {i + 1}: {n}={v!r} must be an "
                                    f"integer >= {low}")

@@ -152,20 +152,6 @@ class VarlenSharedRow:
 
 
 @dataclass(frozen=True)
-class HeavyStateRow:
-    """One prefill step of `heavy_tokens` (eager) timed after `light_steps_before` light
-    decode-graph steps (0: after a burst of heavy steps), against the same step after the
-    burst in the same rounds: the GPU runs a heavy step faster after light load
-    (`pagesim.gpu.heavy_state`)."""
-
-    block_size: int
-    heavy_tokens: int
-    light_steps_before: int
-    step_time_ms: float  # median
-    burst_step_time_ms: float  # median of the same step after a burst
-
-
-@dataclass(frozen=True)
 class OverheadRow:
     num_reqs: int
     overhead_ms: float
@@ -189,12 +175,10 @@ TABLES: dict[str, tuple[type, bool]] = {
     "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False),
     "decode_shared": (DecodeSharedRow, False), "varlen_shared": (VarlenSharedRow, False),
     "decode_spread": (DecodeSpreadRow, False),
-    "decode_shared_spread": (DecodeSharedSpreadRow, False),
-    "heavy_state": (HeavyStateRow, False)}
+    "decode_shared_spread": (DecodeSharedSpreadRow, False)}
 KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "multi_prefill": 4, "overhead": 1,
                "allreduce": 2, "decode_shared": 4, "varlen_shared": 6,
-               "decode_spread": 4, "decode_shared_spread": 5,
-               "heavy_state": 3}  # leading int columns
+               "decode_spread": 4, "decode_shared_spread": 5}  # leading int columns
 
 
 def row_shapes(profile) -> list[tuple[str, int, object]]:

@@ -15,8 +15,6 @@ per round; the profile keeps the median and the 10th/90th percentiles over the r
     spread   decode batch B whose contexts average C but are spread evenly over C +- W, with
              its uniform twin (every context C) in the same rounds
     overhead host time per engine step outside execute_model (schedule + update), by batch
-    heavy    a prefill step timed after 0 (a burst of heavy steps), 1, 3, 10 and 30 light
-             decode steps, once per calibration (`pagesim.gpu.heavy_state`)
 
 Timing is interleaved (`measure_interleaved`): every point is warmed up, then timed once per
 round in a shuffled order, so that slow drifts of the machine's state (GPU clocks under a

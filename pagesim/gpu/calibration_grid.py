@@ -10,7 +10,6 @@ from pagesim.cost.profile import (
     DecodeSharedRow,
     DecodeSharedSpreadRow,
     DecodeSpreadRow,
-    HeavyStateRow,
     MixedRow,
     MultiPrefillRow,
     PrefillRow,
@@ -59,12 +58,6 @@ class CalibrationGrid:
     # (decode batch, mean context, half width): contexts spread evenly over mean +- width
     decode_spread: tuple[tuple[int, int, int], ...] = tuple(
         (b, 1800, w) for b in (4, 8, 16, 24, 32, 64) for w in (600, 1700))
-    # Prefill tokens of the heavy steps timed after light ones and after a burst
-    # (`pagesim.gpu.heavy_state`), once per calibration, at the first full block size; each
-    # needs its prefill row (new tokens, 0 cached) in the grid
-    heavy_state_tokens: tuple[int, ...] = (1024, 4096)
-    heavy_state_light_steps: tuple[int, ...] = (0, 1, 3, 10, 30)  # 0: after a burst
-    heavy_state_rounds: int = 6
     # Block sizes that get the full grid; the others get decode rows only (the block size
     # changes the attention kernels, which the decode rows measure; `other` is shared).
     full_block_sizes: tuple[int, ...] = (16, 32)
@@ -92,8 +85,7 @@ class CalibrationGrid:
                 "decode_spread_contexts": sorted({c for _, c, _ in self.decode_spread}),
                 "decode_spread_half_widths": sorted({w for _, _, w in self.decode_spread}),
                 "decode_shared_spread_batches": sorted({v[0] for v in self.decode_shared_spread}),
-                "decode_shared_spread_prefixes": sorted({v[1] for v in self.decode_shared_spread}),
-                "heavy_state_tokens": list(self.heavy_state_tokens)}
+                "decode_shared_spread_prefixes": sorted({v[1] for v in self.decode_shared_spread})}
 
 
 class CalibrationRows(NamedTuple):
@@ -107,11 +99,10 @@ class CalibrationRows(NamedTuple):
     varlen_shared: list[VarlenSharedRow]
     decode_spread: list[DecodeSpreadRow]
     decode_shared_spread: list[DecodeSharedSpreadRow]
-    heavy_state: list[HeavyStateRow]
 
     @classmethod
     def empty(cls) -> CalibrationRows:
-        return cls([], [], [], [], [], [], [], [], [])
+        return cls([], [], [], [], [], [], [], [])
 
     def extend(self, other: CalibrationRows) -> None:
         """Append `other`'s rows (another block size) to these, table by table."""

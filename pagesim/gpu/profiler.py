@@ -32,7 +32,6 @@ from pagesim.gpu.calibrate import (
 )
 from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
-from pagesim.gpu.heavy_state import measure_heavy_state
 from pagesim.gpu.kernels.configs import decode_config, prefill_config
 from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
 from pagesim.gpu.model import RandomWeightDecoder
@@ -160,8 +159,6 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
             progress=progress, seed=seed, deadline=deadline)
-        if bs in grid.full_block_sizes and not measured.heavy_state:
-            rows.heavy_state.extend(heavy_state_rows(runner, bs, grid, config))
         measured.extend(rows)
         graphs = runner.graphs
         log(f"block size {bs}: {rows.summary()}, {time.monotonic() - t_start:.0f} s so far"
@@ -206,20 +203,6 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))
     return CalibrationResult(profile, capacity, directory, time.monotonic() - t_start, model)
-
-
-def heavy_state_rows(runner: GPUModelRunner, block_size: int, grid: CalibrationGrid,
-                     config: EngineConfig) -> list:
-    """`measure_heavy_state` for the grid's heavy tokens that a server could run (one step,
-    within the model), after the block size's rows, in the same runner; the light step is a
-    decode of up to 32 sequences x 1,024 tokens."""
-    tokens = [n for n in grid.heavy_state_tokens
-              if n <= min(config.max_num_batched_tokens, config.max_model_len)]
-    n = min(32, config.max_num_seqs)
-    fits = (runner.num_gpu_blocks - 1) // n * block_size - 1  # every sequence's blocks
-    light = [(min(1024, config.max_model_len - 1, fits), 1)] * n
-    return measure_heavy_state(runner, block_size, tokens, light, grid.heavy_state_rounds,
-                               light_steps_before=grid.heavy_state_light_steps)
 
 
 def varlen_tiles(model: RandomWeightDecoder, dtype: torch.dtype,

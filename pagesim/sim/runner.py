@@ -31,21 +31,11 @@ class CostModelRunner:
         self.shared_block_refs = shared_block_refs
         # decode-only steps without a BatchShape, where the cost model has such a path
         self._decode_price = decode_only_pricer(cost_model)
-        # a cost model that prices a heavy step by the light steps before it (the GPU's
-        # clock state, `pagesim.cost.heavy_state`): the runner counts them
-        self._after = (cost_model.step_time_after
-                       if getattr(cost_model, "heavy_state", None) else None)
-        self.light_steps_before = 0  # light steps since the last heavy one
 
     def _priced(self, shape: BatchShape) -> float:
         if self.shared_block_refs is not None:
             shape.shared_context_tokens = self.shared_block_refs() * shape.block_size
-        if self._after is None:
-            return self.cost_model.step_time(shape)
-        t = self._after(shape, self.light_steps_before)
-        self.light_steps_before = 0 if self.cost_model.is_heavy(shape) \
-            else self.light_steps_before + 1
-        return t
+        return self.cost_model.step_time(shape)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         step_time_s = self._priced(BatchShape.from_scheduler_output(scheduler_output))
@@ -89,7 +79,6 @@ class CostModelRunner:
         price = self._decode_price
         if price is not None:
             refs = self.shared_block_refs
-            self.light_steps_before += 1  # a decode-only step is never heavy
             return price(block_size, num_lead, lead_context_sum, lead_contexts,
                          refs() * block_size if refs is not None else None)
         return self._priced(BatchShape(block_size, num_lead, num_lead, lead_context_sum,

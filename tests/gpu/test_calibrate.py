@@ -130,8 +130,7 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
                            decode_shared=((2, 32, 16), (2, 32, 24)),  # 24: not whole blocks
                            varlen_shared=((1, 40, 2, 8, 32),),
                            decode_shared_spread=((2, 16, 16, 8), (2, 24, 16, 8)),
-                           heavy_state_tokens=(16, 4096), heavy_state_light_steps=(0, 2),
-                           heavy_state_rounds=2, overhead_max_reqs=2, repeats=3)
+                           overhead_max_reqs=2, repeats=3)
     seen = []
     res = run_calibration(config, grid, dtype=torch.float32, calibration_root=tmp_path,
                           progress=lambda d, t, label: seen.append((d, t)), log=lambda m: None,
@@ -157,12 +156,6 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
     assert [(r.batch_size, r.context_len, r.longest_context_len, r.shared_len)
             for r in prof.decode_shared_spread] == [(2, 32, 40, 16)]
     assert prof.decode_shared_spread[0].reference_step_time_ms > 0
-    # one prefill after a burst and after two light steps; 4,096 tokens exceed the step
-    assert [(r.heavy_tokens, r.light_steps_before) for r in prof.heavy_state] == \
-        [(16, 0), (16, 2)]
-    burst = prof.heavy_state[0]
-    assert burst.step_time_ms == burst.burst_step_time_ms > 0
-    assert prof.heavy_state[1].burst_step_time_ms == burst.burst_step_time_ms
     for r in (prof.decode + prof.prefill + prof.multi_prefill + prof.decode_shared
               + prof.decode_shared_spread):
         assert r.step_time_p10_ms <= r.step_time_ms <= r.step_time_p90_ms
