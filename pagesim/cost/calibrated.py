@@ -76,7 +76,10 @@ names the kernel's tiles (`varlen_block_q`, `varlen_tile_n`, format 4), other(mo
 plus the kernel's time from its launch grid (`pagesim.cost.varlen`: its programs handed out in
 grid order to the slots the GPU runs at once, and its surplus programs, fitted per block size
 on the prefill, mixed and multi-prefill rows); the
-per-entry residuals and `shared` below are then not used. Older profiles keep them.
+per-entry residuals and `shared` below are then not used. Older profiles keep them. A step
+with one prefill entry that runs eagerly takes, on top, the fit's bias on the block size's
+eager single-prefill rows (`pagesim.cost.prefill_bias`): the fit follows every row with prefill
+entries at once and prices single long prefills 3-8 % slow for one model on the H200.
 
 Shared prefixes (decode_shared.csv, decode_shared_spread.csv): a decode step whose sequences
 share cached prefix blocks (`BatchShape.shared_context_tokens`: context tokens in blocks two
@@ -123,7 +126,7 @@ from pagesim.cost.analytical import (
     kv_dtype_bytes,
 )
 from pagesim.cost.base import BatchShape, longest_context
-from pagesim.cost.prefill_residual import PrefillResidual
+from pagesim.cost.prefill_bias import single_prefill_bias
 from pagesim.cost.profile import DecodeRow, Profile
 from pagesim.cost.profile_rows import (
     multi_part_shape,
@@ -223,8 +226,8 @@ class CalibratedCostModel:
         self._shared = {True: 0.0, False: 0.0}
         self._varlen_kernel: VarlenKernel | None = None
         self._varlen: dict = {}
-        self._prefill_residual: dict[int, PrefillResidual] = {}  # off until the fit is done
-        self._residual_blend: dict[int, tuple] = {}  # block size -> its blend weights
+        self._prefill_bias: dict[int, float] = {}  # off until the fit is done
+        self._bias_blend: dict[int, float] = {}  # block size -> blended bias
         excess: dict[bool, list[float]] = {True: [], False: []}
         for kind, tokens, r in rows:
             shape = multi_part_shape(kind, r)
@@ -244,8 +247,10 @@ class CalibratedCostModel:
         self._spread = fit_decode_spread(self, profile, self._decode_kernel)
         self._reread = fit_decode_reread(self, profile)  # its spread rows need `_spread`
         self._reread_varlen = fit_varlen_reread(self, profile)
-        # last: the residuals are what the finished fit leaves on its own rows
-        self._prefill_residual = self._fit_prefill_residual(rows)
+        # last: the bias is what the finished fit leaves on its own rows
+        self._prefill_bias = single_prefill_bias(
+            rows, lambda tokens: self.padded_tokens(tokens) is None, self._measured_s,
+            lambda shape: self._parts(shape)[0]) if self._varlen else {}
         self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
                       if profile.overhead else None)
         # host time of a step that admits prompts, beyond the decode-only line (format 6)
@@ -371,28 +376,12 @@ class CalibratedCostModel:
         kernel, fits = fit_varlen_overhead(kernel, per_bs)
         return (kernel, fits) if fits else (None, {})
 
-    def _fit_prefill_residual(self, rows) -> dict[int, PrefillResidual]:
-        """Per block size, what the fit leaves on its eager single-prefill rows (prefill
-        rows and one-entry multi-prefill rows; `pagesim.cost.prefill_residual`)."""
-        if not self._varlen:
-            return {}
-        points: dict[int, list] = defaultdict(list)
-        for kind, tokens, r in rows:
-            shape = row_batch(kind, r)
-            if (shape is None or len(shape.prefill_new_tokens) != 1 or shape.num_decode_seqs
-                    or self.padded_tokens(tokens) is not None):
-                continue
-            points[r.block_size].append((r.num_new_tokens, r.num_cached_tokens,
-                                         self._measured_s(r) - self._parts(shape)[0]))
-        return {bs: PrefillResidual(p) for bs, p in sorted(points.items())}
-
-    def _residual_at(self, b: BatchShape) -> float:
-        weights = self._residual_blend.get(b.block_size)
-        if weights is None:
-            weights = self._residual_blend[b.block_size] = blend_weights(
-                self._prefill_residual, b.block_size)
-        new, cached = b.prefill_new_tokens[0], b.prefill_context_tokens[0]
-        return sum(w * residual(new, cached) for w, residual in weights)
+    def _bias_at(self, block_size: int) -> float:
+        bias = self._bias_blend.get(block_size)
+        if bias is None:
+            bias = self._bias_blend[block_size] = sum(
+                w * x for w, x in blend_weights(self._prefill_bias, block_size))
+        return bias
 
     def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
         """The step's launch, its shared-prefix reads discounted (`reread`: the fraction to
@@ -418,10 +407,11 @@ class CalibratedCostModel:
             longest_context(b.decode_context_tokens))
 
     @property
-    def prefill_residuals(self) -> dict[int, PrefillResidual]:
-        """Block size -> what the variable-length fit leaves on its eager single-prefill
-        rows (`pagesim.cost.prefill_residual`; empty without the fit)."""
-        return dict(self._prefill_residual)
+    def single_prefill_bias(self) -> dict[int, float]:
+        """Block size -> the factor less 1 on a one-prefill eager step: what the
+        variable-length fit leaves on its eager single-prefill rows
+        (`pagesim.cost.prefill_bias`; empty without the fit)."""
+        return dict(self._prefill_bias)
 
     @property
     def decode_spread_s_per_token(self) -> dict[int, float]:
@@ -485,9 +475,10 @@ class CalibratedCostModel:
             launch = self._varlen_launch(b, padded)
             attention = sum(w * fit(launch, graph)
                             for w, fit in self._varlen_weights(b.block_size))
-            if not graph and len(b.prefill_new_tokens) == 1 and self._prefill_residual:
-                attention += self._residual_at(b)
-            return other + attention, other
+            total = other + attention
+            if not graph and len(b.prefill_new_tokens) == 1 and self._prefill_bias:
+                total *= 1.0 + self._bias_at(b.block_size)
+            return total, other
         if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
             base = self._decode_base.get(n)
             if base is None:
