@@ -78,8 +78,9 @@ grid order to the slots the GPU runs at once, and its surplus programs, fitted p
 on the prefill, mixed and multi-prefill rows); the
 per-entry residuals and `shared` below are then not used. Older profiles keep them. A step
 with one prefill entry that runs eagerly takes, on top, the fit's bias on the block size's
-eager single-prefill rows (`pagesim.cost.prefill_bias`): the fit follows every row with prefill
-entries at once and prices single long prefills 3-8 % slow for one model on the H200.
+eager rows with one prefill entry (`pagesim.cost.prefill_bias`): the fit follows every row
+with prefill entries at once and prices single long prefills 3-8 % slow for one model on the
+H200.
 
 Shared prefixes (decode_shared.csv, decode_shared_spread.csv): a decode step whose sequences
 share cached prefix blocks (`BatchShape.shared_context_tokens`: context tokens in blocks two
@@ -409,7 +410,7 @@ class CalibratedCostModel:
     @property
     def single_prefill_bias(self) -> dict[int, float]:
         """Block size -> the factor less 1 on a one-prefill eager step: what the
-        variable-length fit leaves on its eager single-prefill rows
+        variable-length fit leaves on its eager rows with one prefill entry
         (`pagesim.cost.prefill_bias`; empty without the fit)."""
         return dict(self._prefill_bias)
 
