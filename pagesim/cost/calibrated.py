@@ -79,7 +79,7 @@ on the prefill, mixed and multi-prefill rows); the
 per-entry residuals and `shared` below are then not used. Older profiles keep them. A step
 with one prefill entry that runs eagerly takes, on top, the fit's bias on the block size's
 eager rows with one prefill entry (`pagesim.cost.prefill_bias`): the fit follows every row
-with prefill entries at once and prices single long prefills 3-8 % slow for one model on the
+with prefill entries at once and prices most single long prefills 3-8 % slow for one model on the
 H200.
 
 Shared prefixes (decode_shared.csv, decode_shared_spread.csv): a decode step whose sequences

@@ -2,9 +2,9 @@
 
 The variable-length kernel's fit (`pagesim.cost.varlen`) is one model for every row with
 prefill entries (prefill, mixed and multi-prefill rows); it prices a step from its kernel
-work and does not pass through the rows. On the H200 it prices llama-3-8b's eager
+work and does not pass through the rows. On the H200 it prices most of llama-3-8b's eager
 single-prefill rows of 2,048-8,192 new tokens 3-8 % above their measured time in every
-calibration (llama-2-7b's 0-4 %), while the rows with several entries, and the served
+calibration (llama-2-7b's up to 4 %), while the rows with several entries, and the served
 rate-inf steps made of them, are priced within their noise.
 
 A served step with one prompt's prefill that runs eagerly (a long prompt arriving at 50-95 %
