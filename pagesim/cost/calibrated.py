@@ -78,9 +78,9 @@ grid order to the slots the GPU runs at once, and its surplus programs, fitted p
 on the prefill, mixed and multi-prefill rows); the
 per-entry residuals and `shared` below are then not used. Older profiles keep them. A step
 with one prefill entry that runs eagerly takes, on top, the fit's bias on the block size's
-eager rows with one prefill entry (`pagesim.cost.prefill_bias`): the fit follows every row
-with prefill entries at once and prices most single long prefills 3-8 % slow for one model on the
-H200.
+eager rows with one prefill entry, a line in log2(new tokens) (`pagesim.cost.prefill_bias`):
+the fit follows every row with prefill entries at once and prices most single long prefills
+3-8 % slow for one model on the H200.
 
 Shared prefixes (decode_shared.csv, decode_shared_spread.csv): a decode step whose sequences
 share cached prefix blocks (`BatchShape.shared_context_tokens`: context tokens in blocks two
@@ -127,7 +127,7 @@ from pagesim.cost.analytical import (
     kv_dtype_bytes,
 )
 from pagesim.cost.base import BatchShape, longest_context
-from pagesim.cost.prefill_bias import single_prefill_bias
+from pagesim.cost.prefill_bias import PrefillBias, single_prefill_bias
 from pagesim.cost.profile import DecodeRow, Profile
 from pagesim.cost.profile_rows import (
     multi_part_shape,
@@ -227,8 +227,8 @@ class CalibratedCostModel:
         self._shared = {True: 0.0, False: 0.0}
         self._varlen_kernel: VarlenKernel | None = None
         self._varlen: dict = {}
-        self._prefill_bias: dict[int, float] = {}  # off until the fit is done
-        self._bias_blend: dict[int, float] = {}  # block size -> blended bias
+        self._prefill_bias: dict[int, PrefillBias] = {}  # off until the fit is done
+        self._bias_blend: dict[int, tuple] = {}  # block size -> blend_weights(_prefill_bias)
         excess: dict[bool, list[float]] = {True: [], False: []}
         for kind, tokens, r in rows:
             shape = multi_part_shape(kind, r)
@@ -377,12 +377,12 @@ class CalibratedCostModel:
         kernel, fits = fit_varlen_overhead(kernel, per_bs)
         return (kernel, fits) if fits else (None, {})
 
-    def _bias_at(self, block_size: int) -> float:
-        bias = self._bias_blend.get(block_size)
-        if bias is None:
-            bias = self._bias_blend[block_size] = sum(
-                w * x for w, x in blend_weights(self._prefill_bias, block_size))
-        return bias
+    def _bias_at(self, block_size: int, new_tokens: int) -> float:
+        weights = self._bias_blend.get(block_size)
+        if weights is None:
+            weights = self._bias_blend[block_size] = blend_weights(self._prefill_bias,
+                                                                    block_size)
+        return sum(w * bias(new_tokens) for w, bias in weights)
 
     def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
         """The step's launch, its shared-prefix reads discounted (`reread`: the fraction to
@@ -408,9 +408,9 @@ class CalibratedCostModel:
             longest_context(b.decode_context_tokens))
 
     @property
-    def single_prefill_bias(self) -> dict[int, float]:
-        """Block size -> the factor less 1 on a one-prefill eager step: what the
-        variable-length fit leaves on its eager rows with one prefill entry
+    def single_prefill_bias(self) -> dict[int, PrefillBias]:
+        """Block size -> the factor less 1 on a one-prefill eager step, by its new tokens:
+        what the variable-length fit leaves on its eager rows with one prefill entry
         (`pagesim.cost.prefill_bias`; empty without the fit)."""
         return dict(self._prefill_bias)
 
@@ -478,7 +478,7 @@ class CalibratedCostModel:
                             for w, fit in self._varlen_weights(b.block_size))
             total = other + attention
             if not graph and len(b.prefill_new_tokens) == 1 and self._prefill_bias:
-                total *= 1.0 + self._bias_at(b.block_size)
+                total *= 1.0 + self._bias_at(b.block_size, b.prefill_new_tokens[0])
             return total, other
         if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
             base = self._decode_base.get(n)
