@@ -43,7 +43,17 @@ def _root() -> None:
 
 def _register() -> None:
     """Import the command modules; each adds its commands to `app`."""
-    from pagesim.cli import calibrate, kv_capacity, parity, plan, plot, run, sweep, validate  # noqa: F401
+    from pagesim.cli import (  # noqa: F401
+        calibrate,
+        fit_report,
+        kv_capacity,
+        parity,
+        plan,
+        plot,
+        run,
+        sweep,
+        validate,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
