@@ -83,6 +83,10 @@ def calibrate_command(
     typer.echo(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} prefill, "
                f"{len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
                f"{result.elapsed_s:.0f} s")
+    from pagesim.cost.fit import fit_report
+
+    typer.echo("held-out fit error, % (20 % of each table, seed 0; `pagesim fit-report`):")
+    typer.echo(fit_report(p).to_markdown())
 
 
 def _calibrate_tp(config, grid, dtype, seed: int, output_dir: Path, time_budget_s: float,
