@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import types
+
+import pytest
+
 from pagesim.cli.app import main
 from pagesim.cost.fit import fit_report
 from pagesim.cost.profile import Profile
@@ -24,3 +28,18 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path) -> None:
         assert main(["fit-report", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and piece in err, err
+
+
+def test_calibrate_ends_with_the_new_profiles_fit_report(capsys, monkeypatch) -> None:
+    """The GPU half replaced by the shipped profile: what `pagesim calibrate` prints after it."""
+    pytest.importorskip("torch")
+    import pagesim.gpu.device as device
+    import pagesim.gpu.profiler as profiler
+
+    shipped = CALIBRATION_DIR / "h200" / "llama-2-7b"
+    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(profiler, "run_calibration", lambda *a, **k: types.SimpleNamespace(
+        profile=Profile.load(shipped), directory=shipped, elapsed_s=1.0))
+    assert main(["calibrate", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert fit_report(Profile.load(shipped)).to_markdown() in out
