@@ -115,7 +115,7 @@ def main() -> None:
     for name in args.models.split(","):
         t0 = time.monotonic()
         if dry:
-            config = EngineConfig.create(model=name, block_size=16, max_num_seqs=8,
+            config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=8,
                                          max_num_batched_tokens=256, max_model_len=512)
             model = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, 0)
             runner = GPUModelRunner(config, 256, device="cpu", model=model)

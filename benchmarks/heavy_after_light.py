@@ -118,7 +118,7 @@ def main() -> None:
             from pagesim.gpu.model import RandomWeightDecoder
             from pagesim.gpu.runner import GPUModelRunner
 
-            config = EngineConfig.create(model=name, block_size=16, max_num_seqs=8,
+            config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=8,
                                          max_num_batched_tokens=64, max_model_len=256,
                                          num_gpu_blocks_override=64)
             model = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, 0)
