@@ -41,7 +41,8 @@ def main() -> None:
     grid = CalibrationGrid(
         block_sizes=(16, 32), full_block_sizes=(16, 32), decode_batches=(16,) if not dry else (4,),
         decode_contexts=(1024,) if not dry else (64,), prefill_tokens=(128,) if not dry
-        else (16,), prefill_cached=(0,), mixed=(), multi_prefill=(), overhead_max_reqs=16,
+        else (16,), prefill_cached=(0,), mixed=(), multi_prefill=(),
+        overhead_max_reqs=16 if not dry else 4,
         decode_shared=(base.decode_shared if not dry else ((4, 64, 32),))
         if "shared" in tables else (),
         varlen_shared=(base.varlen_shared if not dry else ((2, 64, 1, 16, 32),))
@@ -54,7 +55,7 @@ def main() -> None:
     for name in args.models.split(","):
         t = time.monotonic()
         if dry:
-            config = EngineConfig.create(model=name, block_size=16, max_num_seqs=8,
+            config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=8,
                                          max_num_batched_tokens=256, max_model_len=512,
                                          num_gpu_blocks_override=256)
         else:
