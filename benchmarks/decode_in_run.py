@@ -95,9 +95,8 @@ def main() -> None:
     import gc
 
     import torch
-    from gpu_bench import device_columns, served_runner, write_rows
+    from gpu_bench import device_columns, dry_runner, served_runner, write_rows
 
-    from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import (
         BlockSource,
         CalibrationGrid,
@@ -105,8 +104,6 @@ def main() -> None:
         synthetic_step,
     )
     from pagesim.gpu.device import device_info
-    from pagesim.gpu.model import RandomWeightDecoder
-    from pagesim.gpu.runner import GPUModelRunner
 
     dry = args.dry_run_cpu
     info = device_info(None if dry else torch.device("cuda"))
@@ -115,10 +112,7 @@ def main() -> None:
     for name in args.models.split(","):
         t0 = time.monotonic()
         if dry:
-            config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=8,
-                                         max_num_batched_tokens=256, max_model_len=512)
-            model = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, 0)
-            runner = GPUModelRunner(config, 256, device="cpu", model=model)
+            config, runner = dry_runner(256, max_num_batched_tokens=256, max_model_len=512)
         else:
             config, runner = served_runner(name)
         blocks = runner.num_gpu_blocks

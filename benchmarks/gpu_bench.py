@@ -4,6 +4,9 @@ the device columns every row carries, and the CSV they write.
 `served_runner(name)` builds what `pagesim validate` serves with: the random-weight model in
 bf16, the KV cache that vLLM's `gpu_memory_utilization` leaves (block 16), and a
 `GPUModelRunner` with CUDA graphs, so that a benchmark times the runner the runs use.
+`dry_runner` is its stand-in for a script's `--dry-run-cpu`: the tiny model on the CPU, whatever
+model the script was asked for (the named 7B/8B models would not finish under the Triton
+interpreter).
 """
 
 from __future__ import annotations
@@ -26,6 +29,22 @@ def served_runner(name: str, block_size: int = 16):
     model = RandomWeightDecoder(config.model_spec, torch.bfloat16, "cuda", block_size, 0)
     blocks = measure_kv_capacity(config, model, before, (block_size,)).num_gpu_blocks[block_size]
     return config, GPUModelRunner(config, blocks, device="cuda", model=model)
+
+
+def dry_runner(num_blocks: int, max_num_batched_tokens: int, max_model_len: int):
+    """(config, runner) of the tiny model in fp32 on the CPU with `num_blocks` KV blocks of 16
+    tokens (run under `TRITON_INTERPRET=1`)."""
+    import torch
+
+    from pagesim.config import EngineConfig
+    from pagesim.gpu.model import RandomWeightDecoder
+    from pagesim.gpu.runner import GPUModelRunner
+
+    config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=8,
+                                 max_num_batched_tokens=max_num_batched_tokens,
+                                 max_model_len=max_model_len, num_gpu_blocks_override=num_blocks)
+    model = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, 0)
+    return config, GPUModelRunner(config, num_blocks, device="cpu", model=model)
 
 
 def release(runner) -> None:

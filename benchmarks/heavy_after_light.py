@@ -103,7 +103,7 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
     import numpy as np
     import torch
-    from gpu_bench import device_columns, release, served_runner, write_rows
+    from gpu_bench import device_columns, dry_runner, release, served_runner, write_rows
 
     from pagesim.gpu.calibrate import BlockSource, synthetic_step
     from pagesim.gpu.device import device_info
@@ -114,15 +114,7 @@ def main() -> None:
     for name in args.models.split(","):
         t0 = time.monotonic()
         if dry:
-            from pagesim.config import EngineConfig
-            from pagesim.gpu.model import RandomWeightDecoder
-            from pagesim.gpu.runner import GPUModelRunner
-
-            config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=8,
-                                         max_num_batched_tokens=64, max_model_len=256,
-                                         num_gpu_blocks_override=64)
-            model = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, 0)
-            runner = GPUModelRunner(config, 64, device="cpu", model=model)
+            config, runner = dry_runner(64, max_num_batched_tokens=64, max_model_len=256)
             light_spec, small_spec, heavy_tokens = [(24, 1)] * 2, [(24, 1)], [32]
         else:
             config, runner = served_runner(name)
