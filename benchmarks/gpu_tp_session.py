@@ -105,7 +105,9 @@ def session_rank(rank: int, world_size: int, init_method: str, args: dict) -> No
         else:
             config = EngineConfig.create(model=args["model"], gpu="h200", block_size=16,
                                          tensor_parallel_size=world_size)
-            grid = CalibrationGrid()
+            sizes_asked = tuple(args["block_sizes"])
+            grid = CalibrationGrid(block_sizes=sizes_asked, full_block_sizes=tuple(
+                b for b in CalibrationGrid.full_block_sizes if b in sizes_asked))
             sizes = None
         err = check_equivalence(group, config.model_spec, dtype, device)
         summary["equivalence_rel_err"] = group.gather_objects(err)
@@ -219,8 +221,16 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--budget-s", type=float, default=1500.0)
     ap.add_argument("--calib-budget-s", type=float, default=240.0)
+    ap.add_argument("--block-sizes", default="8,16,32,64,128",
+                    help="block sizes to calibrate (16 and 32 get the full grid, the others "
+                         "decode rows); must hold 16, the runs' block size")
     ap.add_argument("--dry-run-cpu", action="store_true")
     a = ap.parse_args()
+    sizes = [int(x) for x in a.block_sizes.split(",") if x]
+    if 16 not in sizes:
+        print(f"error: --block-sizes {a.block_sizes}: must hold 16, the runs' block size",
+              file=sys.stderr)
+        return 2
     out = Path(a.out)
     (out / "work").mkdir(parents=True, exist_ok=True)
     if a.dry_run_cpu:
@@ -229,6 +239,7 @@ def main() -> int:
 
     args = {"dry": a.dry_run_cpu, "model": a.model, "out": str(out), "budget_s": a.budget_s,
             "calib_budget_s": a.calib_budget_s,
+            "block_sizes": sizes,
             "validate_tp": [int(x) for x in a.validate_tp.split(",") if x]}
     failed = []
     for tp in [int(x) for x in a.tp.split(",") if x]:
