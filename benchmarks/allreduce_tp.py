@@ -27,7 +27,7 @@ def rank_main(rank: int, world_size: int, init_method: str, out: str) -> None:
 
     device = torch.device(f"cuda:{rank}")
     group = init_tensor_parallel(rank, world_size, init_method, device)
-    rows = bench_allreduce(group, device=device)
+    rows = bench_allreduce(group)
     if rank == 0:
         import subprocess
 

@@ -10,8 +10,10 @@ in bf16, from 16 KiB (one decode token of a 70B model) to over 100 MiB (an 8k-to
     every sample is the slowest rank's (an all-reduce of the per-rank times with MAX), so all
     ranks return the same rows; kept: median, 10th and 90th percentile, in microseconds
 
-Every rank of the group must call it with the same arguments (it is a collective). On gloo
-(CPU) it runs too, which is what the CPU tests do; those times describe the CPU, not a GPU.
+Every rank of the group must call it with the same arguments (it is a collective), so it
+takes no device: each rank times on its own (`group_device`), and rank 0's arguments can be
+broadcast to the others as they are (`tp_runner.run_collective`). On gloo (CPU) it runs too,
+which is what the CPU tests do; those times describe the CPU, not a GPU.
 """
 
 from __future__ import annotations
@@ -45,9 +47,16 @@ def default_inner(message_bytes: int) -> int:
     return 5 if message_bytes < (64 << 20) else 2
 
 
+def group_device(group: TPGroup) -> torch.device:
+    """This rank's device for the group's collectives: its current CUDA device on NCCL (set
+    by `init_tensor_parallel`), else the CPU."""
+    if dist.get_backend(group.device_group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def bench_allreduce(group: TPGroup, message_bytes: tuple[int, ...] = DEFAULT_MESSAGE_BYTES, *,
-                    dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cuda",
-                    warmup: int = 5, repeats: int = 20,
+                    dtype: torch.dtype = torch.bfloat16, warmup: int = 5, repeats: int = 20,
                     inner: int | None = None) -> list[AllReduceRow]:
     """One `AllReduceRow` per message size (bytes, rounded down to whole elements)."""
     if group.is_solo or group.world_size < 2:
@@ -55,7 +64,7 @@ def bench_allreduce(group: TPGroup, message_bytes: tuple[int, ...] = DEFAULT_MES
                           "needs a group of at least 2 processes")
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"repeats={repeats}, warmup={warmup}: need repeats >= 1, warmup >= 0")
-    device = torch.device(device)
+    device = group_device(group)
     itemsize = torch.empty((), dtype=dtype).element_size()
     rows: list[AllReduceRow] = []
     for nbytes in message_bytes:

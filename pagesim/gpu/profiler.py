@@ -168,7 +168,12 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         del graphs
         del runner
         _empty_cache(dev)
-    overhead, admission = measure_overhead(config, model, capacity, grid, seed, cuda_graphs)
+    model.set_block_size(config.block_size)
+    overhead, admission = measure_overhead(
+        lambda cfg, blocks: GPUModelRunner(cfg, blocks, device=dev, model=model, seed=seed,
+                                           cuda_graphs=cuda_graphs),
+        config, capacity.num_gpu_blocks, grid)
+    _empty_cache(dev)
     log(f"host overhead rows: {len(overhead)}; a step admitting prompts: "
         + ("not measured" if admission is None else
            f"+{admission[0]:.3f} ms + {admission[1]:.3f} ms per prefill entry"))
@@ -239,25 +244,22 @@ def _empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def measure_overhead(config: EngineConfig, model: RandomWeightDecoder,
-                     capacity: MeasuredKVCapacity, grid: CalibrationGrid, seed: int,
-                     cuda_graphs: bool = True):
+def measure_overhead(make_runner: Callable[[EngineConfig, int], object], config: EngineConfig,
+                     num_gpu_blocks: dict[int, int], grid: CalibrationGrid):
     """Replay a decode ramp (all requests at t=0, staggered lengths, prompts as long as the
-    cache allows) with requests joining it one at a time (`pagesim.gpu.overhead`); returns
+    cache allows) with requests joining it one at a time (`pagesim.gpu.overhead`) on the
+    runner `make_runner(config, blocks)` builds (one GPU, or a TP group's driver); returns
     (decode-only host time by batch size, (ms per admitting step, ms per prefill entry) or
     None)."""
     bs = config.block_size
-    model.set_block_size(bs)
-    cfg = config.replace(block_size=bs)
-    blocks = capacity.num_gpu_blocks[bs]
-    scheduler = make_engine(cfg, blocks)
-    runner = GPUModelRunner(cfg, blocks, device=model.device, model=model,
-                            seed=seed, cuda_graphs=cuda_graphs)
+    blocks = num_gpu_blocks[bs]
+    runner = make_runner(config, blocks)
     n = min(grid.overhead_max_reqs, config.max_num_seqs)
     prompt = min(ramp_prompt_len(n, (blocks - 1) * bs), config.max_model_len - 2 * n - 16)
-    run = replay(overhead_requests(n, prompt_len=max(prompt, 1), block_size=bs,
-                                   num_joining=min(NUM_JOINING, n)), scheduler, runner)
+    requests = overhead_requests(n, prompt_len=max(prompt, 1), block_size=bs,
+                                 vocab=config.model_spec.vocab_size,
+                                 num_joining=min(NUM_JOINING, n))
+    run = replay(requests, make_engine(config, blocks), runner)
     del runner
-    _empty_cache(model.device)
     rows = overhead_rows(run.steps[1:], max_reqs=n)
     return rows, admission_overhead(run.steps[1:], rows)

@@ -41,8 +41,6 @@ from pagesim.gpu.calibrate import (
     CalibrationRows,
     Progress,
     calibrate_block_size,
-    overhead_requests,
-    overhead_rows,
 )
 from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info
@@ -54,6 +52,7 @@ from pagesim.gpu.profiler import (
     RUNNER_MODES,
     gpu_key,
     measure_host_link,
+    measure_overhead,
     override_capacity,
     varlen_tiles,
 )
@@ -117,23 +116,10 @@ def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGr
     return measured
 
 
-def host_overhead_rows(make_runner: MakeRunner, config: EngineConfig,
-                       num_gpu_blocks: dict[int, int], grid: CalibrationGrid):
-    """Host time per step by batch size, from a replayed decode ramp (`gpu.calibrate`)."""
-    bs = config.block_size
-    runner = make_runner(config, num_gpu_blocks[bs])
-    n = min(grid.overhead_max_reqs, config.max_num_seqs)
-    run = replay(overhead_requests(n, block_size=bs, vocab=config.model_spec.vocab_size),
-                 make_engine(config, num_gpu_blocks[bs]), runner)
-    del runner
-    _empty_cache()
-    return overhead_rows(run.steps[1:], max_reqs=n)
-
-
 def _metadata(config: EngineConfig, grid: CalibrationGrid, model: TensorParallelDecoder,
               capacity: MeasuredKVCapacity, *, seed: int, in_steps: bool,
-              host_link: float | None, method: str, notes: str,
-              cuda_graphs: bool) -> ProfileMetadata:
+              host_link: float | None, method: str, notes: str, cuda_graphs: bool,
+              admission: tuple[float, float] | None) -> ProfileMetadata:
     info = device_info(model.device if model.device.type == "cuda" else None)
     graphs = cuda_graphs and model.device.type == "cuda"
     return ProfileMetadata(
@@ -149,6 +135,8 @@ def _metadata(config: EngineConfig, grid: CalibrationGrid, model: TensorParallel
         cuda_graph_token_sizes=(list(token_capture_sizes(config.max_num_batched_tokens))
                                 if graphs else []),
         **varlen_tiles(model, model.dtype, model.device),
+        overhead_prefill_step_ms=admission[0] if admission else None,
+        overhead_per_prefill_ms=admission[1] if admission else None,
         gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
         device={k: v for k, v in info.items() if k in (
             "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
@@ -187,12 +175,15 @@ def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
                               cuda_graphs=cuda_graphs)
 
     try:
+        # the all-reduce table first: a few seconds, and a collective that fails there fails
+        # before the grid's minutes are spent
+        allreduce = run_collective(group, bench_allreduce, allreduce_bytes, dtype=model.dtype,
+                                   repeats=allreduce_repeats)
         measured = grid_rows(
             make_runner, config, grid, capacity.num_gpu_blocks, seed=seed, deadline=deadline,
             progress=progress, log=log)
-        overhead = host_overhead_rows(make_runner, config, capacity.num_gpu_blocks, grid)
-        allreduce = run_collective(group, bench_allreduce, allreduce_bytes, dtype=model.dtype,
-                                   device=model.device, repeats=allreduce_repeats)
+        overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks,
+                                               grid)
     finally:
         broadcast_stop(group)
     host_link = measure_host_link(model.device) if model.device.type == "cuda" else None
@@ -205,7 +196,7 @@ def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
     meta = _metadata(config, grid, model, capacity, seed=seed, in_steps=True,
                      host_link=host_link, method=method,
                      notes=f"{group.world_size} processes; smallest KV block count of the group",
-                     cuda_graphs=cuda_graphs)
+                     cuda_graphs=cuda_graphs, admission=admission)
     profile = Profile(meta, overhead=tuple(overhead), allreduce=tuple(allreduce),
                       **measured.tables())
     directory = None
@@ -238,14 +229,14 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
 
     measured = grid_rows(make_runner, config, grid, capacity.num_gpu_blocks, seed=seed,
                          deadline=deadline, progress=progress, log=log)
-    overhead = host_overhead_rows(make_runner, config, capacity.num_gpu_blocks, grid)
+    overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks, grid)
     method = (METHOD.format(bs=config.block_size) + f" Rank {rank}'s shard of a "
               f"{group.world_size}-way split alone on one GPU: no all-reduce, no logits "
               "all-gather in the times.")
     meta = _metadata(config, grid, model, capacity, seed=seed, in_steps=False,
                      host_link=measure_host_link(dev) if dev.type == "cuda" else None,
                      method=method, notes="one rank's shard alone; KV capacity lacks the NCCL "
-                     "buffers of a real group", cuda_graphs=cuda_graphs)
+                     "buffers of a real group", cuda_graphs=cuda_graphs, admission=admission)
     profile = Profile(meta, overhead=tuple(overhead), **measured.tables())
     directory = None
     if calibration_root is not None:

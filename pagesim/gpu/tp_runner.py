@@ -268,7 +268,8 @@ def broadcast_stop(group: TPGroup) -> None:
 
 def run_collective(group: TPGroup, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Rank 0: have every rank (itself included) call `fn(group, *args, **kwargs)`; returns
-    rank 0's result."""
+    rank 0's result. The arguments reach the other ranks as rank 0 pickled them, so none may
+    be rank 0's own (a `cuda:0` device would send every rank's collective to GPU 0)."""
     group.broadcast_object(RunCollective(fn, args, kwargs))
     return fn(group, *args, **kwargs)
 

@@ -111,7 +111,7 @@ def _serve(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
     requests = [Request(f"r{k}", p, max_tokens=3 + k) for k, p in enumerate(prompts)]
     run = replay(requests, make_engine(config, 40), driver, disable_gc=False)
     rows = run_collective(group, bench_allreduce, (64, 4096), dtype=torch.float32,
-                          device="cpu", warmup=1, repeats=3, inner=2)
+                          warmup=1, repeats=3, inner=2)
     broadcast_stop(group)
     finished = sum(r.finish_time is not None for r in run.metrics.records.values())
     return {"digests": driver.digests, "finished": finished,
