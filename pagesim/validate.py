@@ -180,9 +180,20 @@ def simulate_like(real_doc: dict[str, Any], profile: str | Path | None):
     return simulate(real_run_config(real_doc), spec, profile=profile)
 
 
+class TruncatedRunError(ConfigError):
+    """A real run cut at its wall-clock limit: its metrics cover the requests that finished
+    in time, a prediction covers them all, so the two do not compare."""
+
+
 def validate_real_run(real_path: str | Path, profile: str | Path | None) -> dict[str, Any]:
-    """Simulate the traffic of a stored real run and compare; returns the report entry."""
+    """Simulate the traffic of a stored real run and compare; returns the report entry.
+    Raises `TruncatedRunError` for a run cut at its wall-clock limit."""
     doc = read_real_run(real_path)
+    if doc["result"].get("truncated"):
+        raise TruncatedRunError(
+            f"real run {str(real_path)!r} was cut at its wall-clock limit "
+            f"({doc['result'].get('completed')} of {doc['load']['num_prompts']} requests "
+            "finished): not compared")
     sim = simulate_like(doc, profile)
     cfg = doc["engine_config"]
     return {

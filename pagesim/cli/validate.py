@@ -43,10 +43,21 @@ def validate_command(
 ) -> None:
     """Run (or read) a real GPU run, simulate the same requests with the calibrated profile,
     and report per metric the real value, the prediction and the error in %."""
-    from pagesim.validate import validate_real_run, write_report
+    from pagesim.validate import TruncatedRunError, validate_real_run, write_report
 
     if real:
-        entries = [validate_real_run(p, profile or _default_profile(p)) for p in real]
+        entries, skipped = [], []
+        for p in real:
+            try:
+                entries.append(validate_real_run(p, profile or _default_profile(p)))
+            except TruncatedRunError as e:  # the other runs are still worth a report
+                skipped.append(str(e))
+        if not entries:
+            raise ConfigError(skipped[0] if len(skipped) == 1 else
+                              f"no real run to compare: all {len(skipped)} were cut at their "
+                              "wall-clock limit")
+        for note in skipped:
+            typer.echo(f"skipped: {note}", err=True)
     else:
         path = _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs,
                           max_num_batched_tokens, max_model_len, enable_prefix_caching,

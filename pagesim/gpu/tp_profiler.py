@@ -56,8 +56,8 @@ from pagesim.gpu.profiler import (
     override_capacity,
     varlen_tiles,
 )
-from pagesim.gpu.runner import GPUModelRunner
-from pagesim.gpu.serve import make_engine, replay, run_records, serve_result
+from pagesim.gpu.runner import GPUModelRunner, step_record_columns
+from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 from pagesim.gpu.tp_model import TensorParallelDecoder
 from pagesim.gpu.tp_runner import TPDriverRunner, broadcast_stop, run_collective, run_worker
 
@@ -279,7 +279,10 @@ def serve_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
              max_wall_s: float | None = None, seed: int = 0, temperature: float = 1.0,
              cuda_graphs: bool = False) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """A real run of a TP engine. Rank 0 passes the requests and gets (result keys, raw
-    records) as `validate.serve_workload` returns them; other ranks pass None and get None."""
+    records) as `validate.serve_workload` returns them, the runner's per-step records under
+    `records["runner_steps"]`; other ranks pass None and get None. As on one GPU, a few
+    synthetic steps warm up the large shapes on every rank before the clock starts
+    (`serve.warm_up`)."""
     if not group.is_driver:
         run_worker(group, model, seed=seed)
         return None
@@ -289,13 +292,16 @@ def serve_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
         runner = TPDriverRunner(group, config, num_gpu_blocks, model=model, seed=seed,
                                 num_cpu_blocks=num_cpu, temperature=temperature,
                                 cuda_graphs=cuda_graphs)
+        warm_up(runner, config)
         run = replay(requests or [], scheduler, runner, max_wall_s=max_wall_s)
     finally:
         broadcast_stop(group)
     result = serve_result(run, scheduler, config)
     result["truncated"] = any(r.reject_reason == "wall-clock limit"
                               for r in run.metrics.records.values())
-    return result, run_records(run)
+    records = run_records(run)
+    records["runner_steps"] = step_record_columns(runner.step_records)
+    return result, records
 
 
 def _empty_cache() -> None:

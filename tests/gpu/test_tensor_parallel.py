@@ -12,7 +12,9 @@ One spawn of two ranks runs three checks (process start-up costs seconds, so the
    positions, slot mapping) and the lists must be equal, step for step;
 3. the all-reduce benchmark runs as a collective from inside the worker loop (tiny sizes);
 4. `calibrate_tensor_parallel` runs its whole flow (grid through the broadcast, host overhead,
-   all-reduce table) on a tiny grid and writes a TP-2 profile that loads back.
+   all-reduce table) on a tiny grid and writes a TP-2 profile that loads back;
+5. `serve_tp`, the real run of a TP engine, serves every request and keeps the runner's record
+   of every step beside the serve loop's.
 
 The encoder/decoder pair is also checked alone (no processes) across a changed block table,
 a request id reused by a new request, and finished requests.
@@ -45,7 +47,7 @@ from pagesim.gpu.parallel import (
 from pagesim.gpu.runner import GPUModelRunner
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.gpu.tp_model import TensorParallelDecoder
-from pagesim.gpu.tp_profiler import calibrate_tensor_parallel
+from pagesim.gpu.tp_profiler import calibrate_tensor_parallel, serve_tp
 from pagesim.gpu.tp_runner import (
     StepDecoder,
     StepEncoder,
@@ -122,7 +124,7 @@ def _serve(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
 def _calibrate(group: TPGroup, tp_model: TensorParallelDecoder, out_dir: str) -> dict:
     """Check 4 (every rank calls it; rank 0 reports)."""
     config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
-                                 max_num_batched_tokens=64, max_model_len=256,
+                                 max_num_batched_tokens=64, max_model_len=96,
                                  num_gpu_blocks_override=64)
     grid = CalibrationGrid(block_sizes=(16,), full_block_sizes=(16,), decode_batches=(2,),
                            decode_contexts=(16,), prefill_tokens=(16,), prefill_cached=(0,),
@@ -142,6 +144,22 @@ def _calibrate(group: TPGroup, tp_model: TensorParallelDecoder, out_dir: str) ->
             "allreduce_tp": [r.tp for r in loaded.allreduce]}
 
 
+def _serve_tp(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
+    """Check 5 (every rank calls it; rank 0 reports)."""
+    config = _config()
+    requests = None
+    if group.is_driver:
+        requests = [Request(f"s{k}", [(7 * i + k) % 512 for i in range(n)], max_tokens=3,
+                            arrival_time=0.01 * k) for k, n in enumerate((20, 33))]
+    served = serve_tp(group, tp_model, config, 40, requests, seed=SEED)
+    if served is None:
+        return {}
+    result, records = served
+    return {"completed": result["completed"], "truncated": result["truncated"],
+            "loop_steps": len(records["steps"]["start_s"]),
+            "runner_steps": len(records["runner_steps"]["wall_s"])}
+
+
 def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     group = init_tensor_parallel(rank, world_size, init_method, timeout_s=120.0)
@@ -156,6 +174,7 @@ def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> No
             report = run_worker(group, tp_model, seed=SEED, record_digests=True)
             facts.update(digests=report.digests, configures=report.num_configures)
         facts["calibration"] = _calibrate(group, tp_model, out_dir)
+        facts["serve_tp"] = _serve_tp(group, tp_model)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(facts))
     finally:
         destroy_tensor_parallel()
@@ -250,3 +269,10 @@ def test_sharding_ranges():
                                                          (9, 10, 3)]
     with pytest.raises(Exception, match="tensor_parallel_size=3: must divide num_kv_heads=8"):
         kv_head_range(8, 0, 3)
+
+
+def test_serve_tp_keeps_the_runners_record_of_every_step(ranks):
+    served = ranks[0]["serve_tp"]
+    assert served["completed"] == 2 and served["truncated"] is False
+    assert served["runner_steps"] == served["loop_steps"] >= 3
+    assert ranks[1]["serve_tp"] == {}

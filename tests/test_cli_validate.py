@@ -1,0 +1,71 @@
+"""`pagesim validate --real`: a stored real run against the simulator, on any machine.
+
+The shipped report (`results/validation/validation_<model>.json`) is what this code makes of
+the stored runs; a run cut at its wall-clock limit is skipped with a note, not compared."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from pagesim.cli.app import main
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT / "results" / "validation" / "real" / "llama-2-7b"
+PROFILE = ROOT / "calibration" / "h200" / "llama-2-7b"
+RUN = "chat-inf-bs16"
+
+
+def _shipped_rows(run: str) -> dict[str, float]:
+    doc = json.loads((ROOT / "results" / "validation" / "validation_llama-2-7b.json").read_text())
+    entry = next(e for e in doc["runs"] if e["run"] == run)
+    return {r["metric"]: r["error_pct"] for r in entry["rows"]}
+
+
+def _validate(tmp_path: Path, *reals: Path) -> int:
+    argv = ["validate", "--profile", str(PROFILE), "--output-dir", str(tmp_path / "out"),
+            "--name", "v"]
+    for r in reals:
+        argv += ["--real", str(r)]
+    return main(argv)
+
+
+def _truncated_copy(tmp_path: Path) -> Path:
+    doc = json.loads(gzip.decompress((REAL / f"{RUN}.json.gz").read_bytes()))
+    doc["result"]["truncated"] = True
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_stored_run_gives_the_shipped_reports_errors(tmp_path, capsys) -> None:
+    assert _validate(tmp_path, REAL / f"{RUN}.json.gz") == 0
+    doc = json.loads((tmp_path / "out" / "v.json").read_text())
+    assert doc["num_runs"] == 1
+    got = {r["metric"]: r["error_pct"] for r in doc["runs"][0]["rows"]}
+    assert got.keys() == _shipped_rows(RUN).keys()
+    for metric, err in _shipped_rows(RUN).items():
+        assert abs(got[metric] - err) < 1e-6, metric
+    assert f"| {RUN} | llama-2-7b | 16 | inf |" in capsys.readouterr().out
+
+
+def test_a_run_cut_at_its_wall_clock_limit_is_skipped_with_a_note(tmp_path, capsys) -> None:
+    cut = _truncated_copy(tmp_path)
+    assert _validate(tmp_path, cut, REAL / f"{RUN}.json.gz") == 0
+    captured = capsys.readouterr()
+    assert "skipped:" in captured.err and "wall-clock limit" in captured.err
+    doc = json.loads((tmp_path / "out" / "v.json").read_text())
+    assert [e["run"] for e in doc["runs"]] == [RUN]
+
+
+def test_only_cut_runs_or_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    cut = _truncated_copy(tmp_path)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for reals, piece in (((cut,), "was cut at its wall-clock limit (150 of 150"),
+                         ((cut, cut), "all 2 were cut"), ((bad,), "not valid JSON"),
+                         ((tmp_path / "none.json",), "no such file")):
+        assert _validate(tmp_path, *reals) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and piece in err, err
