@@ -14,8 +14,9 @@ Two ways to calibrate `config.model` at `config.tensor_parallel_size` N:
 
 Both reuse the single-GPU grid (`gpu.calibrate`), host-overhead replay and profile format.
 KV capacity is measured per rank as vLLM's workers do (`gpu.memory`), and the group keeps the
-smallest block count (vLLM takes the minimum over workers). A shard measured alone lacks the
-NCCL buffers (vLLM#10511: about 1.75 GiB per GPU at TP 2), so its block counts run high.
+smallest block count (vLLM takes the minimum over workers). The communicators start before
+the memory snapshot, as in vLLM 0.33's worker, so NCCL's buffers are not charged to the KV
+budget and a shard measured alone gets the group's block counts.
 
 `serve_tp` is the real (wall-clock) run of a TP engine, for validation: rank 0 replays the
 requests through the shared scheduler and `TPDriverRunner`; the other ranks run `run_worker`.

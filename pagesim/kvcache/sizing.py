@@ -35,9 +35,13 @@ MiB = 1024**2
 # attention-backend buffers). vLLM's own log (vllm-project/vllm#12126, H100, Llama-3.2-11B):
 # "non_torch_memory takes 0.16GiB"; rounded up.
 NON_TORCH_BYTES = 256 * MiB
-# Extra non-torch memory per GPU under tensor parallelism (NCCL and custom all-reduce buffers):
-# the tp=1 -> tp=2 difference in vllm-project/vllm#10511 (1.79 -> 3.58 GiB, Llama-3-8B, H100).
-TP_COMMUNICATION_BYTES = int(1.75 * GiB)
+# No term for NCCL's buffers under tensor parallelism: vLLM v1's worker starts the distributed
+# environment (NCCL communicators, custom all-reduce buffers) before it takes the memory
+# snapshot its budget counts from (`gpu_worker.init_device`, 0.33.0), so they sit in the
+# baseline, outside `requested`'s accounting. (vllm-project/vllm#10511 counted 1.75 GiB more
+# at tp=2 on an older worker that took the snapshot first.) Measured on 2 x H200, llama-3-70b
+# at TP 2: 61.42 GiB of KV memory per GPU with the communicator started before the snapshot,
+# 60.29 GiB by this estimate (`results/validation/tp2/`).
 # Bytes per logit alive at the sampler's peak: the fp32 logits plus two fp32 temporaries
 # (probabilities, log-probabilities) over [min(max_num_seqs, max_num_batched_tokens), vocab].
 LOGITS_BYTES_PER_ELEMENT = 12
@@ -126,7 +130,7 @@ def estimate_activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int
 def estimate_non_kv_memory(config: EngineConfig) -> NonKVMemory:
     """Weights / tp, estimated activation peak and non-torch memory of one GPU."""
     model, tp = config.model_spec, config.tensor_parallel_size
-    non_torch = NON_TORCH_BYTES + (TP_COMMUNICATION_BYTES if tp > 1 else 0)
+    non_torch = NON_TORCH_BYTES
     return NonKVMemory(
         weights_bytes=-(-model.weight_bytes // tp),
         activation_peak_bytes=estimate_activation_peak_bytes(
