@@ -239,16 +239,21 @@ def report_markdown(entries: list[dict[str, Any]]) -> str:
 
 
 def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
-                 name: str = "validation") -> dict[str, Path]:
-    """`<name>.json` (every entry, real and predicted results), `<name>.md` and `<name>.png`."""
+                 name: str = "validation", skipped: tuple[str, ...] = ()) -> dict[str, Path]:
+    """`<name>.json` (every entry, real and predicted results), `<name>.md` and `<name>.png`;
+    `skipped` (why a run was not compared) goes into both texts, so the report says what it
+    left out."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{name}.json", "md": out / f"{name}.md", "png": out / f"{name}.png"}
     met = [r["met"] for e in entries for r in e["rows"]]
     doc = {"targets_pct": TARGETS_PCT, "num_runs": len(entries),
            "targets_met": sum(met), "targets_checked": len(met), "runs": entries}
+    if skipped:
+        doc["skipped"] = list(skipped)
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    paths["md"].write_text(report_markdown(entries) + "\n", encoding="utf-8")
+    notes = "".join(f"\nskipped: {note}\n" for note in skipped)
+    paths["md"].write_text(report_markdown(entries) + "\n" + notes, encoding="utf-8")
     plot_errors(entries, paths["png"])
     return paths
 

@@ -42,7 +42,7 @@ def _truncated_copy(tmp_path: Path) -> Path:
 def test_a_stored_run_gives_the_shipped_reports_errors(tmp_path, capsys) -> None:
     assert _validate(tmp_path, REAL / f"{RUN}.json.gz") == 0
     doc = json.loads((tmp_path / "out" / "v.json").read_text())
-    assert doc["num_runs"] == 1
+    assert doc["num_runs"] == 1 and "skipped" not in doc
     got = {r["metric"]: r["error_pct"] for r in doc["runs"][0]["rows"]}
     assert got.keys() == _shipped_rows(RUN).keys()
     for metric, err in _shipped_rows(RUN).items():
@@ -57,6 +57,8 @@ def test_a_run_cut_at_its_wall_clock_limit_is_skipped_with_a_note(tmp_path, caps
     assert "skipped:" in captured.err and "wall-clock limit" in captured.err
     doc = json.loads((tmp_path / "out" / "v.json").read_text())
     assert [e["run"] for e in doc["runs"]] == [RUN]
+    assert len(doc["skipped"]) == 1 and "cut.json" in doc["skipped"][0]
+    assert "skipped:" in (tmp_path / "out" / "v.md").read_text()
 
 
 def test_only_cut_runs_or_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:

@@ -59,12 +59,13 @@ def validate_command(
         for note in skipped:
             typer.echo(f"skipped: {note}", err=True)
     else:
+        skipped = []
         path = _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs,
                           max_num_batched_tokens, max_model_len, enable_prefix_caching,
                           workload, num_prompts, request_rate, burstiness, seed, dtype,
                           output_dir, enforce_eager)
         entries = [validate_real_run(path, profile or _default_profile(path))]
-    paths = write_report(entries, output_dir, name)
+    paths = write_report(entries, output_dir, name, tuple(skipped))
     from pagesim.validate import report_markdown
 
     typer.echo(report_markdown(entries))

@@ -185,6 +185,7 @@ def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
             progress=progress, log=log)
         overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks,
                                                grid)
+        _empty_cache()
     finally:
         broadcast_stop(group)
     host_link = measure_host_link(model.device) if model.device.type == "cuda" else None
@@ -231,13 +232,14 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
     measured = grid_rows(make_runner, config, grid, capacity.num_gpu_blocks, seed=seed,
                          deadline=deadline, progress=progress, log=log)
     overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks, grid)
+    _empty_cache()
     method = (METHOD.format(bs=config.block_size) + f" Rank {rank}'s shard of a "
               f"{group.world_size}-way split alone on one GPU: no all-reduce, no logits "
               "all-gather in the times.")
     meta = _metadata(config, grid, model, capacity, seed=seed, in_steps=False,
                      host_link=measure_host_link(dev) if dev.type == "cuda" else None,
-                     method=method, notes="one rank's shard alone; KV capacity lacks the NCCL "
-                     "buffers of a real group", cuda_graphs=cuda_graphs, admission=admission)
+                     method=method, notes="one rank's shard alone, no communicator",
+                     cuda_graphs=cuda_graphs, admission=admission)
     profile = Profile(meta, overhead=tuple(overhead), **measured.tables())
     directory = None
     if calibration_root is not None:
