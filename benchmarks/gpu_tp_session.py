@@ -123,7 +123,7 @@ def session_rank(rank: int, world_size: int, init_method: str, args: dict) -> No
         res = calibrate_tensor_parallel(
             group, model, config, grid, before=before, seed=0,
             calibration_root=out / "work" / "calibration", log=say,
-            time_budget_s=args["calib_budget_s"], **kw)
+            time_budget_s=args["calib_budget_s"], cuda_graphs=args["cuda_graphs"], **kw)
         blocks = None
         if res is not None:
             p = res.profile
@@ -198,7 +198,8 @@ def serve_runs(group, model, config, blocks, args, say) -> dict:
                                   rate, load.get("burstiness", 1.0), **params)
         t = time.time()
         result, records = serve_tp(group, model, config, blocks, requests,
-                                   max_wall_s=pick["max_wall_s"])
+                                   max_wall_s=pick["max_wall_s"],
+                                   cuda_graphs=args["cuda_graphs"])
         name = f"{config.model}-tp{config.tensor_parallel_size}"
         save_real_run(out / "work" / "real" / name / f"{spec['name']}.json", config=config,
                       load=load, result=result, records=records,
@@ -227,6 +228,9 @@ def main() -> int:
     ap.add_argument("--block-sizes", default="8,16,32,64,128",
                     help="block sizes to calibrate (16 and 32 get the full grid, the others "
                          "decode rows); must hold 16, the runs' block size")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="capture CUDA graphs on every rank, NCCL all-reduces inside them "
+                         "(run benchmarks/nccl_graph_check.py first); default eager")
     ap.add_argument("--dry-run-cpu", action="store_true")
     a = ap.parse_args()
     sizes = [int(x) for x in a.block_sizes.split(",") if x]
@@ -242,7 +246,7 @@ def main() -> int:
 
     args = {"dry": a.dry_run_cpu, "model": a.model, "out": str(out), "budget_s": a.budget_s,
             "calib_budget_s": a.calib_budget_s,
-            "block_sizes": sizes,
+            "block_sizes": sizes, "cuda_graphs": a.cuda_graphs,
             "validate_tp": [int(x) for x in a.validate_tp.split(",") if x]}
     failed = []
     for tp in [int(x) for x in a.tp.split(",") if x]:

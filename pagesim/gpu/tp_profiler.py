@@ -283,9 +283,9 @@ def serve_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
              cuda_graphs: bool = False) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """A real run of a TP engine. Rank 0 passes the requests and gets (result keys, raw
     records) as `validate.serve_workload` returns them, the runner's per-step records under
-    `records["runner_steps"]`; other ranks pass None and get None. As on one GPU, a few
-    synthetic steps warm up the large shapes on every rank before the clock starts
-    (`serve.warm_up`)."""
+    `records["runner_steps"]`; other ranks pass None and get None. As on one GPU, with
+    `cuda_graphs` every graph the run can meet is captured on every rank, then a few
+    synthetic steps warm up the large shapes, all before the clock starts."""
     if not group.is_driver:
         run_worker(group, model, seed=seed)
         return None
@@ -295,11 +295,18 @@ def serve_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
         runner = TPDriverRunner(group, config, num_gpu_blocks, model=model, seed=seed,
                                 num_cpu_blocks=num_cpu, temperature=temperature,
                                 cuda_graphs=cuda_graphs)
+        captured, capture_s = (runner.capture_all(max_batch=len(requests or [])) if cuda_graphs
+                               else (0, 0.0))
         warm_up(runner, config)
         run = replay(requests or [], scheduler, runner, max_wall_s=max_wall_s)
     finally:
         broadcast_stop(group)
     result = serve_result(run, scheduler, config)
+    graphs = runner.graphs
+    result["gpu_cuda_graphs"] = graphs is not None and graphs.failed is None
+    result["gpu_graphs_captured"] = captured
+    result["gpu_graph_capture_s"] = capture_s
+    result["gpu_graph_error"] = graphs.failed if graphs is not None else None
     result["truncated"] = any(r.reject_reason == "wall-clock limit"
                               for r in run.metrics.records.values())
     records = run_records(run)

@@ -93,6 +93,14 @@ class RunCollective:
 
 
 @dataclass(frozen=True)
+class CaptureGraphs:
+    """Every rank captures its runner's CUDA graphs now, in the same key order, so that the
+    NCCL all-reduces inside them are captured in lockstep (`StepGraphs.capture_all`)."""
+
+    max_batch: int | None = None
+
+
+@dataclass(frozen=True)
 class Stop:
     """End the worker loop."""
 
@@ -210,9 +218,11 @@ class TPDriverRunner:
     reads fall through to the local `GPUModelRunner` (`num_gpu_blocks`, `step_records`, ...).
     `digests` (when `record_digests`) holds `step_digest` of every step, for tests.
 
-    `cuda_graphs` is off by default: the runner's lazy capture would put NCCL collectives
-    inside CUDA graphs, which every rank must capture at the same step and which has not run
-    on a multi-GPU machine yet, so TP steps run eagerly unless asked (on every rank alike).
+    `cuda_graphs` is off by default: the runner's capture puts NCCL collectives inside CUDA
+    graphs, which every rank must capture at the same step and which has not run on a
+    multi-GPU machine yet, so TP steps run eagerly unless asked (on every rank alike). With
+    it, graphs are captured lazily by the steps every rank runs alike, or all at once by
+    `capture_all` before a served run's clock starts.
     """
 
     def __init__(self, group: TPGroup, config: EngineConfig, num_gpu_blocks: int, *,
@@ -229,6 +239,14 @@ class TPDriverRunner:
                                     temperature=temperature, cuda_graphs=cuda_graphs)
         self.record_digests = record_digests
         self.digests: list[str] = []
+
+    def capture_all(self, max_batch: int | None = None) -> tuple[int, float]:
+        """Capture every graph a run of at most `max_batch` requests can meet, on every rank
+        (`CaptureGraphs`); returns rank 0's (graphs captured, seconds), (0, 0.0) without
+        graphs."""
+        self.group.broadcast_object(CaptureGraphs(max_batch))
+        graphs = self.local.graphs
+        return graphs.capture_all(max_batch) if graphs is not None else (0, 0.0)
 
     def __getattr__(self, name: str) -> Any:  # only called for names not found on self
         local = self.__dict__.get("local")
@@ -280,6 +298,7 @@ class WorkerReport:
 
     num_steps: int = 0
     num_configures: int = 0
+    num_captures: int = 0
     digests: list[str] = field(default_factory=list)
 
 
@@ -306,6 +325,12 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
             report.num_configures += 1
         elif isinstance(msg, RunCollective):
             msg.fn(group, *msg.args, **msg.kwargs)
+        elif isinstance(msg, CaptureGraphs):
+            if runner is None:
+                raise RuntimeError("a graph capture arrived before any Configure")
+            if runner.graphs is not None:
+                runner.graphs.capture_all(msg.max_batch)
+            report.num_captures += 1
         elif isinstance(msg, StepMessage):
             if runner is None:
                 raise RuntimeError("a step arrived before any Configure")

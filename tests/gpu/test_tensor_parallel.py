@@ -151,11 +151,14 @@ def _serve_tp(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
     if group.is_driver:
         requests = [Request(f"s{k}", [(7 * i + k) % 512 for i in range(n)], max_tokens=3,
                             arrival_time=0.01 * k) for k, n in enumerate((20, 33))]
-    served = serve_tp(group, tp_model, config, 40, requests, seed=SEED)
+    # graphs asked for: none exist on a CPU, but every rank gets and handles the capture
+    # message (a worker that did not would stop on an unknown message)
+    served = serve_tp(group, tp_model, config, 40, requests, seed=SEED, cuda_graphs=True)
     if served is None:
         return {}
     result, records = served
     return {"completed": result["completed"], "truncated": result["truncated"],
+            "graphs": [result["gpu_cuda_graphs"], result["gpu_graphs_captured"]],
             "loop_steps": len(records["steps"]["start_s"]),
             "runner_steps": len(records["runner_steps"]["wall_s"])}
 
@@ -275,4 +278,5 @@ def test_serve_tp_keeps_the_runners_record_of_every_step(ranks):
     served = ranks[0]["serve_tp"]
     assert served["completed"] == 2 and served["truncated"] is False
     assert served["runner_steps"] == served["loop_steps"] >= 3
+    assert served["graphs"] == [False, 0]  # asked for, but a CPU has none
     assert ranks[1]["serve_tp"] == {}
