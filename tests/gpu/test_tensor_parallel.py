@@ -1,6 +1,6 @@
 """Tensor parallelism on CPUs: two processes over gloo, the tiny Llama split two ways.
 
-One spawn of two ranks runs three checks (process start-up costs seconds, so they share it):
+One spawn of two ranks runs five checks (process start-up costs seconds, so they share it):
 
 1. the sharded model equals the unsharded one: the same prefill then decode steps through
    `GPUModelRunner` with the TP shard and with the whole model give the same final hidden rows
