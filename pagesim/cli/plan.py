@@ -3,6 +3,8 @@
     pagesim plan --workload chat --slo p99_ttft_ms<=500 --slo p99_tpot_ms<=50
     pagesim plan ... --target-rate 40 --router prefix-aware      # + replicas needed
     pagesim plan ... --target-rate 6 --kv-sizing                 # smallest KV cache at 6 req/s
+    pagesim plan --model llama-3-70b ... --target-rate 20 --compare-tp 2,4,8
+                                              # a plan per TP size; the fewest GPUs wins
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def plan_command(
         rich_help_panel=PLAN)] = DEFAULT_MIN_DURATION_S,
     save_result: Annotated[Path | None, typer.Option(help="Write the plan as JSON here",
                                                      rich_help_panel=PLAN)] = None,
+    compare_tp: Annotated[str | None, typer.Option(
+        help="Comma list of tensor-parallel sizes, e.g. 2,4,8: a plan for each, then the "
+             "fewest GPUs for --target-rate (without it, the most req/s per GPU)",
+        rich_help_panel=PLAN)] = None,
     config: o.ConfigFile = None,
     model: o.Model = None, gpu: o.Gpu = None, block_size: o.BlockSize = None,
     gpu_memory_utilization: o.GpuMemUtil = None, num_gpu_blocks_override: o.NumBlocksOverride = None,
@@ -77,7 +83,7 @@ def plan_command(
     """Find the highest request rate within SLOs; with --target-rate, the replicas it needs."""
     flags = dict(locals())
     for key in ("slo", "slo_attainment", "target_rate", "router", "max_replicas", "kv_sizing",
-                "rel_tol", "min_duration", "save_result", "config"):
+                "rel_tol", "min_duration", "save_result", "config", "compare_tp"):
         flags.pop(key)
     values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
     slos = parse_slos(slo, attainment=slo_attainment)
@@ -86,27 +92,115 @@ def plan_command(
     if kv_sizing and target_rate is None:
         raise ConfigError("--kv-sizing needs --target-rate")
     make_router(router)  # an unknown name fails before any simulation
+    sizes = _tp_sizes(compare_tp, values, kv_sizing)
     engine, load = o.engine_config(values), o.load_spec(values)
-    prof = values.get("profile") or default_profile(engine)
     print(f"Plan for {engine.model} on {engine.gpu}, workload {load.workload}, "
           f"probes of >= {load.num_prompts} requests and >= {min_duration:g} s of arrivals; "
           f"SLO: {slos}")
-    print(f"Cost model: {prof or 'analytical (no calibration profile for this model and GPU)'}")
     doc: dict[str, Any] = {"model": engine.model, "gpu": engine.gpu, "workload": load.workload,
                            "slo": str(slos)}
-    if kv_sizing:
-        doc["kv_sizing"] = _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration)
+    if sizes:
+        doc["compare_tp"] = [_plan_tp(values, tp, load, slos, target_rate, router,
+                                      max_replicas, rel_tol, min_duration) for tp in sizes]
+        doc["best"] = _best(doc["compare_tp"], target_rate)
     else:
-        cap = max_sustainable_rate(engine, load, slos, profile=prof, rel_tol=rel_tol,
-                                   min_duration_s=min_duration)
-        doc["capacity"] = _capacity(cap)
-        if target_rate is not None:
-            doc["replicas"] = _replicas(engine, load, slos, target_rate, router, prof, cap,
-                                        max_replicas, rel_tol, min_duration)
+        prof = values.get("profile") or default_profile(engine)
+        print(f"Cost model: {_cost_line(prof)}")
+        if kv_sizing:
+            doc["kv_sizing"] = _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration)
+        else:
+            cap = max_sustainable_rate(engine, load, slos, profile=prof, rel_tol=rel_tol,
+                                       min_duration_s=min_duration)
+            doc["capacity"] = _capacity(cap)
+            if target_rate is not None:
+                doc["replicas"] = _replicas(engine, load, slos, target_rate, router, prof, cap,
+                                            max_replicas, rel_tol, min_duration)
     if save_result is not None:
         save_result.parent.mkdir(parents=True, exist_ok=True)
         save_result.write_text(json.dumps(doc, indent=2, default=str) + "\n")
         print(f"Saved plan to {save_result}")
+
+
+def _cost_line(prof) -> str:
+    return str(prof or "analytical (no calibration profile for this model and GPU)")
+
+
+def _tp_sizes(compare_tp: str | None, values: dict[str, Any], kv_sizing: bool) -> list[int]:
+    """The sizes `--compare-tp` asks for ([] without it); bad combinations are one line."""
+    if compare_tp is None:
+        return []
+    try:
+        sizes = [int(x) for x in compare_tp.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--compare-tp {compare_tp!r}: expected a comma list of integers, "
+                          "e.g. 2,4,8") from None
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
+        raise ConfigError(f"--compare-tp {compare_tp!r}: give distinct sizes >= 1, e.g. 2,4,8")
+    for clash, given in (("--tensor-parallel-size", values.get("tensor_parallel_size")),
+                         ("--profile", values.get("profile")), ("--kv-sizing", kv_sizing or None)):
+        if given is not None:
+            raise ConfigError(f"--compare-tp sets each plan's TP size and picks its profile: "
+                              f"drop {clash}")
+    return sorted(sizes)
+
+
+def _plan_tp(values, tp, load, slos, target_rate, router, max_replicas, rel_tol,
+             min_duration) -> dict[str, Any]:
+    """One TP size's plan, printed as a single-size plan is; a size whose engine cannot be
+    built (the weights do not fit, the heads do not divide) is reported and skipped."""
+    print(f"\n=== tensor_parallel_size {tp} ===")
+    try:
+        engine = o.engine_config({**values, "tensor_parallel_size": tp})
+        prof = default_profile(engine)
+        print(f"Cost model: {_cost_line(prof)}")
+        cap = max_sustainable_rate(engine, load, slos, profile=prof, rel_tol=rel_tol,
+                                   min_duration_s=min_duration)
+    except ConfigError as e:
+        print(f"Not possible: {e}")
+        return {"tp": tp, "error": str(e)}
+    entry: dict[str, Any] = {"tp": tp, "capacity": _capacity(cap)}
+    if target_rate is not None and cap.max_rate is not None:
+        entry["replicas"] = _replicas(engine, load, slos, target_rate, router, prof, cap,
+                                      max_replicas, rel_tol, min_duration)
+    return entry
+
+
+def _best(entries: list[dict[str, Any]], target_rate: float | None) -> dict[str, Any] | None:
+    """The summary table, and the winner: the fewest GPUs for the target rate (ties: the
+    higher rate per replica), or without a target the most req/s per GPU."""
+    print("\nTP  max req/s per replica  req/s per GPU" + ("  replicas  GPUs" if target_rate
+                                                        is not None else ""))
+    rows = []
+    for e in entries:
+        rate = None if "error" in e else e["capacity"]["max_rate"]
+        if rate is None:
+            print(f"{e['tp']:2d}  {'-':>21}  {'-':>13}  " + (e.get("error", "no rate meets "
+                                                                      "the SLOs")))
+            continue
+        n = (e.get("replicas") or {}).get("num_replicas")
+        row = {"tp": e["tp"], "max_rate": rate, "rate_per_gpu": rate / e["tp"],
+               "num_replicas": n, "gpus": None if n is None else n * e["tp"]}
+        rows.append(row)
+        line = f"{e['tp']:2d}  {rate:21.3f}  {row['rate_per_gpu']:13.3f}"
+        if target_rate is not None:
+            line += f"  {'-' if n is None else n:>8}  {'-' if n is None else row['gpus']:>4}"
+        print(line)
+    if target_rate is not None:
+        fit = [r for r in rows if r["gpus"] is not None]
+        if not fit:
+            print(f"No TP size meets the SLOs at {target_rate:g} req/s")
+            return None
+        best = min(fit, key=lambda r: (r["gpus"], -r["max_rate"]))
+        print(f"Fewest GPUs for {target_rate:g} req/s: tensor_parallel_size {best['tp']} x "
+              f"{best['num_replicas']} replicas = {best['gpus']} GPUs")
+        return best
+    if not rows:
+        print("No TP size meets the SLOs")
+        return None
+    best = max(rows, key=lambda r: (r["rate_per_gpu"], -r["tp"]))
+    print(f"Most req/s per GPU: tensor_parallel_size {best['tp']} "
+          f"({best['rate_per_gpu']:.3f} req/s per GPU)")
+    return best
 
 
 def _metrics_lines(result: dict[str, Any] | None) -> list[str]:

@@ -113,3 +113,37 @@ def test_config_file_lists_are_axes(tmp_path: Path, capsys) -> None:
     cfg.write_text("block_size: [8, x]\n")
     assert main(["sweep", "--config", str(cfg), "--dry-run"]) == 2
     assert "block_size='x': expected an integer" in capsys.readouterr().err
+
+
+def test_compare_tp_plans_each_size_and_picks_the_fewest_gpus(tmp_path: Path, capsys) -> None:
+    out_file = tmp_path / "plan.json"
+    rc = main(["plan", "--model", "llama-3-70b", "--gpu", "h200", "--slo", "p99_ttft_ms<=3000",
+               "--slo", "p99_tpot_ms<=100", "--num-prompts", "40", "--min-duration", "5",
+               "--rel-tol", "0.2", "--target-rate", "6", "--compare-tp", "4,1,2",
+               "--save-result", str(out_file)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    doc = json.loads(out_file.read_text())
+    entries = {e["tp"]: e for e in doc["compare_tp"]}
+    assert list(entries) == [1, 2, 4]  # in order of size
+    assert "do not fit" in entries[1]["error"]  # 141 GB of weights on one H200
+    gpus = {tp: e["replicas"]["num_replicas"] * tp for tp, e in entries.items()
+            if (e.get("replicas") or {}).get("num_replicas")}
+    assert gpus and doc["best"]["gpus"] == min(gpus.values())
+    assert (f"Fewest GPUs for 6 req/s: tensor_parallel_size {doc['best']['tp']} x "
+            f"{doc['best']['num_replicas']} replicas = {doc['best']['gpus']} GPUs") in out
+    assert "=== tensor_parallel_size 2 ===" in out
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--compare-tp", "2,x"], "expected a comma list of integers"),
+    (["--compare-tp", "0,2"], "give distinct sizes >= 1"),
+    (["--compare-tp", "2,2"], "give distinct sizes >= 1"),
+    (["--compare-tp", "2,4", "--tensor-parallel-size", "2"], "drop --tensor-parallel-size"),
+    (["--compare-tp", "2,4", "--profile", "calibration/h200/llama-3-8b"], "drop --profile"),
+    (["--compare-tp", "2,4", "--kv-sizing", "--target-rate", "3"], "drop --kv-sizing"),
+])
+def test_compare_tp_bad_input_is_one_line(capsys, extra, words) -> None:
+    rc = main(["plan", "--model", "llama-3-70b", "--slo", "ttft:500", *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and words in err and err.count("\n") == 1, err
