@@ -102,6 +102,9 @@ def plan_command(
     if sizes:
         doc["compare_tp"] = [_plan_tp(values, tp, load, slos, target_rate, router,
                                       max_replicas, rel_tol, min_duration) for tp in sizes]
+        if all("error" in e for e in doc["compare_tp"]):  # an impossible config, not a plan
+            raise ConfigError(f"--compare-tp {compare_tp}: no size can be built: "
+                              f"{doc['compare_tp'][0]['error']}")
         doc["best"] = _best(doc["compare_tp"], target_rate)
     else:
         prof = values.get("profile") or default_profile(engine)

@@ -142,6 +142,7 @@ def test_compare_tp_plans_each_size_and_picks_the_fewest_gpus(tmp_path: Path, ca
     (["--compare-tp", "2,4", "--tensor-parallel-size", "2"], "drop --tensor-parallel-size"),
     (["--compare-tp", "2,4", "--profile", "calibration/h200/llama-3-8b"], "drop --profile"),
     (["--compare-tp", "2,4", "--kv-sizing", "--target-rate", "3"], "drop --kv-sizing"),
+    (["--compare-tp", "1,3"], "no size can be built: weights of llama-3-70b"),
 ])
 def test_compare_tp_bad_input_is_one_line(capsys, extra, words) -> None:
     rc = main(["plan", "--model", "llama-3-70b", "--slo", "ttft:500", *extra])
