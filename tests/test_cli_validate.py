@@ -71,3 +71,20 @@ def test_only_cut_runs_or_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys) ->
         assert _validate(tmp_path, *reals) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and piece in err, err
+
+
+def test_the_tp2_report_is_what_this_code_makes_of_its_runs(tmp_path) -> None:
+    """`results/validation/tp2/`: llama-3-70b at tensor parallel size 2, its own profile."""
+    tp2 = ROOT / "results" / "validation" / "tp2"
+    real = tp2 / "real" / "llama-3-70b-tp2" / "chat-inf-bs16.json.gz"
+    argv = ["validate", "--real", str(real), "--profile",
+            str(tp2 / "profile" / "h200" / "llama-3-70b-tp2"),
+            "--output-dir", str(tmp_path), "--name", "v"]
+    assert main(argv) == 0
+    got = json.loads((tmp_path / "v.json").read_text())["runs"][0]
+    shipped = json.loads((tp2 / "validation_llama-3-70b-tp2.json").read_text())
+    want = next(e for e in shipped["runs"] if e["run"] == "chat-inf-bs16")
+    assert got["model"] == "llama-3-70b" and got["load"] == want["load"]
+    assert {r["metric"]: round(r["error_pct"], 6) for r in got["rows"]} == \
+        {r["metric"]: round(r["error_pct"], 6) for r in want["rows"]}
+    assert [s for s in shipped["skipped"] if "chat-85pct" in s]  # cut at its wall-clock limit
