@@ -377,13 +377,6 @@ class CalibratedCostModel:
         kernel, fits = fit_varlen_overhead(kernel, per_bs)
         return (kernel, fits) if fits else (None, {})
 
-    def _bias_at(self, block_size: int, new_tokens: int) -> float:
-        weights = self._bias_blend.get(block_size)
-        if weights is None:
-            weights = self._bias_blend[block_size] = blend_weights(self._prefill_bias,
-                                                                    block_size)
-        return sum(w * bias(new_tokens) for w, bias in weights)
-
     def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
         """The step's launch, its shared-prefix reads discounted (`reread`: the fraction to
         use; default the fitted one, none without rows or without the shared count)."""
@@ -451,12 +444,13 @@ class CalibratedCostModel:
             value = memo[block_size] = sum(w * f for w, f in blend_weights(fitted, block_size))
         return value
 
-    def _varlen_weights(self, block_size: int) -> tuple:
-        """`blend_weights(self._varlen, block_size)`, once per block size (`_varlen` is set
-        once, after which it is only read)."""
-        weights = self._varlen_blend.get(block_size)
+    @staticmethod
+    def _memo_weights(memo: dict[int, tuple], fitted: dict, block_size: int) -> tuple:
+        """`blend_weights(fitted, block_size)` of per-block-size fits (callables), kept in
+        `memo` after its first use (`fitted` is set once, after which it is only read)."""
+        weights = memo.get(block_size)
         if weights is None:
-            weights = self._varlen_blend[block_size] = blend_weights(self._varlen, block_size)
+            weights = memo[block_size] = blend_weights(fitted, block_size)
         return weights
 
     def _parts(self, b: BatchShape, reread: float | None = None) -> tuple[float, float]:
@@ -474,11 +468,13 @@ class CalibratedCostModel:
             graph = padded is not None
             other = self._other_for(graph, padded if graph else b.total_tokens)
             launch = self._varlen_launch(b, padded)
-            attention = sum(w * fit(launch, graph)
-                            for w, fit in self._varlen_weights(b.block_size))
+            attention = sum(w * fit(launch, graph) for w, fit in self._memo_weights(
+                self._varlen_blend, self._varlen, b.block_size))
             total = other + attention
             if not graph and len(b.prefill_new_tokens) == 1 and self._prefill_bias:
-                total *= 1.0 + self._bias_at(b.block_size, b.prefill_new_tokens[0])
+                new = b.prefill_new_tokens[0]
+                total *= 1.0 + sum(w * bias(new) for w, bias in self._memo_weights(
+                    self._bias_blend, self._prefill_bias, b.block_size))
             return total, other
         if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
             base = self._decode_base.get(n)
