@@ -91,60 +91,26 @@ def check_model(spec_name: str, dtype, device: str) -> float:
 def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10,
                    shapes: dict | None = None, modes: tuple[str, ...] = ("graph", "eager")
                    ) -> list[dict]:
-    """Steps timed on the host clock with graph replay and eagerly in one runner (same KV
-    cache; graphs set aside for the eager calls), alternating, and the relative difference of
-    their final hidden rows (the same step run twice writes the same K/V, so both see the same
-    cache). Shapes: decode batches, and mixed steps (a prefill, a chunk with decodes, several
+    """Steps timed on the host clock with graph replay and eagerly in one runner, alternating,
+    and the relative difference of their final hidden rows (`pagesim.gpu.graph_check`).
+    Shapes: decode batches, and mixed steps (a prefill, a chunk with decodes, several
     prefill entries), as lists of (context, new tokens) entries. `modes=("graph",)` times the
     steps as a served run would run them alone (`speed_probe`)."""
-    import statistics
-
-    from pagesim.gpu.calibrate import BlockSource, synthetic_step
+    from pagesim.gpu.graph_check import DEFAULT_SHAPES, graph_vs_eager_rows
     from pagesim.gpu.runner import GPUModelRunner
 
     runner = GPUModelRunner(config, num_gpu_blocks, device=model.device, model=model,
                             cuda_graphs="graph" in modes)
-    if runner.graphs is None and "graph" in modes:
-        return []
     graphs = runner.graphs
+    if graphs is None and "graph" in modes:
+        return []
     if shapes is None:
-        shapes = {"decode 1x40": [(40, 1)], "prefill 24": [(0, 24)]} if dry else {
-            "decode 1x512": [(512, 1)], "decode 64x512": [(512, 1)] * 64,
-            "decode 256x512": [(512, 1)] * 256, "prefill 128": [(0, 128)],
-            "prefill 500 over 1024 cached": [(1024, 500)],
-            "32 decodes x512 + chunk 256": [(512, 1)] * 32 + [(0, 256)],
-            "4 prefills x 64 over 1024 cached": [(1024, 64)] * 4}
-    rows = []
-    for label, spec in shapes.items():
-        out = synthetic_step(spec, config.block_size, BlockSource(num_gpu_blocks, 0))
-        times: dict[str, list[float]] = {mode: [] for mode in modes}
-        hidden = {}
-        for i in range(reps + 2):
-            for mode in modes:
-                runner.graphs = graphs if mode == "graph" else None
-                t = time.perf_counter()
-                runner.execute_model(out)
-                if i >= 2:  # two warm-ups (capture, compiles)
-                    times[mode].append(time.perf_counter() - t)
-                hidden[mode] = runner.last_hidden.float().clone()
-        runner.graphs = graphs
-        if len(modes) == 1:
-            rows.append({"shape": label, "reps": reps, "mode": modes[0],
-                         "ms": 1e3 * statistics.median(times[modes[0]])})
-            continue
-        err = float((hidden["graph"] - hidden["eager"]).norm() / hidden["eager"].norm())
-        rows.append({"shape": label, "num_reqs": len(spec),
-                     "num_tokens": sum(n for _, n in spec), "reps": reps,
-                     "graph_ms": 1e3 * statistics.median(times["graph"]),
-                     "eager_ms": 1e3 * statistics.median(times["eager"]),
-                     "graph_ms_p90": 1e3 * sorted(times["graph"])[int(0.9 * reps)],
-                     "eager_ms_p90": 1e3 * sorted(times["eager"])[int(0.9 * reps)],
-                     "hidden_rel_diff": err, "graph_failed": graphs.failed})
-        log(f"  {label}: graph {rows[-1]['graph_ms']:.2f} ms, eager "
-            f"{rows[-1]['eager_ms']:.2f} ms, hidden rel diff {err:.1e}"
-            + (f" (graphs FAILED: {graphs.failed})" if graphs.failed else ""))
-    del runner, graphs
-    return rows
+        shapes = {"decode 1x40": [(40, 1)], "prefill 24": [(0, 24)]} if dry else DEFAULT_SHAPES
+
+    def use_graphs(on: bool) -> None:
+        runner.graphs = graphs if on else None
+
+    return graph_vs_eager_rows(runner, use_graphs, shapes, reps=reps, modes=modes, log=log)
 
 
 def speed_probe(config, model, num_gpu_blocks: int, dry: bool,

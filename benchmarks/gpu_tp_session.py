@@ -21,7 +21,9 @@ Then on any CPU:
         --profile <out>/work/calibration/h200/<model>-tp<N>
 
 Everything goes under --out: work/ (profiles, real runs) packed into session.tar.gz after each
-phase, session.log, summary.json.
+phase, session.log, summary.json. With --cuda-graphs, every validated degree also times fixed
+steps replayed as graphs against the same steps run eagerly, and compares their outputs
+(`graph_vs_eager-tp<N>.json`), before its real runs.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def session_rank(rank: int, world_size: int, init_method: str, args: dict) -> No
     from pagesim.gpu.memory import MemorySnapshot
     from pagesim.gpu.parallel import destroy_tensor_parallel, init_tensor_parallel
     from pagesim.gpu.tp_model import TensorParallelDecoder
-    from pagesim.gpu.tp_profiler import calibrate_tensor_parallel
+    from pagesim.gpu.tp_profiler import calibrate_tensor_parallel, graph_vs_eager_tp
 
     dry = args["dry"]
     device = torch.device("cpu" if dry else f"cuda:{rank}")
@@ -135,6 +137,16 @@ def session_rank(rank: int, world_size: int, init_method: str, args: dict) -> No
                            allreduce=[dataclasses.asdict(r) for r in p.allreduce])
             say(f"TP {world_size}: profile {res.directory} {summary['rows']}")
             pack(out)
+        if args["cuda_graphs"] and world_size in args["validate_tp"]:
+            t = time.time()
+            shapes = {"decode 1x40": [(40, 1)], "prefill 24": [(0, 24)]} if dry else None
+            rows = graph_vs_eager_tp(group, model, config, blocks or 0, shapes,
+                                     reps=3 if dry else 10, log=say)
+            if rows is not None:
+                summary["graph_vs_eager"] = rows
+                (out / "work" / f"graph_vs_eager-tp{world_size}.json").write_text(
+                    json.dumps(rows, indent=1))
+                say(f"TP {world_size}: graph vs eager in {time.time() - t:.0f} s")
         if world_size in args["validate_tp"]:
             summary["runs"] = serve_runs(group, model, config, blocks, args, say)
     except Exception:
@@ -210,7 +222,8 @@ def serve_runs(group, model, config, blocks, args, say) -> dict:
             capacity_rps = result["request_throughput"]
         runs[spec["name"]] = {k: result[k] for k in (
             "completed", "request_throughput", "output_throughput", "mean_ttft_ms",
-            "mean_tpot_ms", "p99_e2el_ms", "num_preemptions", "truncated")}
+            "mean_tpot_ms", "p99_e2el_ms", "num_preemptions", "truncated", "gpu_cuda_graphs",
+            "gpu_graphs_captured", "gpu_graph_capture_s", "gpu_graph_error")}
         say(f"{name} {spec['name']} in {time.time() - t:.0f} s: "
             + json.dumps(runs[spec["name"]]))
         pack(out)

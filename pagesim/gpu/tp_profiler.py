@@ -45,6 +45,7 @@ from pagesim.gpu.calibrate import (
 )
 from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info
+from pagesim.gpu.graph_check import DEFAULT_SHAPES, graph_vs_eager_rows
 from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
 from pagesim.gpu.parallel import TPGroup, destroy_tensor_parallel, init_tensor_parallel
 from pagesim.gpu.profiler import (
@@ -303,15 +304,39 @@ def serve_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
         broadcast_stop(group)
     result = serve_result(run, scheduler, config)
     graphs = runner.graphs
-    result["gpu_cuda_graphs"] = graphs is not None and graphs.failed is None
-    result["gpu_graphs_captured"] = captured
-    result["gpu_graph_capture_s"] = capture_s
+    replayed = graphs is not None and graphs.capture  # a CPU runs the padded path uncaptured
+    result["gpu_cuda_graphs"] = replayed and graphs.failed is None
+    result["gpu_graphs_captured"] = captured if replayed else 0
+    result["gpu_graph_capture_s"] = capture_s if replayed else 0.0
     result["gpu_graph_error"] = graphs.failed if graphs is not None else None
     result["truncated"] = any(r.reject_reason == "wall-clock limit"
                               for r in run.metrics.records.values())
     records = run_records(run)
     records["runner_steps"] = step_record_columns(runner.step_records)
     return result, records
+
+
+def graph_vs_eager_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
+                      num_gpu_blocks: int, shapes: dict[str, list[tuple[int, int]]] | None = None,
+                      *, reps: int = 10, seed: int = 0,
+                      log: Callable[[str], None] | None = None) -> list[dict] | None:
+    """`gpu.graph_check.graph_vs_eager_rows` on a TP engine: each step replayed as graphs and
+    run eagerly, every rank switching together (`TPDriverRunner.use_graphs`). Rank 0 gets the
+    rows (host ms per mode, and how far rank 0's final hidden rows part: after the last
+    all-reduce they are the group's); other ranks run the worker loop and get None."""
+    if not group.is_driver:
+        run_worker(group, model, seed=seed)
+        return None
+    try:
+        runner = TPDriverRunner(group, config, num_gpu_blocks, model=model, seed=seed,
+                                cuda_graphs=True)
+        rows = graph_vs_eager_rows(runner, runner.use_graphs, shapes or DEFAULT_SHAPES,
+                                   reps=reps, log=log)
+    finally:
+        broadcast_stop(group)
+    del runner
+    _empty_cache()
+    return rows
 
 
 def _empty_cache() -> None:

@@ -20,7 +20,12 @@ preemption, is sent whole). Workers keep a mirror `Request` per request and rebu
 `SchedulerOutput` from it, so their `GPUModelRunner` is the very same code as rank 0's. Swap
 and copy-on-write block lists travel as they are (each rank moves its own KV shard).
 Control messages reconfigure the workers' runner (`Configure`), run a collective benchmark
-(`RunCollective`) or end the loop (`Stop`).
+(`RunCollective`), capture CUDA graphs (`CaptureGraphs`), switch between graph replay and eager
+steps (`UseGraphs`) or end the loop (`Stop`).
+
+On a CPU a runner asked for graphs gets the padded static-buffer path without capture
+(`StepGraphs(capture=False)`), so the flow of a graph run (padding, capture messages, the
+switch) is the same over gloo as over NCCL; only the capture itself needs CUDA.
 """
 
 from __future__ import annotations
@@ -98,6 +103,14 @@ class CaptureGraphs:
     NCCL all-reduces inside them are captured in lockstep (`StepGraphs.capture_all`)."""
 
     max_batch: int | None = None
+
+
+@dataclass(frozen=True)
+class UseGraphs:
+    """Every rank replays its graphs (`on`) or runs its steps eagerly from the next step on,
+    so that one runner can time a step both ways (`gpu.graph_check`)."""
+
+    on: bool
 
 
 @dataclass(frozen=True)
@@ -232,11 +245,10 @@ class TPDriverRunner:
             raise RuntimeError(f"rank {group.rank}: only rank 0 drives the engine")
         self.group = group
         self.encoder = StepEncoder()
-        group.broadcast_object(Configure(config, num_gpu_blocks, num_cpu_blocks, temperature,
-                                         cuda_graphs))
-        self.local = GPUModelRunner(config, num_gpu_blocks, device=model.device, model=model,
-                                    seed=seed, num_cpu_blocks=num_cpu_blocks,
-                                    temperature=temperature, cuda_graphs=cuda_graphs)
+        msg = Configure(config, num_gpu_blocks, num_cpu_blocks, temperature, cuda_graphs)
+        group.broadcast_object(msg)
+        self.local = local_runner(msg, model, seed)
+        self._graphs = self.local.graphs
         self.record_digests = record_digests
         self.digests: list[str] = []
 
@@ -247,6 +259,11 @@ class TPDriverRunner:
         self.group.broadcast_object(CaptureGraphs(max_batch))
         graphs = self.local.graphs
         return graphs.capture_all(max_batch) if graphs is not None else (0, 0.0)
+
+    def use_graphs(self, on: bool) -> None:
+        """Replay graphs (`on`) or run eagerly from the next step on, on every rank."""
+        self.group.broadcast_object(UseGraphs(on))
+        self.local.graphs = self._graphs if on else None
 
     def __getattr__(self, name: str) -> Any:  # only called for names not found on self
         local = self.__dict__.get("local")
@@ -309,6 +326,7 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
         raise RuntimeError("rank 0 drives the engine; run_worker is for ranks > 0")
     report = WorkerReport()
     runner: GPUModelRunner | None = None
+    graphs = None  # the runner's graphs while `UseGraphs(False)` has them set aside
     decoder = StepDecoder()
     while True:
         msg = group.broadcast_object(None)
@@ -317,9 +335,8 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
         if isinstance(msg, Configure):
             runner = None  # free the old KV cache before the new one is allocated
             _empty_cache(model.device)
-            runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, device=model.device,
-                                    model=model, seed=seed, num_cpu_blocks=msg.num_cpu_blocks,
-                                    temperature=msg.temperature, cuda_graphs=msg.cuda_graphs)
+            runner = local_runner(msg, model, seed)
+            graphs = runner.graphs
             runner.record_steps = False
             decoder = StepDecoder()
             report.num_configures += 1
@@ -331,6 +348,10 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
             if runner.graphs is not None:
                 runner.graphs.capture_all(msg.max_batch)
             report.num_captures += 1
+        elif isinstance(msg, UseGraphs):
+            if runner is None:
+                raise RuntimeError("a graph switch arrived before any Configure")
+            runner.graphs = graphs if msg.on else None
         elif isinstance(msg, StepMessage):
             if runner is None:
                 raise RuntimeError("a step arrived before any Configure")
@@ -342,6 +363,17 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
                 report.digests.append(step_digest(out, runner))
         else:
             raise RuntimeError(f"unknown message {type(msg).__name__}")
+
+
+def local_runner(msg: Configure, model, seed: int) -> GPUModelRunner:
+    """A rank's own runner for `msg`; asked for graphs on a CPU, it gets the padded
+    static-buffer path without capture (see the module docstring)."""
+    runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, device=model.device, model=model,
+                            seed=seed, num_cpu_blocks=msg.num_cpu_blocks,
+                            temperature=msg.temperature, cuda_graphs=msg.cuda_graphs)
+    if msg.cuda_graphs and runner.graphs is None and runner.device.type == "cpu":
+        runner.graphs = runner.make_graphs(capture=False)
+    return runner
 
 
 def _empty_cache(device: torch.device) -> None:

@@ -198,3 +198,29 @@ def test_graph_replay_matches_eager_on_the_gpu() -> None:
         for s, o, r in zip(scheds, outs, res, strict=True):
             s.update_from_output(o, r)
     assert replayed >= 5
+
+
+def test_graph_vs_eager_rows_switch_modes_and_compare_outputs() -> None:
+    from pagesim.gpu.graph_check import graph_vs_eager_rows
+
+    runner = GPUModelRunner(_config(), 32, device="cpu", dtype=torch.float32, seed=2,
+                            temperature=0.0)
+    graphs = runner.graphs = runner.make_graphs(capture=False)
+    switched = []
+
+    def use_graphs(on: bool) -> None:
+        switched.append(on)
+        runner.graphs = graphs if on else None
+
+    shapes = {"decode 3x40": [(40, 1)] * 3, "chunk with decodes": [(40, 1)] * 2 + [(0, 24)],
+              "too big for the cache": [(0, 600)]}
+    rows = graph_vs_eager_rows(runner, use_graphs, shapes, reps=2)
+    assert [r["shape"] for r in rows] == ["decode 3x40", "chunk with decodes"]
+    for r in rows:
+        assert r["hidden_rel_diff"] < 1e-5 and r["graph_failed"] is None
+        assert 0 < r["graph_ms"] <= r["graph_ms_p90"] and 0 < r["eager_ms"] <= r["eager_ms_p90"]
+    # (2 warm-ups + 2 timed) x 2 modes per shape, alternating; graphs back on at the end
+    assert switched == ([True, False] * 4 + [True]) * 2 and runner.graphs is graphs
+    modes = [rec.cuda_graph for rec in runner.step_records]
+    assert modes == [True, False] * 8  # the static path ran exactly when graphs were on
+    assert runner.step_records[0].padded_reqs == 4  # 3 decodes padded to the size-4 buffers

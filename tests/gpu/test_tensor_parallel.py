@@ -1,6 +1,6 @@
 """Tensor parallelism on CPUs: two processes over gloo, the tiny Llama split two ways.
 
-One spawn of two ranks runs five checks (process start-up costs seconds, so they share it):
+One spawn of two ranks runs six checks (process start-up costs seconds, so they share it):
 
 1. the sharded model equals the unsharded one: the same prefill then decode steps through
    `GPUModelRunner` with the TP shard and with the whole model give the same final hidden rows
@@ -14,7 +14,10 @@ One spawn of two ranks runs five checks (process start-up costs seconds, so they
 4. `calibrate_tensor_parallel` runs its whole flow (grid through the broadcast, host overhead,
    all-reduce table) on a tiny grid and writes a TP-2 profile that loads back;
 5. `serve_tp`, the real run of a TP engine, serves every request and keeps the runner's record
-   of every step beside the serve loop's.
+   of every step beside the serve loop's;
+6. `graph_vs_eager_tp` runs steps through the padded graph path (uncaptured on a CPU) and
+   eagerly, every rank switching together: a rank left in the other mode would all-reduce
+   tensors of another row count, and the group would fail.
 
 The encoder/decoder pair is also checked alone (no processes) across a changed block table,
 a request id reused by a new request, and finished requests.
@@ -47,7 +50,7 @@ from pagesim.gpu.parallel import (
 from pagesim.gpu.runner import GPUModelRunner
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.gpu.tp_model import TensorParallelDecoder
-from pagesim.gpu.tp_profiler import calibrate_tensor_parallel, serve_tp
+from pagesim.gpu.tp_profiler import calibrate_tensor_parallel, graph_vs_eager_tp, serve_tp
 from pagesim.gpu.tp_runner import (
     StepDecoder,
     StepEncoder,
@@ -151,8 +154,8 @@ def _serve_tp(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
     if group.is_driver:
         requests = [Request(f"s{k}", [(7 * i + k) % 512 for i in range(n)], max_tokens=3,
                             arrival_time=0.01 * k) for k, n in enumerate((20, 33))]
-    # graphs asked for: none exist on a CPU, but every rank gets and handles the capture
-    # message (a worker that did not would stop on an unknown message)
+    # graphs asked for: a CPU runs their padded static-buffer path uncaptured, and every rank
+    # gets and handles the capture message (a worker that did not would stop on it)
     served = serve_tp(group, tp_model, config, 40, requests, seed=SEED, cuda_graphs=True)
     if served is None:
         return {}
@@ -178,6 +181,9 @@ def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> No
             facts.update(digests=report.digests, configures=report.num_configures)
         facts["calibration"] = _calibrate(group, tp_model, out_dir)
         facts["serve_tp"] = _serve_tp(group, tp_model)
+        shapes = {"decode 3x40": [(40, 1)] * 3, "chunk with decodes": [(40, 1)] * 2 + [(0, 24)]}
+        facts["graph_check"] = graph_vs_eager_tp(group, tp_model, _config(), 40, shapes, reps=2,
+                                                 seed=SEED)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(facts))
     finally:
         destroy_tensor_parallel()
@@ -278,5 +284,13 @@ def test_serve_tp_keeps_the_runners_record_of_every_step(ranks):
     served = ranks[0]["serve_tp"]
     assert served["completed"] == 2 and served["truncated"] is False
     assert served["runner_steps"] == served["loop_steps"] >= 3
-    assert served["graphs"] == [False, 0]  # asked for, but a CPU has none
+    assert served["graphs"] == [False, 0]  # asked for, but a CPU captures none
     assert ranks[1]["serve_tp"] == {}
+
+
+def test_graph_check_switches_every_rank_together(ranks):
+    rows = ranks[0]["graph_check"]
+    assert [r["shape"] for r in rows] == ["decode 3x40", "chunk with decodes"]
+    for r in rows:
+        assert r["hidden_rel_diff"] < 1e-5 and r["graph_failed"] is None
+    assert ranks[1]["graph_check"] is None
