@@ -30,6 +30,7 @@ switch) is the same over gloo as over NCCL; only the capture itself needs CUDA.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -247,8 +248,8 @@ class TPDriverRunner:
         self.encoder = StepEncoder()
         msg = Configure(config, num_gpu_blocks, num_cpu_blocks, temperature, cuda_graphs)
         group.broadcast_object(msg)
-        self.local = local_runner(msg, model, seed)
-        self._graphs = self.local.graphs
+        self.slot = LocalRunner()
+        self.local = self.slot.configure(msg, model, seed)
         self.record_digests = record_digests
         self.digests: list[str] = []
 
@@ -263,7 +264,7 @@ class TPDriverRunner:
     def use_graphs(self, on: bool) -> None:
         """Replay graphs (`on`) or run eagerly from the next step on, on every rank."""
         self.group.broadcast_object(UseGraphs(on))
-        self.local.graphs = self._graphs if on else None
+        self.slot.use_graphs(on)
 
     def __getattr__(self, name: str) -> Any:  # only called for names not found on self
         local = self.__dict__.get("local")
@@ -325,18 +326,16 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
     if group.is_driver:
         raise RuntimeError("rank 0 drives the engine; run_worker is for ranks > 0")
     report = WorkerReport()
-    runner: GPUModelRunner | None = None
-    graphs = None  # the runner's graphs while `UseGraphs(False)` has them set aside
+    slot = LocalRunner()
     decoder = StepDecoder()
     while True:
         msg = group.broadcast_object(None)
         if isinstance(msg, Stop):
             return report
+        runner = slot.runner
         if isinstance(msg, Configure):
-            runner = None  # free the old KV cache before the new one is allocated
-            _empty_cache(model.device)
-            runner = local_runner(msg, model, seed)
-            graphs = runner.graphs
+            runner = None  # this reference too: nothing may keep the old KV cache alive
+            runner = slot.configure(msg, model, seed)
             runner.record_steps = False
             decoder = StepDecoder()
             report.num_configures += 1
@@ -351,7 +350,7 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
         elif isinstance(msg, UseGraphs):
             if runner is None:
                 raise RuntimeError("a graph switch arrived before any Configure")
-            runner.graphs = graphs if msg.on else None
+            slot.use_graphs(msg.on)
         elif isinstance(msg, StepMessage):
             if runner is None:
                 raise RuntimeError("a step arrived before any Configure")
@@ -365,15 +364,34 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
             raise RuntimeError(f"unknown message {type(msg).__name__}")
 
 
-def local_runner(msg: Configure, model, seed: int) -> GPUModelRunner:
-    """A rank's own runner for `msg`; asked for graphs on a CPU, it gets the padded
+class LocalRunner:
+    """A rank's own `GPUModelRunner` and its graphs, which `use_graphs(False)` sets aside.
+
+    `configure` drops the previous runner, and the graphs set aside with it, before building
+    the next: both hold the old KV cache, and one rank's cache is most of a GPU, so the old
+    and the new cannot coexist. Asked for graphs on a CPU, the runner gets the padded
     static-buffer path without capture (see the module docstring)."""
-    runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, device=model.device, model=model,
-                            seed=seed, num_cpu_blocks=msg.num_cpu_blocks,
-                            temperature=msg.temperature, cuda_graphs=msg.cuda_graphs)
-    if msg.cuda_graphs and runner.graphs is None and runner.device.type == "cpu":
-        runner.graphs = runner.make_graphs(capture=False)
-    return runner
+
+    def __init__(self) -> None:
+        self.runner: GPUModelRunner | None = None
+        self.graphs = None
+
+    def configure(self, msg: Configure, model, seed: int) -> GPUModelRunner:
+        self.runner = self.graphs = None
+        gc.collect()  # a captured graph's objects may sit in reference cycles
+        _empty_cache(model.device)
+        runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, device=model.device,
+                                model=model, seed=seed, num_cpu_blocks=msg.num_cpu_blocks,
+                                temperature=msg.temperature, cuda_graphs=msg.cuda_graphs)
+        if msg.cuda_graphs and runner.graphs is None and runner.device.type == "cpu":
+            runner.graphs = runner.make_graphs(capture=False)
+        self.runner, self.graphs = runner, runner.graphs
+        return runner
+
+    def use_graphs(self, on: bool) -> None:
+        if self.runner is None:
+            raise RuntimeError("a graph switch arrived before any Configure")
+        self.runner.graphs = self.graphs if on else None
 
 
 def _empty_cache(device: torch.device) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ import torch
 
 from pagesim.config import EngineConfig
 from pagesim.cost.profile import Profile
+from pagesim.gpu import tp_runner
 from pagesim.gpu.allreduce_bench import bench_allreduce
 from pagesim.gpu.calibrate import CalibrationGrid
 from pagesim.gpu.model import RandomWeightDecoder
@@ -52,9 +54,13 @@ from pagesim.gpu.serve import make_engine, replay
 from pagesim.gpu.tp_model import TensorParallelDecoder
 from pagesim.gpu.tp_profiler import calibrate_tensor_parallel, graph_vs_eager_tp, serve_tp
 from pagesim.gpu.tp_runner import (
+    Configure,
+    LocalRunner,
     StepDecoder,
     StepEncoder,
+    Stop,
     TPDriverRunner,
+    UseGraphs,
     broadcast_stop,
     run_collective,
     run_worker,
@@ -269,6 +275,55 @@ def test_encoder_and_decoder_keep_workers_in_step():
     dec.decode(msg)
     dec.decode(enc.encode(step(6, [], finished=["a"])))  # the latest "a" finished
     assert [r.prompt_token_ids for r in dec.requests.values()] == [list(range(5))]
+
+
+class _Messages:
+    """A worker's view of a group: `broadcast_object` hands out rank 0's messages in turn."""
+
+    is_driver = False
+
+    def __init__(self, messages: list) -> None:
+        self.messages = list(messages)
+
+    def broadcast_object(self, _obj):
+        return self.messages.pop(0)
+
+
+def test_a_new_configure_frees_the_old_kv_cache_graphs_set_aside_included(monkeypatch):
+    # one rank's KV cache is most of a GPU: the old one must be gone before the next is made
+    model = RandomWeightDecoder(ModelSpec.from_name("tiny-llama"), torch.float32, "cpu", 16,
+                                seed=SEED)
+    caches: list[weakref.ref] = []
+    alive_at_build: list[list[bool]] = []
+
+    def build(*args, **kwargs):  # what a rank still holds when the next runner is built
+        alive_at_build.append([c() is not None for c in caches])
+        runner = GPUModelRunner(*args, **kwargs)
+        caches.append(weakref.ref(runner.kv_caches[0][0]))
+        return runner
+
+    monkeypatch.setattr(tp_runner, "GPUModelRunner", build)
+    msg = Configure(_config(), 40, cuda_graphs=True)
+    slot = LocalRunner()
+    with pytest.raises(RuntimeError, match="before any Configure"):
+        slot.use_graphs(False)
+    first = slot.configure(msg, model, SEED)
+    graphs = first.graphs
+    assert graphs is not None and not graphs.capture  # a CPU: the padded path, uncaptured
+    slot.use_graphs(False)
+    assert first.graphs is None and slot.graphs is graphs  # set aside, holding the cache
+    slot.use_graphs(True)
+    assert first.graphs is graphs
+    slot.use_graphs(False)
+    del first, graphs
+    second = slot.configure(msg, model, SEED)
+    assert second.graphs is slot.graphs is not None
+    del second, slot  # the worker below starts from nothing
+    # the worker loop: graphs set aside when the next Configure arrives
+    report = run_worker(_Messages([msg, UseGraphs(False), msg, UseGraphs(True), Stop()]),
+                        model, seed=SEED)
+    assert report.num_configures == 2
+    assert alive_at_build == [[], [False], [False, False], [False, False, False]]
 
 
 def test_sharding_ranges():
