@@ -2,9 +2,10 @@
 
     NCCL_NVLS_ENABLE=0 PYTHONPATH=. python3 benchmarks/nccl_graph_check.py --tp 2 --out $OUT
 
-The TP runner is eager because its lazy graph capture would put `torch.distributed` NCCL
-all-reduces inside CUDA graphs, which had never run on GPUs here. This checks exactly that, in
-the runner's pattern, on one process per GPU (`pagesim.gpu.parallel.launch`, multicast off):
+The TP runner's graph capture puts `torch.distributed` NCCL all-reduces inside CUDA graphs.
+This checks exactly that on a new machine or stack, in the runner's pattern, on one process per
+GPU (`pagesim.gpu.parallel.launch`, multicast off); on 2 x H200 with torch 2.11 and NCCL
+2.28.9 it passed (`results/validation/tp2_graphs/nccl_graph_check.json`):
 
 1. capture `layers` all-reduces of a decode step's hidden states ([tokens, hidden] bf16) in one
    graph, each followed by a scale, and replay it: every rank must get the sum of all ranks'

@@ -56,7 +56,8 @@ def calibrate_command(
     """Sweep decode, prefill and mixed step shapes per block size on this GPU (random weights),
     measure KV capacity and host overhead, and write a versioned profile. With
     --tensor-parallel-size N: one process per GPU, steps through rank 0's broadcast, plus the
-    all-reduce table (profile <root>/<gpu>/<model>-tp<N>/; TP runs are eager)."""
+    all-reduce table (profile <root>/<gpu>/<model>-tp<N>/), CUDA graphs on every rank with
+    their NCCL all-reduces inside unless --enforce-eager."""
     from pagesim.gpu.device import require_cuda, torch_dtype
 
     require_cuda()
@@ -72,7 +73,7 @@ def calibrate_command(
                            full_block_sizes=parse_int_list(full_block_sizes, "full-block-sizes"))
     if config.tensor_parallel_size > 1 or shard_only:
         _calibrate_tp(config, grid, torch_dtype(dtype), seed, output_dir, time_budget_s,
-                      shard_only, quiet)
+                      shard_only, quiet, cuda_graphs=not enforce_eager)
         return
     with _bar(quiet) as progress:
         result = run_calibration(config, grid, dtype=torch_dtype(dtype), seed=seed,
@@ -90,7 +91,7 @@ def calibrate_command(
 
 
 def _calibrate_tp(config, grid, dtype, seed: int, output_dir: Path, time_budget_s: float,
-                  shard_only: bool, quiet: bool) -> None:
+                  shard_only: bool, quiet: bool, cuda_graphs: bool) -> None:
     """`--tensor-parallel-size N`: N processes (one per GPU), or rank 0's shard alone."""
     import torch
 
@@ -106,7 +107,8 @@ def _calibrate_tp(config, grid, dtype, seed: int, output_dir: Path, time_budget_
         with _bar(quiet) as progress:
             result = calibrate_shard(config, grid, dtype=dtype, seed=seed,
                                      calibration_root=output_dir, progress=progress,
-                                     time_budget_s=time_budget_s, log=typer.echo)
+                                     time_budget_s=time_budget_s, log=typer.echo,
+                                     cuda_graphs=cuda_graphs)
         p = result.profile
         typer.echo(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "
                    f"prefill, {len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
@@ -120,7 +122,7 @@ def _calibrate_tp(config, grid, dtype, seed: int, output_dir: Path, time_budget_
     from pagesim.gpu.tp_profiler import calibration_main
 
     launch(calibration_main, tp, config, grid, dtype, seed, str(output_dir), time_budget_s,
-           "cuda")
+           "cuda", cuda_graphs)
 
 
 class _bar:

@@ -252,7 +252,7 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
 def calibration_main(rank: int, world_size: int, init_method: str, config: EngineConfig,
                      grid: CalibrationGrid, dtype: torch.dtype, seed: int,
                      calibration_root: str | None, time_budget_s: float | None,
-                     device_type: str = "cuda") -> None:
+                     device_type: str = "cuda", cuda_graphs: bool = False) -> None:
     """`launch(calibration_main, N, config, grid, ...)`: one process per GPU (rank r on
     cuda:r), or per CPU process over gloo with `device_type="cpu"` (a dry run)."""
     device = torch.device(f"cuda:{rank}" if device_type == "cuda" else "cpu")
@@ -268,7 +268,8 @@ def calibration_main(rank: int, world_size: int, init_method: str, config: Engin
 
         result = calibrate_tensor_parallel(group, model, config, grid, before=before,
                                            seed=seed, calibration_root=calibration_root,
-                                           time_budget_s=time_budget_s, log=log)
+                                           time_budget_s=time_budget_s, log=log,
+                                           cuda_graphs=cuda_graphs)
         if result is not None:
             p = result.profile
             log(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "

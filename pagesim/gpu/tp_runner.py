@@ -232,11 +232,11 @@ class TPDriverRunner:
     reads fall through to the local `GPUModelRunner` (`num_gpu_blocks`, `step_records`, ...).
     `digests` (when `record_digests`) holds `step_digest` of every step, for tests.
 
-    `cuda_graphs` is off by default: the runner's capture puts NCCL collectives inside CUDA
-    graphs, which every rank must capture at the same step and which has not run on a
-    multi-GPU machine yet, so TP steps run eagerly unless asked (on every rank alike). With
-    it, graphs are captured lazily by the steps every rank runs alike, or all at once by
-    `capture_all` before a served run's clock starts.
+    With `cuda_graphs` (on every rank alike) the NCCL all-reduces run inside the captured
+    graphs, which every rank must capture at the same step: graphs are captured lazily by the
+    steps every rank runs alike, or all at once by `capture_all` before a served run's clock
+    starts. Checked on 2 x H200 (`results/validation/tp2_graphs/`); off by default here,
+    the commands turn it on (`pagesim calibrate`, unless --enforce-eager).
     """
 
     def __init__(self, group: TPGroup, config: EngineConfig, num_gpu_blocks: int, *,
