@@ -5,7 +5,8 @@ wall time, whether the step replayed a decode graph or a mixed-step graph or ran
 Every step's members are rebuilt by replaying its schedule (`step_replay.replay_shapes`:
 exact decode contexts, prefill entries and shared prefix references), priced
 by `CalibratedCostModel` (device part: its step time minus the host-overhead term) and
-compared with the runner's wall time. Per run and kind: steps, share of the run's step time,
+compared with the runner's wall time (a TP run's: the driver's whole step, broadcast
+included). Per run and kind: steps, share of the run's step time,
 the error of the summed time (what moves the run's metrics) and the per-step MAPE.
 
     python benchmarks/step_errors.py --real results/validation/real/llama-2-7b \\
@@ -48,10 +49,14 @@ def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
     if "records" not in doc:  # not a real run (summary, diagnostics)
         return []
     rs = doc["records"]["runner_steps"]
+    # A TP driver's step is its broadcast of the step (1.4-1.6 ms for llama-3-70b at TP 2)
+    # and its own shard's forward; the calibration timed both, the runner's record the second.
+    tp = doc["engine_config"].get("tensor_parallel_size", 1) > 1
+    walls = doc["records"]["steps"]["execute_s"] if tp else rs["wall_s"]
     shapes = replay_shapes(doc)
     by: dict[str, list[tuple[float, float]]] = {}
     total = 0.0
-    for i, wall in enumerate(rs["wall_s"]):
+    for i, wall in enumerate(walls):
         if not rs["num_reqs"][i]:
             continue
         total += wall

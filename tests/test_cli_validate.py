@@ -9,6 +9,8 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from pagesim.cli.app import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,18 +75,28 @@ def test_only_cut_runs_or_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys) ->
         assert len(err.splitlines()) == 1 and piece in err, err
 
 
-def test_the_tp2_report_is_what_this_code_makes_of_its_runs(tmp_path) -> None:
-    """`results/validation/tp2/`: llama-3-70b at tensor parallel size 2, its own profile."""
-    tp2 = ROOT / "results" / "validation" / "tp2"
-    real = tp2 / "real" / "llama-3-70b-tp2" / "chat-inf-bs16.json.gz"
-    argv = ["validate", "--real", str(real), "--profile",
-            str(tp2 / "profile" / "h200" / "llama-3-70b-tp2"),
+@pytest.mark.parametrize("call, run", [("tp2", "chat-inf-bs16"),
+                                       ("tp2_graphs", "chat-85pct-bs16")])
+def test_the_tp2_reports_are_what_this_code_makes_of_their_runs(tmp_path, call, run) -> None:
+    """`results/validation/tp2*/`: llama-3-70b at tensor parallel size 2 (eager, then with
+    CUDA graphs), each run priced with its call's profile; the graph call's profile is the
+    shipped default."""
+    tp2 = ROOT / "results" / "validation" / call
+    real = tp2 / "real" / "llama-3-70b-tp2" / f"{run}.json.gz"
+    profile = tp2 / "profile" / "h200" / "llama-3-70b-tp2"
+    argv = ["validate", "--real", str(real), "--profile", str(profile),
             "--output-dir", str(tmp_path), "--name", "v"]
     assert main(argv) == 0
     got = json.loads((tmp_path / "v.json").read_text())["runs"][0]
     shipped = json.loads((tp2 / "validation_llama-3-70b-tp2.json").read_text())
-    want = next(e for e in shipped["runs"] if e["run"] == "chat-inf-bs16")
+    want = next(e for e in shipped["runs"] if e["run"] == run)
     assert got["model"] == "llama-3-70b" and got["load"] == want["load"]
     assert {r["metric"]: round(r["error_pct"], 6) for r in got["rows"]} == \
         {r["metric"]: round(r["error_pct"], 6) for r in want["rows"]}
-    assert [s for s in shipped["skipped"] if "chat-85pct" in s]  # cut at its wall-clock limit
+    if call == "tp2":
+        assert [s for s in shipped["skipped"] if "chat-85pct" in s]  # cut at its wall clock
+    else:
+        assert all(r["met"] for e in shipped["runs"] for r in e["rows"])
+        default = ROOT / "calibration" / "h200" / "llama-3-70b-tp2"
+        for f in profile.iterdir():
+            assert (default / f.name).read_bytes() == f.read_bytes()
