@@ -133,6 +133,22 @@ def test_compare_tp_plans_each_size_and_picks_the_fewest_gpus(tmp_path: Path, ca
     assert (f"Fewest GPUs for 6 req/s: tensor_parallel_size {doc['best']['tp']} x "
             f"{doc['best']['num_replicas']} replicas = {doc['best']['gpus']} GPUs") in out
     assert "=== tensor_parallel_size 2 ===" in out
+    # TP 2 has a shipped H200 profile, TP 4 has none: the table says so, and warns
+    assert entries[2]["cost_model"].endswith("calibration/h200/llama-3-70b-tp2")
+    assert entries[4]["cost_model"] == "analytical"
+    assert "Note: the sizes are priced by different cost models" in out
+
+
+def test_compare_tp_analytical_prices_every_size_alike(tmp_path: Path, capsys) -> None:
+    out_file = tmp_path / "plan.json"
+    rc = main(["plan", "--model", "llama-3-70b", "--gpu", "h200", "--slo", "p99_tpot_ms<=100",
+               "--num-prompts", "40", "--min-duration", "5", "--rel-tol", "0.3",
+               "--compare-tp", "2,4", "--analytical", "--save-result", str(out_file)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    doc = json.loads(out_file.read_text())
+    assert [e["cost_model"] for e in doc["compare_tp"]] == ["analytical", "analytical"]
+    assert "Cost model: analytical\n" in out and "different cost models" not in out
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -143,6 +159,7 @@ def test_compare_tp_plans_each_size_and_picks_the_fewest_gpus(tmp_path: Path, ca
     (["--compare-tp", "2,4", "--profile", "calibration/h200/llama-3-8b"], "drop --profile"),
     (["--compare-tp", "2,4", "--kv-sizing", "--target-rate", "3"], "drop --kv-sizing"),
     (["--compare-tp", "1,3"], "no size can be built: weights of llama-3-70b"),
+    (["--analytical", "--profile", "calibration/h200/llama-3-8b"], "drop --profile"),
 ])
 def test_compare_tp_bad_input_is_one_line(capsys, extra, words) -> None:
     rc = main(["plan", "--model", "llama-3-70b", "--slo", "ttft:500", *extra])
