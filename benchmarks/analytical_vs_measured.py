@@ -60,18 +60,16 @@ class Rows:
 def load_rows(model: str, tp: int, path: Path) -> Rows:
     profile = Profile.load(path)
     kinds, shapes, measured, labels = [], [], [], []
-    for r in profile.decode:
-        if r.block_size == BLOCK_SIZE:
-            kinds.append("decode")
-            shapes.append(BatchShape.decode(r.batch_size, r.context_len, BLOCK_SIZE))
-            measured.append(r.step_time_ms)
-            labels.append((r.batch_size, r.context_len))
-    for r in profile.prefill:
-        if r.block_size == BLOCK_SIZE:
-            kinds.append("prefill")
-            shapes.append(BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, BLOCK_SIZE))
-            measured.append(r.step_time_ms)
-            labels.append((r.num_new_tokens, r.num_cached_tokens))
+    for kind, table, make in (("decode", profile.decode, BatchShape.decode),
+                              ("prefill", profile.prefill, BatchShape.prefill)):
+        for r in table:
+            if r.block_size == BLOCK_SIZE:
+                label = ((r.batch_size, r.context_len) if kind == "decode"
+                         else (r.num_new_tokens, r.num_cached_tokens))
+                kinds.append(kind)
+                shapes.append(make(*label, BLOCK_SIZE))
+                measured.append(r.step_time_ms)
+                labels.append(label)
     spec = EngineConfig.create(model=model, gpu="h200").model_spec
     return Rows(model, tp, spec.num_layers, kinds, shapes, np.asarray(measured), labels)
 
