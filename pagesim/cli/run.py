@@ -14,7 +14,7 @@ from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
 from pagesim.metrics import format_benchmark_block
-from pagesim.sim.build import default_profile
+from pagesim.sim.build import block_size_note, default_profile
 from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
 from pagesim.sim.simulate import result_metadata, simulate
 
@@ -57,6 +57,9 @@ def run_command(
     engine = o.engine_config(values)
     load = o.load_spec(values)
     prof = values.get("profile") or default_profile(engine)
+    note = block_size_note(prof, engine.block_size) if prof is not None else None
+    if note:
+        typer.echo(note, err=True)
     directory = result_dir or Path(".")
     if save_result or result_dir is not None:
         _make_dir(directory)  # before simulating: a bad --result-dir fails at once

@@ -31,6 +31,28 @@ def default_profile(config: EngineConfig) -> Path | None:
     return candidate if (candidate / "profile.json").is_file() else None
 
 
+def block_size_note(profile: str | Path, block_size: int) -> str | None:
+    """A line for the user when `profile` never timed `block_size`: its step costs then come
+    from the measured sizes around it (the nearest outside their range), which the result
+    alone would not show. None when it was timed, or when the profile cannot be read (the
+    simulation says what is wrong with it)."""
+    from pagesim.cost.profile import Profile
+
+    try:
+        measured = Profile.load(profile).block_sizes
+    except ConfigError:
+        return None
+    if not measured or block_size in measured:
+        return None
+    below = [b for b in measured if b < block_size]
+    above = [b for b in measured if b > block_size]
+    how = (f"interpolated between block sizes {below[-1]} and {above[0]}" if below and above
+           else f"taken from block size {(below or above)[-1 if below else 0]}, the nearest")
+    sizes = ", ".join(str(b) for b in measured)
+    return (f"note: {profile} measured block sizes {sizes}; block size {block_size}'s step "
+            f"costs are {how}")
+
+
 def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostModel:
     """The calibrated model for `profile` (a directory), else the analytical default.
 

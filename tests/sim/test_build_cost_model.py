@@ -39,3 +39,33 @@ def test_a_profile_of_another_model_is_refused_every_time(tmp_path) -> None:
     for _ in range(2):  # a refusal is not cached as a model
         with pytest.raises(ConfigError, match="measured for model 'llama-2-7b'"):
             build_cost_model(config, other)
+
+
+def test_block_size_note_says_how_an_unmeasured_block_size_is_priced(tmp_path) -> None:
+    from pagesim.sim.build import block_size_note
+
+    synthetic = os.path.join(os.path.dirname(__file__), "..", "cost", "data", "synthetic-profile")
+    assert block_size_note(synthetic, 16) is None  # measured: 8, 16, 32
+    assert block_size_note(synthetic, 64).endswith(
+        "measured block sizes 8, 16, 32; block size 64's step costs are taken from block "
+        "size 32, the nearest")
+    assert "taken from block size 8, the nearest" in block_size_note(synthetic, 4)
+    gap = tmp_path / "gap"
+    shutil.copytree(synthetic, gap)
+    decode = (gap / "decode.csv").read_text().splitlines(keepends=True)
+    (gap / "decode.csv").write_text("".join(
+        line for line in decode if not line.startswith("16,")))
+    assert block_size_note(gap, 16).endswith("interpolated between block sizes 8 and 32")
+    assert block_size_note(tmp_path / "missing", 16) is None  # the simulation reports it
+
+
+def test_run_notes_a_block_size_the_shipped_tp2_profile_never_timed(capsys) -> None:
+    from pagesim.cli.app import main
+
+    argv = ["run", "--model", "llama-3-70b", "--gpu", "h200", "--tensor-parallel-size", "2",
+            "--num-prompts", "5", "--quiet"]
+    assert main([*argv, "--block-size", "32"]) == 0
+    err = capsys.readouterr().err
+    assert "llama-3-70b-tp2 measured block sizes 16; block size 32's step costs" in err
+    assert main([*argv, "--block-size", "16"]) == 0
+    assert "measured block sizes" not in capsys.readouterr().err
