@@ -105,6 +105,14 @@ def profile_step(model: RandomWeightDecoder, num_tokens: int, num_reqs: int) -> 
     model.sample(model.compute_logits(hidden))
 
 
+def release_cached(device: torch.device | None = None) -> None:
+    """Hand the caching allocator's unused blocks back to the GPU, so that the next runner's
+    KV cache (most of a GPU) can take them; a no-op on a CPU. Without `device`, whenever CUDA
+    is there."""
+    if (torch.cuda.is_available() if device is None else device.type == "cuda"):
+        torch.cuda.empty_cache()
+
+
 def measure_kv_capacity(config: EngineConfig, model: RandomWeightDecoder,
                         before_weights: MemorySnapshot,
                         block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128)) -> MeasuredKVCapacity:

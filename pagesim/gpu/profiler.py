@@ -33,7 +33,12 @@ from pagesim.gpu.calibrate import (
 from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
 from pagesim.gpu.kernels.configs import decode_config, prefill_config
-from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
+from pagesim.gpu.memory import (
+    MeasuredKVCapacity,
+    MemorySnapshot,
+    measure_kv_capacity,
+    release_cached,
+)
 from pagesim.gpu.model import RandomWeightDecoder
 from pagesim.gpu.overhead import (
     NUM_JOINING,
@@ -167,13 +172,13 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
                                                      if graphs.failed else "")))
         del graphs
         del runner
-        _empty_cache(dev)
+        release_cached(dev)
     model.set_block_size(config.block_size)
     overhead, admission = measure_overhead(
         lambda cfg, blocks: GPUModelRunner(cfg, blocks, device=dev, model=model, seed=seed,
                                            cuda_graphs=cuda_graphs),
         config, capacity.num_gpu_blocks, grid)
-    _empty_cache(dev)
+    release_cached(dev)
     log(f"host overhead rows: {len(overhead)}; a step admitting prompts: "
         + ("not measured" if admission is None else
            f"+{admission[0]:.3f} ms + {admission[1]:.3f} ms per prefill entry"))
@@ -237,11 +242,6 @@ def override_capacity(config: EngineConfig, block_sizes: tuple[int, ...]) -> Mea
         predicted_num_gpu_blocks={bs: n for bs in block_sizes},
         predicted_available_kv_bytes=n * pages[block_sizes[0]], profile_tokens=0,
         profile_reqs=0)
-
-
-def _empty_cache(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def measure_overhead(make_runner: Callable[[EngineConfig, int], object], config: EngineConfig,

@@ -46,7 +46,12 @@ from pagesim.gpu.calibrate import (
 from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info
 from pagesim.gpu.graph_check import DEFAULT_SHAPES, graph_vs_eager_rows
-from pagesim.gpu.memory import MeasuredKVCapacity, MemorySnapshot, measure_kv_capacity
+from pagesim.gpu.memory import (
+    MeasuredKVCapacity,
+    MemorySnapshot,
+    measure_kv_capacity,
+    release_cached,
+)
 from pagesim.gpu.parallel import TPGroup, destroy_tensor_parallel, init_tensor_parallel
 from pagesim.gpu.profiler import (
     ATTENTION_BACKEND,
@@ -114,7 +119,7 @@ def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGr
         measured.extend(rows)
         log(f"block size {bs}: {rows.summary()}")
         del runner
-        _empty_cache()
+        release_cached()
     return measured
 
 
@@ -186,7 +191,7 @@ def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
             progress=progress, log=log)
         overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks,
                                                grid)
-        _empty_cache()
+        release_cached()
     finally:
         broadcast_stop(group)
     host_link = measure_host_link(model.device) if model.device.type == "cuda" else None
@@ -233,7 +238,7 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
     measured = grid_rows(make_runner, config, grid, capacity.num_gpu_blocks, seed=seed,
                          deadline=deadline, progress=progress, log=log)
     overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks, grid)
-    _empty_cache()
+    release_cached()
     method = (METHOD.format(bs=config.block_size) + f" Rank {rank}'s shard of a "
               f"{group.world_size}-way split alone on one GPU: no all-reduce, no logits "
               "all-gather in the times.")
@@ -336,10 +341,5 @@ def graph_vs_eager_tp(group: TPGroup, model: TensorParallelDecoder, config: Engi
     finally:
         broadcast_stop(group)
     del runner
-    _empty_cache()
+    release_cached()
     return rows
-
-
-def _empty_cache() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

@@ -36,9 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from pagesim.config import EngineConfig
+from pagesim.gpu.memory import release_cached
 from pagesim.gpu.parallel import TPGroup
 from pagesim.gpu.runner import GPUModelRunner
 from pagesim.request import Request
@@ -379,7 +378,7 @@ class LocalRunner:
     def configure(self, msg: Configure, model, seed: int) -> GPUModelRunner:
         self.runner = self.graphs = None
         gc.collect()  # a captured graph's objects may sit in reference cycles
-        _empty_cache(model.device)
+        release_cached(model.device)
         runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, device=model.device,
                                 model=model, seed=seed, num_cpu_blocks=msg.num_cpu_blocks,
                                 temperature=msg.temperature, cuda_graphs=msg.cuda_graphs)
@@ -392,8 +391,3 @@ class LocalRunner:
         if self.runner is None:
             raise RuntimeError("a graph switch arrived before any Configure")
         self.runner.graphs = self.graphs if on else None
-
-
-def _empty_cache(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()

@@ -46,8 +46,9 @@ def block_size_note(profile: str | Path, block_size: int) -> str | None:
         return None
     below = [b for b in measured if b < block_size]
     above = [b for b in measured if b > block_size]
+    nearest = below[-1] if below else above[0]
     how = (f"interpolated between block sizes {below[-1]} and {above[0]}" if below and above
-           else f"taken from block size {(below or above)[-1 if below else 0]}, the nearest")
+           else f"taken from block size {nearest}, the nearest")
     sizes = ", ".join(str(b) for b in measured)
     return (f"note: {profile} measured block sizes {sizes}; block size {block_size}'s step "
             f"costs are {how}")
