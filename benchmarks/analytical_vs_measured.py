@@ -2,21 +2,21 @@
 
     python benchmarks/analytical_vs_measured.py [--out results/analytical_vs_measured.csv]
 
-Configurations without a calibration profile (llama-3-70b at TP 4 or 8, any model on another
-GPU) are priced by the analytical roofline, whose efficiencies are assumptions. The shipped
-profiles (`calibration/h200/<model>/`, block 16: llama-2-7b, llama-3-8b, and llama-3-70b at
-TP 2, all with CUDA graphs) time every decode and prefill row on the GPU, so they say how far
-the roofline is from this runner on this GPU, per kind of step: decode rows over batch and
-context, prefill rows over new and cached tokens. The roofline's device part is compared (its
-host-overhead term left out: the profiles keep host time in a table of its own).
+Configurations without a calibration profile (llama-3-70b at TP 4 or 8, a model never
+calibrated, another GPU) are priced by the analytical roofline. Its constants are fitted here
+and copied, rounded, into `AnalyticalConstants`:
 
-Then a refit: the four efficiencies plus one fixed time per layer (what the roofline has no
-term for: each layer's dozen kernels have a latency of their own, whatever their size),
-fitted by least squares on the log ratio over the one-GPU rows alone, applied to every row.
-How close the TP-2 rows come says whether the form carries to a model and a TP size it was
-not fitted on; once with the roofline's all-reduce term, once with the TP profile's measured
-all-reduce table in its place (`allreduce.csv`: 25-38 us for a decode step's messages on
-2 x H200, where the roofline assumes 10 us plus bandwidth). Prints a table; writes CSV.
+- the four efficiencies (the two bandwidth shares bounded by 0.90, what a straight copy
+  reaches on an H200) and the fixed time per layer, by least squares on the log ratio of the
+  roofline's device time (its host term left out) to every decode and prefill row at block
+  size 16 of the profiles in `FIT_PROFILES`;
+- the all-reduce latency and bus-bandwidth share, on the TP profile's `allreduce.csv`;
+- the host time per step and per request, a line through the profiles' `overhead.csv`.
+
+Then, per profile: the error of the shipped defaults, and the error of a fit made without
+that profile (leave one out), which says how far the form carries to a model or TP size it
+was not fitted on. Every other profile under calibration/h200/ was left out of the defaults'
+fit altogether and is reported as held out. Prints a table; writes CSV.
 """
 
 from __future__ import annotations
@@ -30,34 +30,36 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from pagesim.config import EngineConfig
-from pagesim.cost.allreduce_pricing import allreduce_pricer
 from pagesim.cost.analytical import AnalyticalConstants, AnalyticalCostModel
 from pagesim.cost.base import BatchShape
 from pagesim.cost.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
 CAL = ROOT / "calibration" / "h200"
-PROFILES = (("llama-2-7b", 1, CAL / "llama-2-7b"), ("llama-3-8b", 1, CAL / "llama-3-8b"),
-            ("llama-3-70b", 2, CAL / "llama-3-70b-tp2"))
+FIT_PROFILES = ("llama-2-7b", "llama-3-8b", "llama-3-70b-tp2")
 BLOCK_SIZE = 16
 FITTED = ("weight_bandwidth_efficiency", "gemm_flops_efficiency",
-          "attention_bandwidth_efficiency", "attention_flops_efficiency")
+          "attention_bandwidth_efficiency", "attention_flops_efficiency",
+          "per_layer_overhead_s")
+COPY_CEILING = 0.90  # DESIGN.md section 6: an H200 copies at 4.3 of its 4.8 TB/s
+UPPER = (COPY_CEILING, 1.0, COPY_CEILING, 1.0, 1e-3)
+LOWER = (0.05, 0.05, 0.05, 0.05, 0.0)
 
 
 @dataclasses.dataclass
 class Rows:
     """One profile's decode and prefill rows at block 16, with the shapes to price them."""
 
+    name: str
     model: str
     tp: int
-    num_layers: int
     kinds: list[str]
     shapes: list[BatchShape]
     measured_ms: np.ndarray
     labels: list[tuple[int, int]]  # (batch, context) or (new tokens, cached tokens)
 
 
-def load_rows(model: str, tp: int, path: Path) -> Rows:
+def load_rows(path: Path) -> Rows:
     profile = Profile.load(path)
     kinds, shapes, measured, labels = [], [], [], []
     for kind, table, make in (("decode", profile.decode, BatchShape.decode),
@@ -70,42 +72,54 @@ def load_rows(model: str, tp: int, path: Path) -> Rows:
                 shapes.append(make(*label, BLOCK_SIZE))
                 measured.append(r.step_time_ms)
                 labels.append(label)
-    spec = EngineConfig.create(model=model, gpu="h200").model_spec
-    return Rows(model, tp, spec.num_layers, kinds, shapes, np.asarray(measured), labels)
+    meta = profile.metadata
+    return Rows(path.name, meta.model, meta.tensor_parallel_size, kinds, shapes,
+                np.asarray(measured), labels)
 
 
-def device_ms(rows: Rows, constants: AnalyticalConstants, per_layer_s: float = 0.0,
-              allreduce=None) -> np.ndarray:
-    """The roofline's step time less its host-overhead term, plus a fixed time per layer;
-    `allreduce` (tokens -> seconds), when given, replaces the roofline's all-reduce term."""
+def device_ms(rows: Rows, constants: AnalyticalConstants) -> np.ndarray:
+    """The roofline's step times less their host-overhead term, in ms."""
     config = EngineConfig.create(model=rows.model, gpu="h200", tensor_parallel_size=rows.tp)
     cm = AnalyticalCostModel(config.model_spec, config.gpu_spec, tensor_parallel_size=rows.tp,
                              constants=constants)
-    out = []
-    for shape in rows.shapes:
-        parts = cm.step_time_breakdown(shape)
-        if allreduce is not None and parts["allreduce"]:
-            parts["allreduce"] = allreduce(shape.total_tokens)
-        out.append(sum(v for k, v in parts.items() if k != "overhead")
-                   + per_layer_s * rows.num_layers)
-    return 1e3 * np.asarray(out)
+    return 1e3 * np.asarray([cm.step_time(s) - cm.step_time_breakdown(s)["overhead"]
+                             for s in rows.shapes])
 
 
-def refit(train: list[Rows]) -> tuple[AnalyticalConstants, float]:
-    """Efficiencies and a per-layer time that fit `train` best (least squares on log ratio)."""
-    base = AnalyticalConstants()
-
-    def unpack(x: np.ndarray) -> tuple[AnalyticalConstants, float]:
-        return dataclasses.replace(base, **dict(zip(FITTED, x[:4], strict=True))), x[4]
+def refit(train: list[Rows], base: AnalyticalConstants) -> AnalyticalConstants:
+    """`base` with the `FITTED` constants that fit `train` best."""
+    def constants(x: np.ndarray) -> AnalyticalConstants:
+        return dataclasses.replace(base, **dict(zip(FITTED, map(float, x), strict=True)))
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        c, per_layer = unpack(x)
-        return np.concatenate([np.log(device_ms(r, c, per_layer) / r.measured_ms)
-                               for r in train])
+        c = constants(x)
+        return np.concatenate([np.log(device_ms(r, c) / r.measured_ms) for r in train])
 
-    x0 = np.array([getattr(base, n) for n in FITTED] + [0.0])
-    fit = least_squares(residuals, x0, bounds=([0.05] * 4 + [0.0], [1.0] * 4 + [1e-3]))
-    return unpack(fit.x)
+    x0 = np.array([min(getattr(base, n), hi) for n, hi in zip(FITTED, UPPER, strict=True)])
+    return constants(least_squares(residuals, x0, bounds=(LOWER, UPPER)).x)
+
+
+def fit_allreduce(path: Path, link_bytes_per_s: float) -> tuple[float, float]:
+    """(latency s, bus-bandwidth share) that fit a measured allreduce.csv best."""
+    rows = list(csv.DictReader(open(path)))
+    tp = np.array([int(r["tp"]) for r in rows])
+    size = np.array([float(r["message_bytes"]) for r in rows]) * 2 * (tp - 1) / tp
+    time = np.array([float(r["time_us"]) for r in rows]) * 1e-6
+    fit = least_squares(lambda x: np.log((x[0] + size / (link_bytes_per_s * x[1])) / time),
+                        [10e-6, 0.8], bounds=([0.0, 0.05], [1e-3, 1.0]))
+    return float(fit.x[0]), float(fit.x[1])
+
+
+def fit_host_overhead(paths: list[Path]) -> tuple[float, float]:
+    """(s per step, s per request): least squares through every overhead.csv row."""
+    reqs, ms = [], []
+    for path in paths:
+        for r in csv.DictReader(open(path / "overhead.csv")):
+            reqs.append(float(r["num_reqs"]))
+            ms.append(float(r["overhead_ms"]))
+    a = np.vstack([np.ones(len(reqs)), reqs]).T
+    step, per_req = np.linalg.lstsq(a, np.asarray(ms), rcond=None)[0]
+    return 1e-3 * float(step), 1e-3 * float(per_req)
 
 
 def summary(errors: np.ndarray) -> str:
@@ -117,49 +131,71 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results/analytical_vs_measured.csv")
     a = ap.parse_args()
-    profiles = [load_rows(model, tp, path) for model, tp, path in PROFILES]
-    constants, per_layer_s = refit([r for r in profiles if r.tp == 1])
-    fitted = ", ".join(f"{n} {getattr(constants, n):.3f}" for n in FITTED)
+    shipped = AnalyticalConstants()
+    fit_paths = [CAL / name for name in FIT_PROFILES]
+    held_paths = sorted(p for p in CAL.iterdir()
+                        if p.name not in FIT_PROFILES and (p / "profile.json").exists())
+    fit_rows = [load_rows(p) for p in fit_paths]
+    held_rows = [load_rows(p) for p in held_paths]
+
+    h200 = EngineConfig.create(model="llama-2-7b", gpu="h200").gpu_spec
+    latency, share = fit_allreduce(CAL / "llama-3-70b-tp2" / "allreduce.csv",
+                                   h200.nvlink_bytes_per_s)
+    step_s, per_req_s = fit_host_overhead(fit_paths)
+    fitted = refit(fit_rows, shipped)
+    print("fitted on", ", ".join(FIT_PROFILES), "(shipped defaults in brackets)")
+    for name in FITTED:
+        scale, unit = (1e6, " us") if name.endswith("_s") else (1.0, "")
+        print(f"    {name:32s} {scale * getattr(fitted, name):8.3f}{unit} "
+              f"[{scale * getattr(shipped, name):.3f}]")
+    print(f"    allreduce_latency_s              {1e6 * latency:8.1f} us "
+          f"[{1e6 * shipped.allreduce_latency_s:.1f}]\n"
+          f"    allreduce_bandwidth_efficiency   {share:8.3f} "
+          f"[{shipped.allreduce_bandwidth_efficiency:.3f}]\n"
+          f"    step_overhead_s                  {1e6 * step_s:8.1f} us "
+          f"[{1e6 * shipped.step_overhead_s:.1f}]\n"
+          f"    per_request_overhead_s           {1e6 * per_req_s:8.2f} us "
+          f"[{1e6 * shipped.per_request_overhead_s:.2f}]")
+
     table = []
-    print("error % of the roofline's device time against the measured rows (block 16)")
-    for (model, tp, path), rows in zip(PROFILES, profiles, strict=True):
-        default = device_ms(rows, AnalyticalConstants())
-        refitted = device_ms(rows, constants, per_layer_s)
-        measured_ar = refitted
-        if tp > 1:
-            config = EngineConfig.create(model=model, gpu="h200", tensor_parallel_size=tp)
-            pricer, _ = allreduce_pricer(Profile.load(path), config.model_spec, None)
-            measured_ar = device_ms(rows, constants, per_layer_s, pricer)
-        held_out = " (held out of the refit)" if rows.tp > 1 else ""
+    print("\nerror % of the roofline's device time against the measured rows (block 16)")
+    for rows in fit_rows + held_rows:
+        in_fit = rows in fit_rows
+        default = device_ms(rows, shipped)
+        loo = (device_ms(rows, refit([r for r in fit_rows if r is not rows], shipped))
+               if in_fit else default)
         for kind in ("decode", "prefill"):
             sel = np.array([k == kind for k in rows.kinds])
-            err = {name: 100 * (t[sel] / rows.measured_ms[sel] - 1) for name, t in (
-                ("default", default), ("refit", refitted), ("measured_ar", measured_ar))}
-            print(f"{rows.model} TP {rows.tp} {kind:7s} {sel.sum():3d} rows{held_out}\n"
-                  f"    default: {summary(err['default'])}\n"
-                  f"    refit:   {summary(err['refit'])}"
-                  + (f"\n    refit, measured all-reduce: {summary(err['measured_ar'])}"
-                     if tp > 1 else ""))
+            if not sel.any():
+                continue
+            line = f"{rows.name} (TP {rows.tp}) {kind:7s} {sel.sum():3d} rows"
+            err = 100 * (default[sel] / rows.measured_ms[sel] - 1)
+            if in_fit:
+                held = 100 * (loo[sel] / rows.measured_ms[sel] - 1)
+                print(f"{line}\n    defaults:            {summary(err)}"
+                      f"\n    fit without it:      {summary(held)}")
+            else:
+                print(f"{line}, held out of the defaults' fit\n"
+                      f"    defaults:            {summary(err)}")
         for i, kind in enumerate(rows.kinds):
-            table.append({"model": rows.model, "tp": rows.tp, "kind": kind,
-                          "size": rows.labels[i][0], "context": rows.labels[i][1],
-                          "measured_ms": round(float(rows.measured_ms[i]), 3),
-                          "analytical_ms": round(float(default[i]), 3),
-                          "error_pct": round(float(100 * (default[i] / rows.measured_ms[i] - 1)),
-                                             1),
-                          "refit_ms": round(float(refitted[i]), 3),
-                          "refit_error_pct": round(float(
-                              100 * (refitted[i] / rows.measured_ms[i] - 1)), 1),
-                          "refit_measured_allreduce_ms": round(float(measured_ar[i]), 3)})
-    print(f"refit on the one-GPU rows: {fitted}, {1e6 * per_layer_s:.1f} us per layer")
+            table.append({
+                "profile": rows.name, "tp": rows.tp, "in_fit": int(in_fit), "kind": kind,
+                "size": rows.labels[i][0], "context": rows.labels[i][1],
+                "measured_ms": round(float(rows.measured_ms[i]), 3),
+                "analytical_ms": round(float(default[i]), 3),
+                "error_pct": round(float(100 * (default[i] / rows.measured_ms[i] - 1)), 1),
+                "left_out_ms": round(float(loo[i]), 3),
+                "left_out_error_pct": round(float(100 * (loo[i] / rows.measured_ms[i] - 1)),
+                                            1)})
     with open(a.out, "w", newline="") as f:
-        for model, tp, path in PROFILES:  # where each measurement comes from
+        for path in fit_paths + held_paths:  # where each measurement comes from
             m = Profile.load(path).metadata
-            f.write(f"# {model} TP {tp}: {path.relative_to(ROOT)}, {m.gpu_name}, driver "
-                    f"{m.driver}, torch {m.torch}, triton {m.triton}, {m.date}\n")
+            f.write(f"# {path.relative_to(ROOT)}: {m.model} TP {m.tensor_parallel_size}, "
+                    f"{m.gpu_name}, driver {m.driver}, torch {m.torch}, triton {m.triton}, "
+                    f"{m.date}\n")
         f.write("# size, context: decode batch and context, or prefill new and cached tokens; "
-                "times are the device part (no host-overhead term)\n")
-        f.write(f"# refit (one-GPU rows only): {fitted}, {1e6 * per_layer_s:.1f} us per layer\n")
+                "times are the device part (no host-overhead term); analytical: the shipped "
+                "defaults; left_out: the fit without that profile (in_fit=1 only)\n")
         w = csv.DictWriter(f, fieldnames=list(table[0]))
         w.writeheader()
         w.writerows(table)

@@ -3,6 +3,7 @@
 The default when no calibration profile exists for a (GPU, model) pair. A step is the sum of
 
     overhead    fixed per-step host time + a per-request term (scheduling, input prep, sampling)
+    layers      a fixed time per decoder layer (the latency of its dozen kernels)
     linear      max(weight bytes / memory rate, GEMM FLOPs / compute rate) over all layers + lm_head
     attention   decode group and each prefill entry: max(KV bytes / memory rate,
                 attention FLOPs / compute rate), the KV bytes inflated by a per-block cost
@@ -24,28 +25,37 @@ from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
 BREAKDOWN_KEYS: tuple[str, ...] = (
-    "overhead", "linear", "attention", "paged_blocks", "allreduce", "swap", "copy")
+    "overhead", "layers", "linear", "attention", "paged_blocks", "allreduce", "swap", "copy")
 
 
 @dataclass(frozen=True)
 class AnalyticalConstants:
     """Efficiencies and fixed costs of the roofline, each with where it comes from."""
 
+    # The efficiencies, the per-layer time, the host terms and the all-reduce terms below are
+    # fitted to measurements: `python benchmarks/analytical_vs_measured.py` fits them by least
+    # squares (on the log ratio) to every decode and prefill row at block size 16 of the three
+    # shipped H200 profiles (llama-2-7b and llama-3-8b on one GPU, llama-3-70b at TP 2, all
+    # with CUDA graphs), and reports each profile's error when it is left out of the fit. The
+    # rows are pagesim's own runner (Triton paged attention, unfused torch layers), so these
+    # constants price that runner; a serving stack with fused kernels runs faster. On another
+    # GPU the efficiencies are taken as the same shares of that GPU's datasheet rates: an
+    # assumption, until a profile of that GPU exists.
+
     # Share of the datasheet HBM bandwidth reached when streaming weights (GEMV-like decode).
-    # DESIGN.md section 6: an H200 copies at about 4.3 TB/s of its 4.8 TB/s datasheet (0.90);
-    # weight streaming through GEMM kernels gets somewhat less: 0.85 is an assumption.
-    weight_bandwidth_efficiency: float = 0.85
-    # Share of the dense fp16/bf16 peak reached by large GEMMs. Assumption (cuBLAS on Hopper
-    # typically lands at 60-75 % of dense peak for LLM-sized GEMMs).
-    gemm_flops_efficiency: float = 0.70
+    # Bounded by 0.90, the share a straight copy reaches on an H200 (4.3 of 4.8 TB/s,
+    # DESIGN.md section 6); the fit sits at that bound, the per-layer time below taking the
+    # rest of a small step.
+    weight_bandwidth_efficiency: float = 0.90
+    # Share of the dense fp16/bf16 peak reached by the step's GEMMs (fitted: 0.585).
+    gemm_flops_efficiency: float = 0.59
     # Share of the HBM bandwidth reached by paged decode attention before the per-block cost
-    # below. Assumption: scattered block reads and per-(sequence, head) programs stay below a
-    # straight copy.
-    attention_bandwidth_efficiency: float = 0.70
-    # Share of peak FLOPs reached by prefill attention. FlashAttention-2 (Dao, 2023) reports
-    # 50-73 % of A100 peak in the forward pass; paged prefill over a cached prefix is less
-    # regular, so the low end.
-    attention_flops_efficiency: float = 0.50
+    # below. Bounded by the copy ceiling like the weights; the fit sits at it.
+    attention_bandwidth_efficiency: float = 0.90
+    # Share of peak FLOPs reached by prefill attention (fitted: 0.251). Well below the 50-73 %
+    # FlashAttention-2 (Dao, 2023) reports for its forward pass: the paged prefill kernel
+    # gathers K/V through the block table and is not FlashAttention.
+    attention_flops_efficiency: float = 0.25
     # Per KV block read, the kernel pays a fixed cost (a block-table load, then a dependent
     # address computation before the K/V loads issue, one more loop iteration), counted as the
     # time to read this many extra tokens of K/V. With 4, block size 16 costs 4/16 = 25 % over
@@ -53,28 +63,32 @@ class AnalyticalConstants:
     # paper (Kwon et al., SOSP 2023, section 7.1) measured for PagedAttention against
     # FasterTransformer. Smaller blocks cost more; the paper's block-size ablation (section
     # 7.2) also finds small blocks underuse the GPU. It inflates memory time only, so
-    # compute-bound prefill attention is unaffected.
+    # compute-bound prefill attention is unaffected. Not fitted (the fit uses block 16 only).
     paged_block_overhead_tokens: float = 4.0
-    # Host time per step (scheduler, input preparation, launch under CUDA graphs) and per
-    # scheduled request (block-table rows, sampling, detokenisation). The values are
-    # assumptions. Context: vLLM's v0.6.0 performance post (2024-09-05) found CPU-side work
-    # (API server, scheduling, input preparation) taking most of each step for an 8B model on
-    # one H100, which v0.6 and V1 then overlapped with GPU work; a calibrated overhead.csv
-    # replaces these guesses.
-    step_overhead_s: float = 1.0e-3
-    per_request_overhead_s: float = 5.0e-6
+    # Fixed time per decoder layer per step, whatever the batch (fitted: 114.6 us). The
+    # roofline has no term for it: each layer runs a dozen kernels (norms, rotary embedding,
+    # KV-cache write, attention, activations, residual adds), each with a latency of its own
+    # even inside a CUDA graph. It is most of a small decode step: 3.7 of llama-2-7b's 5.8 ms
+    # at batch 1.
+    per_layer_overhead_s: float = 115e-6
+    # Host time per step (scheduler, input preparation, graph launch) and per scheduled
+    # request (block-table rows, sampling): a line fitted to the three profiles' measured
+    # host-overhead tables (0.14 ms + 4.1 us per request). A profile's own overhead.csv
+    # replaces them.
+    step_overhead_s: float = 0.14e-3
+    per_request_overhead_s: float = 4.1e-6
     # Share of the host-link peak reached by pinned-memory swap copies. Assumption (PCIe
     # copies typically reach ~80 % of the link's per-direction peak).
     host_link_efficiency: float = 0.80
-    # Latency of one small all-reduce between GPUs of one node. Assumption (NCCL / vLLM's
-    # custom all-reduce over NVLink: ~10 us for the small messages of a decode step); held
-    # constant in tp (NCCL's small-message tree/LL protocols, not a 2 (tp - 1)-hop ring).
-    allreduce_latency_s: float = 10.0e-6
-    # Share of the per-direction link rate that a large all-reduce reaches as NCCL "bus
-    # bandwidth" (busbw = bytes / time * 2 (tp - 1) / tp). Assumption: nccl-tests all_reduce
-    # on 8-GPU NVLink-4 nodes without NVLS (multicast off, as pagesim runs) lands near 80 % of
-    # the 450 GB/s per-direction rate. A measured allreduce.csv replaces it.
-    allreduce_bandwidth_efficiency: float = 0.80
+    # Latency of one small all-reduce between GPUs of one node, and the share of the
+    # per-direction link rate that a large one reaches as NCCL "bus bandwidth" (busbw =
+    # bytes / time * 2 (tp - 1) / tp). Fitted to the all-reduce table measured on 2 x H200
+    # over NVLink, NCCL without NVLS (calibration/h200/llama-3-70b-tp2/allreduce.csv: 25-38 us
+    # up to 4 MiB, 905 us for 256 MiB): 31.9 us and 0.716. The latency is held constant in
+    # tp (NCCL's small-message tree/LL protocols, not a 2 (tp - 1)-hop ring); TP 4 and 8 are
+    # unmeasured. A measured allreduce.csv replaces both.
+    allreduce_latency_s: float = 32.0e-6
+    allreduce_bandwidth_efficiency: float = 0.72
 
     def __post_init__(self) -> None:
         for name in ("weight_bandwidth_efficiency", "gemm_flops_efficiency",
@@ -83,7 +97,7 @@ class AnalyticalConstants:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ConfigError(f"{name}={value!r}: must be in (0, 1]")
-        for name in ("paged_block_overhead_tokens", "step_overhead_s",
+        for name in ("paged_block_overhead_tokens", "per_layer_overhead_s", "step_overhead_s",
                      "per_request_overhead_s", "allreduce_latency_s"):
             value = getattr(self, name)
             if not value >= 0.0:
@@ -149,6 +163,7 @@ class AnalyticalCostModel:
         layer_params = matmul_params_per_layer(model) * layers / tp
         lm_head_params = model.vocab_size * model.hidden_size / tp
         # ---- per-GPU constants, in seconds per unit of work ----
+        self._layers_s = layers * c.per_layer_overhead_s
         self._weights_s = (layer_params + lm_head_params) * model.dtype_bytes / mem_w
         self._gemm_s_per_token = 2.0 * layer_params / gemm
         self._lm_head_s_per_req = 2.0 * lm_head_params / gemm  # vLLM: logits for 1 row per req
@@ -194,12 +209,12 @@ class AnalyticalCostModel:
         return (self._ar_fixed_s + self._ar_s_per_token * num_tokens) if num_tokens else 0.0
 
     # ---- the model ----
-    def _components(self, b: BatchShape) -> tuple[float, float, float, float, float, float,
-                                                  float]:
+    def _components(self, b: BatchShape) -> tuple[float, ...]:
         c = self.constants
         n_reqs = b.num_decode_seqs + len(b.prefill_new_tokens)
         overhead = c.step_overhead_s + c.per_request_overhead_s * n_reqs
         tokens = b.total_tokens
+        layers = self._layers_s if tokens else 0.0
         if tokens:
             linear = max(self._weights_s, self._gemm_s_per_token * tokens
                          + self._lm_head_s_per_req * n_reqs)
@@ -209,7 +224,7 @@ class AnalyticalCostModel:
         allreduce = self.allreduce_time(tokens)
         swap = b.swap_bytes * self._swap_s_per_byte
         copy = b.num_blocks_to_copy * b.block_size * self._copy_s_per_token
-        return overhead, linear, attn, paged, allreduce, swap, copy
+        return overhead, layers, linear, attn, paged, allreduce, swap, copy
 
     def _attention(self, b: BatchShape) -> tuple[float, float]:
         """(attention without the per-block cost, the per-block cost) in seconds.

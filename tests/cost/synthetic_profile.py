@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pagesim.cost.analytical import AnalyticalCostModel
+from pagesim.cost.analytical import AnalyticalConstants, AnalyticalCostModel
 from pagesim.cost.base import BatchShape
 from pagesim.cost.profile import (
     DecodeRow,
@@ -40,6 +40,14 @@ GPU = GPUSpec(name="synthetic-gpu", memory_bytes=141 * 10**9,
               hbm_bandwidth_bytes_per_s=4.8e12, fp16_flops=989.5e12,
               host_link_bytes_per_s=64e9, nvlink_bytes_per_s=450e9)
 
+# The generating model's constants, pinned here so that the fixture does not move when the
+# analytical defaults are refitted: round datasheet-style efficiencies, no per-layer time.
+CONSTANTS = AnalyticalConstants(
+    weight_bandwidth_efficiency=0.85, gemm_flops_efficiency=0.70,
+    attention_bandwidth_efficiency=0.70, attention_flops_efficiency=0.50,
+    paged_block_overhead_tokens=4.0, per_layer_overhead_s=0.0, step_overhead_s=1.0e-3,
+    per_request_overhead_s=5.0e-6)
+
 BLOCK_SIZES = (8, 16, 32)
 BATCH_SIZES = (1, 4, 16, 64, 256)
 CONTEXT_LENS = (16, 128, 1024, 4096)
@@ -50,9 +58,15 @@ MIXED = [(n, c, b, 512) for n in (256, 1024) for c in (0, 1024) for b in (8, 64)
 NUM_REQS = (1, 16, 64, 256)
 
 
+def generating_model(tensor_parallel_size: int = 1) -> AnalyticalCostModel:
+    """The analytical model the synthetic rows are drawn from."""
+    return AnalyticalCostModel(MODEL, GPU, tensor_parallel_size=tensor_parallel_size,
+                               constants=CONSTANTS)
+
+
 def make_synthetic_profile(noise: float = 0.02, seed: int = 0) -> Profile:
     """Device times from the analytical model times (1 + noise * N(0, 1)), in ms, rounded."""
-    cm = AnalyticalCostModel(MODEL, GPU)
+    cm = generating_model()
     rng = np.random.default_rng(seed)
 
     def measure(shape: BatchShape) -> tuple[float, ...]:

@@ -28,7 +28,8 @@ ROUND_GPU = GPUSpec(name="round", memory_bytes=10**10, hbm_bandwidth_bytes_per_s
 # every efficiency 1, every fixed cost 0: the bare roofline
 BARE = AnalyticalConstants(weight_bandwidth_efficiency=1.0, gemm_flops_efficiency=1.0,
                            attention_bandwidth_efficiency=1.0, attention_flops_efficiency=1.0,
-                           paged_block_overhead_tokens=0.0, step_overhead_s=0.0,
+                           paged_block_overhead_tokens=0.0, per_layer_overhead_s=0.0,
+                           step_overhead_s=0.0,
                            per_request_overhead_s=0.0, host_link_efficiency=1.0,
                            allreduce_latency_s=0.0, allreduce_bandwidth_efficiency=1.0)
 
@@ -65,6 +66,15 @@ def test_prefill_by_hand_is_compute_bound():
     attention = max(2000 * KV_S_PER_TOKEN, 500500 * ATTN_S_PER_QK)
     assert linear + attention == pytest.approx(1.638528e-6 + 2.56256e-6, rel=1e-12)
     assert bare().prefill_time(1000) == pytest.approx(linear + attention, rel=1e-12)
+
+
+def test_per_layer_time_is_paid_once_per_layer_by_any_step_that_runs_the_model():
+    cm = bare(per_layer_overhead_s=100e-6)
+    for shape in (BatchShape.decode(1, 10), BatchShape.decode(64, 10), BatchShape.prefill(1000),
+                  BatchShape.mixed(256, 0, 8, 100)):
+        assert cm.step_time_breakdown(shape)["layers"] == pytest.approx(2 * 100e-6)
+        assert cm.step_time(shape) == pytest.approx(bare().step_time(shape) + 2e-4, rel=1e-12)
+    assert cm.step_time_breakdown(BatchShape(block_size=16, total_tokens=0, swap_bytes=10))["layers"] == 0.0
 
 
 def test_breakdown_sums_to_step_time_and_names_every_term(llama7b, h200):

@@ -9,9 +9,8 @@ import statistics
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from synthetic_profile import GPU, MODEL
+from synthetic_profile import GPU, MODEL, generating_model
 
-from pagesim.cost.analytical import AnalyticalCostModel
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import (
     BREAKDOWN_KEYS,
@@ -122,7 +121,7 @@ def test_tracks_the_generating_model_off_grid(clean_profile):
     stay within 12 % of it (the error is the piecewise-linear `other` across the GEMM
     roofline knee between 64 and 256 tokens, where the grid has no point)."""
     cm = CalibratedCostModel(clean_profile.replace_tables(overhead=()))
-    truth = AnalyticalCostModel(MODEL, GPU)
+    truth = generating_model()
 
     def device(shape):
         bd = truth.step_time_breakdown(shape)
