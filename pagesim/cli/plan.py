@@ -203,10 +203,10 @@ def _best(entries: list[dict[str, Any]], target_rate: float | None) -> dict[str,
         print(f"{line}  {_costs(e['cost_model'])}")
     kinds = {_costs(e["cost_model"]) for e in entries if "error" not in e}
     if len(kinds) > 1:
-        print("Note: the sizes are priced by different cost models; the analytical one prices "
-              "steps 25-49 % faster than the shipped H200 profiles measured (median by "
-              "profile and kind, results/analytical_vs_measured.csv). --analytical puts them "
-              "on one footing")
+        print("Note: the sizes are priced by different cost models; the analytical one is "
+              "fitted to the shipped H200 profiles, within -7 to +10 % of their steps at the "
+              "median by profile and kind, -32 to +22 % at worst "
+              "(results/analytical_vs_measured.csv). --analytical puts them on one footing")
     if target_rate is not None:
         fit = [r for r in rows if r["gpus"] is not None]
         if not fit:
