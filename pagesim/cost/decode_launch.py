@@ -46,6 +46,17 @@ def fixed_partition(span: int, partition_size: int, tile_n: int) -> DecodePartit
     return DecodePartition(max(1, cdiv(span, size)), size)
 
 
+def partition_cuts(part: DecodePartition, seq_len: int) -> tuple[int, ...]:
+    """Token offsets at which a context of `seq_len` tokens is cut into partitions.
+
+    Partitions past a context's end exit at once, so two partitions with the same cuts sum
+    the same tokens in the same order (bit-identical outputs), and two with different cuts
+    sum in another order (outputs that differ in rounding)."""
+    if part.num_partitions == 1:
+        return ()
+    return tuple(range(part.partition_size, seq_len, part.partition_size))
+
+
 def split_rule(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_n: int,
                programs_per_sm: int, num_sms: int, sliding_window: int | None = None,
                min_partition_tokens: int = MIN_PARTITION_TOKENS) -> DecodePartition:

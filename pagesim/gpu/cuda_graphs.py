@@ -213,6 +213,16 @@ class StepGraphs:
         return decode_partition(size, m.num_kv_heads, span, self._decode_cfg, self.num_sms,
                                 m.spec.sliding_window, m.attn.min_partition_tokens)
 
+    def decode_partitions(self, num_seqs: int, longest: int) -> tuple[DecodePartition,
+                                                                      DecodePartition]:
+        """(eager, graph): how a decode-only step of `num_seqs` sequences, the longest of
+        `longest` tokens (new one included), splits its contexts when run eagerly (for that
+        context, as `build_metadata` does) and replayed as a graph (for its padded size and
+        span bucket). Where their `partition_cuts` differ, the two sum in another order."""
+        key = self._key(self.padded_size(num_seqs), span_bucket(longest, self.max_model_len))
+        return (self._partition(num_seqs, longest),
+                DecodePartition(key.num_partitions, key.partition_size))
+
     def all_keys(self, max_batch: int | None = None) -> list[GraphKey]:
         """Every key a served run can meet: decode sizes x span buckets, largest size first
         (with `max_batch`, only the sizes up to the one that batch pads to), then every mixed

@@ -4,7 +4,12 @@ A graph is only worth replaying if it computes what the eager step computes, and
 capturing if it is faster. Both are checked on the same runner and KV cache, alternating the
 two modes step by step so that both see the same machine state: the same step run twice writes
 the same K/V, so both read the same cache, and their final hidden rows should agree up to the
-GEMMs' summation order (a padded step changes the row count cuBLAS sees).
+summation order: a padded step changes the row count cuBLAS sees, and a decode graph splits
+contexts for its span bucket where the eager step splits them for its longest context. Each
+decode row says both splits; where they cut contexts at other offsets the split-K reduction
+sums in another order, and after many bf16 layers the rows differ in more than the last bit
+(on 2 x H200, llama-3-70b at TP 2: decode 64x512 split 2 x 320 eagerly and 2 x 512 as a
+graph, 7.1e-2 apart, where every shape split alike was bit-identical).
 
 `use_graphs(on)` switches the runner between modes: on one GPU it sets `runner.graphs`; a
 tensor-parallel driver broadcasts the switch so that every rank replays or runs eagerly alike
@@ -17,11 +22,13 @@ import statistics
 import time
 from collections.abc import Callable
 
+from pagesim.cost.decode_launch import DecodePartition, partition_cuts
 from pagesim.gpu.calibrate import BlockSource, synthetic_step
 
 #: Shapes checked by default: (context, new tokens) per entry, decodes first.
 DEFAULT_SHAPES: dict[str, list[tuple[int, int]]] = {
-    "decode 1x512": [(512, 1)], "decode 64x512": [(512, 1)] * 64,
+    "decode 1x512": [(512, 1)], "decode 8x512": [(512, 1)] * 8,
+    "decode 64x512": [(512, 1)] * 64,
     "decode 256x512": [(512, 1)] * 256, "prefill 128": [(0, 128)],
     "prefill 500 over 1024 cached": [(1024, 500)],
     "32 decodes x512 + chunk 256": [(512, 1)] * 32 + [(0, 256)],
@@ -29,6 +36,26 @@ DEFAULT_SHAPES: dict[str, list[tuple[int, int]]] = {
 
 #: Warm-up calls per mode before timing (the first captures the graph and compiles).
 WARMUP = 2
+
+
+def split_label(part: DecodePartition) -> str:
+    """"2x320": partitions x tokens each; "1" when unsplit."""
+    return "1" if part.num_partitions == 1 else f"{part.num_partitions}x{part.partition_size}"
+
+
+def decode_splits(graphs, spec: list[tuple[int, int]]) -> dict:
+    """For a decode-only shape (one new token per entry) on a runner with `graphs`: the
+    padded graph size, the eager and the graph split, and whether they cut contexts alike
+    (`partition_cuts`); {} for any other shape."""
+    if graphs is None or not spec or any(n != 1 for _, n in spec):
+        return {}
+    longest = max(ctx for ctx, _ in spec) + 1
+    if graphs.padded_size(len(spec)) is None:
+        return {}
+    eager, graph = graphs.decode_partitions(len(spec), longest)
+    return {"graph_size": graphs.padded_size(len(spec)), "eager_split": split_label(eager),
+            "graph_split": split_label(graph),
+            "same_split": partition_cuts(eager, longest) == partition_cuts(graph, longest)}
 
 
 def graph_vs_eager_rows(runner, use_graphs: Callable[[bool], None],
@@ -69,10 +96,13 @@ def graph_vs_eager_rows(runner, use_graphs: Callable[[bool], None],
                      "graph_ms_p90": 1e3 * sorted(times["graph"])[p90],
                      "eager_ms_p90": 1e3 * sorted(times["eager"])[p90],
                      "hidden_rel_diff": err,
-                     "graph_failed": graphs.failed if graphs is not None else None})
+                     "graph_failed": graphs.failed if graphs is not None else None,
+                     **decode_splits(graphs, spec)})
         if log is not None:
             r = rows[-1]
+            split = ("" if r.get("same_split", True) else
+                     f", decode split {r['eager_split']} eagerly, {r['graph_split']} as a graph")
             log(f"  {label}: graph {r['graph_ms']:.2f} ms, eager {r['eager_ms']:.2f} ms, "
-                f"hidden rel diff {err:.1e}"
+                f"hidden rel diff {err:.1e}{split}"
                 + (f" (graphs FAILED: {r['graph_failed']})" if r["graph_failed"] else ""))
     return rows

@@ -224,3 +224,40 @@ def test_graph_vs_eager_rows_switch_modes_and_compare_outputs() -> None:
     modes = [rec.cuda_graph for rec in runner.step_records]
     assert modes == [True, False] * 8  # the static path ran exactly when graphs were on
     assert runner.step_records[0].padded_reqs == 4  # 3 decodes padded to the size-4 buffers
+
+
+def test_graph_and_eager_decode_splits_are_reported_and_explain_the_outputs() -> None:
+    """A decode graph splits contexts for its span bucket, an eager step for its longest
+    context. Where both cut contexts at the same offsets the two are bit-identical; where
+    the cuts differ the split-K reduction sums in another order (rounding, not an error)."""
+    from pagesim.gpu.graph_check import graph_vs_eager_rows
+
+    runner = GPUModelRunner(_config(), 64, device="cpu", dtype=torch.float32, seed=2,
+                            temperature=0.0)
+    graphs = runner.graphs = runner.make_graphs(capture=False)
+
+    def use_graphs(on: bool) -> None:
+        runner.graphs = graphs if on else None
+
+    shapes = {"short": [(40, 1)] * 2, "cut apart": [(150, 1)] * 2, "cut alike": [(254, 1)] * 2,
+              "not decode-only": [(40, 1), (0, 8)]}
+    rows = {r["shape"]: r for r in graph_vs_eager_rows(runner, use_graphs, shapes, reps=1)}
+    assert {k: (r["eager_split"], r["graph_split"], r["same_split"]) for k, r in rows.items()
+            if "same_split" in r} == {"short": ("1", "2x128", True),
+                                     "cut apart": ("2x80", "2x128", False),
+                                     "cut alike": ("2x128", "2x128", True)}
+    assert "same_split" not in rows["not decode-only"]
+    assert rows["short"]["hidden_rel_diff"] == 0.0 == rows["cut alike"]["hidden_rel_diff"]
+    assert 0.0 < rows["cut apart"]["hidden_rel_diff"] < 1e-5
+
+
+def test_partition_cuts() -> None:
+    from pagesim.cost.decode_launch import DecodePartition, partition_cuts
+
+    assert partition_cuts(DecodePartition(1, 4096), 3000) == ()
+    # llama-3-70b at TP 2, 64 sequences of 513 tokens: eager 2 x 320, graph 2 x 512
+    assert partition_cuts(DecodePartition(2, 320), 513) == (320,)
+    assert partition_cuts(DecodePartition(2, 512), 513) == (512,)
+    # 5 x 128 eagerly and 8 x 128 in the graph cut alike: the graph's last three are empty
+    assert partition_cuts(DecodePartition(5, 128), 513) == partition_cuts(
+        DecodePartition(8, 128), 513) == (128, 256, 384, 512)
