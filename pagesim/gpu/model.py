@@ -262,10 +262,32 @@ def reference_attention_forward(model: RandomWeightDecoder, input_ids: torch.Ten
 
     For tests: `seq_ranges[s] = (row_start, row_end, seq_key)` are sequence s's query rows;
     `past_kv[layer][seq_key]` holds its earlier K and V `[n, KV, D]` and is extended in place,
-    so calling this step after step mirrors a paged run. Llama only.
+    so calling this step after step mirrors a paged run. Llama and OPT.
     """
     spec = model.spec
-    hidden, group = spec.hidden_size, model.num_heads // model.num_kv_heads
+    hidden = spec.hidden_size
+
+    def split_qkv(qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = qkv.shape[0]
+        q = qkv[:, : model.q_size].view(t, model.num_heads, model.head_size)
+        k = qkv[:, model.q_size : model.q_size + model.kv_size].view(
+            t, model.num_kv_heads, model.head_size)
+        v = qkv[:, model.q_size + model.kv_size :].view(t, model.num_kv_heads, model.head_size)
+        return q, k, v
+
+    if spec.arch == "opt":
+        h = F.embedding(input_ids, model.embed) + F.embedding(
+            positions + OPT_POSITION_OFFSET, model.pos_embed)
+        for i, layer in enumerate(model.layers):
+            x = F.layer_norm(h, (hidden,), layer["norm1"], layer["norm1_b"])
+            q, k, v = split_qkv(F.linear(x, layer["qkv"], layer["qkv_b"]))
+            out = _dense_attention(model, q, k, v, seq_ranges, past_kv[i])
+            h = h + F.linear(out.view(-1, model.q_size), layer["o"], layer["o_b"])
+            x = F.layer_norm(h, (hidden,), layer["norm2"], layer["norm2_b"])
+            h = h + F.linear(F.relu(F.linear(x, layer["fc1"], layer["fc1_b"])), layer["fc2"],
+                             layer["fc2_b"])
+        return F.layer_norm(h[logits_indices], (hidden,), model.final_norm[0],
+                            model.final_norm[1])
     h = F.embedding(input_ids, model.embed)
     cos = model.cos[positions].unsqueeze(1)
     sin = model.sin[positions].unsqueeze(1)
@@ -273,28 +295,34 @@ def reference_attention_forward(model: RandomWeightDecoder, input_ids: torch.Ten
     for i, layer in enumerate(model.layers):
         residual = h if residual is None else residual + h
         x = F.rms_norm(residual, (hidden,), layer["norm1"], RMS_EPS)
-        qkv = F.linear(x, layer["qkv"])
-        t = qkv.shape[0]
-        q = _rope(qkv[:, : model.q_size].view(t, model.num_heads, model.head_size), cos, sin)
-        k = _rope(qkv[:, model.q_size : model.q_size + model.kv_size].view(
-            t, model.num_kv_heads, model.head_size), cos, sin)
-        v = qkv[:, model.q_size + model.kv_size :].view(t, model.num_kv_heads, model.head_size)
-        out = torch.zeros_like(q)
-        for r0, r1, key in seq_ranges:
-            pk, pv = past_kv[i].get(key, (k[:0], v[:0]))
-            kk, vv = torch.cat([pk, k[r0:r1]]), torch.cat([pv, v[r0:r1]])
-            past_kv[i][key] = (kk, vv)
-            n, m = kk.shape[0], r1 - r0
-            logits = torch.einsum("qhd,khd->hqk", q[r0:r1].float(),
-                                  kk.float().repeat_interleave(group, 1)) * model.attn.scale
-            ar = torch.arange(n, device=q.device)
-            mask = ar[None, :] <= ar[n - m:, None]
-            probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
-            out[r0:r1] = torch.einsum("hqk,khd->qhd", probs,
-                                      vv.float().repeat_interleave(group, 1)).to(out.dtype)
-        residual = residual + F.linear(out.view(t, model.q_size), layer["o"])
+        q, k, v = split_qkv(F.linear(x, layer["qkv"]))
+        out = _dense_attention(model, _rope(q, cos, sin), _rope(k, cos, sin), v, seq_ranges,
+                               past_kv[i])
+        residual = residual + F.linear(out.view(-1, model.q_size), layer["o"])
         x = F.rms_norm(residual, (hidden,), layer["norm2"], RMS_EPS)
         gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
         h = F.linear(F.silu(gate) * up, layer["down"])
     residual = residual + h
     return F.rms_norm(residual[logits_indices], (hidden,), model.final_norm[0], RMS_EPS)
+
+
+def _dense_attention(model: RandomWeightDecoder, q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, seq_ranges: list[tuple[int, int, int]],
+                     past: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Causal attention of each sequence's rows over its past and new K/V, in fp32 (`past`
+    is one layer's and is extended in place)."""
+    group = model.num_heads // model.num_kv_heads
+    out = torch.zeros_like(q)
+    for r0, r1, key in seq_ranges:
+        pk, pv = past.get(key, (k[:0], v[:0]))
+        kk, vv = torch.cat([pk, k[r0:r1]]), torch.cat([pv, v[r0:r1]])
+        past[key] = (kk, vv)
+        n, m = kk.shape[0], r1 - r0
+        logits = torch.einsum("qhd,khd->hqk", q[r0:r1].float(),
+                              kk.float().repeat_interleave(group, 1)) * model.attn.scale
+        ar = torch.arange(n, device=q.device)
+        mask = ar[None, :] <= ar[n - m:, None]
+        probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
+        out[r0:r1] = torch.einsum("hqk,khd->qhd", probs,
+                                  vv.float().repeat_interleave(group, 1)).to(out.dtype)
+    return out

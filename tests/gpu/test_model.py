@@ -61,6 +61,11 @@ def test_paged_forward_equals_dense_forward(block_size: int) -> None:
                     block_size)
 
 
+def test_paged_opt_forward_equals_dense_opt_forward() -> None:
+    opt = dataclasses.replace(TINY, name="tiny-opt", arch="opt", intermediate_size=512)
+    _paged_vs_dense(RandomWeightDecoder(opt, torch.float32, "cpu", 16, seed=0), 16)
+
+
 def test_skip_attention_leaves_the_cache_alone() -> None:
     model = RandomWeightDecoder(TINY, torch.float32, "cpu", 16, seed=0)
     kv = allocate_kv_cache(model, 8, "cpu")
