@@ -215,19 +215,14 @@ def prefill_points(grid: CalibrationGrid, max_model_len: int,
             if n <= max_num_batched_tokens and n + k <= max_model_len]
 
 
-def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_model_len: int,
-                         max_num_batched_tokens: int, max_num_seqs: int, full: bool,
-                         progress: Progress | None = None, seed: int = 0,
-                         deadline: float | None = None
-                         ) -> CalibrationRows:
-    """All rows of one block size (the runner's cache must use `block_size`).
-
-    `other_ms` (attention skipped) is timed once per decode batch, per prefill token count, per
-    (new tokens, decodes) of the mixed points and per (entries, new tokens) of the
-    multi-prefill points, in the same interleaved rounds as the full steps.
-    """
-    blocks = BlockSource(runner.num_gpu_blocks, seed)
-    capacity = (runner.num_gpu_blocks - 1) * block_size
+def calibration_entries(grid: CalibrationGrid, block_size: int, *, max_model_len: int,
+                        max_num_batched_tokens: int, max_num_seqs: int, full: bool,
+                        capacity: int, seed: int = 0
+                        ) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], tuple]]:
+    """The grid's points for one block size that a server with these limits could run, as
+    (kind, key, (context, new tokens) entries, key of its attention-skipped twin): every
+    entry's context plus new tokens within `max_model_len` (a block-table row never longer
+    than the CUDA graphs' table), every step within the token and sequence budgets."""
     entries: list[tuple[str, tuple[int, ...], list[tuple[int, int]], tuple]] = []
     for b, c in decode_points(grid, max_model_len, capacity, max_num_seqs):
         entries.append(("decode", (b, c), [(c, 1)] * b, ("decode", b)))
@@ -235,7 +230,8 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         for n, k in prefill_points(grid, max_model_len, max_num_batched_tokens):
             entries.append(("prefill", (n, k), [(k, n)], ("prefill", n)))
         for n, k, b, c in grid.mixed:
-            if n + k <= max_model_len and n + b <= max_num_batched_tokens:
+            if (n + k <= max_model_len and c + 1 <= max_model_len
+                    and n + b <= max_num_batched_tokens and b + 1 <= max_num_seqs):
                 entries.append(("mixed", (n, k, b, c), [(c, 1)] * b + [(k, n)],
                                 ("mixed", n, b)))
         for k, n, c in grid.multi_prefill:
@@ -273,6 +269,26 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
                 key = (d, dc, k, n, sh)
                 entries.append(("vshared", key, spec, ("vshared", d, k, n)))
                 entries.append(("vreference", key, spec, ("vshared", d, k, n)))
+    return entries
+
+
+def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_model_len: int,
+                         max_num_batched_tokens: int, max_num_seqs: int, full: bool,
+                         progress: Progress | None = None, seed: int = 0,
+                         deadline: float | None = None
+                         ) -> CalibrationRows:
+    """All rows of one block size (the runner's cache must use `block_size`).
+
+    `other_ms` (attention skipped) is timed once per decode batch, per prefill token count, per
+    (new tokens, decodes) of the mixed points and per (entries, new tokens) of the
+    multi-prefill points, in the same interleaved rounds as the full steps.
+    """
+    blocks = BlockSource(runner.num_gpu_blocks, seed)
+    capacity = (runner.num_gpu_blocks - 1) * block_size
+    entries = calibration_entries(grid, block_size, max_model_len=max_model_len,
+                                  max_num_batched_tokens=max_num_batched_tokens,
+                                  max_num_seqs=max_num_seqs, full=full, capacity=capacity,
+                                  seed=seed)
     points = []  # (kind, key, out, other key); a point whose blocks do not fit is dropped
     for kind, key, spec, other in entries:
         shared = {"shared": key[-1], "vshared": key[-1], "sshared": key[-1]}.get(kind, 0)

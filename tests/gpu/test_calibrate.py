@@ -14,6 +14,7 @@ from pagesim.cost.profile import Profile
 from pagesim.gpu.calibrate import (
     BlockSource,
     CalibrationGrid,
+    calibration_entries,
     decode_points,
     overhead_requests,
     overhead_rows,
@@ -40,6 +41,25 @@ def test_points_respect_model_length_cache_and_batch_limits() -> None:
     pre = prefill_points(grid, max_model_len=4096, max_num_batched_tokens=8192)
     assert (16, 2048) in pre and (4096, 0) in pre
     assert (4096, 2048) not in pre and all(n <= 8192 for n, _ in pre)
+
+
+@pytest.mark.parametrize("model", ["opt-13b", "llama-2-7b", "llama-3-8b"])
+def test_every_default_grid_entry_fits_the_model_and_the_step_budgets(model: str) -> None:
+    """opt-13b (2,048 tokens) once got a mixed point whose decodes read 2,049 tokens: one
+    block more than the CUDA graphs' block table holds."""
+    config = EngineConfig.create(model=model, gpu="h200")
+    for bs in (8, 16, 32, 64, 128):
+        entries = calibration_entries(
+            CalibrationGrid(), bs, max_model_len=config.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_seqs=config.max_num_seqs, full=True, capacity=10**9)
+        kinds = {kind for kind, *_ in entries}
+        assert {"decode", "prefill", "mixed", "multi"} <= kinds
+        for kind, key, spec, _ in entries:
+            assert max(c + n for c, n in spec) <= config.max_model_len, (kind, key)
+            assert len(spec) <= config.max_num_seqs, (kind, key)
+            if kind != "decode":  # decode points are timed as a graph batch, whatever size
+                assert sum(n for _, n in spec) <= config.max_num_batched_tokens, (kind, key)
 
 
 def test_block_source_hands_out_distinct_blocks_or_none() -> None:
