@@ -160,6 +160,29 @@ class Launch:
             i -= nb
         return acc
 
+    def prefixes(self) -> list[float]:
+        """`[self._prefix(i) for i in range(self.used)]` in one pass over the entries (the fit
+        reads every program's start; `_prefix` walks the entries again for each). Every value
+        is the same expression as `_prefix`'s, so the floats are the same."""
+        n = self.used
+        tile, nd, fixed = float(self.tile_n), self.num_decodes, self.overhead
+        per_decode = (self.decode_sum / nd + 1.0) / tile + fixed if nd else 0.0
+        out = [i * per_decode for i in range(min(n, nd + 1))]  # `_prefix`'s i <= nd
+        acc = nd * per_decode
+        i = 1  # the next program's index past the decodes, as `_prefix` counts it
+        bq = self.block_q
+        for q, c in self.entries:
+            if len(out) >= n:
+                break
+            nb = -(-q // bq)
+            while i < nb and len(out) < n:
+                out.append(acc + (i * c + bq * i * (i + 1) / 2) / tile + i * fixed)
+                i += 1
+            acc += (nb * c + bq * (nb - 1) * nb / 2 + q) / tile + nb * fixed
+            i -= nb
+        out.extend([acc] * (n - len(out)))
+        return out
+
     def makespan(self, slots: int) -> float:
         """Tile iterations from the first program's start to the last one's end, with
         `slots` programs running at once.
@@ -199,7 +222,7 @@ def makespans(launch: Launch, slots: Sequence[int]) -> np.ndarray:
     n, heads = launch.used, launch.heads
     if n == 0:
         return np.zeros(len(p))
-    before = np.array([launch._prefix(i) for i in range(n)])  # work before each program
+    before = np.array(launch.prefixes())  # work before each program
     w = launch.work / launch.scale
     best = np.maximum(launch.longest, heads * w / p)
     for j, length in launch.candidates():
@@ -288,9 +311,13 @@ def fit_varlen(rows: list[tuple[Launch, bool, float, float]]) -> VarlenFit | Non
     surplus = np.array([r[0].surplus for r in rows], dtype=float)
     spans = np.stack([makespans(r[0], SLOTS_GRID) for r in rows], axis=1)  # [slots, rows]
     best: tuple[float, int, list[float]] | None = None
+    # the weighted columns that do not depend on the slot count, made once
+    eager = 1.0 - graph
+    graph_w, eager_w, surplus_w, att_w = graph * weight, eager * weight, surplus * weight, \
+        att * weight
     for slots, span in zip(SLOTS_GRID, spans, strict=True):
-        terms = [graph, 1.0 - graph, span, surplus]
-        coef = nonnegative_lstsq([t * weight for t in terms], att * weight)
+        terms = [graph, eager, span, surplus]
+        coef = nonnegative_lstsq([graph_w, eager_w, span * weight, surplus_w], att_w)
         pred = sum(c * t for c, t in zip(coef, terms, strict=True))
         sse = float(np.sum(((pred - att) * weight) ** 2))
         if best is None or sse < best[0]:
@@ -335,15 +362,20 @@ def nonnegative_lstsq(terms: list, z: np.ndarray) -> list[float]:
     """Least squares z ~ sum(c_k * term_k) with every c_k >= 0 (each term is a kind of work,
     which never saves time): refit without the most negative coefficient until none is left.
     Columns are scaled to unit max for conditioning; an all-zero column gets 0."""
-    a = np.stack([np.broadcast_to(t, z.shape) for t in terms], axis=1)
+    # scalar terms are broadcast; full columns go in as they are (the same values)
+    a = np.stack([t if np.shape(t) == z.shape else np.broadcast_to(t, z.shape)
+                  for t in terms], axis=1)
     scale = np.max(np.abs(a), axis=0)
     scale[scale == 0] = 1.0
+    scaled = a / scale  # every column scaled once: the quotients each refit would take
     active = list(range(a.shape[1]))
-    coef = np.zeros(a.shape[1])
+    coef = [0.0] * a.shape[1]
     while active:
-        sol = np.linalg.lstsq(a[:, active] / scale[active], z, rcond=None)[0] / scale[active]
+        cols = scaled if len(active) == a.shape[1] else scaled[:, active]
+        sol = np.linalg.lstsq(cols, z, rcond=None)[0] / scale[active]
         if sol.min() >= 0.0:
-            coef[active] = sol
+            for k, x in zip(active, sol.tolist(), strict=True):
+                coef[k] = x
             break
         active.pop(int(np.argmin(sol)))
-    return [float(x) for x in coef]
+    return coef
