@@ -154,6 +154,19 @@ def test_the_fits_schedules_are_the_pricing_ones(entries, decodes, heads, reread
         [launch.makespan(slots) for slots in SLOTS_GRID])
 
 
+
+@settings(max_examples=200, deadline=None)
+@given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
+       decodes=st.lists(st.one_of(st.integers(1, 4000), st.floats(1.0, 4000.0)), max_size=12),
+       block_q=st.sampled_from([16, 32, 128]), overhead=st.sampled_from([0.5, 1.0, 3.0]))
+def test_prefixes_are_prefix_float_for_float(entries, decodes, block_q, overhead) -> None:
+    """`Launch.prefixes` (one pass, for the fit) gives `_prefix`'s floats exactly."""
+    kernel = VarlenKernel(block_q=block_q, tile_n=64, max_graph_seqs=512,
+                          program_overhead=overhead)
+    launch = launch_of(kernel, entries, decodes, None)
+    expected = [launch._prefix(i) for i in range(launch.used)]
+    assert [float(x).hex() for x in launch.prefixes()] == [float(x).hex() for x in expected]
+
 def _rows(truth: VarlenFit):
     rows = []
     # some steps bound by their work, some (one long context, little work) by one program
