@@ -380,7 +380,11 @@ class CalibratedCostModel:
     def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
         """The step's launch, its shared-prefix reads discounted (`reread`: the fraction to
         use; default the fitted one, none without rows or without the shared count)."""
-        launch = shape_launch(self._varlen_kernel, b, padded)
+        return self._discounted(shape_launch(self._varlen_kernel, b, padded), b, reread)
+
+    def _discounted(self, launch, b: BatchShape, reread: float | None = None):
+        """`launch` (the shape's own, `shape_launch`) with its shared-prefix reads discounted
+        as `_varlen_launch` says; the re-read fit prices one launch at many fractions."""
         shared = b.shared_context_tokens
         if not shared:
             return launch

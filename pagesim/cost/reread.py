@@ -112,14 +112,15 @@ def fit_varlen_reread(model, profile: Profile) -> dict[int, float]:
                                shared_context_tokens=(d + k) * sh if d + k > 1 else 0)
             padded = model.padded_tokens(shape.total_tokens)
             other = model._other_for(padded is not None, padded or shape.total_tokens)
-            plain = other + fit(shape_launch(model._varlen_kernel, shape, padded),
-                                padded is not None)
+            launch = shape_launch(model._varlen_kernel, shape, padded)
+            plain = other + fit(launch, padded is not None)
             cases.append((shape, padded, other, plain,
-                          r.step_time_ms / r.reference_step_time_ms))
+                          r.step_time_ms / r.reference_step_time_ms, launch))
+        # each fraction discounts the row's one launch (`model._varlen_launch` of the shape)
         def error(frac: float, fit=fit, cases=cases) -> float:
-            return sum(((other + fit(model._varlen_launch(shape, padded, frac),
+            return sum(((other + fit(model._discounted(launch, shape, frac),
                                      padded is not None)) / plain - ratio) ** 2
-                       for shape, padded, other, plain, ratio in cases)
+                       for shape, padded, other, plain, ratio, launch in cases)
 
         out[bs] = best_fraction(error)
     return out
