@@ -154,7 +154,6 @@ def test_the_fits_schedules_are_the_pricing_ones(entries, decodes, heads, reread
         [launch.makespan(slots) for slots in SLOTS_GRID])
 
 
-
 @settings(max_examples=200, deadline=None)
 @given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
        decodes=st.lists(st.one_of(st.integers(1, 4000), st.floats(1.0, 4000.0)), max_size=12),
@@ -166,6 +165,7 @@ def test_prefixes_are_prefix_float_for_float(entries, decodes, block_q, overhead
     launch = launch_of(kernel, entries, decodes, None)
     expected = [launch._prefix(i) for i in range(launch.used)]
     assert [float(x).hex() for x in launch.prefixes()] == [float(x).hex() for x in expected]
+
 
 def _rows(truth: VarlenFit):
     rows = []
