@@ -199,6 +199,17 @@ def spread_contexts(batch: int, mean: int, half_width: int, seed: int) -> list[i
     return xs.tolist()
 
 
+def fitted_spread(mean: int, half_width: int, max_model_len: int) -> tuple[int, int]:
+    """A decode_spread point, mean and half width scaled down alike until its longest context
+    fits the model: without spread rows a graph's padding rows are priced as real sequences,
+    and a short model (opt-13b's 2,048 tokens cannot hold 1,800 +- 1,700) would get none.
+    Points that fit are unchanged."""
+    if mean + half_width + 1 <= max_model_len:
+        return mean, half_width
+    scale = (max_model_len - 1) / (mean + half_width)
+    return int(mean * scale), int(half_width * scale)
+
+
 def decode_points(grid: CalibrationGrid, max_model_len: int, capacity_tokens: int,
                   max_num_seqs: int) -> list[tuple[int, int]]:
     """(batch, context) pairs that a server could run: context + 1 <= max_model_len, every
@@ -246,6 +257,7 @@ def calibration_entries(grid: CalibrationGrid, block_size: int, *, max_model_len
                     plain.add((b, c))
                     entries.append(("reference", (b, c), [(c, 1)] * b, ("decode", b)))
         for b, c, w in grid.decode_spread:
+            c, w = fitted_spread(c, w, max_model_len)
             spec = [(x, 1) for x in spread_contexts(b, c, w, seed=b * 7919 + w)]
             if b <= max_num_seqs and c + w + 1 <= max_model_len and 0 < w < c:
                 entries.append(("spread", (b, c, max(x for x, _ in spec)), spec,

@@ -16,6 +16,7 @@ from pagesim.gpu.calibrate import (
     CalibrationGrid,
     calibration_entries,
     decode_points,
+    fitted_spread,
     overhead_requests,
     overhead_rows,
     prefill_points,
@@ -54,12 +55,19 @@ def test_every_default_grid_entry_fits_the_model_and_the_step_budgets(model: str
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs, full=True, capacity=10**9)
         kinds = {kind for kind, *_ in entries}
-        assert {"decode", "prefill", "mixed", "multi"} <= kinds
+        assert {"decode", "prefill", "mixed", "multi", "spread"} <= kinds
         for kind, key, spec, _ in entries:
             assert max(c + n for c, n in spec) <= config.max_model_len, (kind, key)
             assert len(spec) <= config.max_num_seqs, (kind, key)
             if kind != "decode":  # decode points are timed as a graph batch, whatever size
                 assert sum(n for _, n in spec) <= config.max_num_batched_tokens, (kind, key)
+
+
+def test_spread_points_shrink_to_fit_a_short_model() -> None:
+    assert fitted_spread(1800, 600, 8192) == (1800, 600)
+    assert fitted_spread(1800, 1700, 3501) == (1800, 1700)  # 3,500 + 1 fits exactly
+    mean, half = fitted_spread(1800, 1700, 2048)
+    assert (mean, half) == (1052, 994) and mean + half + 1 <= 2048
 
 
 def test_block_source_hands_out_distinct_blocks_or_none() -> None:
@@ -150,7 +158,7 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
                            decode_shared=((2, 32, 16), (2, 32, 24)),  # 24: not whole blocks
                            varlen_shared=((1, 40, 2, 8, 32),),
                            decode_shared_spread=((2, 16, 16, 8), (2, 24, 16, 8)),
-                           overhead_max_reqs=2, repeats=3)
+                           decode_spread=(), overhead_max_reqs=2, repeats=3)
     seen = []
     res = run_calibration(config, grid, dtype=torch.float32, calibration_root=tmp_path,
                           progress=lambda d, t, label: seen.append((d, t)), log=lambda m: None,
