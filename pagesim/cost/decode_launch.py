@@ -51,7 +51,7 @@ def partition_cuts(part: DecodePartition, seq_len: int) -> tuple[int, ...]:
 
     Partitions past a context's end exit at once, so two partitions with the same cuts sum
     the same tokens in the same order (bit-identical outputs), and two with different cuts
-    sum in another order (outputs that differ in rounding)."""
+    sum in another order (outputs that can differ in rounding)."""
     if part.num_partitions == 1:
         return ()
     return tuple(range(part.partition_size, seq_len, part.partition_size))
