@@ -203,9 +203,9 @@ def _best(entries: list[dict[str, Any]], target_rate: float | None) -> dict[str,
         print(f"{line}  {_costs(e['cost_model'])}")
     kinds = {_costs(e["cost_model"]) for e in entries if "error" not in e}
     if len(kinds) > 1:
-        print("Note: the sizes are priced by different cost models; the analytical one is "
-              "fitted to the shipped H200 profiles, within -7 to +10 % of their steps at the "
-              "median by profile and kind, -32 to +22 % at worst "
+        print("Note: the sizes are priced by different cost models; the analytical one, "
+              "fitted to measured H200 profiles, is within -8 to +12 % of their steps at the "
+              "median by model and kind, -36 to +22 % at worst "
               "(results/analytical_vs_measured.csv). --analytical puts them on one footing")
     if target_rate is not None:
         fit = [r for r in rows if r["gpus"] is not None]
