@@ -34,9 +34,10 @@ class AnalyticalConstants:
 
     # The efficiencies, the per-layer time, the host terms and the all-reduce terms below are
     # fitted to measurements: `python benchmarks/analytical_vs_measured.py` fits them by least
-    # squares (on the log ratio) to every decode and prefill row at block size 16 of the three
-    # shipped H200 profiles (llama-2-7b and llama-3-8b on one GPU, llama-3-70b at TP 2, all
-    # with CUDA graphs), and reports each profile's error when it is left out of the fit. The
+    # squares (on the log ratio) to every decode and prefill row at block size 16 of three of
+    # the shipped H200 profiles (llama-2-7b and llama-3-8b on one GPU, llama-3-70b at TP 2,
+    # all with CUDA graphs), reports each one's error when it is left out of the fit, and the
+    # error on the other shipped profiles, which the fit never saw. The
     # rows are pagesim's own runner (Triton paged attention, unfused torch layers), so these
     # constants price that runner; a serving stack with fused kernels runs faster. On another
     # GPU the efficiencies are taken as the same shares of that GPU's datasheet rates: an
@@ -72,7 +73,7 @@ class AnalyticalConstants:
     # at batch 1.
     per_layer_overhead_s: float = 115e-6
     # Host time per step (scheduler, input preparation, graph launch) and per scheduled
-    # request (block-table rows, sampling): a line fitted to the three profiles' measured
+    # request (block-table rows, sampling): a line fitted to those three profiles' measured
     # host-overhead tables (0.14 ms + 4.1 us per request). A profile's own overhead.csv
     # replaces them.
     step_overhead_s: float = 0.14e-3

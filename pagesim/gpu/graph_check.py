@@ -51,11 +51,12 @@ def decode_splits(graphs, spec: list[tuple[int, int]]) -> dict:
     (`partition_cuts`); {} for any other shape."""
     if graphs is None or not spec or any(n != 1 for _, n in spec):
         return {}
-    longest = max(ctx for ctx, _ in spec) + 1
-    if graphs.padded_size(len(spec)) is None:
+    size = graphs.padded_size(len(spec))
+    if size is None:  # larger than every captured size: runs eagerly either way
         return {}
+    longest = max(ctx for ctx, _ in spec) + 1
     eager, graph = graphs.decode_partitions(len(spec), longest)
-    return {"graph_size": graphs.padded_size(len(spec)), "eager_split": split_label(eager),
+    return {"graph_size": size, "eager_split": split_label(eager),
             "graph_split": split_label(graph),
             "same_split": partition_cuts(eager, longest) == partition_cuts(graph, longest)}
 
