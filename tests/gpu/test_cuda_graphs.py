@@ -261,3 +261,30 @@ def test_partition_cuts() -> None:
     # 5 x 128 eagerly and 8 x 128 in the graph cut alike: the graph's last three are empty
     assert partition_cuts(DecodePartition(5, 128), 513) == partition_cuts(
         DecodePartition(8, 128), 513) == (128, 256, 384, 512)
+
+
+def test_mixed_graph_steps_equal_eager_ones_for_an_odd_query_group() -> None:
+    """Seven query heads per KV head (qwen2.5-7b's group): the padded mixed path (decodes
+    beside a chunk, tokens and sequences padded) computes exactly what the eager step does,
+    so a difference on the GPU comes from the GEMMs' row count, not from the graph path."""
+    import dataclasses
+
+    from pagesim.gpu.graph_check import graph_vs_eager_rows
+    from pagesim.gpu.model import RandomWeightDecoder
+
+    config = _config()
+    spec = dataclasses.replace(config.model_spec, name="tiny-gqa7", num_attention_heads=7,
+                               num_kv_heads=1, hidden_size=7 * 32)
+    model = RandomWeightDecoder(spec, torch.float32, "cpu", 16, seed=3)
+    runner = GPUModelRunner(config, 64, device="cpu", dtype=torch.float32, seed=2,
+                            temperature=0.0, model=model)
+    graphs = runner.graphs = runner.make_graphs(capture=False)
+
+    def use_graphs(on: bool) -> None:
+        runner.graphs = graphs if on else None
+
+    shapes = {"3 decodes + chunk 24": [(100, 1)] * 3 + [(0, 24)]}
+    (row,) = graph_vs_eager_rows(runner, use_graphs, shapes, reps=1)
+    assert row["hidden_rel_diff"] == 0.0
+    first = runner.step_records[0]  # the graph path really ran, padded: 27 tokens in 32
+    assert first.mixed_graph and (first.padded_tokens, first.num_tokens) == (32, 27)
