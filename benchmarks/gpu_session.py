@@ -211,6 +211,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--calib-budget-s", type=float, default=150.0)
+    ap.add_argument("--decode-batches", default=None,
+                    help="decode batch sizes to calibrate, comma separated (default: the grid's)")
     ap.add_argument("--arrival-window-s", type=float, default=10.0)
     ap.add_argument("--max-prompts", type=int, default=200,
                     help="cap on a Poisson run's prompts (rate x arrival window)")
@@ -266,7 +268,8 @@ def main() -> int:
                                        overhead_max_reqs=4, repeats=3)
             else:
                 config = EngineConfig.create(model=name, gpu="h200", block_size=16)
-                grid = CalibrationGrid()
+                grid = CalibrationGrid() if args.decode_batches is None else CalibrationGrid(
+                    decode_batches=tuple(sorted({int(b) for b in args.decode_batches.split(",")})))
                 err = check_model(name, dtype, device)
                 ms["check_rel_err"] = err
                 log(f"{name}: paged vs dense forward rel err {err:.2e} "

@@ -43,3 +43,29 @@ def test_calibrate_ends_with_the_new_profiles_fit_report(capsys, monkeypatch) ->
     assert main(["calibrate", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert fit_report(Profile.load(shipped)).to_markdown() in out
+
+
+def test_calibrate_decode_batches_reach_the_grid_and_bad_ones_are_one_line(
+        capsys, monkeypatch) -> None:
+    pytest.importorskip("torch")
+    import pagesim.gpu.device as device
+    import pagesim.gpu.profiler as profiler
+    from pagesim.cli.calibrate import DEFAULT_DECODE_BATCHES
+    from pagesim.gpu.calibrate import CalibrationGrid
+
+    assert DEFAULT_DECODE_BATCHES == CalibrationGrid().decode_batches
+    assert main(["calibrate", "--decode-batches", "1,x"]) == 2  # before any GPU check
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--decode-batches" in err, err
+    shipped = CALIBRATION_DIR / "h200" / "llama-2-7b"
+    grids = []
+
+    def fake(config, grid, **kwargs):
+        grids.append(grid)
+        return types.SimpleNamespace(profile=Profile.load(shipped), directory=shipped,
+                                     elapsed_s=1.0)
+
+    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(profiler, "run_calibration", fake)
+    assert main(["calibrate", "--quiet", "--decode-batches", "24,1,8,24,16"]) == 0
+    assert grids[0].decode_batches == (1, 8, 16, 24)

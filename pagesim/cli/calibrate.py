@@ -15,6 +15,9 @@ from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
 
+#: `CalibrationGrid.decode_batches`' default, repeated here so that the CLI imports no torch.
+DEFAULT_DECODE_BATCHES = (1, 4, 16, 32, 64, 128, 192, 256, 384, 512)
+
 
 def parse_int_list(text: str, name: str) -> tuple[int, ...]:
     """`"8,16,32"` -> (8, 16, 32); one-line error naming the option otherwise."""
@@ -35,6 +38,11 @@ def calibrate_command(
     full_block_sizes: Annotated[str, typer.Option(
         help="Block sizes that also get prefill and mixed rows (the others: decode only).")
     ] = "16,32",
+    decode_batches: Annotated[str, typer.Option(
+        help="Decode batch sizes to time, comma separated. Add CUDA-graph sizes (8, 24, 48) "
+             "that served steps pad to: between two timed sizes the decode kernel's split can "
+             "change, and the interpolation cannot see it.")
+    ] = ",".join(map(str, DEFAULT_DECODE_BATCHES)),
     dtype: Annotated[str, typer.Option(help="bfloat16 | float16")] = "bfloat16",
     gpu_memory_utilization: o.GpuMemUtil = None,
     max_num_seqs: o.MaxNumSeqs = None, max_num_batched_tokens: o.MaxBatchedTokens = None,
@@ -60,6 +68,7 @@ def calibrate_command(
     their NCCL all-reduces inside unless --enforce-eager."""
     from pagesim.gpu.device import require_cuda, torch_dtype
 
+    batches = parse_int_list(decode_batches, "decode-batches")  # bad input first, GPU or not
     require_cuda()
     from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import CalibrationGrid
@@ -70,7 +79,8 @@ def calibrate_command(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size)
     grid = CalibrationGrid(block_sizes=parse_int_list(block_sizes, "block-sizes"),
-                           full_block_sizes=parse_int_list(full_block_sizes, "full-block-sizes"))
+                           full_block_sizes=parse_int_list(full_block_sizes, "full-block-sizes"),
+                           decode_batches=tuple(sorted(set(batches))))
     if config.tensor_parallel_size > 1 or shard_only:
         _calibrate_tp(config, grid, torch_dtype(dtype), seed, output_dir, time_budget_s,
                       shard_only, quiet, cuda_graphs=not enforce_eager)
