@@ -227,6 +227,10 @@ def main() -> int:
     ap.add_argument("--enforce-eager", action="store_true",
                     help="No CUDA graphs (calibration and runs).")
     args = ap.parse_args()
+    from pagesim.cli.calibrate import parse_int_list  # a bad list fails before any GPU work
+
+    decode_batches = (None if args.decode_batches is None else
+                      tuple(sorted(set(parse_int_list(args.decode_batches, "decode-batches")))))
     out = Path(args.out)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -268,8 +272,8 @@ def main() -> int:
                                        overhead_max_reqs=4, repeats=3)
             else:
                 config = EngineConfig.create(model=name, gpu="h200", block_size=16)
-                grid = CalibrationGrid() if args.decode_batches is None else CalibrationGrid(
-                    decode_batches=tuple(sorted({int(b) for b in args.decode_batches.split(",")})))
+                grid = CalibrationGrid() if decode_batches is None else CalibrationGrid(
+                    decode_batches=decode_batches)
                 err = check_model(name, dtype, device)
                 ms["check_rel_err"] = err
                 log(f"{name}: paged vs dense forward rel err {err:.2e} "

@@ -5,8 +5,8 @@
     PYTHONPATH=. python3 benchmarks/gpu_tp_session.py --model llama-3-70b --tp 2 \\
         --validate-tp 2 --block-sizes 16 --budget-s 565 --calib-budget-s 160 --out $OUT
                                           # 2 x H200 in one 10-minute call (results/validation/tp2)
-    PYTHONPATH=. python3 benchmarks/gpu_tp_session.py --model llama-3-70b --tp 2 \
-        --validate-tp 2 --block-sizes 16 --budget-s 578 --calib-budget-s 140 --cuda-graphs \
+    PYTHONPATH=. python3 benchmarks/gpu_tp_session.py --model llama-3-70b --tp 2 \\
+        --validate-tp 2 --block-sizes 16 --budget-s 578 --calib-budget-s 140 --cuda-graphs \\
         --out $OUT                        # the same with CUDA graphs (results/validation/tp2_graphs)
     PYTHONPATH=. python3 benchmarks/gpu_tp_session.py --tp 2 --dry-run-cpu --out /tmp/tp
                                                               # the same flow, 2 CPU processes

@@ -347,9 +347,7 @@ def run_worker(group: TPGroup, model, *, seed: int = 0,
                 runner.graphs.capture_all(msg.max_batch)
             report.num_captures += 1
         elif isinstance(msg, UseGraphs):
-            if runner is None:
-                raise RuntimeError("a graph switch arrived before any Configure")
-            slot.use_graphs(msg.on)
+            slot.use_graphs(msg.on)  # raises, as the branches here do, before any Configure
         elif isinstance(msg, StepMessage):
             if runner is None:
                 raise RuntimeError("a step arrived before any Configure")

@@ -130,12 +130,11 @@ def estimate_activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int
 def estimate_non_kv_memory(config: EngineConfig) -> NonKVMemory:
     """Weights / tp, estimated activation peak and non-torch memory of one GPU."""
     model, tp = config.model_spec, config.tensor_parallel_size
-    non_torch = NON_TORCH_BYTES
     return NonKVMemory(
         weights_bytes=-(-model.weight_bytes // tp),
         activation_peak_bytes=estimate_activation_peak_bytes(
             model, config.max_num_batched_tokens, config.max_num_seqs, tp),
-        non_torch_bytes=non_torch)
+        non_torch_bytes=NON_TORCH_BYTES)
 
 
 @dataclass(frozen=True)
