@@ -227,7 +227,7 @@ def main() -> int:
     ap.add_argument("--enforce-eager", action="store_true",
                     help="No CUDA graphs (calibration and runs).")
     args = ap.parse_args()
-    from pagesim.cli.calibrate import parse_int_list  # a bad list fails before any GPU work
+    from pagesim.utils import parse_int_list  # a bad list fails before any GPU work
 
     decode_batches = (None if args.decode_batches is None else
                       tuple(sorted(set(parse_int_list(args.decode_batches, "decode-batches")))))

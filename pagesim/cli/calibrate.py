@@ -14,20 +14,10 @@ import typer
 from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
+from pagesim.utils import parse_int_list
 
 #: `CalibrationGrid.decode_batches`' default, repeated here so that the CLI imports no torch.
 DEFAULT_DECODE_BATCHES = (1, 4, 16, 32, 64, 128, 192, 256, 384, 512)
-
-
-def parse_int_list(text: str, name: str) -> tuple[int, ...]:
-    """`"8,16,32"` -> (8, 16, 32); one-line error naming the option otherwise."""
-    try:
-        values = tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise ConfigError(f"--{name} {text!r}: expected integers like 8,16,32") from None
-    if not values or min(values) < 1:
-        raise ConfigError(f"--{name} {text!r}: expected integers >= 1")
-    return values
 
 
 @app.command("calibrate")
