@@ -17,7 +17,7 @@ from pagesim.errors import ConfigError
 from pagesim.utils import parse_int_list
 
 #: `CalibrationGrid.decode_batches`' default, repeated here so that the CLI imports no torch.
-DEFAULT_DECODE_BATCHES = (1, 4, 16, 32, 64, 128, 192, 256, 384, 512)
+DEFAULT_DECODE_BATCHES = (1, 4, 8, 16, 24, 32, 48, 64, 128, 192, 256, 384, 512)
 
 
 @app.command("calibrate")
@@ -29,8 +29,8 @@ def calibrate_command(
         help="Block sizes that also get prefill and mixed rows (the others: decode only).")
     ] = "16,32",
     decode_batches: Annotated[str, typer.Option(
-        help="Decode batch sizes to time, comma separated. Add CUDA-graph sizes (8, 24, 48) "
-             "that served steps pad to: between two timed sizes the decode kernel's split can "
+        help="Decode batch sizes to time, comma separated. The default holds every CUDA-graph "
+             "size up to 64 but 2: between two timed sizes the decode kernel's split can "
              "change, and the interpolation cannot see it.")
     ] = ",".join(map(str, DEFAULT_DECODE_BATCHES)),
     dtype: Annotated[str, typer.Option(help="bfloat16 | float16")] = "bfloat16",
