@@ -58,9 +58,15 @@ class CalibrationGrid:
         (0, 0, 4, 128, 1024), (0, 0, 16, 32, 1024), (32, 1280, 1, 256, 1024),
         (128, 1280, 1, 128, 1024), (64, 2304, 2, 128, 2048), (24, 1536, 1, 256, 1024),
         (48, 1792, 1, 128, 1280), (96, 2048, 1, 128, 1536))
-    # (decode batch, mean context, half width): contexts spread evenly over mean +- width
+    # (decode batch, mean context, half width): contexts spread evenly over mean +- width.
+    # A graph's partitions follow its longest context's span bucket: 1,800 +- 600 and +- 1,700
+    # run in the 4,096 bucket and their uniform twin (all 1,800) in the 2,048 one, so their
+    # ratio holds a partition change beside the spread. 2,900 +- 1,100 and 2,100 +- 1,900 run
+    # in the same bucket as their twins, up to 128 sequences (where 4 KV heads run unsplit).
     decode_spread: tuple[tuple[int, int, int], ...] = tuple(
-        (b, 1800, w) for b in (4, 8, 16, 24, 32, 64) for w in (600, 1700))
+        (b, 1800, w) for b in (4, 8, 16, 24, 32, 64) for w in (600, 1700)) + tuple(
+        (b, c, w) for b in (4, 8, 16, 24, 32, 64, 96, 128) for c, w in ((2900, 1100),
+                                                                       (2100, 1900)))
     # Block sizes that get the full grid; the others get decode rows only (the block size
     # changes the attention kernels, which the decode rows measure; `other` is shared).
     full_block_sizes: tuple[int, ...] = (16, 32)
