@@ -110,7 +110,8 @@ def main() -> None:
                 print(f"{name:34s} skipped: the profile has no rows of the other kind")
                 continue
             counts = {g: [0, 0] for g in folders}
-            for run, (met, total) in zip(runs, pool.map(_met, [(r, prof) for r in runs])):
+            for run, (met, total) in zip(runs, pool.map(_met, [(r, prof) for r in runs]),
+                                         strict=True):
                 counts[folder_of(run)][0] += met
                 counts[folder_of(run)][1] += total
             row: dict[str, object] = {"variant": name}

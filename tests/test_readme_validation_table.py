@@ -44,3 +44,31 @@ def test_readme_states_the_shipped_counts() -> None:
     text = " ".join((ROOT / "README.md").read_text().split())
     assert (f"{docs[0]['targets_met']} of 140 met for llama-2-7b and {docs[1]['targets_met']}"
             " of 140 for llama-3-8b") in text
+
+
+# README's table of shipped profiles, for the models whose reports live beside their GPU call
+SHIPPED_REPORTS = {
+    "llama-2-13b": ["capture_sizes/validation_llama-2-13b.json"],
+    "qwen2.5-7b": ["spread_twins/validation_qwen2.5-7b_runs_of_new_models.json",
+                   "spread_twins/validation_qwen2.5-7b_runs_of_capture_sizes.json"],
+}
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("model", sorted(SHIPPED_REPORTS))
+def test_shipped_profile_rows_are_their_reports(model: str) -> None:
+    """The count in the shipped-profiles table is the reports' sum, and the reports priced
+    the runs with the very profile that is shipped (byte for byte)."""
+    docs = [json.loads((ROOT / "results" / "validation" / f).read_text())
+            for f in SHIPPED_REPORTS[model]]
+    for doc in docs:
+        for run in doc["runs"]:
+            assert _files(ROOT / run["profile"]) == _files(ROOT / "calibration" / "h200" / model)
+    met = sum(d["targets_met"] for d in docs)
+    checked = sum(d["targets_checked"] for d in docs)
+    rows = [line for line in (ROOT / "README.md").read_text().splitlines()
+            if line.startswith(f"| {model} | ")]
+    assert len(rows) == 1 and rows[0].endswith(f"| {met} of {checked} |"), rows
