@@ -12,6 +12,11 @@ sequence, KV head and partition, `pagesim.cost.decode_launch`):
   context. `decode_spread.csv` times steps of one mean context whose contexts are spread
   evenly, each against its uniform twin in the same rounds; the extra time is fitted as
   kappa * (longest program - mean program), in seconds per token, per block size.
+  A twin whose span bucket differs from its spread step's runs other partitions, and the
+  ratio then holds that change too: qwen2.5-7b's 64-sequence rows at 1,800 +- 600 and
+  +- 1,700 (4,096 bucket, twin in the 2,048 one) fitted 3.15 us per token at block 32, and
+  points whose twins share their bucket 1.04, as every other H200 profile's (1.0-1.2). The
+  calibration grid times both kinds (`results/validation/README.md`, `spread_twins/`).
 
 `benchmarks/decode_spread.py` measured the effect on an H200: with one partition, contexts of
 1,800 +- 1,700 tokens cost 7-14 % more than all at 1,800; with two or more, 4 % at most.
