@@ -16,7 +16,8 @@ from pagesim.cli.app import app
 from pagesim.errors import ConfigError
 from pagesim.utils import parse_int_list
 
-#: `CalibrationGrid.decode_batches`' default, repeated here so that the CLI imports no torch.
+#: `CalibrationGrid.decode_batches`' default, repeated here: the CLI imports `pagesim.gpu` only
+#: inside the commands that need it (a test holds the two equal).
 DEFAULT_DECODE_BATCHES = (1, 4, 8, 16, 24, 32, 48, 64, 128, 192, 256, 384, 512)
 
 
