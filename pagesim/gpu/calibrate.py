@@ -228,7 +228,7 @@ def prefill_points(grid: CalibrationGrid, max_model_len: int,
 
 def calibration_entries(grid: CalibrationGrid, block_size: int, *, max_model_len: int,
                         max_num_batched_tokens: int, max_num_seqs: int, full: bool,
-                        capacity: int, seed: int = 0
+                        capacity: int
                         ) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], tuple]]:
     """The grid's points for one block size that a server with these limits could run, as
     (kind, key, (context, new tokens) entries, key of its attention-skipped twin): every
@@ -299,8 +299,7 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
     capacity = (runner.num_gpu_blocks - 1) * block_size
     entries = calibration_entries(grid, block_size, max_model_len=max_model_len,
                                   max_num_batched_tokens=max_num_batched_tokens,
-                                  max_num_seqs=max_num_seqs, full=full, capacity=capacity,
-                                  seed=seed)
+                                  max_num_seqs=max_num_seqs, full=full, capacity=capacity)
     points = []  # (kind, key, out, other key); a point whose blocks do not fit is dropped
     for kind, key, spec, other in entries:
         shared = {"shared": key[-1], "vshared": key[-1], "sshared": key[-1]}.get(kind, 0)
