@@ -1,6 +1,6 @@
 """Real step times of the CUDA-graph runner against the calibrated profile, step by step.
 
-Reads the stored real runs (results/validation/decode_graphs/real/llama-2-7b/*.json.gz, whose
+Reads the stored real runs (results/validation/decode_graphs/real/llama-2-7b/*.json.xz, whose
 `records.runner_steps` say per step whether it replayed a graph and at which padded batch) and
 prices each step with `CalibratedCostModel` on results/validation/decode_graphs/profile/h200/llama-2-7b (device part: the
 model's step time minus its host-overhead term, against the runner's `wall_s`). Decode steps
@@ -13,7 +13,6 @@ eager rows of the prefix-cached run are not meaningful.
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy as np
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import Profile
+from pagesim.validate import read_json_file, real_run_files
 
 ROOT = Path(__file__).resolve().parents[1]
 GEN = ROOT / "results" / "validation" / "decode_graphs"
@@ -42,7 +42,7 @@ def shape(rs: dict, i: int, bs: int) -> BatchShape:
 
 
 def run_rows(path: Path, cm: CalibratedCostModel) -> dict:
-    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc = read_json_file(path)
     rs = doc["records"]["runner_steps"]
     bs = doc["engine_config"]["block_size"]
     by: dict[tuple, list] = {}
@@ -82,7 +82,7 @@ def markdown(runs: list[dict]) -> str:
 
 def main() -> None:
     cm = CalibratedCostModel(Profile.load(PROFILE))
-    runs = [run_rows(p, cm) for p in sorted(REAL.glob("*.json.gz"))]
+    runs = [run_rows(p, cm) for p in real_run_files(REAL)]
     (OUT / "graph_steps.json").write_text(json.dumps(runs, indent=1) + "\n", encoding="utf-8")
     md = markdown(runs)
     (OUT / "graph_steps.md").write_text(md, encoding="utf-8")

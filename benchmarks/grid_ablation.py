@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from pagesim.validate import validate_real_run
+from pagesim.validate import real_run_files, validate_real_run
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "validation"
 #: run folders whose runner mode (no graphs, decode graphs only, TP) the profiles do not share
@@ -59,7 +59,7 @@ def real_runs(model: str) -> list[Path]:
     """Every stored real run of `model`, by folder."""
     folders = [RESULTS / "real" / model, *sorted(RESULTS.glob(f"*/real/{model}"))]
     return [f for d in folders if d.parent.parent.name not in SKIP
-            for f in sorted(d.glob("*.json.gz"))]
+            for f in real_run_files(d)]
 
 
 def _filter(path: Path, keep: Keep) -> tuple[int, int]:

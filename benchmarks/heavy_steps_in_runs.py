@@ -19,8 +19,6 @@ steps (`benchmarks/heavy_after_light.py`); this shows what that does to the serv
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +26,13 @@ from step_replay import replay_shapes
 
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import Profile
+from pagesim.validate import read_json_file, real_run_files
 
 
 def heavy_steps(path: Path, cm: CalibratedCostModel) -> list[dict]:
     """One dict per heavy step of the run: error %, wall s, tokens, light steps before it,
     mean SM clock during it (0 without samples)."""
-    doc = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz"
-                     else path.read_bytes())
+    doc = read_json_file(path)
     if "records" not in doc:
         return []
     rs, st = doc["records"]["runner_steps"], doc["records"]["steps"]
@@ -67,7 +65,7 @@ def main() -> None:
     for call in args.call:
         real, prof = call.split(":")
         cm = CalibratedCostModel(Profile.load(Path(prof) / args.model))
-        for path in sorted((Path(real) / args.model).glob("*.json*")):
+        for path in real_run_files(Path(real) / args.model):
             kind = "inf" if "-inf-" in path.name else "poisson"
             steps[kind] += heavy_steps(path, cm)
     groups = {

@@ -23,7 +23,7 @@ import numpy as np
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import Profile
-from pagesim.validate import read_real_run
+from pagesim.validate import read_real_run, real_run_files
 
 
 def table_ms(cm: CalibratedCostModel, num_reqs: int) -> float:
@@ -55,7 +55,7 @@ def run_rows(path: Path, cm: CalibratedCostModel) -> tuple[dict, list[tuple[int,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--real", required=True, help="folder of real-run files (.json.gz)")
+    ap.add_argument("--real", required=True, help="folder of real-run files (.json.xz)")
     ap.add_argument("--profile", required=True)
     ap.add_argument("--out", default=None, help="markdown table (default: print only)")
     args = ap.parse_args()
@@ -66,7 +66,7 @@ def main() -> None:
              "| run | decode steps | host | table | prefill steps | host | table |"
              " entries per step |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     excess: list[tuple[int, float]] = []
-    for path in sorted(Path(args.real).glob("*.json.gz")):
+    for path in real_run_files(args.real):
         row, ex = run_rows(path, cm)
         excess += ex
         lines.append(f"| {row['run']} | {row['decode_steps']} | {row['decode_host_ms']:.3f} | "

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,7 @@ from step_replay import replay_shapes
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.decode_launch import span_bucket
 from pagesim.cost.profile import Profile
+from pagesim.validate import read_json_file, real_run_files
 
 
 def step_kind(rs: dict, i: int, num_entries: int) -> str:
@@ -44,8 +43,7 @@ def step_kind(rs: dict, i: int, num_entries: int) -> str:
 
 def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
               shared: bool = True) -> list[dict]:
-    raw = path.read_bytes()
-    doc = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+    doc = read_json_file(path)
     if "records" not in doc:  # not a real run (summary, diagnostics)
         return []
     rs = doc["records"]["runner_steps"]
@@ -97,7 +95,7 @@ def main() -> None:
              "error > 0: predicted slow; time err: of the kind's summed time", "",
              "| run | kind | steps | share of step time % | real mean ms | time err % |"
              " MAPE % |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for path in sorted(Path(args.real).glob("*.json*")):
+    for path in real_run_files(args.real):
         for r in run_table(path, cm, args.decode_spans, not args.no_shared):
             lines.append(f"| {path.name.split('.')[0]} | {r['kind']} | {r['steps']} | "
                          f"{r['share_pct']} | {r['real_ms_mean']} | {r['time_err_pct']:+} | "

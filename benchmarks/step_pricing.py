@@ -1,6 +1,6 @@
 """Per-step evidence for how CalibratedCostModel prices the CUDA-graph runs' steps.
 
-The real runs (results/validation/decode_graphs/real/llama-2-7b/*.json.gz) keep per-step sums only; each
+The real runs (results/validation/decode_graphs/real/llama-2-7b/*.json.xz) keep per-step sums only; each
 step's members are rebuilt from the request records (no preemptions: a request runs in every
 step from its first scheduled one to the one its finish falls in; its decode steps are the last
 num_output_tokens - 1 of them; prefill chunks are solved from the step's prefill-token total),
@@ -16,8 +16,6 @@ the model with exact entries, with and without the cached prefix.
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import json
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import numpy as np
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import Profile
+from pagesim.validate import read_json_file, real_run_files
 
 ROOT = Path(__file__).resolve().parents[1]
 GEN = ROOT / "results" / "validation" / "decode_graphs"
@@ -92,8 +91,8 @@ def main() -> None:
     }
     err: dict[str, dict[str, list[float]]] = {k: {} for k in dec_variants}
     pre_err: dict[str, dict[str, list[float]]] = {"with cached prefix": {}, "cached prefix as 0": {}}
-    for path in sorted(REAL.glob("*.json.gz")):
-        doc = json.loads(gzip.decompress(path.read_bytes()))
+    for path in real_run_files(REAL):
+        doc = read_json_file(path)
         rs, bs, run = doc["records"]["runner_steps"], doc["engine_config"]["block_size"], \
             path.name.split(".")[0]
         dec, ent = rebuild(doc)

@@ -18,11 +18,12 @@ compares them with the profile step by step instead):
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 from pathlib import Path
 
 import numpy as np
+
+from pagesim.validate import read_json_file, real_run_files
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "validation"
@@ -35,7 +36,7 @@ SINCE_BINS = ((1, 10), (10, 30), (30, 100), (100, 10**9))
 
 
 def run_stats(path: Path) -> dict:
-    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc = read_json_file(path)
     st = doc["records"]["steps"]
     n = np.asarray(st["num_reqs"])
     tok = np.asarray(st["num_tokens"])
@@ -83,7 +84,7 @@ def main() -> None:
     for runner, real, roots in SOURCES:
         for model_dir in sorted(p for p in real.iterdir() if p.is_dir()):
             key = f"{model_dir.name} ({runner})"
-            doc["runs"][key] = [run_stats(p) for p in sorted(model_dir.glob("*.json.gz"))]
+            doc["runs"][key] = [run_stats(p) for p in real_run_files(model_dir)]
             prof = next((r / model_dir.name / "decode.csv" for r in roots
                          if (r / model_dir.name / "decode.csv").is_file()), None)
             if prof is not None:

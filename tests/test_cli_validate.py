@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pagesim.cli.app import main
+from pagesim.validate import read_json_file, read_real_run, real_run_files
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "results" / "validation" / "real" / "llama-2-7b"
@@ -34,7 +35,7 @@ def _validate(tmp_path: Path, *reals: Path) -> int:
 
 
 def _truncated_copy(tmp_path: Path) -> Path:
-    doc = json.loads(gzip.decompress((REAL / f"{RUN}.json.gz").read_bytes()))
+    doc = read_json_file(REAL / f"{RUN}.json.xz")
     doc["result"]["truncated"] = True
     path = tmp_path / "cut.json"
     path.write_text(json.dumps(doc))
@@ -42,7 +43,7 @@ def _truncated_copy(tmp_path: Path) -> Path:
 
 
 def test_a_stored_run_gives_the_shipped_reports_errors(tmp_path, capsys) -> None:
-    assert _validate(tmp_path, REAL / f"{RUN}.json.gz") == 0
+    assert _validate(tmp_path, REAL / f"{RUN}.json.xz") == 0
     doc = json.loads((tmp_path / "out" / "v.json").read_text())
     assert doc["num_runs"] == 1 and "skipped" not in doc
     got = {r["metric"]: r["error_pct"] for r in doc["runs"][0]["rows"]}
@@ -54,7 +55,7 @@ def test_a_stored_run_gives_the_shipped_reports_errors(tmp_path, capsys) -> None
 
 def test_a_run_cut_at_its_wall_clock_limit_is_skipped_with_a_note(tmp_path, capsys) -> None:
     cut = _truncated_copy(tmp_path)
-    assert _validate(tmp_path, cut, REAL / f"{RUN}.json.gz") == 0
+    assert _validate(tmp_path, cut, REAL / f"{RUN}.json.xz") == 0
     captured = capsys.readouterr()
     assert "skipped:" in captured.err and "wall-clock limit" in captured.err
     doc = json.loads((tmp_path / "out" / "v.json").read_text())
@@ -63,12 +64,27 @@ def test_a_run_cut_at_its_wall_clock_limit_is_skipped_with_a_note(tmp_path, caps
     assert "skipped:" in (tmp_path / "out" / "v.md").read_text()
 
 
+def test_a_run_reads_the_same_stored_plain_gzip_or_xz(tmp_path) -> None:
+    doc = read_json_file(REAL / f"{RUN}.json.xz")
+    raw = json.dumps(doc).encode()
+    plain, gz = tmp_path / "run.json", tmp_path / "run.json.gz"
+    plain.write_bytes(raw)
+    gz.write_bytes(gzip.compress(raw))
+    (tmp_path / "notes.txt").write_text("not a run")
+    assert real_run_files(tmp_path) == [plain, gz]
+    assert read_real_run(plain) == read_real_run(gz) == read_real_run(REAL / f"{RUN}.json.xz")
+
+
 def test_only_cut_runs_or_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:
     cut = _truncated_copy(tmp_path)
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
+    bad_xz, bad_gz = tmp_path / "bad.json.xz", tmp_path / "bad.json.gz"
+    bad_xz.write_bytes(b"not xz at all")
+    bad_gz.write_bytes(b"not gzip at all")
     for reals, piece in (((cut,), "was cut at its wall-clock limit (150 of 150"),
                          ((cut, cut), "all 2 were cut"), ((bad,), "not valid JSON"),
+                         ((bad_xz,), "not valid JSON"), ((bad_gz,), "not valid JSON"),
                          ((tmp_path / "none.json",), "no such file")):
         assert _validate(tmp_path, *reals) == 2
         err = capsys.readouterr().err.strip()
@@ -82,7 +98,7 @@ def test_the_tp2_reports_are_what_this_code_makes_of_their_runs(tmp_path, call, 
     CUDA graphs), each run priced with its call's profile; the graph call's profile is the
     shipped default."""
     tp2 = ROOT / "results" / "validation" / call
-    real = tp2 / "real" / "llama-3-70b-tp2" / f"{run}.json.gz"
+    real = tp2 / "real" / "llama-3-70b-tp2" / f"{run}.json.xz"
     profile = tp2 / "profile" / "h200" / "llama-3-70b-tp2"
     argv = ["validate", "--real", str(real), "--profile", str(profile),
             "--output-dir", str(tmp_path), "--name", "v"]
