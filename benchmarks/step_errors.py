@@ -82,7 +82,7 @@ def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--real", required=True, help="folder of real-run files (.json[.gz])")
+    ap.add_argument("--real", required=True, help="folder of real-run files (.json, .json.gz or .json.xz)")
     ap.add_argument("--profile", required=True)
     ap.add_argument("--out", default=None, help="markdown table (default: print only)")
     ap.add_argument("--no-shared", action="store_true",

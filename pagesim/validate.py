@@ -40,6 +40,8 @@ TARGETS_PCT: dict[str, float] = {
 REAL_RUN_FORMAT = 1
 #: File names a stored real run may have, by how it is compressed.
 REAL_RUN_SUFFIXES = (".json.xz", ".json.gz", ".json")
+#: The first bytes of every file `save_real_run` writes.
+_RUN_HEAD = b'{"format":%d,' % REAL_RUN_FORMAT
 
 
 def build_requests(config: EngineConfig, workload: str, num_prompts: int, seed: int,
@@ -154,10 +156,21 @@ def read_json_file(path: Path) -> Any:
 
 
 def real_run_files(folder: str | Path) -> list[Path]:
-    """The stored real runs in `folder`, sorted by name (any of `REAL_RUN_SUFFIXES`)."""
+    """The stored real runs in `folder`, sorted by name: compressed runs by their suffix,
+    plain JSON files only if they open as `save_real_run` writes them (a GPU call's folder
+    also holds its `summary.json` and `graph_vs_eager.json`)."""
     folder = Path(folder)
-    return sorted(p for p in folder.iterdir()
-                  if p.is_file() and p.name.endswith(REAL_RUN_SUFFIXES)) if folder.is_dir() else []
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and (
+        p.name.endswith(REAL_RUN_SUFFIXES[:2])
+        or (p.name.endswith(".json") and _opens_as_run(p))))
+
+
+def _opens_as_run(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(len(_RUN_HEAD)) == _RUN_HEAD
+
 
 
 def read_real_run(path: str | Path) -> dict[str, Any]:
