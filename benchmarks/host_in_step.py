@@ -1,0 +1,127 @@
+"""Host and device time inside served decode steps, call by call, against the profile's price.
+
+A served step's time is `GPUModelRunner.execute_model`'s host wall clock: building and copying
+the inputs, launching the graph, the device's work, and the sync that reads the sampled
+tokens. The runner also times the device's part with CUDA events (forward, LM head and
+sampler), so each decode-graph step splits into device time and host time (the rest of the
+wall clock). The same workload and seed serve the same requests in every GPU call, so a run
+kind's steps can be followed from call to call: if the device part holds still while the
+host part moves, a call's pricing error is the host's speed that day, which no cost model of
+the step can know.
+
+Per call and run: decode-graph steps, their mean wall, device and host time (ms), the
+prediction of that call's own profile and its error on the summed time.
+
+    python benchmarks/host_in_step.py --model llama-3-8b \\
+        --runs system-prompt-85pct-bs16,chat-85pct-bs16 [--out results/validation/host_in_step_llama-3-8b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+from pathlib import Path
+
+import numpy as np
+from step_replay import replay_shapes
+
+from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.profile import Profile
+from pagesim.validate import read_real_run, real_run_files
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "validation"
+SHIPPED = Path(__file__).resolve().parents[1] / "calibration" / "h200"
+#: Calls whose steps are not comparable: no CUDA graphs, or two ranks.
+SKIP = ("eager", "tp2", "tp2_graphs")
+
+
+def calls(model: str) -> list[tuple[str, Path, Path]]:
+    """(call, real-run folder, profile folder) of every stored GPU call of `model`."""
+    out = [("real", RESULTS / "real" / model, SHIPPED / model)]
+    for d in sorted(RESULTS.glob(f"*/real/{model}")):
+        call = d.parent.parent.name
+        prof = d.parent.parent / "profile" / "h200" / model
+        if call not in SKIP and prof.is_dir():
+            out.append((call, d, prof))
+    return out
+
+
+def base_run(run: str) -> str:
+    """A run's name without its repeat suffix (`-r2`: the same run served again)."""
+    return re.sub(r"-r\d+$", "", run)
+
+
+def run_row(path: Path, cm: CalibratedCostModel) -> dict | None:
+    """One run's decode-graph steps: mean wall, device and host ms, predicted ms, error %."""
+    doc = read_real_run(path)
+    rs = doc["records"]["runner_steps"]
+    if "forward_s" not in rs:
+        return None
+    shapes = replay_shapes(doc)
+    wall, dev, pred = [], [], []
+    for i, w in enumerate(rs["wall_s"]):
+        s = shapes[i]
+        if s is None or s.num_prefill_reqs or not rs["cuda_graph"][i]:
+            continue
+        wall.append(w)
+        dev.append(rs["forward_s"][i] + rs["sample_s"][i])
+        pred.append(cm.device_time(s))
+    if not wall:
+        return None
+    w, d, p = (np.asarray(x) * 1e3 for x in (wall, dev, pred))
+    return {"steps": len(w), "wall_ms": w.mean(), "device_ms": d.mean(),
+            "host_ms": (w - d).mean(), "pred_ms": p.mean(),
+            "err_pct": 100 * (p.sum() / w.sum() - 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--runs", default="", help="run names, comma separated (default: all)")
+    ap.add_argument("--out", help="stem of the markdown and CSV tables (default: print only)")
+    args = ap.parse_args()
+    wanted = set(filter(None, args.runs.split(",")))
+    rows = []
+    for call, real, prof in calls(args.model):
+        cm = CalibratedCostModel(Profile.load(prof))
+        for path in real_run_files(real):
+            run = path.name.split(".")[0]
+            if wanted and run not in wanted:
+                continue
+            row = run_row(path, cm)
+            if row is not None:
+                rows.append({"run": run, "call": call, **row})
+    rows.sort(key=lambda r: (r["run"], r["call"]))
+    lines = [f"Decode-graph steps of {args.model}'s served runs, call by call: device time (CUDA "
+             "events: forward, LM head, sampler), host time (the rest of the step's wall "
+             "clock), and the call's own profile's price (error on the summed time).", "",
+             "| run | call | steps | wall ms | device ms | host ms | predicted ms | error % |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['run']} | {r['call']} | {r['steps']} | {r['wall_ms']:.3f} | "
+              f"{r['device_ms']:.3f} | {r['host_ms']:.3f} | {r['pred_ms']:.3f} | "
+              f"{r['err_pct']:+.1f} |" for r in rows]
+    lines += ["", "Per run (repeats included), over calls: the spread (max / min - 1) of each part's mean.", "",
+              "| run | calls | device spread % | host spread % | host ms min-max | "
+              "error % min-max |", "| --- | ---: | ---: | ---: | --- | --- |"]
+    for run in sorted({base_run(r["run"]) for r in rows}):
+        rr = [r for r in rows if base_run(r["run"]) == run]
+        dv = [r["device_ms"] for r in rr]
+        hs = [r["host_ms"] for r in rr]
+        er = [r["err_pct"] for r in rr]
+        lines.append(f"| {run} | {len(rr)} | {100 * (max(dv) / min(dv) - 1):.1f} | "
+                     f"{100 * (max(hs) / min(hs) - 1):.0f} | {min(hs):.2f}-{max(hs):.2f} | "
+                     f"{min(er):+.1f} to {max(er):+.1f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(f"{args.out}.md").write_text(text, encoding="utf-8")
+        with open(f"{args.out}.csv", "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                        for r in rows)
+
+
+if __name__ == "__main__":
+    main()
