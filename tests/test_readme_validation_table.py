@@ -49,8 +49,9 @@ def test_readme_states_the_shipped_counts() -> None:
 # README's table of shipped profiles, for the models whose reports live beside their GPU call
 SHIPPED_REPORTS = {
     "llama-2-13b": ["capture_sizes/validation_llama-2-13b.json"],
-    "qwen2.5-7b": ["spread_twins/validation_qwen2.5-7b_runs_of_new_models.json",
-                   "spread_twins/validation_qwen2.5-7b_runs_of_capture_sizes.json"],
+    "qwen2.5-7b": ["current_grid/validation_qwen2.5-7b.json",
+                   "current_grid/validation_qwen2.5-7b_runs_of_new_models.json",
+                   "current_grid/validation_qwen2.5-7b_runs_of_capture_sizes.json"],
 }
 
 
