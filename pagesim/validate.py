@@ -38,8 +38,8 @@ TARGETS_PCT: dict[str, float] = {
     "mean_e2el_ms": 3.0, "median_e2el_ms": 10.0, "p99_e2el_ms": 10.0,
 }
 REAL_RUN_FORMAT = 1
-#: File names a stored real run may have, by how it is compressed.
-REAL_RUN_SUFFIXES = (".json.xz", ".json.gz", ".json")
+#: The endings of compressed real runs (plain `.json` ones are read too).
+COMPRESSED_RUN_SUFFIXES = (".json.xz", ".json.gz")
 #: The first bytes of every file `save_real_run` writes.
 _RUN_HEAD = b'{"format":%d,' % REAL_RUN_FORMAT
 
@@ -163,14 +163,14 @@ def real_run_files(folder: str | Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.is_file() and (
-        p.name.endswith(REAL_RUN_SUFFIXES[:2])
+        p.name.endswith(COMPRESSED_RUN_SUFFIXES)
         or (p.name.endswith(".json") and _opens_as_run(p))))
 
 
 def _opens_as_run(path: Path) -> bool:
+    """Whether a plain JSON file begins as `save_real_run` begins every run."""
     with open(path, "rb") as fh:
         return fh.read(len(_RUN_HEAD)) == _RUN_HEAD
-
 
 
 def read_real_run(path: str | Path) -> dict[str, Any]:
