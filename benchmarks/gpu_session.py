@@ -346,7 +346,7 @@ def main() -> int:
                 result["sm_clock"] = clocks.summary()
                 if device == "cuda":
                     torch.cuda.empty_cache()
-                save_real_run(work / "real" / name / f"{spec['name']}.json", config=cfg,
+                save_real_run(work / "real" / name / f"{spec['name']}.json.xz", config=cfg,
                               load=load, result=result, records=records, device=info,
                               extra={"capacity_rps": base, "sm_clock": clocks.summary()})
                 throughput[spec["name"]] = result["request_throughput"]

@@ -216,7 +216,7 @@ def serve_runs(group, model, config, blocks, args, say) -> dict:
                                    max_wall_s=pick["max_wall_s"],
                                    cuda_graphs=args["cuda_graphs"])
         name = f"{config.model}-tp{config.tensor_parallel_size}"
-        save_real_run(out / "work" / "real" / name / f"{spec['name']}.json", config=config,
+        save_real_run(out / "work" / "real" / name / f"{spec['name']}.json.xz", config=config,
                       load=load, result=result, records=records,
                       device=device_info(model.device if model.device.type == "cuda" else None),
                       extra={"capacity_rps": capacity_rps,

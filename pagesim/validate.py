@@ -91,14 +91,14 @@ def save_real_run(path: str | Path, *, config: EngineConfig, load: dict[str, Any
                   result: dict[str, Any], records: dict[str, Any],
                   device: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
     """Write one real run: engine config (with the measured block count), load, result keys,
-    raw records and the device it ran on."""
+    raw records and the device it ran on; compressed when `path` ends in .xz or .gz."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"format": REAL_RUN_FORMAT, "backend": "pagesim-gpu", "load": load,
            "engine_config": {f.name: getattr(config, f.name) for f in fields(config)},
            "device": device, "result": _jsonable(result), "records": records,
            "extra": extra or {}}
-    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n", encoding="utf-8")
+    write_json_file(path, doc)
     return path
 
 
@@ -143,6 +143,17 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     records["runner_steps"] = step_record_columns(runner.step_records)
     del runner, graphs
     return result, records
+
+
+def write_json_file(path: Path, doc: Any) -> None:
+    """Compact JSON, compressed when the name ends in .xz or .gz (gzip without a timestamp:
+    the same document gives the same bytes)."""
+    raw = (json.dumps(doc, separators=(",", ":")) + "\n").encode("utf-8")
+    if path.suffix == ".xz":
+        raw = lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME)
+    elif path.suffix == ".gz":
+        raw = gzip.compress(raw, mtime=0)
+    path.write_bytes(raw)
 
 
 def read_json_file(path: Path) -> Any:

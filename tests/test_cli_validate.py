@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pagesim.cli.app import main
-from pagesim.validate import read_json_file, read_real_run, real_run_files
+from pagesim.validate import read_json_file, read_real_run, real_run_files, write_json_file
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "results" / "validation" / "real" / "llama-2-7b"
@@ -64,16 +64,19 @@ def test_a_run_cut_at_its_wall_clock_limit_is_skipped_with_a_note(tmp_path, caps
     assert "skipped:" in (tmp_path / "out" / "v.md").read_text()
 
 
-def test_a_run_reads_the_same_stored_plain_gzip_or_xz(tmp_path) -> None:
+def test_a_run_is_written_and_read_plain_gzip_or_xz(tmp_path) -> None:
     doc = read_json_file(REAL / f"{RUN}.json.xz")
-    raw = json.dumps(doc, separators=(",", ":")).encode()  # as save_real_run writes it
-    plain, gz = tmp_path / "run.json", tmp_path / "run.json.gz"
-    plain.write_bytes(raw)
-    gz.write_bytes(gzip.compress(raw))
+    paths = [tmp_path / f"run{suffix}" for suffix in (".json", ".json.gz", ".json.xz")]
+    for path in paths:
+        write_json_file(path, doc)  # as save_real_run writes a run
     (tmp_path / "notes.txt").write_text("not a run")
     (tmp_path / "summary.json").write_text('{"device": {}}')  # a GPU call's other files
-    assert real_run_files(tmp_path) == [plain, gz]
-    assert read_real_run(plain) == read_real_run(gz) == read_real_run(REAL / f"{RUN}.json.xz")
+    assert real_run_files(tmp_path) == paths
+    assert all(read_real_run(p) == doc for p in paths)
+    assert gzip.decompress(paths[1].read_bytes()) == paths[0].read_bytes()
+    again = tmp_path / "again.json.gz"
+    write_json_file(again, doc)
+    assert again.read_bytes() == paths[1].read_bytes()  # no timestamp in the gzip header
 
 
 def test_only_cut_runs_or_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys) -> None:

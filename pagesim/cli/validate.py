@@ -114,6 +114,7 @@ def _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs, max_num_
     result, records = serve_workload(config, weights, capacity.num_gpu_blocks[config.block_size],
                                      load, cuda_graphs=not enforce_eager, log=typer.echo)
     rate = load["request_rate"]
-    path = output_dir / "real" / f"{config.model}-{load['workload']}-{rate}-bs{config.block_size}.json"
+    path = (output_dir / "real"
+            / f"{config.model}-{load['workload']}-{rate}-bs{config.block_size}.json.xz")
     return save_real_run(path, config=config, load=load, result=result, records=records,
                          device=device_info(device), extra={"capacity": capacity.to_dict()})
