@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -69,6 +70,27 @@ def test_run_with_no_arguments(monkeypatch: pytest.MonkeyPatch,
     assert float(rows["Output token throughput (tok/s):"]) > 0
     assert int(rows["GPU KV cache blocks:"]) > 1000  # llama-2-7b on an H200 at 0.92
     assert_block_layout(out)
+    assert lines[-1].startswith("Cost model: calibrated, the shipped profile "
+                                "calibration/h200/llama-2-7b (NVIDIA H200, bfloat16, measured ")
+
+
+def test_the_last_line_says_what_priced_the_steps(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile given by path is named by it; with none for the model, GPU and TP size, the
+    analytical model prices the steps and the line says so."""
+    profile = Path(__file__).resolve().parents[1] / "calibration" / "h200" / "llama-3-8b"
+    out = run_ok(capsys, *SMALL, "--num-prompts", "4", "--model", "llama-3-8b",
+                 "--profile", str(profile))
+    assert out.splitlines()[-1].startswith(
+        "Cost model: calibrated, the shipped profile calibration/h200/llama-3-8b (")
+    other = tmp_path / "mine"
+    shutil.copytree(profile, other)
+    out = run_ok(capsys, *SMALL, "--num-prompts", "4", "--model", "llama-3-8b",
+                 "--profile", str(other))
+    assert out.splitlines()[-1].startswith(f"Cost model: calibrated, {other} (NVIDIA H200, ")
+    out = run_ok(capsys, *SMALL, "--num-prompts", "4", "--gpu", "a100-80gb")
+    assert out.splitlines()[-1] == ("Cost model: analytical (no calibration profile for "
+                                    "llama-2-7b on a100-80gb at TP 1; --profile DIR uses one)")
 
 
 def test_printed_blocks_match_the_saved_json(tmp_path: Path,

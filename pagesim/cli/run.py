@@ -14,7 +14,7 @@ from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
 from pagesim.metrics import format_benchmark_block
-from pagesim.sim.build import block_size_note, default_profile
+from pagesim.sim.build import block_size_note, cost_model_line, default_profile
 from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
 from pagesim.sim.simulate import result_metadata, simulate
 
@@ -71,6 +71,7 @@ def run_command(
                                  max_concurrency=load.max_concurrency,
                                  percentiles=load.percentiles))
     print(format_kv_block(sim.result))
+    print(cost_model_line(engine, prof))
     if save_result or result_dir is not None:
         metadata = result_metadata(engine, load)
         metadata["cost_model"] = str(prof) if prof else "analytical"

@@ -54,6 +54,23 @@ def block_size_note(profile: str | Path, block_size: int) -> str | None:
             f"costs are {how}")
 
 
+def cost_model_line(config: EngineConfig, profile: str | Path | None) -> str:
+    """One line saying what priced the steps: a result's figures are as good as their cost
+    model, a measured profile (which GPU, when) or the analytical roofline."""
+    if profile is None:
+        return (f"Cost model: analytical (no calibration profile for {config.model} on "
+                f"{config.gpu} at TP {config.tensor_parallel_size}; --profile DIR uses one)")
+    from pagesim.cost.profile import Profile
+
+    meta = Profile.load(profile).metadata
+    path = Path(profile).resolve()
+    shipped = CALIBRATION_DIR.resolve()
+    name = (f"the shipped profile calibration/{path.relative_to(shipped).as_posix()}"
+            if path.is_relative_to(shipped) else str(profile))
+    return (f"Cost model: calibrated, {name} ({meta.gpu_name}, {meta.dtype}, measured "
+            f"{meta.date[:10]})")
+
+
 def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostModel:
     """The calibrated model for `profile` (a directory), else the analytical default.
 
