@@ -28,7 +28,7 @@ from pagesim.planning.capacity import (
 from pagesim.planning.kv_sizing import min_kv_memory
 from pagesim.planning.router import ROUTERS, make_router
 from pagesim.planning.slo import DEFAULT_ATTAINMENT, parse_slos
-from pagesim.sim.build import block_size_note, default_profile
+from pagesim.sim.build import block_size_note, cost_model_line, default_profile
 from pagesim.specs import GiB
 
 PLAN = "Plan"
@@ -116,7 +116,7 @@ def plan_command(
         doc["best"] = _best(doc["compare_tp"], target_rate)
     else:
         prof = None if analytical else values.get("profile") or default_profile(engine)
-        print(f"Cost model: {_cost_line(prof, analytical, engine.block_size)}")
+        print(_cost_line(engine, prof, analytical))
         if kv_sizing:
             doc["kv_sizing"] = _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration)
         else:
@@ -132,12 +132,10 @@ def plan_command(
         print(f"Saved plan to {save_result}")
 
 
-def _cost_line(prof, analytical: bool = False, block_size: int | None = None) -> str:
-    if prof is not None:
-        note = block_size_note(prof, block_size) if block_size is not None else None
-        return str(prof) + (f"\n{note}" if note else "")
-    return "analytical" + ("" if analytical else
-                           " (no calibration profile for this model, GPU and TP size)")
+def _cost_line(engine, prof, analytical: bool = False) -> str:
+    """What prices this plan's steps (`cost_model_line`), and the block-size note if any."""
+    note = block_size_note(prof, engine.block_size) if prof is not None else None
+    return cost_model_line(engine, prof, analytical=analytical) + (f"\n{note}" if note else "")
 
 
 def _tp_sizes(compare_tp: str | None, values: dict[str, Any], kv_sizing: bool) -> list[int]:
@@ -167,7 +165,7 @@ def _plan_tp(values, tp, load, slos, target_rate, router, max_replicas, rel_tol,
     try:
         engine = o.engine_config({**values, "tensor_parallel_size": tp})
         prof = None if analytical else default_profile(engine)
-        print(f"Cost model: {_cost_line(prof, analytical, engine.block_size)}")
+        print(_cost_line(engine, prof, analytical))
         cap = max_sustainable_rate(engine, load, slos, profile=prof, rel_tol=rel_tol,
                                    min_duration_s=min_duration)
     except ConfigError as e:

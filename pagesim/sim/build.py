@@ -54,9 +54,13 @@ def block_size_note(profile: str | Path, block_size: int) -> str | None:
             f"costs are {how}")
 
 
-def cost_model_line(config: EngineConfig, profile: str | Path | None) -> str:
+def cost_model_line(config: EngineConfig, profile: str | Path | None, *,
+                    analytical: bool = False) -> str:
     """One line saying what priced the steps: a result's figures are as good as their cost
-    model, a measured profile (which GPU, when) or the analytical roofline."""
+    model, a measured profile (which GPU, when) or the analytical roofline (`analytical`:
+    chosen by the user, not for want of a profile)."""
+    if analytical:
+        return "Cost model: analytical"
     if profile is None:
         return (f"Cost model: analytical (no calibration profile for {config.model} on "
                 f"{config.gpu} at TP {config.tensor_parallel_size}; --profile DIR uses one)")
