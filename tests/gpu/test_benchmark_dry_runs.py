@@ -16,6 +16,7 @@ SCRIPTS = [
     ("heavy_after_light.py", ["--rounds", "1"], "heavy_after_light.csv"),
     ("decode_in_run.py", ["--batches", "1,2", "--prompts", "16", "--repeats", "2"],
      "decode_in_run.csv"),
+    ("runner_host.py", [], "runner_host.csv"),
 ]
 
 
