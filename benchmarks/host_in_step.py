@@ -24,6 +24,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from host_overhead_runs import table_ms
 from step_replay import replay_shapes
 
 from pagesim.cost.calibrated import CalibratedCostModel
@@ -58,8 +59,9 @@ def run_row(path: Path, cm: CalibratedCostModel) -> dict | None:
     rs = doc["records"]["runner_steps"]
     if "forward_s" not in rs:
         return None
+    st = doc["records"]["steps"]
     shapes = replay_shapes(doc)
-    wall, dev, pred = [], [], []
+    wall, dev, pred, between, table = [], [], [], [], []
     for i, w in enumerate(rs["wall_s"]):
         s = shapes[i]
         if s is None or s.num_prefill_reqs or not rs["cuda_graph"][i]:
@@ -67,12 +69,20 @@ def run_row(path: Path, cm: CalibratedCostModel) -> dict | None:
         wall.append(w)
         dev.append(rs["forward_s"][i] + rs["sample_s"][i])
         pred.append(cm.device_time(s))
+        between.append(st["schedule_s"][i] + st["update_s"][i])
+        table.append(table_ms(cm, rs["num_reqs"][i]) / 1e3)
     if not wall:
         return None
-    w, d, p = (np.asarray(x) * 1e3 for x in (wall, dev, pred))
+    w, d, p, b, t = (np.asarray(x) * 1e3 for x in (wall, dev, pred, between, table))
     return {"steps": len(w), "wall_ms": w.mean(), "device_ms": d.mean(),
             "host_ms": (w - d).mean(), "pred_ms": p.mean(),
-            "err_pct": 100 * (p.sum() / w.sum() - 1)}
+            "err_pct": 100 * (p.sum() / w.sum() - 1), "between_ms": b.mean(),
+            "profile_between_ms": t.mean()}
+
+
+def _corr(a: list[float], b: list[float]) -> str:
+    """Pearson's r of two columns over calls, or "-" with fewer than 5 calls."""
+    return f"{np.corrcoef(a, b)[0, 1]:+.2f}" if len(a) >= 5 else "-"
 
 
 def main() -> None:
@@ -96,14 +106,19 @@ def main() -> None:
     lines = [f"Decode-graph steps of {args.model}'s served runs, call by call: device time (CUDA "
              "events: forward, LM head, sampler), host time (the rest of the step's wall "
              "clock), and the call's own profile's price (error on the summed time).", "",
-             "| run | call | steps | wall ms | device ms | host ms | predicted ms | error % |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "Host between steps (scheduling and bookkeeping outside `execute_model`): the "
+             "run's, and the call's profile's overhead table at the same batch sizes.", "",
+             "| run | call | steps | wall ms | device ms | host ms | predicted ms | error % "
+             "| between ms | profile's between ms |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['run']} | {r['call']} | {r['steps']} | {r['wall_ms']:.3f} | "
               f"{r['device_ms']:.3f} | {r['host_ms']:.3f} | {r['pred_ms']:.3f} | "
-              f"{r['err_pct']:+.1f} |" for r in rows]
+              f"{r['err_pct']:+.1f} | {r['between_ms']:.3f} | {r['profile_between_ms']:.3f} |"
+              for r in rows]
     lines += ["", "Per run (repeats included), over calls: the spread (max / min - 1) of each part's mean.", "",
               "| run | calls | device spread % | host spread % | host ms min-max | "
-              "error % min-max |", "| --- | ---: | ---: | ---: | --- | --- |"]
+              "error % min-max | r(host, between) | r(host, profile's between) |",
+              "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
     for run in sorted({base_run(r["run"]) for r in rows}):
         rr = [r for r in rows if base_run(r["run"]) == run]
         dv = [r["device_ms"] for r in rr]
@@ -111,7 +126,9 @@ def main() -> None:
         er = [r["err_pct"] for r in rr]
         lines.append(f"| {run} | {len(rr)} | {100 * (max(dv) / min(dv) - 1):.1f} | "
                      f"{100 * (max(hs) / min(hs) - 1):.0f} | {min(hs):.2f}-{max(hs):.2f} | "
-                     f"{min(er):+.1f} to {max(er):+.1f} |")
+                     f"{min(er):+.1f} to {max(er):+.1f} | "
+                     f"{_corr(hs, [r['between_ms'] for r in rr])} | "
+                     f"{_corr(hs, [r['profile_between_ms'] for r in rr])} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
