@@ -10,7 +10,11 @@ host part moves, a call's pricing error is the host's speed that day, which no c
 the step can know.
 
 Per call and run: decode-graph steps, their mean wall, device and host time (ms), the
-prediction of that call's own profile and its error on the summed time.
+prediction of that call's own profile and its error on the summed time, and the host time
+between those steps (scheduling and bookkeeping, outside `execute_model`) beside what the
+call's profile measured for it (its overhead table at the same batch sizes). Per run over
+calls: how far each part spreads, and how closely the host time inside the steps follows
+each of the two host times between them (Pearson's r, from 5 calls).
 
     python benchmarks/host_in_step.py --model llama-3-8b \\
         --runs system-prompt-85pct-bs16,chat-85pct-bs16 [--out results/validation/host_in_step_llama-3-8b]
