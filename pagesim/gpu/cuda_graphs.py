@@ -30,7 +30,9 @@ block_size); query start locations and logits indices of mixed steps. Padding ro
 PAD_SLOT_ID (reshape_and_cache skips it), seq_len 0 (kernels write zeros or nothing), block row
 all null block, id 0, position 0; padded sequences of a mixed step start at the last real
 token, so they own no rows. The sampler always runs eagerly on the real rows (its seeded
-generator stays outside the graph), so padded rows' outputs are never read.
+generator stays outside the graph), so padded rows' outputs are never read. A step fills the
+static buffers from persistent host state (`pagesim.gpu.input_buffers`): block-table rows kept
+per request across steps, every input staged in one pinned buffer and copied in one transfer.
 
 Capture is lazy (first use of a key, inside the step that needs it: a warm-up forward, which
 also compiles any new Triton variant, then the capture) and `capture_all` captures every key a
@@ -54,9 +56,10 @@ import torch
 
 from pagesim.cost.decode_launch import MIN_SPAN_BUCKET, span_bucket
 from pagesim.gpu.attention import DEFAULT_NUM_SMS, AttentionMetadata
+from pagesim.gpu.input_buffers import BlockTableRows, StagedBuffers, decode_slots, token_slots
 from pagesim.gpu.kernels.configs import DecodePartition, decode_config, decode_partition
 from pagesim.gpu.kernels.paged_attention import DecodeWorkspace
-from pagesim.kvcache.block_table import PAD_SLOT_ID, build_positions, build_slot_mapping
+from pagesim.kvcache.block_table import PAD_SLOT_ID
 
 #: Batch sizes captured (vLLM's list is 1, 2, 4 and multiples of 8 up to 512; coarser here so
 #: that capture stays short: a decode step's GEMMs cost nearly the same for 129 and 160 rows).
@@ -150,19 +153,33 @@ class StepGraphs:
         self.max_seqs = self.sizes[-1]
         m = max(self.max_seqs, *self.token_sizes) if self.token_sizes else self.max_seqs
         dev = self.device
-        # Same dtypes as the eager path's tensors (Triton compiles one variant per pointer
-        # dtype); rows of `pack` padded to 16 entries so every row starts 16-byte aligned.
-        # pack rows: input ids, positions, slot mapping (int64)
-        self.pack = torch.zeros((3, -(-m // 16) * 16), dtype=torch.int64, device=dev)
-        self.seq_lens = torch.zeros(self.max_seqs, dtype=torch.int32, device=dev)
-        self.block_table = torch.zeros((self.max_seqs, self.width), dtype=torch.int32,
-                                       device=dev)
-        self.query_start_loc = torch.arange(self.max_seqs + 1, dtype=torch.int32, device=dev)
-        self.logits_indices = torch.arange(self.max_seqs, dtype=torch.int64, device=dev)
+        # Per-step inputs staged in one pinned host buffer and copied in one transfer
+        # (`StagedBuffers`); same dtypes as the eager path's tensors (Triton compiles one
+        # variant per pointer dtype); rows of `pack` padded to 16 entries so every row starts
+        # 16-byte aligned. pack rows: input ids, positions, slot mapping (int64). The block
+        # table comes last: a step copies only the rows it uses.
+        s = self.max_seqs
+        self.staged = StagedBuffers([
+            ("pack", torch.int64, (3, -(-m // 16) * 16)),
+            ("seq_lens", torch.int32, (s,)),
+            ("mixed_query_start_loc", torch.int32, (s + 1,)),
+            ("mixed_logits_indices", torch.int64, (s,)),
+            ("block_table", torch.int32, (s, self.width)),
+        ], dev)
+        staged = self.staged.device
+        self.pack = staged["pack"]
+        self.seq_lens = staged["seq_lens"]
+        self.block_table = staged["block_table"]
         # Mixed steps: their own query starts and last rows, loaded per step.
-        self.mixed_query_start_loc = torch.zeros(self.max_seqs + 1, dtype=torch.int32,
-                                                 device=dev)
-        self.mixed_logits_indices = torch.zeros(self.max_seqs, dtype=torch.int64, device=dev)
+        self.mixed_query_start_loc = staged["mixed_query_start_loc"]
+        self.mixed_logits_indices = staged["mixed_logits_indices"]
+        self._table_offset = self.staged.offset("block_table")
+        self._table_row_bytes = self.staged.row_bytes("block_table")
+        # Decode steps: constant query starts and last rows.
+        self.query_start_loc = torch.arange(s + 1, dtype=torch.int32, device=dev)
+        self.logits_indices = torch.arange(s, dtype=torch.int64, device=dev)
+        # Block-table rows of live requests, kept across steps (`release` frees them).
+        self.rows = BlockTableRows(self.width, s)
         self._reset_buffers()
         self.graphs: dict[GraphKey, CapturedGraph] = {}
         self._keys: dict[tuple[int, int], GraphKey] = {}
@@ -242,67 +259,79 @@ class StepGraphs:
     # ---- static buffers -------------------------------------------------------------------------
     def _reset_buffers(self) -> None:
         """All rows padding: nothing is written to the cache, nothing attended."""
-        self.pack.zero_()
-        self.pack[2].fill_(PAD_SLOT_ID)
-        self.seq_lens.zero_()
-        self.block_table.zero_()
-        self.mixed_query_start_loc.zero_()
-        self.mixed_logits_indices.zero_()
+        h = self.staged.host
+        for name in ("pack", "seq_lens", "mixed_query_start_loc", "mixed_logits_indices",
+                     "block_table"):
+            h[name][...] = 0
+        h["pack"][2] = PAD_SLOT_ID
+        self.staged.copy_to_device()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def release(self, request_ids) -> None:
+        """Free the block-table rows of requests that finished or were preempted."""
+        self.rows.free(request_ids)
 
     def load(self, scheduled, input_ids: list[int], key: GraphKey) -> None:
-        """Fill the static buffers for a step of `key`'s size (rows past the step: padding).
-        Host arrays are built with numpy, then copied in a few transfers."""
+        """Fill the static buffers for a step of `key`'s size (rows past the step: padding):
+        the host side through numpy, then one transfer of the bytes the step uses."""
         if key.mixed:
             self._load_mixed(scheduled, input_ids, key.size)
             return
         size = key.size
         n = len(scheduled)
-        bs = self.block_size
+        h = self.staged.host
+        table = h["block_table"]
+        self._gather_rows(scheduled, table)
+        table[n:size] = 0
         pos = np.fromiter((sr.num_computed_tokens for sr in scheduled), np.int64, n)
-        table = self._table(scheduled, size)
-        pack = np.zeros((3, size), dtype=np.int64)
+        pack = h["pack"]
         pack[0, :n] = input_ids
         pack[1, :n] = pos
-        pack[2] = PAD_SLOT_ID
-        pack[2, :n] = table[np.arange(n), pos // bs].astype(np.int64) * bs + pos % bs
-        seq_lens = np.zeros(size, dtype=np.int32)
+        pack[2, :n] = decode_slots(table, pos, self.block_size)
+        pack[:2, n:size] = 0
+        pack[2, n:size] = PAD_SLOT_ID
+        seq_lens = h["seq_lens"]
         seq_lens[:n] = pos + 1
-        self.pack[:, :size].copy_(torch.from_numpy(pack), non_blocking=True)
-        self.seq_lens[:size].copy_(torch.from_numpy(seq_lens), non_blocking=True)
-        self.block_table[:size].copy_(torch.from_numpy(table), non_blocking=True)
+        seq_lens[n:size] = 0
+        self.staged.copy_to_device(self._table_offset + size * self._table_row_bytes)
 
-    def _table(self, scheduled, rows: int) -> np.ndarray:
-        table = np.zeros((rows, self.width), dtype=np.int32)
-        for i, sr in enumerate(scheduled):
-            row = sr.block_ids
-            table[i, :len(row)] = row
-        return table
+    def _gather_rows(self, scheduled, out: np.ndarray) -> None:
+        """out[i] = the block-table row of scheduled[i] (`BlockTableRows`)."""
+        row_index = self.rows.row_index
+        idx = [row_index(sr.request.request_id, sr.block_ids) for sr in scheduled]
+        np.take(self.rows.table, idx, axis=0, out=out[:len(idx)])
 
     def _load_mixed(self, scheduled, input_ids: list[int], size: int) -> None:
         """A mixed step of T <= size tokens and n sequences: rows T.. and sequences n.. pad."""
         n = len(scheduled)
         seqs = self.mixed_seqs(size)
-        starts = [sr.num_computed_tokens for sr in scheduled]
-        news = [sr.num_new_tokens for sr in scheduled]
-        rows = [sr.block_ids for sr in scheduled]
+        h = self.staged.host
+        table = h["block_table"]
+        self._gather_rows(scheduled, table)
+        table[n:seqs] = 0
+        starts = np.fromiter((sr.num_computed_tokens for sr in scheduled), np.int64, n)
+        news = np.fromiter((sr.num_new_tokens for sr in scheduled), np.int64, n)
         t = len(input_ids)
-        pack = np.zeros((3, size), dtype=np.int64)
+        positions, slots = token_slots(table, starts, news, self.block_size)
+        pack = h["pack"]
         pack[0, :t] = input_ids
-        pack[1, :t] = build_positions(starts, news)
-        pack[2] = build_slot_mapping(rows, starts, news, self.block_size, pad_to=size)
-        qsl = np.full(seqs + 1, t, dtype=np.int32)
+        pack[1, :t] = positions
+        pack[2, :t] = slots
+        pack[:2, t:size] = 0
+        pack[2, t:size] = PAD_SLOT_ID
+        qsl = h["mixed_query_start_loc"]
         qsl[0] = 0
-        qsl[1:n + 1] = np.cumsum(news)
-        seq_lens = np.zeros(seqs, dtype=np.int32)
-        seq_lens[:n] = np.asarray(starts) + np.asarray(news)
-        last = np.zeros(seqs, dtype=np.int64)
-        last[:n] = qsl[1:n + 1] - 1
-        self.pack[:, :size].copy_(torch.from_numpy(pack), non_blocking=True)
-        self.seq_lens[:seqs].copy_(torch.from_numpy(seq_lens), non_blocking=True)
-        self.block_table[:seqs].copy_(torch.from_numpy(self._table(scheduled, seqs)),
-                                      non_blocking=True)
-        self.mixed_query_start_loc[:seqs + 1].copy_(torch.from_numpy(qsl), non_blocking=True)
-        self.mixed_logits_indices[:seqs].copy_(torch.from_numpy(last), non_blocking=True)
+        np.cumsum(news, out=qsl[1:n + 1], dtype=np.int32)
+        qsl[n + 1:seqs + 1] = t
+        seq_lens = h["seq_lens"]
+        seq_lens[:n] = starts + news
+        seq_lens[n:seqs] = 0
+        last = h["mixed_logits_indices"]
+        last[:n] = qsl[1:n + 1]
+        last[:n] -= 1
+        last[n:seqs] = 0
+        self.staged.copy_to_device(self._table_offset + seqs * self._table_row_bytes)
 
     def _metadata(self, key: GraphKey) -> AttentionMetadata | None:
         if key.skip_attention:

@@ -56,7 +56,8 @@ ATTENTION_BACKEND = ("pagesim Triton paged attention: reshape_and_cache, split-K
 RUNNER_MODES = {True: "CUDA graphs: decode-only steps padded to a captured batch (forward + "
                       "LM head in the graph), other steps of <= 512 tokens padded to a "
                       "captured token count (forward to the final norm in the graph, LM head "
-                      "eager); sampler eager; larger steps eager",
+                      "eager); sampler eager; larger steps eager; graph-step inputs staged in "
+                      "one pinned buffer, block-table rows kept across steps",
                 False: "eager (no CUDA graphs, --enforce-eager)"}
 METHOD = ("step_time_ms: host wall time of GPUModelRunner.execute_model (input preparation, "
           "forward, LM head, random sampling, device sync) on a synthetic SchedulerOutput; "

@@ -3,9 +3,11 @@
 It implements the `ModelRunner` protocol (`pagesim.scheduler.output`), the same seam as the
 simulator's `CostModelRunner`, so the scheduler cannot tell them apart. One step:
 
-    1. prepare (host): input ids, positions, block tables, slot mapping, query starts, built
-       by the core's own functions (`pagesim.kvcache.block_table`, via the attention backend)
-       and copied to the device;
+    1. prepare (host): input ids, positions, block tables, slot mapping, query starts, copied
+       to the device. Eager steps build them with the core's own functions
+       (`pagesim.kvcache.block_table`, via the attention backend); graph steps keep block-table
+       rows across steps and stage every input in one pinned buffer copied in one transfer
+       (`pagesim.gpu.input_buffers`, checked against the core's functions by the CPU tests);
     2. device, in stream order: swap-out copies (GPU -> pinned CPU cache), swap-in copies,
        copy-on-write block copies, the forward pass, the LM head and the sampler;
     3. the sampled ids come back to the host (the sync vLLM also makes every step); the
@@ -40,7 +42,7 @@ from pagesim.gpu.attention import AttentionMetadata
 from pagesim.gpu.cuda_graphs import GraphKey, StepGraphs
 from pagesim.gpu.model import KVCache, RandomWeightDecoder
 from pagesim.kvcache.block_table import build_positions
-from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
+from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, sample_synthetic
 from pagesim.specs import ModelSpec
 
 
@@ -143,6 +145,9 @@ class GPUModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()
         out = scheduler_output
+        if self.graphs is not None:
+            self.graphs.release(out.finished_req_ids)
+            self.graphs.release(out.preempted_req_ids)
         key = self._graph_key(out)
         inputs = None
         if key is not None:
@@ -151,14 +156,16 @@ class GPUModelRunner:
             inputs = self.prepare_inputs(out)
         t_prep = time.perf_counter() - t0
         ev = self._events
+        # One stream lookup per step (each Event.record() without a stream makes its own).
+        stream = torch.cuda.current_stream(self.device) if ev is not None else None
         if ev is not None:
-            ev[0].record()
+            ev[0].record(stream)
         self._swap(out)
         if ev is not None:
-            ev[1].record()
+            ev[1].record(stream)
         self._copy_blocks(out.blocks_to_copy)
         if ev is not None:
-            ev[2].record()
+            ev[2].record(stream)
         sampled: dict[str, int] = {}
         captured = False
         logits: torch.Tensor | None = None
@@ -180,26 +187,22 @@ class GPUModelRunner:
             self.last_inputs, self.last_hidden = inputs, hidden
         if out.scheduled:
             if ev is not None:
-                ev[3].record()
+                ev[3].record(stream)
             if logits is None:
                 logits = self.model.compute_logits(hidden)
             ids = self.model.sample(logits, self.temperature)
             if ev is not None:
-                ev[4].record()
-            ids.tolist()  # the per-step device sync vLLM makes to read the sampled tokens
-            vocab = self.vocab_size
-            for sr in out.scheduled:
-                req = sr.request
-                # A request samples when this step brings its K/V up to all its tokens; a
-                # prefill chunk that stops inside the prompt samples nothing.
-                if sr.num_computed_tokens + sr.num_new_tokens >= req.num_tokens:
-                    sampled[req.request_id] = synthetic_token(req, len(req.output_token_ids),
-                                                              vocab)
-        elif ev is not None:
-            ev[3].record()
-            ev[4].record()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+                ev[4].record(stream)
+            # The per-step device sync vLLM also makes to read the sampled tokens; every
+            # copy and kernel of the step was queued on this stream before it.
+            ids.tolist()
+            sampled = sample_synthetic(out.scheduled, self.vocab_size)
+        else:
+            if ev is not None:
+                ev[3].record(stream)
+                ev[4].record(stream)
+            if self.device.type == "cuda":  # a swap-only step: wait for its copies
+                torch.cuda.synchronize(self.device)
         wall = time.perf_counter() - t0
         breakdown = self._breakdown(t_prep)
         if self.record_steps:
@@ -237,8 +240,9 @@ class GPUModelRunner:
         ids: list[int] = []
         for sr in sched:
             req, start, n = sr.request, sr.num_computed_tokens, sr.num_new_tokens
-            if n == 1 and start >= req.num_prompt_tokens:  # decode: the last sampled token
-                ids.append(req.output_token_ids[start - req.num_prompt_tokens] % vocab)
+            num_prompt = len(req.prompt_token_ids)
+            if n == 1 and start >= num_prompt:  # decode: the last sampled token
+                ids.append(req.output_token_ids[start - num_prompt] % vocab)
             else:
                 ids.extend(t % vocab for t in req.token_ids_slice(start, start + n))
         return ids

@@ -111,6 +111,23 @@ def synthetic_token(request: Request, index: int, vocab_size: int = 32000) -> in
     return (_token_seed(request.prompt_token_ids) + _TOKEN_STEP * (index + 1)) % vocab_size
 
 
+def sample_synthetic(scheduled: list[ScheduledRequest], vocab_size: int) -> dict[str, int]:
+    """request_id -> its next `synthetic_token`, for each scheduled request that samples.
+
+    A request samples when its step brings its K/V up to all its tokens; a prefill chunk that
+    stops inside the prompt samples nothing. Both runners call this after every step.
+    """
+    sampled: dict[str, int] = {}
+    step = _TOKEN_STEP
+    for sr in scheduled:
+        req = sr.request
+        prompt, output = req.prompt_token_ids, req.output_token_ids
+        n_out = len(output)
+        if sr.num_computed_tokens + sr.num_new_tokens >= len(prompt) + n_out:
+            sampled[req.request_id] = (_token_seed(prompt) + step * (n_out + 1)) % vocab_size
+    return sampled
+
+
 def synthetic_tokens(request: Request, start: int, stop: int, vocab_size: int = 32000) -> list[int]:
     """`[synthetic_token(request, i, vocab_size) for i in range(start, stop)]`, in one pass."""
     seed = _token_seed(request.prompt_token_ids)

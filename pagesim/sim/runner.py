@@ -11,7 +11,7 @@ from itertools import chain
 
 from pagesim.cost.base import BatchShape, CostModel, longest_context
 from pagesim.cost.decode_only import decode_only_pricer
-from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, synthetic_token
+from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, sample_synthetic
 
 
 class CostModelRunner:
@@ -85,16 +85,7 @@ class CostModelRunner:
                                        lead_contexts, [], []))
 
     def _sample(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
-        sampled: dict[str, int] = {}
-        vocab = self.vocab_size
-        for sr in scheduler_output.scheduled:
-            req = sr.request
-            # A request samples when this step brings its K/V up to all its tokens; a prefill
-            # chunk that stops inside the prompt samples nothing.
-            output = req.output_token_ids
-            if sr.num_computed_tokens + sr.num_new_tokens >= len(req.prompt_token_ids) + len(output):
-                sampled[req.request_id] = synthetic_token(req, len(output), vocab)
-        return sampled
+        return sample_synthetic(scheduler_output.scheduled, self.vocab_size)
 
 
 def shared_blocks_counter(cost_model: CostModel, scheduler) -> Callable[[], int] | None:

@@ -22,6 +22,7 @@ from pagesim.gpu.cuda_graphs import (
 )
 from pagesim.gpu.runner import GPUModelRunner
 from pagesim.gpu.serve import make_engine
+from pagesim.kvcache.block_table import build_block_table, build_positions, build_slot_mapping
 from pagesim.request import Request
 
 
@@ -39,6 +40,20 @@ def _requests() -> list[Request]:
     prompts = [list(range(1, 40)), list(range(300, 320)), list(range(50, 61))]
     return [Request(f"r{i}", p, max_tokens=m) for i, (p, m) in enumerate(
         zip(prompts, [6, 3, 5], strict=True))]
+
+
+def _check_staged_inputs(graphs, scheduled, block_size: int) -> None:
+    """The device buffers of a graph step hold what the core's functions build from the
+    step's rows (rows kept across steps and staged in one copy must not drift from them)."""
+    rows = [sr.block_ids for sr in scheduled]
+    starts = [sr.num_computed_tokens for sr in scheduled]
+    news = [sr.num_new_tokens for sr in scheduled]
+    t = sum(news)
+    assert graphs.block_table[:len(rows)].tolist() == build_block_table(rows, graphs.width)
+    assert graphs.pack[1, :t].tolist() == build_positions(starts, news)
+    assert graphs.pack[2, :t].tolist() == build_slot_mapping(rows, starts, news, block_size)
+    assert graphs.seq_lens[:len(rows)].tolist() == [s + n for s, n in zip(starts, news,
+                                                                          strict=True)]
 
 
 def test_capture_sizes_cover_every_batch() -> None:
@@ -84,6 +99,7 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
         assert res[0].sampled_token_ids == res[1].sampled_token_ids
         rec = static.step_records[-1]
         decode_only = all(x.num_new_tokens == 1 for x in outs[1].scheduled)
+        _check_staged_inputs(static.graphs, outs[1].scheduled, cfg.block_size)
         assert rec.cuda_graph, f"step {step}"  # every step fits the 128-token budget
         assert rec.mixed_graph == (not decode_only)
         assert not eager.step_records[-1].cuda_graph

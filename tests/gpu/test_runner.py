@@ -53,17 +53,20 @@ def _dense_rows(model, sched) -> torch.Tensor:
 
 
 def _lockstep(config: EngineConfig, num_gpu_blocks: int, make_requests, max_steps: int = 60,
-              check_every: int = 1) -> dict[str, int]:
+              check_every: int = 1, graphs: bool = False) -> dict[str, int]:
     gpu_sched = make_engine(config, num_gpu_blocks)
     sim_sched = make_engine(config, num_gpu_blocks)
     num_cpu = gpu_sched.swap_pool.num_blocks if gpu_sched.swap_pool is not None else 0
     runner = GPUModelRunner(config, num_gpu_blocks, device="cpu", dtype=torch.float32, seed=3,
                             num_cpu_blocks=num_cpu, temperature=0.0)
+    if graphs:  # the graph path's static buffers, run eagerly (no capture on a CPU)
+        runner.graphs = runner.make_graphs(capture=False)
     sim_runner = CostModelRunner(_ConstantCost(), vocab_size=config.model_spec.vocab_size)
     for a, b in zip(make_requests(), make_requests(), strict=False):
         gpu_sched.add_request(a)
         sim_sched.add_request(b)
-    seen = {"steps": 0, "prefix_hits": 0, "preemptions": 0, "swaps": 0, "chunks": 0}
+    seen = {"steps": 0, "prefix_hits": 0, "preemptions": 0, "swaps": 0, "chunks": 0,
+            "graph_steps": 0}
     for step in range(max_steps):
         if not gpu_sched.has_unfinished_requests():
             break
@@ -78,13 +81,20 @@ def _lockstep(config: EngineConfig, num_gpu_blocks: int, make_requests, max_step
         res_g, res_s = runner.execute_model(out_g), sim_runner.execute_model(out_s)
         assert res_g.sampled_token_ids == res_s.sampled_token_ids, f"step {step}: tokens"
         if out_g.scheduled:
-            md = runner.last_inputs.metadata
             rows = [s.block_ids for s in out_g.scheduled]
             starts = [s.num_computed_tokens for s in out_g.scheduled]
             news = [s.num_new_tokens for s in out_g.scheduled]
-            assert md.slot_mapping.tolist() == build_slot_mapping(rows, starts, news, 16)
-            assert md.block_table.tolist() == build_block_table(rows, table_width(
-                max(len(r) for r in rows)))
+            if runner.step_records[-1].cuda_graph:  # the staged buffers the graph reads
+                t, g = sum(news), runner.graphs
+                slots, table = g.pack[2, :t], g.block_table[:len(rows)]
+                width = g.width
+                seen["graph_steps"] += 1
+            else:
+                md = runner.last_inputs.metadata
+                slots, table = md.slot_mapping, md.block_table
+                width = table_width(max(len(r) for r in rows))
+            assert slots.tolist() == build_slot_mapping(rows, starts, news, 16)
+            assert table.tolist() == build_block_table(rows, width)
             if step % check_every == 0:
                 ref = _dense_rows(runner.model, out_g.scheduled)
                 err = (runner.last_hidden - ref).norm() / ref.norm()
@@ -102,27 +112,32 @@ def _lockstep(config: EngineConfig, num_gpu_blocks: int, make_requests, max_step
     return seen
 
 
-def test_lockstep_with_prefix_hits_and_chunked_prefill() -> None:
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
+def test_lockstep_with_prefix_hits_and_chunked_prefill(graphs: bool) -> None:
     shared = [(7 * j + 3) % 500 for j in range(40)]  # 2.5 blocks of a shared system prompt
 
     def make():
         return _requests([shared + [11, 12, 13], list(range(100, 170)),
                           shared + [21, 22, 23, 24, 25]], [4, 3, 5])
 
-    seen = _lockstep(_config(), 64, make)
+    seen = _lockstep(_config(), 64, make, graphs=graphs)
     assert seen["prefix_hits"] >= 1  # the third request reuses the first's full blocks
     assert seen["chunks"] >= 1  # a 70-token prompt under a 48-token budget is chunked
+    assert (seen["graph_steps"] > 0) == graphs
 
 
-def test_lockstep_through_swap_preemption() -> None:
-    """A cache too small for both requests: one is swapped out and back in; its K/V must
-    survive the round trip through the pinned CPU cache."""
+@pytest.mark.parametrize("mode,graphs", [("swap", False), ("swap", True), ("recompute", True)])
+def test_lockstep_through_preemption(mode: str, graphs: bool) -> None:
+    """A cache too small for both requests: one is preempted and resumed. Swapped, its K/V
+    must survive the round trip through the pinned CPU cache; recomputed, it comes back on
+    new blocks, which the graph path's kept block-table rows must follow."""
     def make():
         return _requests([list(range(1, 30)), list(range(200, 229))], [20, 20])
 
-    cfg = _config(preemption_mode="swap", max_num_batched_tokens=64, swap_space=0.001)
-    seen = _lockstep(cfg, 6, make, check_every=3)
-    assert seen["preemptions"] >= 1 and seen["swaps"] >= 1
+    cfg = _config(preemption_mode=mode, max_num_batched_tokens=64, swap_space=0.001)
+    seen = _lockstep(cfg, 6, make, check_every=3, graphs=graphs)
+    assert seen["preemptions"] >= 1 and (seen["swaps"] >= 1) == (mode == "swap")
+    assert (seen["graph_steps"] > 0) == graphs
 
 
 def test_table_width_is_a_multiple_of_16() -> None:

@@ -1,0 +1,177 @@
+"""Persistent step inputs of the graph path: block-table rows kept across steps, and one
+pinned host buffer copied to the device in one transfer.
+
+A served decode step is ~7-25 ms of device time on an H200, and everything the host does
+around it lands on the step's critical path. Building a step's inputs from scratch (a block
+table row converted from a Python list per sequence, a fresh numpy array per input, a
+pageable-memory copy per tensor) cost 0.23-0.81 ms per decode step of 8-128 sequences
+(`results/runner_host/before.csv`), and that host time is also what moves most between GPU
+calls. vLLM's model runner keeps its inputs in persistent CPU/GPU buffer pairs and its block
+table rows across steps; this module does the same for `StepGraphs`:
+
+    BlockTableRows   one row per live request, found by request id; a step writes only the
+                     entries that changed since that request's last step (a new block every
+                     block_size decode steps), and the step's table is one gather of its rows.
+    StagedBuffers    every per-step input of the graph path laid out in one pinned host
+                     buffer and one device buffer of the same layout; a step fills the host
+                     side through numpy views and copies the bytes it uses with one
+                     asynchronous transfer. The block table comes last, so a step of `s`
+                     sequences copies only its `s` rows.
+
+Rows are checked, not trusted: a row is reused only if the request's `block_ids` equal the
+ids written for it (one C-level list comparison). Copy-on-write and sliding-window nulling
+change entries in place, and a resumed request brings a new row; all of them are caught by
+that comparison, so the gathered table always equals `build_block_table` of the step's rows
+(the CPU tests check it step by step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+
+from pagesim.kvcache.block_table import NULL_BLOCK_ID
+
+#: Byte alignment of every field of a staged buffer (Triton specializes pointers on 16).
+ALIGN = 16
+
+
+class BlockTableRows:
+    """Block-table rows of live requests, `[rows, width]` int32, kept across steps.
+
+    `row_index(request_id, block_ids)` returns the row holding `block_ids` (padded with the
+    null block), writing only what changed; `free(request_id)` returns a finished or
+    preempted request's row. Rows grow by doubling when every row is taken.
+    """
+
+    __slots__ = ("width", "table", "_rows", "_free")
+
+    def __init__(self, width: int, num_rows: int = 64) -> None:
+        if width < 1 or num_rows < 1:
+            raise ValueError(f"width={width}, num_rows={num_rows}: both must be >= 1")
+        self.width = width
+        self.table = np.full((num_rows, width), NULL_BLOCK_ID, dtype=np.int32)
+        # request id -> (row, the block ids written there)
+        self._rows: dict[str, tuple[int, list[int]]] = {}
+        self._free: list[int] = list(range(num_rows - 1, -1, -1))
+
+    @property
+    def num_live(self) -> int:
+        return len(self._rows)
+
+    def row_index(self, request_id: str, block_ids: list[int]) -> int:
+        """The row of `request_id`, updated to `block_ids`."""
+        entry = self._rows.get(request_id)
+        if entry is not None:
+            row, written = entry
+            if written == block_ids:  # the common case: no new block this step
+                return row
+            n, m = len(block_ids), len(written)
+            if n > self.width:
+                raise ValueError(f"request {request_id}: {n} blocks > table width {self.width}")
+            if n > m and block_ids[:m] == written:  # blocks appended
+                self.table[row, m:n] = block_ids[m:]
+            else:  # changed in place (copy-on-write, sliding window) or a new row
+                self._write(row, block_ids)
+        else:
+            if len(block_ids) > self.width:
+                raise ValueError(f"request {request_id}: {len(block_ids)} blocks > table "
+                                 f"width {self.width}")
+            row = self._take()
+            self._write(row, block_ids)
+        self._rows[request_id] = (row, list(block_ids))
+        return row
+
+    def free(self, request_ids: Iterable[str]) -> None:
+        """Return the rows of requests that finished or were preempted (unknown ids: none)."""
+        pop = self._rows.pop
+        for rid in request_ids:
+            entry = pop(rid, None)
+            if entry is not None:
+                self._free.append(entry[0])
+
+    def _write(self, row: int, block_ids: list[int]) -> None:
+        r = self.table[row]
+        n = len(block_ids)
+        r[:n] = block_ids
+        r[n:] = NULL_BLOCK_ID
+
+    def _take(self) -> int:
+        if not self._free:
+            old = self.table.shape[0]
+            grown = np.full((2 * old, self.width), NULL_BLOCK_ID, dtype=np.int32)
+            grown[:old] = self.table
+            self.table = grown
+            self._free = list(range(2 * old - 1, old - 1, -1))
+        return self._free.pop()
+
+
+class StagedBuffers:
+    """Named arrays laid out in one host buffer (pinned on CUDA) and one device buffer.
+
+    `fields` is `(name, dtype, shape)` in layout order; `host[name]` is a numpy view of the
+    host side, `device[name]` a tensor view of the device side. `copy_to_device(nbytes)`
+    moves the first `nbytes` bytes in one asynchronous transfer; `offset(name)` and
+    `row_bytes(name)` say where a field starts and how long its rows are, so a caller copies
+    only the prefix it filled.
+
+    The host side must not be rewritten while a transfer from it may be in flight: the
+    runner's step ends with a device sync (reading the sampled tokens), so the next step's
+    writes come after the previous step's copy completed.
+    """
+
+    def __init__(self, fields: list[tuple[str, torch.dtype, tuple[int, ...]]],
+                 device: torch.device) -> None:
+        self._offsets: dict[str, int] = {}
+        self._row_bytes: dict[str, int] = {}
+        total = 0
+        for name, dtype, shape in fields:
+            total = -(-total // ALIGN) * ALIGN
+            self._offsets[name] = total
+            item = torch.empty((), dtype=dtype).element_size()
+            self._row_bytes[name] = item * int(np.prod(shape[1:], dtype=np.int64))
+            total += item * int(np.prod(shape, dtype=np.int64))
+        self.nbytes = -(-total // ALIGN) * ALIGN
+        pin = device.type == "cuda"
+        self._host = torch.zeros(self.nbytes, dtype=torch.uint8, pin_memory=pin)
+        self._device = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
+        self.host: dict[str, np.ndarray] = {}
+        self.device: dict[str, torch.Tensor] = {}
+        for name, dtype, shape in fields:
+            item = torch.empty((), dtype=dtype).element_size()
+            start = self._offsets[name]
+            stop = start + item * int(np.prod(shape, dtype=np.int64))
+            self.host[name] = self._host[start:stop].view(dtype).view(shape).numpy()
+            self.device[name] = self._device[start:stop].view(dtype).view(shape)
+
+    def offset(self, name: str) -> int:
+        return self._offsets[name]
+
+    def row_bytes(self, name: str) -> int:
+        """Bytes of one row (index along the first dimension) of `name`."""
+        return self._row_bytes[name]
+
+    def copy_to_device(self, nbytes: int | None = None) -> None:
+        """The first `nbytes` (default: all) host bytes to the device, asynchronously."""
+        n = self.nbytes if nbytes is None else nbytes
+        self._device[:n].copy_(self._host[:n], non_blocking=True)
+
+
+def decode_slots(table: np.ndarray, positions: np.ndarray, block_size: int) -> np.ndarray:
+    """Slot of each decode token: row i of `table` holds sequence i's blocks, `positions[i]`
+    its new token's position (`build_slot_mapping` for one token per sequence), int64."""
+    blocks = table[np.arange(len(positions)), positions // block_size].astype(np.int64)
+    return blocks * block_size + positions % block_size
+
+
+def token_slots(table: np.ndarray, starts: np.ndarray, num_new: np.ndarray,
+                block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, slots) of every new token, sequences in order (`build_positions` and
+    `build_slot_mapping` over a gathered table), both int64."""
+    seq = np.repeat(np.arange(len(num_new)), num_new)
+    first = np.cumsum(num_new) - num_new  # each sequence's first row in the step
+    positions = starts[seq] + (np.arange(len(seq)) - first[seq])
+    blocks = table[seq, positions // block_size].astype(np.int64)
+    return positions, blocks * block_size + positions % block_size
