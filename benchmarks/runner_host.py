@@ -12,6 +12,9 @@ each into its parts:
               building the step's output
 
 then runs cProfile over the same steps and lists the host functions with the most own time.
+Each step runs twice (`--waits`): with the host blocking in the driver until the sampled ids
+arrive (`block`, the runner's default) and busy-polling an event instead (`spin`), which keeps
+the core awake between steps.
 The steps: decode batches of 8, 32 and 128 sequences over 1,024-token contexts, and 32
 sequences behind one shared 1,024-token prefix with own parts of 0-512 tokens (a
 system-prompt batch, whose block-table rows are longer).
@@ -87,6 +90,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, help="timed calls per step")
     ap.add_argument("--profiled", type=int, default=100, help="profiled calls per step")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--waits", default="block,spin",
+                    help="how the host waits for the sampled ids: block, spin (both by default)")
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     if args.dry_run_cpu:
@@ -108,21 +113,25 @@ def main() -> None:
         for i, (label, (entries, shared)) in enumerate(steps_for(dry).items()):
             out = synthetic_step(entries, config.block_size,
                                  BlockSource(runner.num_gpu_blocks, i), shared=shared)
-            for _ in range(3):  # warm-up: compiles, captures the graph
-                runner.execute_model(out)
-            parts = timed_parts(runner, out, steps)
-            rows.append({"model": name, "step": label, "calls": steps,
-                         **{f"{k}_us": round(v, 1) for k, v in parts.items()},
-                         **device_columns(info)})
-            print(f"{name} {label:36s} wall {parts['wall']:8.1f} us  prepare "
-                  f"{parts['prepare']:7.1f}  device {parts['device']:8.1f}  rest "
-                  f"{parts['rest']:7.1f}", flush=True)
-            for rank, r in enumerate(top_functions(runner, out, profiled, args.top), 1):
-                prof_rows.append({"model": name, "step": label, "rank": rank,
-                                  **{k: round(v, 2) if isinstance(v, float) else v
-                                     for k, v in r.items()}})
-                print(f"    {r['own_share_pct']:5.1f} %  {r['own_us_per_step']:8.1f} us  "
-                      f"x{r['calls_per_step']:<6g} {r['function']}", flush=True)
+            for wait in args.waits.split(","):
+                runner.spin_wait = wait == "spin"
+                for _ in range(3):  # warm-up: compiles, captures the graph
+                    runner.execute_model(out)
+                parts = timed_parts(runner, out, steps)
+                rows.append({"model": name, "step": label, "wait": wait, "calls": steps,
+                             **{f"{k}_us": round(v, 1) for k, v in parts.items()},
+                             **device_columns(info)})
+                print(f"{name} {label:36s} {wait:5s} wall {parts['wall']:8.1f} us  prepare "
+                      f"{parts['prepare']:7.1f}  device {parts['device']:8.1f}  rest "
+                      f"{parts['rest']:7.1f}", flush=True)
+                for rank, r in enumerate(top_functions(runner, out, profiled, args.top), 1):
+                    prof_rows.append({"model": name, "step": label, "wait": wait,
+                                      "rank": rank,
+                                      **{k: round(v, 2) if isinstance(v, float) else v
+                                         for k, v in r.items()}})
+                    print(f"    {r['own_share_pct']:5.1f} %  {r['own_us_per_step']:8.1f} us  "
+                          f"x{r['calls_per_step']:<6g} {r['function']}", flush=True)
+            runner.spin_wait = False
         if not dry:
             release(runner)
         write_rows(args.out, "runner_host.csv", rows)  # after each model: a cut run keeps it
