@@ -65,21 +65,22 @@ def run_row(path: Path, cm: CalibratedCostModel) -> dict | None:
         return None
     st = doc["records"]["steps"]
     shapes = replay_shapes(doc)
-    wall, dev, pred, between, table = [], [], [], [], []
+    wall, dev, prep, pred, between, table = [], [], [], [], [], []
     for i, w in enumerate(rs["wall_s"]):
         s = shapes[i]
         if s is None or s.num_prefill_reqs or not rs["cuda_graph"][i]:
             continue
         wall.append(w)
         dev.append(rs["forward_s"][i] + rs["sample_s"][i])
+        prep.append(rs["prepare_s"][i])
         pred.append(cm.device_time(s))
         between.append(st["schedule_s"][i] + st["update_s"][i])
         table.append(table_ms(cm, rs["num_reqs"][i]) / 1e3)
     if not wall:
         return None
-    w, d, p, b, t = (np.asarray(x) * 1e3 for x in (wall, dev, pred, between, table))
+    w, d, q, p, b, t = (np.asarray(x) * 1e3 for x in (wall, dev, prep, pred, between, table))
     return {"steps": len(w), "wall_ms": w.mean(), "device_ms": d.mean(),
-            "host_ms": (w - d).mean(), "pred_ms": p.mean(),
+            "host_ms": (w - d).mean(), "prepare_ms": q.mean(), "pred_ms": p.mean(),
             "err_pct": 100 * (p.sum() / w.sum() - 1), "between_ms": b.mean(),
             "profile_between_ms": t.mean()}
 
@@ -109,14 +110,16 @@ def main() -> None:
     rows.sort(key=lambda r: (r["run"], r["call"]))
     lines = [f"Decode-graph steps of {args.model}'s served runs, call by call: device time (CUDA "
              "events: forward, LM head, sampler), host time (the rest of the step's wall "
-             "clock), and the call's own profile's price (error on the summed time).", "",
+             "clock; prepare: its part that builds and copies the inputs), and the call's own "
+             "profile's price (error on the summed time).", "",
              "Host between steps (scheduling and bookkeeping outside `execute_model`): the "
              "run's, and the call's profile's overhead table at the same batch sizes.", "",
-             "| run | call | steps | wall ms | device ms | host ms | predicted ms | error % "
-             "| between ms | profile's between ms |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| run | call | steps | wall ms | device ms | host ms | prepare ms | predicted ms "
+             "| error % | between ms | profile's between ms |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r['run']} | {r['call']} | {r['steps']} | {r['wall_ms']:.3f} | "
-              f"{r['device_ms']:.3f} | {r['host_ms']:.3f} | {r['pred_ms']:.3f} | "
+              f"{r['device_ms']:.3f} | {r['host_ms']:.3f} | {r['prepare_ms']:.3f} | "
+              f"{r['pred_ms']:.3f} | "
               f"{r['err_pct']:+.1f} | {r['between_ms']:.3f} | {r['profile_between_ms']:.3f} |"
               for r in rows]
     lines += ["", "Per run (repeats included), over calls: the spread (max / min - 1) of each part's mean.", "",
