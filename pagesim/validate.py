@@ -40,6 +40,11 @@ TARGETS_PCT: dict[str, float] = {
 REAL_RUN_FORMAT = 1
 #: The endings of compressed real runs (plain `.json` ones are read too).
 COMPRESSED_RUN_SUFFIXES = (".json.xz", ".json.gz")
+#: Decimals of the floats in a real run's records (seconds): 1 ns, the resolution of the host
+#: clock (`time.perf_counter`) and finer than CUDA events' 0.5 us. Printed in full, a float
+#: carries 17 digits, and the noise digits below the clock's resolution compress worst: they
+#: doubled the size of a stored run.
+RECORD_DECIMALS = 9
 #: The first bytes of every file `save_real_run` writes.
 _RUN_HEAD = b'{"format":%d,' % REAL_RUN_FORMAT
 
@@ -96,8 +101,8 @@ def save_real_run(path: str | Path, *, config: EngineConfig, load: dict[str, Any
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"format": REAL_RUN_FORMAT, "backend": "pagesim-gpu", "load": load,
            "engine_config": {f.name: getattr(config, f.name) for f in fields(config)},
-           "device": device, "result": _jsonable(result), "records": records,
-           "extra": extra or {}}
+           "device": device, "result": _jsonable(result),
+           "records": round_floats(records, RECORD_DECIMALS), "extra": extra or {}}
     write_json_file(path, doc)
     return path
 
@@ -250,6 +255,19 @@ def validate_real_run(real_path: str | Path, profile: str | Path | None) -> dict
         "real": _jsonable(doc["result"]), "predicted": _jsonable(sim.result),
         "device": doc.get("device", {}),
     }
+
+
+def round_floats(value: Any, decimals: int) -> Any:
+    """`value` with every float inside its dicts and lists rounded to `decimals`."""
+    if isinstance(value, float):
+        return round(value, decimals)
+    if isinstance(value, list):
+        if value and all(type(v) is float for v in value):  # the common column: one pass
+            return [round(v, decimals) for v in value]
+        return [round_floats(v, decimals) for v in value]
+    if isinstance(value, dict):
+        return {k: round_floats(v, decimals) for k, v in value.items()}
+    return value
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

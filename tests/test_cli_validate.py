@@ -120,3 +120,24 @@ def test_the_tp2_reports_are_what_this_code_makes_of_their_runs(tmp_path, call, 
         default = ROOT / "calibration" / "h200" / "llama-3-70b-tp2"
         for f in profile.iterdir():
             assert (default / f.name).read_bytes() == f.read_bytes()
+
+
+def test_a_saved_run_keeps_its_records_at_the_clocks_resolution(tmp_path) -> None:
+    """Floats in the records are stored to 1 ns (the host clock's resolution); everything
+    else, and every result key, as given."""
+    from pagesim.config import EngineConfig
+    from pagesim.validate import RECORD_DECIMALS, save_real_run
+
+    assert RECORD_DECIMALS == 9
+    records = {"itl_s": [[0.0069589123456789, 0.1234567891234]], "steps": {
+        "wall_s": [1.00000000049, 2.5], "num_reqs": [3, 4], "cuda_graph": [True, False]},
+        "sm_clock_mhz": [1980, 1845]}
+    result = {"mean_tpot_ms": 6.958912345678912, "failed": 0}
+    config = EngineConfig.create(model="tiny-llama", gpu="h200")
+    path = save_real_run(tmp_path / "run.json.xz", config=config, load={"seed": 0},
+                         result=result, records=records, device={})
+    doc = read_real_run(path)
+    assert doc["records"] == {"itl_s": [[0.006958912, 0.123456789]], "steps": {
+        "wall_s": [1.0, 2.5], "num_reqs": [3, 4], "cuda_graph": [True, False]},
+        "sm_clock_mhz": [1980, 1845]}
+    assert doc["result"] == result
