@@ -18,6 +18,8 @@ each of the two host times between them (Pearson's r, from 5 calls).
 
     python benchmarks/host_in_step.py --model llama-3-8b \\
         --runs system-prompt-85pct-bs16,chat-85pct-bs16 [--out results/validation/host_in_step_llama-3-8b]
+    python benchmarks/host_in_step.py --model llama-3-8b --staged \\
+        --out results/validation/host_in_step_llama-3-8b_staged
 """
 
 from __future__ import annotations
@@ -39,15 +41,19 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "validation"
 SHIPPED = Path(__file__).resolve().parents[1] / "calibration" / "h200"
 #: Calls whose steps are not comparable: no CUDA graphs, or two ranks.
 SKIP = ("eager", "tp2", "tp2_graphs")
+#: Calls of the runner whose graph steps keep block-table rows and stage their inputs in one
+#: pinned buffer (`pagesim.gpu.input_buffers`); every other call rebuilt the inputs each step.
+STAGED = ("staged_inputs", "staged_inputs2")
 
 
-def calls(model: str) -> list[tuple[str, Path, Path]]:
-    """(call, real-run folder, profile folder) of every stored GPU call of `model`."""
-    out = [("real", RESULTS / "real" / model, SHIPPED / model)]
+def calls(model: str, staged: bool = False) -> list[tuple[str, Path, Path]]:
+    """(call, real-run folder, profile folder) of every stored GPU call of `model` by one
+    runner: the one that rebuilt its inputs each step, or with `staged` the staged one."""
+    out = [] if staged else [("real", RESULTS / "real" / model, SHIPPED / model)]
     for d in sorted(RESULTS.glob(f"*/real/{model}")):
         call = d.parent.parent.name
         prof = d.parent.parent / "profile" / "h200" / model
-        if call not in SKIP and prof.is_dir():
+        if call not in SKIP and (call in STAGED) == staged and prof.is_dir():
             out.append((call, d, prof))
     return out
 
@@ -95,10 +101,13 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--runs", default="", help="run names, comma separated (default: all)")
     ap.add_argument("--out", help="stem of the markdown and CSV tables (default: print only)")
+    ap.add_argument("--staged", action="store_true",
+                    help="the calls of the runner with staged inputs (default: the calls "
+                         "before it, which rebuilt the inputs each step)")
     args = ap.parse_args()
     wanted = set(filter(None, args.runs.split(",")))
     rows = []
-    for call, real, prof in calls(args.model):
+    for call, real, prof in calls(args.model, args.staged):
         cm = CalibratedCostModel(Profile.load(prof))
         for path in real_run_files(real):
             run = path.name.split(".")[0]
