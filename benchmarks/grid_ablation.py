@@ -32,7 +32,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "validation"
 #: the calls of the runner with staged inputs, whose host time per step is lower (a profile
 #: of one runner would price the other's steps with the wrong host part)
 SKIP = {"eager", "decode_graphs", "tp2", "tp2_graphs", "two_at_once", "staged_inputs",
-        "staged_inputs2"}
+        "staged_inputs2", "staged_inputs_calib"}
 #: the decode batches the grid gained (every CUDA-graph size up to 64 but 2)
 NEW_BATCHES = {8, 24, 48}
 #: the mean context of the spread points whose twin runs in another span bucket

@@ -91,6 +91,50 @@ def run_row(path: Path, cm: CalibratedCostModel) -> dict | None:
             "profile_between_ms": t.mean()}
 
 
+def call_rows(model: str, staged: bool, wanted: set[str]) -> list[dict]:
+    """`run_row` of every run (or the `wanted` ones) of every call of one runner."""
+    rows = []
+    for call, real, prof in calls(model, staged):
+        cm = CalibratedCostModel(Profile.load(prof))
+        for path in real_run_files(real):
+            run = path.name.split(".")[0]
+            if wanted and run not in wanted:
+                continue
+            row = run_row(path, cm)
+            if row is not None:
+                rows.append({"run": run, "call": call, **row})
+    rows.sort(key=lambda r: (r["run"], r["call"]))
+    return rows
+
+
+def staged_vs_before(staged: list[dict], before: list[dict]) -> list[str]:
+    """Markdown lines: each staged call's host and prepare time per run against the median
+    and range over the calls before it, one GPU to a host (`two_at_once` shared its host)."""
+    lines = ["", "Each staged call's host time inside the step (prepare in brackets) against "
+             "the calls before it, alone on their host: median and range over calls, ms.", "",
+             "| run | call | host (prepare) | before: median host (prepare) | before: host "
+             "range | calls before | host / median |",
+             "| --- | --- | ---: | ---: | --- | ---: | ---: |"]
+    ratios = []
+    for r in staged:
+        old = [b for b in before if base_run(b["run"]) == base_run(r["run"])
+               and b["call"] != "two_at_once"]
+        if not old:
+            continue
+        host = float(np.median([b["host_ms"] for b in old]))
+        prep = float(np.median([b["prepare_ms"] for b in old]))
+        lo, hi = min(b["host_ms"] for b in old), max(b["host_ms"] for b in old)
+        ratios.append(r["host_ms"] / host)
+        lines.append(f"| {r['run']} | {r['call']} | {r['host_ms']:.3f} ({r['prepare_ms']:.3f})"
+                     f" | {host:.3f} ({prep:.3f}) | {lo:.2f}-{hi:.2f} | {len(old)} | "
+                     f"{r['host_ms'] / host:.2f} |")
+    if ratios:
+        lines += ["", f"{sum(x < 1 for x in ratios)} of {len(ratios)} below the median; host "
+                  f"/ median: median {np.median(ratios):.2f}, range {min(ratios):.2f}-"
+                  f"{max(ratios):.2f}."]
+    return lines
+
+
 def _corr(a: list[float], b: list[float]) -> str:
     """Pearson's r of two columns over calls, or "-" with fewer than 5 calls."""
     return f"{np.corrcoef(a, b)[0, 1]:+.2f}" if len(a) >= 5 else "-"
@@ -106,17 +150,7 @@ def main() -> None:
                          "before it, which rebuilt the inputs each step)")
     args = ap.parse_args()
     wanted = set(filter(None, args.runs.split(",")))
-    rows = []
-    for call, real, prof in calls(args.model, args.staged):
-        cm = CalibratedCostModel(Profile.load(prof))
-        for path in real_run_files(real):
-            run = path.name.split(".")[0]
-            if wanted and run not in wanted:
-                continue
-            row = run_row(path, cm)
-            if row is not None:
-                rows.append({"run": run, "call": call, **row})
-    rows.sort(key=lambda r: (r["run"], r["call"]))
+    rows = call_rows(args.model, args.staged, wanted)
     lines = [f"Decode-graph steps of {args.model}'s served runs, call by call: device time (CUDA "
              "events: forward, LM head, sampler), host time (the rest of the step's wall "
              "clock; prepare: its part that builds and copies the inputs), and the call's own "
@@ -145,6 +179,8 @@ def main() -> None:
                      f"{min(er):+.1f} to {max(er):+.1f} | "
                      f"{_corr(hs, [r['between_ms'] for r in rr])} | "
                      f"{_corr(hs, [r['profile_between_ms'] for r in rr])} |")
+    if args.staged:
+        lines += staged_vs_before(rows, call_rows(args.model, False, wanted))
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
