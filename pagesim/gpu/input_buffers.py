@@ -1,7 +1,7 @@
 """Persistent step inputs of the graph path: block-table rows kept across steps, and one
 pinned host buffer copied to the device in one transfer.
 
-A served decode step is ~7-25 ms of device time on an H200, and everything the host does
+A served decode step is 6-22 ms of device time on an H200, and everything the host does
 around it lands on the step's critical path. Building a step's inputs from scratch (a block
 table row converted from a Python list per sequence, a fresh numpy array per input, a
 pageable-memory copy per tensor) cost 0.23-0.81 ms per decode step of 8-128 sequences
@@ -42,8 +42,8 @@ class BlockTableRows:
     """Block-table rows of live requests, `[rows, width]` int32, kept across steps.
 
     `row_index(request_id, block_ids)` returns the row holding `block_ids` (padded with the
-    null block), writing only what changed; `free(request_id)` returns a finished or
-    preempted request's row. Rows grow by doubling when every row is taken.
+    null block), writing only what changed; `free(request_ids)` returns finished or
+    preempted requests' rows. Rows grow by doubling when every row is taken.
     """
 
     __slots__ = ("width", "table", "_rows", "_free")

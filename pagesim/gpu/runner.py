@@ -217,9 +217,10 @@ class GPUModelRunner:
 
     def _read_sampled(self, ids: torch.Tensor, stream) -> list[int]:
         """The sampled ids on the host: a blocking read, or with `spin_wait` a copy into
-        pinned memory and a busy poll of an event behind it, so that the host thread never
-        sleeps through the step (a sleeping core wakes slower and runs the next step's host
-        work at a lower clock)."""
+        pinned memory and a busy poll of an event behind it, so that the host thread stays
+        awake through the step. Served runs and calibrations block; `benchmarks/runner_host.py`
+        times both (spinning took 7-30 % off the host parts of most steps, within the noise
+        between GPU calls)."""
         if not self.spin_wait or stream is None:
             return ids.tolist()
         n = ids.shape[0]
