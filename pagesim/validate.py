@@ -120,6 +120,7 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     `gpu_graphs_captured` in the result say what it cost. The
     runner's per-step records (graph replayed or eager, device times) go under
     `records["runner_steps"]`."""
+    from pagesim.gpu.modes import RUNNER_MODES
     from pagesim.gpu.runner import GPUModelRunner, step_record_columns
     from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 
@@ -142,6 +143,7 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     result["gpu_graphs_captured"] = captured
     result["gpu_graph_capture_s"] = capture_s
     result["gpu_graph_error"] = graphs.failed if graphs is not None else None
+    result["gpu_runner"] = RUNNER_MODES[result["gpu_cuda_graphs"]]
     result["truncated"] = any(r.reject_reason == "wall-clock limit"
                               for r in run.metrics.records.values())
     records = run_records(run)
@@ -247,7 +249,7 @@ def validate_real_run(real_path: str | Path, profile: str | Path | None) -> dict
             "finished): not compared")
     sim = simulate_like(doc, profile)
     cfg = doc["engine_config"]
-    return {
+    entry = {
         "run": Path(real_path).name.split(".")[0], "model": cfg["model"], "block_size": cfg["block_size"],
         "load": doc["load"], "num_gpu_blocks": doc["result"]["num_gpu_blocks"],
         "profile": str(profile) if profile is not None else None,
@@ -255,6 +257,26 @@ def validate_real_run(real_path: str | Path, profile: str | Path | None) -> dict
         "real": _jsonable(doc["result"]), "predicted": _jsonable(sim.result),
         "device": doc.get("device", {}),
     }
+    note = runner_mismatch(doc["result"].get("gpu_runner"), profile)
+    if note:
+        entry["runner_note"] = note
+    return entry
+
+
+def runner_mismatch(run_runner: str | None, profile: str | Path | None) -> str | None:
+    """Why a profile may misprice a run: it was measured with another runner mode (whose
+    host work per step differs), or None when both name the same mode or either names none
+    (runs stored before they named theirs; the analytical model)."""
+    if not run_runner or profile is None:
+        return None
+    from pagesim.cost.profile import Profile
+    from pagesim.gpu.modes import profile_runner, runner_label
+
+    measured = profile_runner(Profile.load(profile).metadata.attention_backend)
+    if measured is None or measured == run_runner:
+        return None
+    return (f"the run's runner ({runner_label(run_runner)}) is not the one the profile "
+            f"measured ({runner_label(measured)}): its host time per step differs")
 
 
 def round_floats(value: Any, decimals: int) -> Any:
@@ -306,7 +328,7 @@ def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
                  name: str = "validation", skipped: tuple[str, ...] = ()) -> dict[str, Path]:
     """`<name>.json` (every entry, real and predicted results), `<name>.md` and `<name>.png`;
     `skipped` (why a run was not compared) goes into both texts, so the report says what it
-    left out."""
+    left out, and so does each entry's `runner_note` (a profile of another runner mode)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{name}.json", "md": out / f"{name}.md", "png": out / f"{name}.png"}
@@ -316,7 +338,8 @@ def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
     if skipped:
         doc["skipped"] = list(skipped)
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    notes = "".join(f"\nskipped: {note}\n" for note in skipped)
+    notes = "".join(f"\nskipped: {note}\n" for note in skipped) + "".join(
+        f"\nwarning: {e['run']}: {e['runner_note']}\n" for e in entries if "runner_note" in e)
     paths["md"].write_text(report_markdown(entries) + "\n" + notes, encoding="utf-8")
     plot_errors(entries, paths["png"])
     return paths

@@ -141,3 +141,50 @@ def test_a_saved_run_keeps_its_records_at_the_clocks_resolution(tmp_path) -> Non
         "wall_s": [1.0, 2.5], "num_reqs": [3, 4], "cuda_graph": [True, False]},
         "sm_clock_mhz": [1980, 1845]}
     assert doc["result"] == result
+
+
+def _run_named(tmp_path: Path, runner: str) -> Path:
+    doc = read_json_file(REAL / f"{RUN}.json.xz")
+    doc["result"]["gpu_runner"] = runner  # as serve_workload names it from now on
+    path = tmp_path / f"{RUN}.json"
+    write_json_file(path, doc)
+    return path
+
+
+def test_a_profile_of_another_runner_mode_is_warned_about(tmp_path, capsys) -> None:
+    """A run of the staged-input runner priced with a profile of the runner before it: one
+    warning line on stderr and in the report, the comparison still made; no warning with a
+    profile of its own mode, nor for runs that name no runner."""
+    from pagesim.gpu.modes import RUNNER_MODES
+
+    staged = _run_named(tmp_path, RUNNER_MODES[True])
+    assert _validate(tmp_path, staged) == 0  # PROFILE: the shipped, earlier runner's
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"warning: {RUN}: the run's runner (CUDA graphs, staged inputs) is not the "
+                   "one the profile measured (CUDA graphs, inputs rebuilt each step): its host "
+                   "time per step differs"]
+    assert err[0] in (tmp_path / "out" / "v.md").read_text()
+    doc = json.loads((tmp_path / "out" / "v.json").read_text())
+    assert doc["runs"][0]["runner_note"] and doc["num_runs"] == 1
+    own = ROOT / "results" / "validation" / "staged_inputs" / "profile" / "h200" / "llama-2-7b"
+    assert main(["validate", "--real", str(staged), "--profile", str(own), "--output-dir",
+                 str(tmp_path / "own"), "--name", "v"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert _validate(tmp_path, REAL / f"{RUN}.json.xz") == 0
+    assert "warning" not in capsys.readouterr().err
+    assert "runner_note" not in json.loads((tmp_path / "out" / "v.json").read_text())["runs"][0]
+
+
+def test_the_runner_modes_name_the_stored_profiles() -> None:
+    """The modes' short names cover the shipped and stored profiles of the two graph runners."""
+    from pagesim.cost.profile import Profile
+    from pagesim.gpu.modes import backend_description, profile_runner, runner_label
+
+    assert profile_runner(backend_description(True)) is not None
+    assert profile_runner("no runner named") is None
+    labels = {
+        runner_label(profile_runner(Profile.load(p).metadata.attention_backend))
+        for p in (PROFILE, ROOT / "results/validation/staged_inputs/profile/h200/llama-2-7b",
+                  ROOT / "results/validation/tp2/profile/h200/llama-3-70b-tp2")}
+    assert labels == {"CUDA graphs, inputs rebuilt each step", "CUDA graphs, staged inputs",
+                      "eager"}

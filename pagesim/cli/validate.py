@@ -65,6 +65,9 @@ def validate_command(
                           workload, num_prompts, request_rate, burstiness, seed, dtype,
                           output_dir, enforce_eager)
         entries = [validate_real_run(path, profile or _default_profile(path))]
+    for e in entries:
+        if "runner_note" in e:
+            typer.echo(f"warning: {e['run']}: {e['runner_note']}", err=True)
     paths = write_report(entries, output_dir, name, tuple(skipped))
     from pagesim.validate import report_markdown
 

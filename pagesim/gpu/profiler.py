@@ -40,6 +40,7 @@ from pagesim.gpu.memory import (
     release_cached,
 )
 from pagesim.gpu.model import RandomWeightDecoder
+from pagesim.gpu.modes import backend_description
 from pagesim.gpu.overhead import (
     NUM_JOINING,
     admission_overhead,
@@ -51,14 +52,6 @@ from pagesim.gpu.runner import GPUModelRunner
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.kvcache.sizing import page_size_bytes
 
-ATTENTION_BACKEND = ("pagesim Triton paged attention: reshape_and_cache, split-K decode, "
-                     "varlen prefill")
-RUNNER_MODES = {True: "CUDA graphs: decode-only steps padded to a captured batch (forward + "
-                      "LM head in the graph), other steps of <= 512 tokens padded to a "
-                      "captured token count (forward to the final norm in the graph, LM head "
-                      "eager); sampler eager; larger steps eager; graph-step inputs staged in "
-                      "one pinned buffer, block-table rows kept across steps",
-                False: "eager (no CUDA graphs, --enforce-eager)"}
 METHOD = ("step_time_ms: host wall time of GPUModelRunner.execute_model (input preparation, "
           "forward, LM head, random sampling, device sync) on a synthetic SchedulerOutput; "
           "2 warm-up calls per point, then 3-5 interleaved rounds (every point timed once per "
@@ -189,8 +182,7 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
         driver=info.get("driver", ""), cuda=info["cuda"], torch=info["torch"],
         triton=info["triton"], dtype=str(dtype).removeprefix("torch."), date=info["date"],
         kv_cache_dtype=config.kv_cache_dtype,
-        attention_backend=f"{ATTENTION_BACKEND}; runner: "
-                          f"{RUNNER_MODES[cuda_graphs and dev.type == 'cuda']}",
+        attention_backend=backend_description(cuda_graphs and dev.type == "cuda"),
         grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
         cuda_graph_sizes=(list(capture_sizes(config.max_num_seqs))
                           if cuda_graphs and dev.type == "cuda" else []),

@@ -52,11 +52,10 @@ from pagesim.gpu.memory import (
     measure_kv_capacity,
     release_cached,
 )
+from pagesim.gpu.modes import backend_description
 from pagesim.gpu.parallel import TPGroup, destroy_tensor_parallel, init_tensor_parallel
 from pagesim.gpu.profiler import (
-    ATTENTION_BACKEND,
     METHOD,
-    RUNNER_MODES,
     gpu_key,
     measure_host_link,
     measure_overhead,
@@ -135,8 +134,7 @@ def _metadata(config: EngineConfig, grid: CalibrationGrid, model: TensorParallel
         triton=info["triton"], dtype=str(model.dtype).removeprefix("torch."), date=info["date"],
         kv_cache_dtype=config.kv_cache_dtype, tensor_parallel_size=model.tp_size,
         allreduce_in_step_times=in_steps,
-        attention_backend=(f"{ATTENTION_BACKEND}; runner: "
-                           f"{RUNNER_MODES[graphs]}"),
+        attention_backend=backend_description(graphs),
         grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
         cuda_graph_sizes=(list(capture_sizes(config.max_num_seqs)) if graphs else []),
         cuda_graph_token_sizes=(list(token_capture_sizes(config.max_num_batched_tokens))
