@@ -189,7 +189,7 @@ def main() -> None:
                                             1)})
     with open(a.out, "w", newline="") as f:
         for path in fit_paths + held_paths:  # where each measurement comes from
-            m = Profile.load(path).metadata
+            m = Profile.load_metadata(path)
             f.write(f"# {path.relative_to(ROOT)}: {m.model} TP {m.tensor_parallel_size}, "
                     f"{m.gpu_name}, driver {m.driver}, torch {m.torch}, triton {m.triton}, "
                     f"{m.date}\n")

@@ -27,12 +27,14 @@ from pathlib import Path
 from pagesim.validate import real_run_files, validate_real_run
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "validation"
+#: the calls of the runner whose graph steps keep block-table rows and stage their inputs in
+#: one pinned buffer (`pagesim.gpu.input_buffers`); the calls before it rebuilt them each step
+STAGED = {"staged_inputs", "staged_inputs2", "staged_inputs_calib"}
 #: run folders whose runner mode (no graphs, decode graphs only, TP) the profiles do not share,
 #: the call that served two models at once on one host (its host time was not its own), and
-#: the calls of the runner with staged inputs, whose host time per step is lower (a profile
-#: of one runner would price the other's steps with the wrong host part)
-SKIP = {"eager", "decode_graphs", "tp2", "tp2_graphs", "two_at_once", "staged_inputs",
-        "staged_inputs2", "staged_inputs_calib"}
+#: the staged runner's calls, whose host time per step is lower (a profile of one runner would
+#: price the other's steps with the wrong host part)
+SKIP = {"eager", "decode_graphs", "tp2", "tp2_graphs", "two_at_once"} | STAGED
 #: the decode batches the grid gained (every CUDA-graph size up to 64 but 2)
 NEW_BATCHES = {8, 24, 48}
 #: the mean context of the spread points whose twin runs in another span bucket

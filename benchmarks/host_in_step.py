@@ -30,6 +30,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+from grid_ablation import STAGED
 from host_overhead_runs import table_ms
 from step_replay import replay_shapes
 
@@ -41,9 +42,6 @@ RESULTS = Path(__file__).resolve().parents[1] / "results" / "validation"
 SHIPPED = Path(__file__).resolve().parents[1] / "calibration" / "h200"
 #: Calls whose steps are not comparable: no CUDA graphs, or two ranks.
 SKIP = ("eager", "tp2", "tp2_graphs")
-#: Calls of the runner whose graph steps keep block-table rows and stage their inputs in one
-#: pinned buffer (`pagesim.gpu.input_buffers`); every other call rebuilt the inputs each step.
-STAGED = ("staged_inputs", "staged_inputs2")
 
 
 def calls(model: str, staged: bool = False) -> list[tuple[str, Path, Path]]:

@@ -272,7 +272,7 @@ def runner_mismatch(run_runner: str | None, profile: str | Path | None) -> str |
     from pagesim.cost.profile import Profile
     from pagesim.gpu.modes import profile_runner, runner_label
 
-    measured = profile_runner(Profile.load(profile).metadata.attention_backend)
+    measured = profile_runner(Profile.load_metadata(profile).attention_backend)
     if measured is None or measured == run_runner:
         return None
     return (f"the run's runner ({runner_label(run_runner)}) is not the one the profile "

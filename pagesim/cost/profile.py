@@ -339,18 +339,24 @@ class Profile:
                     w.writerow([repr(getattr(r, c)) for c in cols])
         return path
 
-    @classmethod
-    def load(cls, directory: str | Path) -> Profile:
-        """Read and validate a profile directory written by `save` (or by hand)."""
-        path = Path(directory)
-        meta_path = path / PROFILE_JSON
+    @staticmethod
+    def load_metadata(directory: str | Path) -> ProfileMetadata:
+        """A profile directory's `profile.json`, validated, without reading its tables (for
+        callers that need only what was measured where and when)."""
+        meta_path = Path(directory) / PROFILE_JSON
         if not meta_path.is_file():
             raise ProfileError(f"{meta_path}: no such calibration profile")
         try:
             data = json.loads(meta_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ProfileError(f"{meta_path}: not valid JSON ({e})") from None
-        meta = ProfileMetadata.from_json(data, str(meta_path))
+        return ProfileMetadata.from_json(data, str(meta_path))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Profile:
+        """Read and validate a profile directory written by `save` (or by hand)."""
+        path = Path(directory)
+        meta = cls.load_metadata(path)
         tables: dict[str, tuple] = {}
         for name, (row_cls, required) in TABLES.items():
             csv_path = path / f"{name}.csv"

@@ -64,23 +64,21 @@ class BlockTableRows:
     def row_index(self, request_id: str, block_ids: list[int]) -> int:
         """The row of `request_id`, updated to `block_ids`."""
         entry = self._rows.get(request_id)
-        if entry is not None:
+        if entry is not None and entry[1] == block_ids:  # the common case: no new block
+            return entry[0]
+        n = len(block_ids)
+        if n > self.width:
+            raise ValueError(f"request {request_id}: {n} blocks > table width {self.width}")
+        if entry is None:
+            row = self._take()
+            self._write(row, block_ids)
+        else:
             row, written = entry
-            if written == block_ids:  # the common case: no new block this step
-                return row
-            n, m = len(block_ids), len(written)
-            if n > self.width:
-                raise ValueError(f"request {request_id}: {n} blocks > table width {self.width}")
+            m = len(written)
             if n > m and block_ids[:m] == written:  # blocks appended
                 self.table[row, m:n] = block_ids[m:]
             else:  # changed in place (copy-on-write, sliding window) or a new row
                 self._write(row, block_ids)
-        else:
-            if len(block_ids) > self.width:
-                raise ValueError(f"request {request_id}: {len(block_ids)} blocks > table "
-                                 f"width {self.width}")
-            row = self._take()
-            self._write(row, block_ids)
         self._rows[request_id] = (row, list(block_ids))
         return row
 
@@ -126,23 +124,22 @@ class StagedBuffers:
                  device: torch.device) -> None:
         self._offsets: dict[str, int] = {}
         self._row_bytes: dict[str, int] = {}
+        spans: list[tuple[str, torch.dtype, tuple[int, ...], int, int]] = []
         total = 0
         for name, dtype, shape in fields:
-            total = -(-total // ALIGN) * ALIGN
-            self._offsets[name] = total
+            start = -(-total // ALIGN) * ALIGN
             item = torch.empty((), dtype=dtype).element_size()
+            total = start + item * int(np.prod(shape, dtype=np.int64))
+            self._offsets[name] = start
             self._row_bytes[name] = item * int(np.prod(shape[1:], dtype=np.int64))
-            total += item * int(np.prod(shape, dtype=np.int64))
+            spans.append((name, dtype, shape, start, total))
         self.nbytes = -(-total // ALIGN) * ALIGN
         pin = device.type == "cuda"
         self._host = torch.zeros(self.nbytes, dtype=torch.uint8, pin_memory=pin)
         self._device = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
         self.host: dict[str, np.ndarray] = {}
         self.device: dict[str, torch.Tensor] = {}
-        for name, dtype, shape in fields:
-            item = torch.empty((), dtype=dtype).element_size()
-            start = self._offsets[name]
-            stop = start + item * int(np.prod(shape, dtype=np.int64))
+        for name, dtype, shape, start, stop in spans:
             self.host[name] = self._host[start:stop].view(dtype).view(shape).numpy()
             self.device[name] = self._device[start:stop].view(dtype).view(shape)
 

@@ -66,7 +66,7 @@ def cost_model_line(config: EngineConfig, profile: str | Path | None, *,
                 f"{config.gpu} at TP {config.tensor_parallel_size}; --profile DIR uses one)")
     from pagesim.cost.profile import Profile
 
-    meta = Profile.load(profile).metadata
+    meta = Profile.load_metadata(profile)
     path = Path(profile).resolve()
     shipped = CALIBRATION_DIR.resolve()
     name = (f"the shipped profile calibration/{path.relative_to(shipped).as_posix()}"
