@@ -5,8 +5,8 @@ CUDA-graph sizes 8, 24 and 48; decode_spread rows whose uniform twin runs in the
 bucket). Each variant here is the same profile with one set of rows removed, so the
 comparison is free of the few-percent level shift between GPU calls that comparing two
 calibrations would carry. Every variant prices every stored real run of the model
-(`results/validation/**/real/<model>/`, but runs made without mixed graphs or at TP 2)
-and counts the validation targets met (`pagesim validate`'s rule).
+(`results/validation/**/real/<model>/`) served by the runner the profile measured
+(`gpu_calls.py`), and counts the validation targets met (`pagesim validate`'s rule).
 
     python benchmarks/grid_ablation.py --profile results/validation/spread_twins/profile/h200/qwen2.5-7b \\
         --model qwen2.5-7b [--out results/validation/spread_twins/ablation_qwen2.5-7b.csv]
@@ -24,17 +24,10 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from pagesim.validate import real_run_files, validate_real_run
+from gpu_calls import RESULTS, folder_of, profile_runner_label, real_runs
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "validation"
-#: the calls of the runner whose graph steps keep block-table rows and stage their inputs in
-#: one pinned buffer (`pagesim.gpu.input_buffers`); the calls before it rebuilt them each step
-STAGED = {"staged_inputs", "staged_inputs2", "staged_inputs_calib"}
-#: run folders whose runner mode (no graphs, decode graphs only, TP) the profiles do not share,
-#: the call that served two models at once on one host (its host time was not its own), and
-#: the staged runner's calls, whose host time per step is lower (a profile of one runner would
-#: price the other's steps with the wrong host part)
-SKIP = {"eager", "decode_graphs", "tp2", "tp2_graphs", "two_at_once"} | STAGED
+from pagesim.validate import validate_real_run
+
 #: the decode batches the grid gained (every CUDA-graph size up to 64 but 2)
 NEW_BATCHES = {8, 24, 48}
 #: the mean context of the spread points whose twin runs in another span bucket
@@ -61,13 +54,6 @@ VARIANTS: dict[str, tuple[Keep | None, Keep | None]] = {
 }
 
 
-def real_runs(model: str) -> list[Path]:
-    """Every stored real run of `model`, by folder."""
-    folders = [RESULTS / "real" / model, *sorted(RESULTS.glob(f"*/real/{model}"))]
-    return [f for d in folders if d.parent.parent.name not in SKIP
-            for f in real_run_files(d)]
-
-
 def _filter(path: Path, keep: Keep) -> tuple[int, int]:
     """Drops the rows `keep` rejects; returns (rows before, rows after)."""
     with path.open(newline="") as f:
@@ -87,21 +73,17 @@ def targets_met(args: tuple[Path, Path]) -> tuple[int, int]:
     return sum(r["met"] for r in rows), len(rows)
 
 
-def folder_of(run: Path) -> str:
-    """The run's folder under results/validation ("real" for the first calls')."""
-    gen = run.parents[2].name
-    return "real" if gen == "validation" else gen
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", type=Path, required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    runs = real_runs(args.model)
+    runner = profile_runner_label(args.profile)
+    runs = real_runs(args.model, runner) if runner else []
     if not runs:
-        raise SystemExit(f"no stored real runs of {args.model!r} under {RESULTS}")
+        raise SystemExit(f"no stored real runs of {args.model!r} by the profile's runner "
+                         f"({runner}) under {RESULTS}")
     folders = sorted({folder_of(r) for r in runs})
     table: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(2) as pool:

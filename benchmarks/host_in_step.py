@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 
 import numpy as np
-from grid_ablation import STAGED
+from gpu_calls import EAGER_RUNNER, STAGED_RUNNER, call_runs, profile_of
 from host_overhead_runs import table_ms
 from step_replay import replay_shapes
 
@@ -38,22 +38,18 @@ from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import Profile
 from pagesim.validate import read_real_run, real_run_files
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "validation"
-SHIPPED = Path(__file__).resolve().parents[1] / "calibration" / "h200"
-#: Calls whose steps are not comparable: no CUDA graphs, or two ranks.
-SKIP = ("eager", "tp2", "tp2_graphs")
-
 
 def calls(model: str, staged: bool = False) -> list[tuple[str, Path, Path]]:
-    """(call, real-run folder, profile folder) of every stored GPU call of `model` by one
-    runner: the one that rebuilt its inputs each step, or with `staged` the staged one."""
-    out = [] if staged else [("real", RESULTS / "real" / model, SHIPPED / model)]
-    for d in sorted(RESULTS.glob(f"*/real/{model}")):
-        call = d.parent.parent.name
-        prof = d.parent.parent / "profile" / "h200" / model
-        if call not in SKIP and (call in STAGED) == staged and prof.is_dir():
-            out.append((call, d, prof))
-    return out
+    """(call, real-run folder, profile folder) of every stored GPU call of `model` with CUDA
+    graphs: by the runners that rebuilt their inputs each step (decode graphs only, or decode
+    and mixed graphs), or with `staged` by the staged one. The call that served two models on
+    one host is kept: its host time is part of the story."""
+    def keep(runner: str | None) -> bool:
+        if staged:
+            return runner == STAGED_RUNNER
+        return runner not in (STAGED_RUNNER, EAGER_RUNNER, None)
+
+    return [(call, d, profile_of(call, model)) for call, d in call_runs(model, keep, skip=())]
 
 
 def base_run(run: str) -> str:

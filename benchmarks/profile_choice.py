@@ -7,9 +7,10 @@ the position of another call. So the shipped profile is judged on the runs of ev
 call of its model, and the choice is checked leave-one-call-out: for each call, the profile
 that meets the most targets on the other calls' runs (never the call's own) is taken and
 scored on the held-out call. The sum over calls estimates the targets a shipped profile meets
-on a call it has not seen.
+on a call it has not seen. Only calls of one runner are compared (`gpu_calls.py`): by
+default the runner the shipped profile measured.
 
-    python benchmarks/profile_choice.py --model llama-2-7b \\
+    python benchmarks/profile_choice.py --model llama-2-7b [--runner staged|rebuilt] \\
         [--out results/validation/profile_choice_llama-2-7b]
 
 Prints the table and writes `<out>.md` and `<out>.csv` (profile x call: targets met).
@@ -22,18 +23,27 @@ import csv
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from grid_ablation import RESULTS, SKIP, folder_of, real_runs, targets_met
+from gpu_calls import (
+    REBUILT_RUNNER,
+    RESULTS,
+    SHIPPED,
+    STAGED_RUNNER,
+    call_profiles,
+    folder_of,
+    real_runs,
+    shipped_runner,
+)
+from grid_ablation import targets_met
 
-SHIPPED = RESULTS.parents[1] / "calibration" / "h200"
+#: --runner's choices
+RUNNERS = {"staged": STAGED_RUNNER, "rebuilt": REBUILT_RUNNER}
 
 
-def candidates(model: str) -> dict[str, Path]:
-    """"shipped" and every call folder's own profile of `model`."""
-    out = {"shipped": SHIPPED / model}
-    for prof in sorted(RESULTS.glob(f"*/profile/h200/{model}")):
-        if prof.parents[2].name not in SKIP:
-            out[prof.parents[2].name] = prof
-    return out
+def candidates(model: str, runner: str) -> dict[str, Path]:
+    """Every call folder's own profile of `model` measured with `runner`, and "shipped" if the
+    shipped profile measured that runner too."""
+    shipped = {"shipped": SHIPPED / model} if shipped_runner(model) == runner else {}
+    return {**shipped, **call_profiles(model, runner)}
 
 
 def same_profile(a: Path, b: Path) -> bool:
@@ -47,33 +57,38 @@ def made_by(profiles: dict[str, Path], call: str) -> set[str]:
     """The candidates a call measured: its own folder's, and "shipped" if it is a copy of
     that one (the first calls' folder, `real/`, keeps no profile: the shipped one is its)."""
     mine = {call} & profiles.keys()
-    if call == "real" or (call in profiles and same_profile(profiles[call],
-                                                             profiles["shipped"])):
+    if "shipped" in profiles and (call == "real" or (
+            call in profiles and same_profile(profiles[call], profiles["shipped"]))):
         mine.add("shipped")
     return mine
 
 
-def matrix(model: str) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """(profile -> call -> targets met, call -> targets) over every stored run of `model`."""
-    runs = real_runs(model)
-    profiles = candidates(model)
+def matrix(model: str, runner: str) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """(profile -> call -> targets met, call -> targets) over every stored run of `model` by
+    `runner`."""
+    runs = real_runs(model, runner)
+    profiles = candidates(model, runner)
     jobs = [(run, prof) for prof in profiles.values() for run in runs]
     with ProcessPoolExecutor(2) as pool:
         results = list(pool.map(targets_met, jobs, chunksize=8))
     met: dict[str, dict[str, int]] = {name: {} for name in profiles}
     totals: dict[str, int] = {}
     names = [name for name in profiles for _ in runs]
+    first = next(iter(profiles))
     for name, (run, _), (m, n) in zip(names, jobs, results, strict=True):
         call = folder_of(run)
         met[name][call] = met[name].get(call, 0) + m
-        if name == "shipped":
+        if name == first:
             totals[call] = totals.get(call, 0) + n
     return met, totals
 
 
 def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
            profiles: dict[str, Path]) -> str:
+    """The matrix and the leave-one-call-out check, in markdown (the shipped profile's column
+    only where it measured the same runner as the calls)."""
     calls = sorted(totals)
+    shipped = "shipped" in met
     total = sum(totals.values())
     mine = {call: made_by(profiles, call) for call in calls}
     lines = [f"{model}: every profile on every call's runs, targets met ({len(calls)} calls, "
@@ -85,8 +100,9 @@ def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
         lines.append(f"| {name} | {sum(met[name].values())} | {own_cell} |")
     lines += ["", "Leave one call out: the profile with the most targets on the other calls' "
               "runs, scored on the held-out call.", "",
-              "| held-out call | chosen profile | its targets | own profile | shipped |",
-              "| --- | --- | ---: | ---: | ---: |"]
+              "| held-out call | chosen profile | its targets | own profile |"
+              + (" shipped |" if shipped else ""),
+              "| --- | --- | ---: | ---: |" + (" ---: |" if shipped else "")]
     loo = own_sum = 0
     for call in calls:
         others = [p for p in met if p not in mine[call]]
@@ -96,11 +112,12 @@ def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
         own_met = met[own_name][call] if own_name else None
         own_sum += own_met or 0
         own_cell = f"{own_met}/{totals[call]}" if own_name else "-"
-        lines.append(f"| {call} | {best} | {met[best][call]}/{totals[call]} | {own_cell} | "
-                     f"{met['shipped'][call]}/{totals[call]} |")
+        lines.append(f"| {call} | {best} | {met[best][call]}/{totals[call]} | {own_cell} |"
+                     + (f" {met['shipped'][call]}/{totals[call]} |" if shipped else ""))
+    tail = (f"; the shipped profile: {sum(met['shipped'].values())} of {total}" if shipped
+            else "")
     lines += ["", f"Leave-one-call-out total: {loo} of {total}; each call's own profile: "
-              f"{own_sum} of {total}; the shipped profile: {sum(met['shipped'].values())} of "
-              f"{total}."]
+              f"{own_sum} of {total}{tail}."]
     return "\n".join(lines) + "\n"
 
 
@@ -108,11 +125,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", help="stem of the markdown and CSV outputs (default: print only)")
+    ap.add_argument("--runner", choices=tuple(RUNNERS),
+                    help="the runner whose calls and profiles to compare (default: the one the "
+                         "shipped profile measured)")
     args = ap.parse_args()
-    if not real_runs(args.model):
-        raise SystemExit(f"no stored real runs of {args.model!r} under {RESULTS}")
-    met, totals = matrix(args.model)
-    text = report(args.model, met, totals, candidates(args.model))
+    runner = RUNNERS[args.runner] if args.runner else shipped_runner(args.model)
+    if runner is None or not real_runs(args.model, runner):
+        raise SystemExit(f"no stored real runs of {args.model!r} by runner {runner!r} "
+                         f"under {RESULTS}")
+    met, totals = matrix(args.model, runner)
+    text = report(args.model, met, totals, candidates(args.model, runner))
     print(text)
     if args.out:
         Path(f"{args.out}.md").write_text(text, encoding="utf-8")

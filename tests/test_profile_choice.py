@@ -60,3 +60,14 @@ def test_readme_table_is_the_stored_choice_reports(model: str) -> None:
     cells = [c.strip().replace(",", "") for c in row.strip("|").split("|")]
     assert int(cells[2]) == total and int(cells[3]) == shipped
     assert cells[5].startswith(f"{loo} (") and cells[6].startswith(f"{own} (")
+
+
+def test_without_a_shipped_profile_of_the_runner_the_report_has_no_shipped_column(
+        tmp_path) -> None:
+    profiles = {"a": _profile(tmp_path / "a", "a"), "b": _profile(tmp_path / "b", "b")}
+    assert profile_choice.made_by(profiles, "a") == {"a"}
+    met = {"a": {"a": 14, "b": 2}, "b": {"a": 3, "b": 14}}
+    text = profile_choice.report("m", met, {"a": 14, "b": 14}, profiles)
+    assert "| a | b | 3/14 | 14/14 |\n" in text and "shipped" not in text
+    assert text.rstrip().endswith("Leave-one-call-out total: 5 of 28; each call's own "
+                                  "profile: 28 of 28.")
