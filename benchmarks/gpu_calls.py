@@ -1,8 +1,8 @@
 """The GPU calls stored under results/validation, and which runner each one measured.
 
 A call folder holds the real runs served in one GPU call (`real/<model>/`) and the profile
-calibrated in it (`profile/h200/<model>/`); the shipped generation's runs sit in
-`results/validation/real/`, beside the shipped profiles in `calibration/h200/`. A profile
+calibrated in it (`profile/h200/<model>/`); a shipped profile in `calibration/h200/` is a
+copy of one call's. A profile
 prices the runner it was measured with, since the runner's host work is part of every step
 it timed, so the benchmarks that price one call's runs with another call's profile compare
 calls of one runner only. The runner is read from each profile's metadata
@@ -36,14 +36,13 @@ SKIP = {"two_at_once", "tp2", "tp2_graphs"}
 
 
 def folder_of(run: Path) -> str:
-    """A run's call ("real" for the shipped generation's runs)."""
-    gen = run.parents[2].name
-    return "real" if gen == "validation" else gen
+    """A stored run's call: the folder that holds its `real/<model>/`."""
+    return run.parents[2].name
 
 
 def profile_of(call: str, model: str) -> Path | None:
-    """The profile a call measured for `model` (the shipped one for "real"), if any."""
-    prof = SHIPPED / model if call == "real" else RESULTS / call / "profile" / "h200" / model
+    """The profile a call measured for `model`, if any."""
+    prof = RESULTS / call / "profile" / "h200" / model
     return prof if (prof / "profile.json").is_file() else None
 
 
@@ -62,18 +61,17 @@ def runner_of(call: str, model: str) -> str | None:
 
 def shipped_runner(model: str) -> str | None:
     """The runner the shipped profile of `model` measured."""
-    return runner_of("real", model)
+    return profile_runner_label(SHIPPED / model)
 
 
 def call_runs(model: str, runner: str | Callable[[str | None], bool],
               skip: Collection[str] = SKIP) -> list[tuple[str, Path]]:
     """(call, run folder) of every stored call of `model` by `runner` (a name, or a test of
-    the name), the shipped generation first."""
+    the name)."""
     keep = runner if callable(runner) else (lambda r: r == runner)
-    folders = [("real", RESULTS / "real" / model)]
-    folders += [(d.parents[1].name, d) for d in sorted(RESULTS.glob(f"*/real/{model}"))]
+    folders = [(d.parents[1].name, d) for d in sorted(RESULTS.glob(f"*/real/{model}"))]
     return [(call, d) for call, d in folders
-            if d.is_dir() and call not in skip and keep(runner_of(call, model))]
+            if call not in skip and keep(runner_of(call, model))]
 
 
 def real_runs(model: str, runner: str) -> list[Path]:

@@ -9,7 +9,7 @@ their tokens; the table gives each group's mean error and its error weighted by 
 and the SM clock (the run's trace) averaged over the heavy steps of 3,000 tokens or more.
 
     python benchmarks/heavy_steps_in_runs.py --model llama-2-7b \\
-        --call results/validation/real:calibration/h200 \\
+        --call results/validation/rebuilt_inputs/real:results/validation/rebuilt_inputs/profile/h200 \\
         --call results/validation/rerun/real:results/validation/rerun/profile/h200 ...
 
 Why: a heavy step that follows light ones runs at a higher clock than one in a burst of heavy

@@ -9,7 +9,7 @@ beside what the profile's table gives for the same batch sizes; and, over the st
 prefill entries of all runs, a least-squares line of the excess over the table against the
 number of prefill entries.
 
-    python benchmarks/host_overhead_runs.py --real results/validation/real/llama-2-7b \\
+    python benchmarks/host_overhead_runs.py --real results/validation/staged_inputs/real/llama-2-7b \\
         --profile calibration/h200/llama-2-7b [--out results/validation/host_overhead_llama-2-7b.md]
 """
 

@@ -55,10 +55,10 @@ def same_profile(a: Path, b: Path) -> bool:
 
 def made_by(profiles: dict[str, Path], call: str) -> set[str]:
     """The candidates a call measured: its own folder's, and "shipped" if it is a copy of
-    that one (the first calls' folder, `real/`, keeps no profile: the shipped one is its)."""
+    that one."""
     mine = {call} & profiles.keys()
-    if "shipped" in profiles and (call == "real" or (
-            call in profiles and same_profile(profiles[call], profiles["shipped"]))):
+    if {"shipped", call} <= profiles.keys() and same_profile(profiles[call],
+                                                              profiles["shipped"]):
         mine.add("shipped")
     return mine
 

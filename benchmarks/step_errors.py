@@ -9,7 +9,7 @@ compared with the runner's wall time (a TP run's: the driver's whole step, broad
 included). Per run and kind: steps, share of the run's step time,
 the error of the summed time (what moves the run's metrics) and the per-step MAPE.
 
-    python benchmarks/step_errors.py --real results/validation/real/llama-2-7b \\
+    python benchmarks/step_errors.py --real results/validation/staged_inputs/real/llama-2-7b \\
         --profile calibration/h200/llama-2-7b [--out results/validation/step_errors_llama-2-7b.md]
 
 `--decode-spans` splits the decode-graph steps by padded batch and by the power of two that

@@ -1,7 +1,7 @@
 """`pagesim validate --real`: a stored real run against the simulator, on any machine.
 
 The shipped report (`results/validation/validation_<model>.json`) is what this code makes of
-the stored runs; a run cut at its wall-clock limit is skipped with a note, not compared."""
+the runs of the GPU call whose profile is shipped; a run cut at its wall-clock limit is skipped with a note, not compared."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pagesim.cli.app import main
 from pagesim.validate import read_json_file, read_real_run, real_run_files, write_json_file
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT / "results" / "validation" / "real" / "llama-2-7b"
+REAL = ROOT / "results" / "validation" / "staged_inputs" / "real" / "llama-2-7b"  # shipped
 PROFILE = ROOT / "calibration" / "h200" / "llama-2-7b"
 RUN = "chat-inf-bs16"
 
@@ -158,7 +158,9 @@ def test_a_profile_of_another_runner_mode_is_warned_about(tmp_path, capsys) -> N
     from pagesim.gpu.modes import RUNNER_MODES
 
     staged = _run_named(tmp_path, RUNNER_MODES[True])
-    assert _validate(tmp_path, staged) == 0  # PROFILE: the shipped, earlier runner's
+    earlier = ROOT / "results" / "validation" / "rebuilt_inputs" / "profile" / "h200" / "llama-2-7b"
+    assert main(["validate", "--real", str(staged), "--profile", str(earlier), "--output-dir",
+                 str(tmp_path / "out"), "--name", "v"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"warning: {RUN}: the run's runner (CUDA graphs, staged inputs) is not the "
                    "one the profile measured (CUDA graphs, inputs rebuilt each step): its host "
@@ -166,9 +168,7 @@ def test_a_profile_of_another_runner_mode_is_warned_about(tmp_path, capsys) -> N
     assert err[0] in (tmp_path / "out" / "v.md").read_text()
     doc = json.loads((tmp_path / "out" / "v.json").read_text())
     assert doc["runs"][0]["runner_note"] and doc["num_runs"] == 1
-    own = ROOT / "results" / "validation" / "staged_inputs" / "profile" / "h200" / "llama-2-7b"
-    assert main(["validate", "--real", str(staged), "--profile", str(own), "--output-dir",
-                 str(tmp_path / "own"), "--name", "v"]) == 0
+    assert _validate(tmp_path, staged) == 0  # PROFILE: the shipped one, of the staged runner
     assert "warning" not in capsys.readouterr().err
     assert _validate(tmp_path, REAL / f"{RUN}.json.xz") == 0
     assert "warning" not in capsys.readouterr().err
@@ -184,7 +184,7 @@ def test_the_runner_modes_name_the_stored_profiles() -> None:
     assert profile_runner("no runner named") is None
     labels = {
         runner_label(profile_runner(Profile.load(p).metadata.attention_backend))
-        for p in (PROFILE, ROOT / "results/validation/staged_inputs/profile/h200/llama-2-7b",
+        for p in (PROFILE, ROOT / "results/validation/rebuilt_inputs/profile/h200/llama-2-7b",
                   ROOT / "results/validation/tp2/profile/h200/llama-3-70b-tp2")}
     assert labels == {"CUDA graphs, inputs rebuilt each step", "CUDA graphs, staged inputs",
                       "eager"}

@@ -34,10 +34,11 @@ class AnalyticalConstants:
 
     # The efficiencies, the per-layer time, the host terms and the all-reduce terms below are
     # fitted to measurements: `python benchmarks/analytical_vs_measured.py` fits them by least
-    # squares (on the log ratio) to every decode and prefill row at block size 16 of three of
-    # the shipped H200 profiles (llama-2-7b and llama-3-8b on one GPU, llama-3-70b at TP 2,
+    # squares (on the log ratio) to every decode and prefill row at block size 16 of three
+    # H200 profiles (llama-2-7b and llama-3-8b on one GPU as shipped before the runner staged
+    # its inputs, `results/validation/rebuilt_inputs/`, and the shipped llama-3-70b at TP 2,
     # all with CUDA graphs), reports each one's error when it is left out of the fit, and the
-    # error on the other shipped profiles, which the fit never saw. The
+    # error on the shipped profiles, which the fit never saw. The
     # rows are pagesim's own runner (Triton paged attention, unfused torch layers), so these
     # constants price that runner; a serving stack with fused kernels runs faster. On another
     # GPU the efficiencies are taken as the same shares of that GPU's datasheet rates: an
