@@ -1,7 +1,8 @@
 """`pagesim validate --real`: a stored real run against the simulator, on any machine.
 
 The shipped report (`results/validation/validation_<model>.json`) is what this code makes of
-the runs of the GPU call whose profile is shipped; a run cut at its wall-clock limit is skipped with a note, not compared."""
+the runs of the GPU call whose profile is shipped; a run cut at its wall-clock limit is
+skipped with a note, not compared."""
 
 from __future__ import annotations
 

@@ -73,3 +73,19 @@ def test_shipped_profile_rows_are_their_reports(model: str) -> None:
     rows = [line for line in (ROOT / "README.md").read_text().splitlines()
             if line.startswith(f"| {model} | ")]
     assert len(rows) == 1 and rows[0].endswith(f"| {met} of {checked} |"), rows
+
+
+# The GPU call whose profile is shipped and whose runs the top-level reports compare
+SHIPPED_CALLS = {"llama-2-7b": "staged_inputs", "llama-3-8b": "staged_inputs"}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_shipped_report_is_its_calls_runs_and_profile(model: str) -> None:
+    """The shipped profile is a byte-for-byte copy of one call's, and the top-level report
+    holds that call's runs, every one."""
+    call = ROOT / "results" / "validation" / SHIPPED_CALLS[model]
+    assert _files(call / "profile" / "h200" / model) == _files(
+        ROOT / "calibration" / "h200" / model)
+    doc = json.loads((ROOT / "results" / "validation" / f"validation_{model}.json").read_text())
+    runs = sorted(p.name.split(".")[0] for p in (call / "real" / model).glob("*.json.xz"))
+    assert sorted(r["run"] for r in doc["runs"]) == runs
