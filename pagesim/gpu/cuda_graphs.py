@@ -56,7 +56,13 @@ import torch
 
 from pagesim.cost.decode_launch import MIN_SPAN_BUCKET, span_bucket
 from pagesim.gpu.attention import DEFAULT_NUM_SMS, AttentionMetadata
-from pagesim.gpu.input_buffers import BlockTableRows, StagedBuffers, decode_slots, token_slots
+from pagesim.gpu.input_buffers import (
+    BlockTableRows,
+    GatheredTable,
+    StagedBuffers,
+    decode_slots,
+    token_slots,
+)
 from pagesim.gpu.kernels.configs import DecodePartition, decode_config, decode_partition
 from pagesim.gpu.kernels.paged_attention import DecodeWorkspace
 from pagesim.kvcache.block_table import PAD_SLOT_ID
@@ -178,8 +184,10 @@ class StepGraphs:
         # Decode steps: constant query starts and last rows.
         self.query_start_loc = torch.arange(s + 1, dtype=torch.int32, device=dev)
         self.logits_indices = torch.arange(s, dtype=torch.int64, device=dev)
-        # Block-table rows of live requests, kept across steps (`release` frees them).
+        # Block-table rows of live requests, kept across steps (`release` frees them), and
+        # the step's table gathered from them into the staged host buffer.
         self.rows = BlockTableRows(self.width, s)
+        self.gathered = GatheredTable(self.staged.host["block_table"])
         self._reset_buffers()
         self.graphs: dict[GraphKey, CapturedGraph] = {}
         self._keys: dict[tuple[int, int], GraphKey] = {}
@@ -263,6 +271,7 @@ class StepGraphs:
         for name in ("pack", "seq_lens", "mixed_query_start_loc", "mixed_logits_indices",
                      "block_table"):
             h[name][...] = 0
+        self.gathered.reset()
         h["pack"][2] = PAD_SLOT_ID
         self.staged.copy_to_device()
         if self.device.type == "cuda":
@@ -282,8 +291,7 @@ class StepGraphs:
         n = len(scheduled)
         h = self.staged.host
         table = h["block_table"]
-        self._gather_rows(scheduled, table)
-        table[n:size] = 0
+        self._gather_rows(scheduled, size)
         pos = np.fromiter((sr.num_computed_tokens for sr in scheduled), np.int64, n)
         pack = h["pack"]
         pack[0, :n] = input_ids
@@ -296,11 +304,12 @@ class StepGraphs:
         seq_lens[n:size] = 0
         self.staged.copy_to_device(self._table_offset + size * self._table_row_bytes)
 
-    def _gather_rows(self, scheduled, out: np.ndarray) -> None:
-        """out[i] = the block-table row of scheduled[i] (`BlockTableRows`)."""
+    def _gather_rows(self, scheduled, size: int) -> None:
+        """Staged table row i = the block-table row of scheduled[i] (`BlockTableRows`); null
+        rows up to `size`."""
         row_index = self.rows.row_index
         idx = [row_index(sr.request.request_id, sr.block_ids) for sr in scheduled]
-        np.take(self.rows.table, idx, axis=0, out=out[:len(idx)])
+        self.gathered.gather(self.rows, idx, size)
 
     def _load_mixed(self, scheduled, input_ids: list[int], size: int) -> None:
         """A mixed step of T <= size tokens and n sequences: rows T.. and sequences n.. pad."""
@@ -308,8 +317,7 @@ class StepGraphs:
         seqs = self.mixed_seqs(size)
         h = self.staged.host
         table = h["block_table"]
-        self._gather_rows(scheduled, table)
-        table[n:seqs] = 0
+        self._gather_rows(scheduled, seqs)
         starts = np.fromiter((sr.num_computed_tokens for sr in scheduled), np.int64, n)
         news = np.fromiter((sr.num_new_tokens for sr in scheduled), np.int64, n)
         t = len(input_ids)

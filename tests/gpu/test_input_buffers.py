@@ -3,7 +3,8 @@
 `BlockTableRows` keeps rows across steps and rewrites only what changed; whatever the requests'
 rows do between steps (append, change in place as copy-on-write and sliding windows do, shrink
 and regrow after a preemption, finish), the gathered table must equal `build_block_table` of
-the step's rows. The vectorized slot and position builders must equal `build_slot_mapping`
+the step's rows, both gathered whole and by `GatheredTable` (columns in use only, into one
+buffer reused across steps of any size, padding rows null). The vectorized slot and position builders must equal `build_slot_mapping`
 and `build_positions`. `StagedBuffers` must copy exactly the prefix asked for.
 """
 
@@ -19,13 +20,21 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from pagesim.gpu.input_buffers import (
     ALIGN,
     BlockTableRows,
+    GatheredTable,
     StagedBuffers,
     decode_slots,
     token_slots,
 )
-from pagesim.kvcache.block_table import build_block_table, build_positions, build_slot_mapping
+from pagesim.kvcache.block_table import (
+    NULL_BLOCK_ID,
+    build_block_table,
+    build_positions,
+    build_slot_mapping,
+)
 
 WIDTH = 16
+MAX_STEP = 8  # rows of the staged table in the state machine
+NULL = NULL_BLOCK_ID
 IDS = st.integers(min_value=0, max_value=1000)
 
 
@@ -37,6 +46,8 @@ class RowsMachine(RuleBasedStateMachine):
         self.rows = BlockTableRows(WIDTH, num_rows=2)
         self.model: dict[str, list[int]] = {}
         self.next_id = 0
+        # the staged table, null as a reset leaves it, reused by every step
+        self.gathered = GatheredTable(np.full((MAX_STEP, WIDTH), NULL, dtype=np.int32))
 
     @rule(ids=st.lists(IDS, min_size=1, max_size=WIDTH))
     def add(self, ids: list[int]) -> None:
@@ -77,12 +88,22 @@ class RowsMachine(RuleBasedStateMachine):
         idx = [self.rows.row_index(rid, self.model[rid]) for rid in rids]
         assert len(set(idx)) == len(idx)  # live requests never share a row
         got = self.rows.table[idx].tolist()
-        assert got == build_block_table([self.model[r] for r in rids], WIDTH)
+        want = build_block_table([self.model[r] for r in rids], WIDTH)
+        assert got == want
+        size = data.draw(st.integers(len(rids), max(len(rids), MAX_STEP)))
+        if size <= MAX_STEP:
+            self.gathered.gather(self.rows, idx, size)
+            assert self.gathered.out[:size].tolist() == want + [[NULL] * WIDTH] * (
+                size - len(rids))
 
     @invariant()
     def rows_are_accounted(self) -> None:
         assert set(self.rows._rows) <= set(self.model)  # finished requests hold no row
         assert self.rows.num_live + len(self.rows._free) == self.rows.table.shape[0]
+        for row, written in self.rows._rows.values():
+            assert self.rows.lengths[row] == len(written)
+        beyond = np.arange(WIDTH)[None, :] >= self.rows.lengths[:, None]
+        assert (self.rows.table[beyond] == NULL).all()  # past a row's blocks: null
 
 
 TestRows = RowsMachine.TestCase
@@ -105,8 +126,10 @@ def test_an_unchanged_row_is_not_rewritten() -> None:
     assert rows.row_index("a", [3, 4]) == r and rows.table[r, 5] == 99
     rows.row_index("a", [3, 4, 7])  # appended: only entry 2 written
     assert rows.table[r, :3].tolist() == [3, 4, 7] and rows.table[r, 5] == 99
-    rows.row_index("a", [3, 8, 7])  # changed in place: the whole row rewritten
-    assert rows.table[r].tolist() == [3, 8, 7, 0, 0, 0, 0, 0]
+    rows.row_index("a", [3, 8, 7])  # changed in place: the row's blocks rewritten
+    assert rows.table[r, :3].tolist() == [3, 8, 7] and rows.table[r, 5] == 99
+    rows.row_index("a", [3])  # shrunk: the entries it gave up reset, nothing past them
+    assert rows.table[r, :3].tolist() == [3, 0, 0] and rows.table[r, 5] == 99
 
 
 @settings(max_examples=80, deadline=None)
@@ -143,3 +166,25 @@ def test_staged_buffers_lay_fields_out_aligned_and_copy_only_the_prefix() -> Non
     assert buf.device["t"][2:].eq(0).all()  # rows past the prefix were not copied
     buf.copy_to_device()
     assert buf.device["t"].tolist() == np.arange(24).reshape(4, 6).tolist()
+
+
+def test_the_gathered_table_writes_only_the_columns_in_use() -> None:
+    """A wide table (a long max_model_len) with short rows: the gather leaves the columns no
+    row of the buffer ever used untouched, and null past each row's blocks; rows past a
+    step's size keep what they hold until a step covers them again."""
+    rows = BlockTableRows(1024)
+    out = np.zeros((4, 1024), dtype=np.int32)
+    gathered = GatheredTable(out)
+    out[:, 600] = 77  # a column no step uses: never read, never written
+    a, b, c = (rows.row_index("a", [1, 2, 3]), rows.row_index("b", [4]),
+               rows.row_index("c", [6, 7]))
+    gathered.gather(rows, [a, b, c], 4)
+    assert out[:, :4].tolist() == [[1, 2, 3, 0], [4, 0, 0, 0], [6, 7, 0, 0], [0, 0, 0, 0]]
+    assert (out[:, 600] == 77).all()
+    rows.free(["a"])
+    gathered.gather(rows, [rows.row_index("b", [4, 5])], 1)  # shorter rows: stale reset
+    assert out[0, :4].tolist() == [4, 5, 0, 0]
+    assert out[2, :2].tolist() == [6, 7]  # past the step's size: not part of its table
+    gathered.gather(rows, [rows.row_index("b", [4, 5])], 3)
+    assert out[:3, :4].tolist() == [[4, 5, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    assert (out[:, 600] == 77).all()
