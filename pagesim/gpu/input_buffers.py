@@ -128,6 +128,7 @@ class GatheredTable:
     __slots__ = ("out", "_cols")
 
     def __init__(self, out: np.ndarray) -> None:
+        """`out` holds the null block everywhere, as a fresh or reset staged buffer does."""
         self.out = out
         # per buffer row: the columns that may hold a block (past them: the null block)
         self._cols = np.zeros(out.shape[0], dtype=np.int64)
