@@ -132,8 +132,8 @@ class StepEncoder:
     """Rank 0: `SchedulerOutput` -> `StepMessage`, remembering what the workers hold.
 
     Every request *object* gets a wire key when first scheduled, and the workers keep a mirror
-    per key: request ids may repeat across objects (the calibration grid reuses `cal-0` ...
-    for every point and interleaves points), and a repeated step then costs no resend. A
+    per key: request ids may repeat across objects (benchmarks' synthetic steps reuse
+    `cal-0` ... across steps they interleave), and a repeated step then costs no resend. A
     request's state is dropped when its id appears in `finished_req_ids`.
     """
 

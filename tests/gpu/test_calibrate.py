@@ -175,7 +175,16 @@ def test_gpu_key() -> None:
     assert gpu_key("Some New GPU") == "some-new-gpu"
 
 
-def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
+def test_dry_run_calibration_writes_a_loadable_profile(tmp_path, monkeypatch) -> None:
+    from pagesim.gpu import calibrate
+
+    prefixes = []
+
+    def named(*args, request_prefix="cal", **kwargs):
+        prefixes.append(request_prefix)
+        return synthetic_step(*args, request_prefix=request_prefix, **kwargs)
+
+    monkeypatch.setattr(calibrate, "synthetic_step", named)
     config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
                                  max_num_batched_tokens=64, max_model_len=256,
                                  num_gpu_blocks_override=64)
@@ -194,6 +203,8 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path) -> None:
     # variants (the shared decode rows reuse the batch-2 one); 8 entries exceed
     # max_num_seqs=4 and 24 shared tokens are not whole blocks: dropped
     assert seen[-1][0] == seen[-1][1] == 15
+    # every grid point names its requests apart, so its block-table rows stay in place
+    assert len(prefixes) == len(set(prefixes)) >= 10
     prof = Profile.load(res.directory)
     assert res.directory == tmp_path / "cpu" / "tiny-llama"
     assert prof.metadata.synthetic and prof.metadata.num_gpu_blocks == {16: 64}
@@ -266,3 +277,26 @@ def test_block_source_scattered_or_consecutive() -> None:
     rows = BlockSource(9, 0).take([3, 2])
     flat = rows[0] + rows[1]
     assert len(set(flat)) == 5 and 0 not in flat and flat != [1, 2, 3, 4, 5]
+
+
+def test_a_point_with_its_own_request_ids_finds_its_rows_in_place() -> None:
+    """Interleaved points that share request ids rewrite each other's block-table rows at
+    every call; with ids of their own, a point's rows are written once, as a served
+    request's are."""
+    from pagesim.gpu.input_buffers import BlockTableRows
+
+    def writes(prefixes: tuple[str, str]) -> list[int]:
+        blocks = BlockSource(4096, 0)
+        a = synthetic_step([(64, 1)] * 4, 16, blocks, request_prefix=prefixes[0])
+        b = synthetic_step([(128, 1)] * 4, 16, blocks, request_prefix=prefixes[1])
+        rows = BlockTableRows(64)
+        counts = []
+        for out in (a, b, a, b):
+            before = rows.table.copy()
+            for sr in out.scheduled:
+                rows.row_index(sr.request.request_id, sr.block_ids)
+            counts.append(int((rows.table != before).any(axis=1).sum()))
+        return counts
+
+    assert writes(("cal", "cal")) == [4, 4, 4, 4]
+    assert writes(("cal0", "cal1")) == [4, 4, 0, 0]
