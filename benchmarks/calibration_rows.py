@@ -17,13 +17,11 @@ then times `row_index` for 128 rows of 64 blocks found in place and rewritten.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import platform
 import statistics
 import timeit
 
 import numpy as np
+from host_csv import write_host_csv
 
 from pagesim.config import EngineConfig
 from pagesim.gpu.calibrate import (
@@ -111,14 +109,8 @@ def main() -> None:
     table.append({"kind": "row_index_us_128x64", "shared_ids": round(rewritten, 1),
                   "own_ids": round(in_place, 1)})
     if args.out:
-        with open(args.out, "w", newline="") as f:
-            f.write(f"# pagesim calibration_rows, {datetime.date.today()}, python "
-                    f"{platform.python_version()}, numpy {np.__version__}, "
-                    f"{platform.machine()}; last row: us per step of row_index\n")
-            w = csv.DictWriter(f, fieldnames=list(table[0]))
-            w.writeheader()
-            w.writerows(table)
-        print(f"wrote {args.out}")
+        write_host_csv(args.out, "calibration_rows", table,
+                       note="last row: us per step of row_index")
 
 
 if __name__ == "__main__":

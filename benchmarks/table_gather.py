@@ -17,13 +17,11 @@ Prints the table and writes the CSV (median of 7 repeats of 2,000 gathers each, 
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import platform
 import statistics
 import timeit
 
 import numpy as np
+from host_csv import write_host_csv
 
 from pagesim.config import EngineConfig
 from pagesim.gpu.input_buffers import BlockTableRows, GatheredTable
@@ -82,14 +80,7 @@ def main() -> None:
             rows_out.append({"model": model, "width": width, "seqs": n, "context": CONTEXT,
                              "whole_rows_us": round(a, 2), "columns_in_use_us": round(b, 2)})
     if args.out:
-        with open(args.out, "w", newline="") as f:
-            f.write(f"# pagesim table_gather, {datetime.date.today()}, python "
-                    f"{platform.python_version()}, numpy {np.__version__}, "
-                    f"{platform.machine()}\n")
-            w = csv.DictWriter(f, fieldnames=list(rows_out[0]))
-            w.writeheader()
-            w.writerows(rows_out)
-        print(f"wrote {args.out}")
+        write_host_csv(args.out, "table_gather", rows_out)
 
 
 if __name__ == "__main__":
