@@ -309,8 +309,9 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
         # Request ids of the point's own: its block-table rows are written at its first
         # warm-up and found in place at every timed call, as a served request's are from one
         # step to the next. Shared ids made each timed call rewrite the rows another point
-        # had left there (on a 2-core CPU, 0.31 ms for 128 rows of 64 blocks; a served
-        # decode step rewrites none).
+        # had left there (`benchmarks/calibration_rows.py`: 92 % of a decode point's rows;
+        # 359 against 26 us for 128 rows of 64 blocks on a 2-core CPU), a served decode step
+        # none.
         out = synthetic_step(spec, block_size, blocks, shared=shared,
                              request_prefix=f"cal{i}")
         if out is not None:
