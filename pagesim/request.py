@@ -52,6 +52,7 @@ class Request:
     num_cached_tokens: int | None = None  # prefix-cache hit of the first admission, in tokens
     num_preemptions: int = 0
     reject_reason: str | None = None
+    arrival_rank: int = 0  # order of `Scheduler.add_request`: breaks ties between victims
     # Chained hashes of the full blocks of prompt+output, maintained by the KV cache manager.
     block_hashes: list[bytes] = field(default_factory=list)
 

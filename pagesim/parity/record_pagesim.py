@@ -46,7 +46,8 @@ class PagesimEngine:
                                  max_model_len=config.max_model_len,
                                  max_num_batched_tokens=config.max_num_batched_tokens,
                                  enable_kv_cache_events=True)
-        self.scheduler = Scheduler(config, self.kv)
+        # vLLM's literal victim rule: the harness gives both sides the same tied times
+        self.scheduler = Scheduler(config, self.kv, literal_victim_ties=True)
         self._pool = self.kv.block_pool
 
     def add_request(self, request: ParityRequest, prompt_token_ids: list[int],

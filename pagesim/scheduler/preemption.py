@@ -1,8 +1,14 @@
 """Preemption: which running request gives way, and what happens to its K/V.
 
 Victim (vLLM v1 `Scheduler.schedule`): under `fcfs` the last request of the running list (the
-most recently admitted), under `priority` `max(running, key=(priority, arrival_time))`, the
-first such request in running order on ties (Python's `max`).
+most recently admitted), under `priority` `max(running, key=(priority, arrival_time))`. On
+exactly equal keys vLLM's `max` takes the first in running order; a served vLLM never meets
+such a tie, since its arrival times are wall-clock reads that grow with arrival order, but a
+simulation does (every request of a rate-inf load arrives at t=0), and there the literal rule
+can cycle forever: two tied requests that cannot both fit each preempt the other when it is
+one step from done. So ties go to arrival order (`Request.arrival_rank`) unless `literal`: the
+latest arrival gives way, as it would in a served vLLM. The parity harness, which feeds vLLM
+and pagesim the same tied times, asks for the literal rule.
 
 Modes:
 
@@ -26,16 +32,22 @@ from pagesim.scheduler.output import SchedulerOutput
 from pagesim.specs import GiB
 
 
-def select_victim_index(running: list[Request], policy: str) -> int:
-    """Index in `running` of the request to preempt (`running` is not empty)."""
+def select_victim_index(running: list[Request], policy: str, literal: bool = False) -> int:
+    """Index in `running` of the request to preempt (`running` is not empty). `priority` ties
+    go to the later arrival (`arrival_rank`), or with `literal` to the first of the tied in
+    running order, as vLLM's `max` does."""
     if policy == "priority":
+        def key(r: Request) -> tuple:
+            if literal:
+                return r.priority, r.arrival_time
+            return r.priority, r.arrival_time, r.arrival_rank
+
         best = 0
-        best_key = (running[0].priority, running[0].arrival_time)
+        best_key = key(running[0])
         for i in range(1, len(running)):
-            r = running[i]
-            key = (r.priority, r.arrival_time)
-            if key > best_key:  # strictly greater: the first maximum wins, as in max()
-                best, best_key = i, key
+            k = key(running[i])
+            if k > best_key:  # strictly greater: the first maximum wins, as in max()
+                best, best_key = i, k
         return best
     return len(running) - 1
 

@@ -47,7 +47,7 @@ class Scheduler:
 
     def __init__(self, config: EngineConfig, kv_cache_manager,
                  swap_pool: CPUSwapPool | None = None,
-                 page_size_bytes: int | None = None) -> None:
+                 page_size_bytes: int | None = None, literal_victim_ties: bool = False) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.block_size = config.block_size
@@ -76,6 +76,9 @@ class Scheduler:
         self.preemptor = Preemptor(kv_cache_manager, config.preemption_mode, self.block_size,
                                    swap_pool, self.stats)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
+        # Equal (priority, arrival time) victims: the later arrival gives way, or with
+        # `literal_victim_ties` vLLM's first of the tied (`select_victim_index`).
+        self.literal_victim_ties = literal_victim_ties
         self.waiting = create_request_queue(self.policy)  # new and recomputed requests
         self.swapped = create_request_queue(self.policy)  # swapped out, to swap back in first
         self.running: list[Request] = []  # admission order; the fcfs victim is the last
@@ -95,6 +98,7 @@ class Scheduler:
                 f"request_id={request.request_id!r}: status={request.status.name}, "
                 "only fresh WAITING requests can be added")
         self.stats.num_added += 1
+        request.arrival_rank = self.stats.num_added
         reason = reject_reason(request, self.max_model_len, self._can_fit)
         if reason is not None:
             request.status = _FINISHED_REJECTED
@@ -237,7 +241,8 @@ class Scheduler:
                 new_blocks = allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
-                victim_index = select_victim_index(running, self.policy)
+                victim_index = select_victim_index(running, self.policy,
+                                                   self.literal_victim_ties)
                 victim = running.pop(victim_index)
                 if priority:
                     refund = self._unschedule(scheduled, victim)

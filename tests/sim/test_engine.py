@@ -203,13 +203,14 @@ def test_rejected_request_finishes_at_once_and_nothing_is_lost() -> None:
 
 
 def test_a_step_that_only_preempts_is_progress() -> None:
-    """vLLM 0.23, priority policy, equal priorities and arrivals: the first running request is
-    its own victim, and vLLM 0.23 then stops scheduling for that step. The step schedules no
-    token but frees the victim's blocks; the next step goes on (vLLM runs an empty step too)."""
+    """vLLM 0.23, priority policy, equal priorities and arrivals, vLLM's literal tie rule: the
+    first running request is its own victim, and vLLM 0.23 then stops scheduling for that
+    step. The step schedules no token but frees the victim's blocks; the next step goes on
+    (vLLM runs an empty step too)."""
     e = tiny_engine(num_gpu_blocks=16, block_size=32, max_num_batched_tokens=64,
                     max_model_len=1024, long_prefill_token_threshold=8,
                     scheduling_policy="priority", enable_prefix_caching=False,
-                    vllm_compat="0.23")
+                    vllm_compat="0.23", literal_victim_ties=True)
     for rid in ("r0", "r1", "r2"):
         e.send(0.0, req(rid, 200, 30))
     e.run()
