@@ -28,7 +28,8 @@ from pagesim.gpu.calibrate import (
     BlockSource,
     CalibrationGrid,
     calibration_entries,
-    synthetic_step,
+    grid_points,
+    round_order_rng,
 )
 from pagesim.gpu.input_buffers import BlockTableRows
 
@@ -47,20 +48,15 @@ def rewritten_share(own_ids: bool, seed: int = 0) -> dict[str, float]:
                                   max_num_batched_tokens=cfg.max_num_batched_tokens,
                                   max_num_seqs=cfg.max_num_seqs, full=True,
                                   capacity=(blocks - 1) * BLOCK_SIZE)
-    source = BlockSource(blocks, seed)
-    points = []
-    for i, (kind, key, spec, _) in enumerate(entries):
-        shared = key[-1] if kind in ("shared", "vshared", "sshared") else 0
-        out = synthetic_step(spec, BLOCK_SIZE, source, shared=shared,
-                             request_prefix=f"cal{i}" if own_ids else "cal")
-        if out is not None and out.total_num_scheduled_tokens <= GRAPH_TOKENS:
-            points.append((kind, out))
+    points = [(kind, out) for kind, _, out, _ in grid_points(entries, BLOCK_SIZE,
+                                                             BlockSource(blocks, seed), own_ids)
+              if out.total_num_scheduled_tokens <= GRAPH_TOKENS]
     width = -(-cfg.max_model_len // BLOCK_SIZE)
     rows = BlockTableRows(width)
     for _, out in points:  # the warm-up, in grid order
         for sr in out.scheduled:
             rows.row_index(sr.request.request_id, sr.block_ids)
-    rng = np.random.default_rng([seed, 0xCA11])
+    rng = round_order_rng(seed)
     shares: dict[str, list[float]] = {}
     for _ in range(ROUNDS):
         for i in rng.permutation(len(points)).tolist():

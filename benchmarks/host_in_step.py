@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 
 import numpy as np
-from gpu_calls import EAGER_RUNNER, STAGED_RUNNER, call_runs, profile_of
+from gpu_calls import EAGER_RUNNER, SKIP, STAGED_RUNNER, call_runs, profile_of
 from host_overhead_runs import table_ms
 from step_replay import replay_shapes
 
@@ -103,7 +103,8 @@ def call_rows(model: str, staged: bool, wanted: set[str]) -> list[dict]:
 
 def staged_vs_before(staged: list[dict], before: list[dict]) -> list[str]:
     """Markdown lines: each staged call's host and prepare time per run against the median
-    and range over the calls before it, one GPU to a host (`two_at_once` shared its host)."""
+    and range over the calls before it, one GPU to a host (not `gpu_calls.SKIP`'s
+    `two_at_once`, which shared its host)."""
     lines = ["", "Each staged call's host time inside the step (prepare in brackets) against "
              "the calls before it, alone on their host: median and range over calls, ms.", "",
              "| run | call | host (prepare) | before: median host (prepare) | before: host "
@@ -112,7 +113,7 @@ def staged_vs_before(staged: list[dict], before: list[dict]) -> list[str]:
     ratios = []
     for r in staged:
         old = [b for b in before if base_run(b["run"]) == base_run(r["run"])
-               and b["call"] != "two_at_once"]
+               and b["call"] not in SKIP]
         if not old:
             continue
         host = float(np.median([b["host_ms"] for b in old]))

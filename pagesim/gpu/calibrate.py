@@ -56,8 +56,9 @@ from pagesim.request import Request
 from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
 __all__ = ["BlockSource", "CalibrationGrid", "CalibrationRows", "Progress", "Timing",
-           "calibrate_block_size", "decode_points", "measure_interleaved", "overhead_requests",
-           "overhead_rows", "prefill_points", "spread_contexts", "synthetic_step"]
+           "calibrate_block_size", "decode_points", "grid_points", "measure_interleaved",
+           "overhead_requests", "overhead_rows", "prefill_points", "round_order_rng",
+           "spread_contexts", "synthetic_step"]
 
 Progress = Callable[[int, int, str], None]  # (done, total, label)
 
@@ -143,6 +144,11 @@ def synthetic_step(entries: list[tuple[int, int]], block_size: int,
     return out
 
 
+def round_order_rng(seed: int) -> np.random.Generator:
+    """The generator whose permutations order `measure_interleaved`'s timed rounds."""
+    return np.random.default_rng([seed, 0xCA11])
+
+
 def measure_interleaved(runner, items: list[tuple[SchedulerOutput, bool]],
                         grid: CalibrationGrid, *, seed: int = 0,
                         deadline: float | None = None,
@@ -176,7 +182,7 @@ def measure_interleaved(runner, items: list[tuple[SchedulerOutput, bool]],
         if deadline is not None:
             fit = int((deadline - time.monotonic()) / per_round)
             rounds = max(grid.min_repeats, min(grid.repeats, fit))
-        rng = np.random.default_rng([seed, 0xCA11])
+        rng = round_order_rng(seed)
         samples: list[list[float]] = [[] for _ in items]
         for _ in range(rounds):
             for i in rng.permutation(len(items)).tolist():
@@ -287,6 +293,27 @@ def calibration_entries(grid: CalibrationGrid, block_size: int, *, max_model_len
     return entries
 
 
+def grid_points(entries: list[tuple], block_size: int, blocks: BlockSource,
+                own_ids: bool = True) -> list[tuple[str, tuple, SchedulerOutput, tuple]]:
+    """(kind, key, step, other key) of every `calibration_entries` entry whose blocks fit.
+
+    With `own_ids` each point names its requests apart (`cal<i>-<k>`): its block-table rows
+    are written at its first warm-up and found in place at every timed call, as a served
+    request's are from one step to the next. Shared ids made each timed call rewrite the rows
+    another point had left there (`benchmarks/calibration_rows.py`: 92 % of a decode point's
+    rows; 359 against 26 us for 128 rows of 64 blocks on a 2-core CPU), a served decode step
+    none.
+    """
+    points = []
+    for i, (kind, key, spec, other) in enumerate(entries):
+        shared = key[-1] if kind in ("shared", "vshared", "sshared") else 0
+        out = synthetic_step(spec, block_size, blocks, shared=shared,
+                             request_prefix=f"cal{i}" if own_ids else "cal")
+        if out is not None:
+            points.append((kind, key, out, other))
+    return points
+
+
 def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_model_len: int,
                          max_num_batched_tokens: int, max_num_seqs: int, full: bool,
                          progress: Progress | None = None, seed: int = 0,
@@ -303,19 +330,7 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
     entries = calibration_entries(grid, block_size, max_model_len=max_model_len,
                                   max_num_batched_tokens=max_num_batched_tokens,
                                   max_num_seqs=max_num_seqs, full=full, capacity=capacity)
-    points = []  # (kind, key, out, other key); a point whose blocks do not fit is dropped
-    for i, (kind, key, spec, other) in enumerate(entries):
-        shared = {"shared": key[-1], "vshared": key[-1], "sshared": key[-1]}.get(kind, 0)
-        # Request ids of the point's own: its block-table rows are written at its first
-        # warm-up and found in place at every timed call, as a served request's are from one
-        # step to the next. Shared ids made each timed call rewrite the rows another point
-        # had left there (`benchmarks/calibration_rows.py`: 92 % of a decode point's rows;
-        # 359 against 26 us for 128 rows of 64 blocks on a 2-core CPU), a served decode step
-        # none.
-        out = synthetic_step(spec, block_size, blocks, shared=shared,
-                             request_prefix=f"cal{i}")
-        if out is not None:
-            points.append((kind, key, out, other))
+    points = grid_points(entries, block_size, blocks)
     other_index: dict[tuple, int] = {}
     items: list[tuple[SchedulerOutput, bool]] = [(p[2], False) for p in points]
     for p in points:
