@@ -7,8 +7,12 @@ measured from it:
 - host time per decode-only step, by batch size (`overhead_rows`): a ramp of requests that
   arrive together and finish one by one, so every batch size is visited;
 - the extra host time of a step that admits prompts (`admission_overhead`): hashing their
-  blocks, looking them up in the prefix cache, allocating and recording them. A few requests
-  arrive one at a time while the ramp decodes, as requests join a served batch.
+  blocks, looking them up in the prefix cache, allocating and recording them. Requests join
+  the decoding ramp in groups of 1, 2, 4 and 8, as requests join a served batch. The groups
+  differ in size so that the cost per admitting step and the cost per admitted prompt can be
+  told apart: with every joiner admitted alone, each admitting step had one prefill entry,
+  the two terms summed to the same excess, and calibrations of one model split it anywhere
+  from all per step to all per prompt.
 
 The ramp's prompts are as long as the cache allows (`ramp_prompt_len`), so that its steps
 look like served ones: with 64-token prompts, served decode steps of the same batch took up
@@ -27,8 +31,10 @@ from pagesim.cost.surface import Pwl
 from pagesim.cost.varlen import nonnegative_lstsq
 from pagesim.request import Request
 
-#: Requests that arrive one at a time during the ramp (`overhead_requests`), and their gap.
-NUM_JOINING = 24
+#: Requests that join the ramp (`overhead_requests`), the sizes of the groups they arrive in
+#: (cycled), and the gap between groups.
+NUM_JOINING = 45
+JOIN_GROUP_SIZES = (1, 2, 4, 8)
 JOIN_GAP_S = 0.15
 JOIN_START_S = 0.5
 
@@ -60,22 +66,30 @@ def overhead_rows(steps, grid_reqs: tuple[int, ...] | None = None,
 
 def admission_overhead(steps, rows: list[OverheadRow]) -> tuple[float, float] | None:
     """(ms per step, ms per prefill entry) that steps with prefill entries spend on the host
-    beyond the decode-only table `rows` at their batch size: least squares with both >= 0
-    over those steps; None with fewer than 3 such steps or no table.
+    beyond the decode-only table `rows` at their batch size; None with fewer than 3 such
+    steps or no table.
 
-    The table is read as the cost model reads it (`Pwl` over the batch size)."""
+    The fit is a line through the median excess of each entry count, weighted by the square
+    root of its number of steps, with both terms >= 0. Medians, because one step held up by
+    the host (a collection, a page fault) is several times a typical excess, and a least
+    squares line over single steps turns it into a slope. The table is read as the cost model
+    reads it (`Pwl` over the batch size)."""
     if not rows:
         return None
     table = Pwl({r.num_reqs: [r.overhead_ms] for r in rows})
-    pts = [(s.num_prefill_reqs, s.host_overhead_s * 1e3 - table(s.num_reqs))
-           for s in steps if s.num_prefill_reqs]
-    if len(pts) < 3:
+    by_entries: dict[int, list[float]] = {}
+    for s in steps:
+        if s.num_prefill_reqs:
+            excess = s.host_overhead_s * 1e3 - table(s.num_reqs)
+            by_entries.setdefault(s.num_prefill_reqs, []).append(excess)
+    if sum(map(len, by_entries.values())) < 3:
         return None
-    entries = np.array([p[0] for p in pts], dtype=float)
-    excess = np.array([p[1] for p in pts])
-    if np.ptp(entries) == 0:  # one entry count: no slope to find, all of it per step
-        return max(float(np.median(excess)), 0.0), 0.0
-    base, per_entry = nonnegative_lstsq([np.ones_like(entries), entries], excess)
+    entries = np.array(sorted(by_entries), dtype=float)
+    median = np.array([np.median(by_entries[k]) for k in sorted(by_entries)])
+    if len(entries) == 1:  # one entry count: no slope to find, all of it per step
+        return max(float(median[0]), 0.0), 0.0
+    weight = np.sqrt([len(by_entries[k]) for k in sorted(by_entries)])
+    base, per_entry = nonnegative_lstsq([weight, weight * entries], weight * median)
     return base, per_entry
 
 
@@ -83,9 +97,11 @@ def overhead_requests(max_reqs: int, prompt_len: int = 64, block_size: int = 16,
                       vocab: int = 32000, num_joining: int = 0) -> list[Request]:
     """`max_reqs` requests arriving together with output lengths 1 .. 2 * max_reqs (step 2):
     they all decode, then finish one by one, so the run visits every batch size once. With
-    `num_joining`, that many more arrive one at a time (`JOIN_START_S` + k * `JOIN_GAP_S`)
-    and join the decoding batch, with the same prompt length and 8 output tokens.
+    `num_joining`, that many more join the decoding batch in groups of `JOIN_GROUP_SIZES`
+    (group g arrives at `JOIN_START_S` + g * `JOIN_GAP_S`; the last group may be smaller),
+    with the same prompt length and 8 output tokens.
     Prompt tokens are distinct per request (no prefix hits)."""
+    joins = join_times(num_joining)
     reqs = []
     for i in range(max_reqs + num_joining):
         prompt = [(i * 7919 + j * 104729) % vocab for j in range(prompt_len)]
@@ -93,9 +109,19 @@ def overhead_requests(max_reqs: int, prompt_len: int = 64, block_size: int = 16,
             reqs.append(Request(f"oh-{i}", prompt, max_tokens=2 * (i + 1), arrival_time=0.0))
         else:
             k = i - max_reqs
-            reqs.append(Request(f"oh-join-{k}", prompt, max_tokens=8,
-                                arrival_time=JOIN_START_S + k * JOIN_GAP_S))
+            reqs.append(Request(f"oh-join-{k}", prompt, max_tokens=8, arrival_time=joins[k]))
     return reqs
+
+
+def join_times(num_joining: int) -> list[float]:
+    """Arrival time of each joining request: groups of `JOIN_GROUP_SIZES`, cycled."""
+    times: list[float] = []
+    group = 0
+    while len(times) < num_joining:
+        size = JOIN_GROUP_SIZES[group % len(JOIN_GROUP_SIZES)]
+        times += [JOIN_START_S + group * JOIN_GAP_S] * min(size, num_joining - len(times))
+        group += 1
+    return times
 
 
 def ramp_prompt_len(max_reqs: int, capacity_tokens: int, longest: int = 1024,

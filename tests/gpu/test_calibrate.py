@@ -26,8 +26,11 @@ from pagesim.gpu.calibrate import (
 from pagesim.gpu.cuda_graphs import CAPTURE_SIZES
 from pagesim.gpu.overhead import (
     JOIN_GAP_S,
+    JOIN_GROUP_SIZES,
     JOIN_START_S,
+    NUM_JOINING,
     admission_overhead,
+    join_times,
     ramp_prompt_len,
 )
 from pagesim.gpu.profiler import gpu_key, run_calibration
@@ -151,15 +154,44 @@ def test_admission_overhead_recovers_per_step_and_per_entry_costs() -> None:
     assert admission_overhead(steps, []) is None  # no table to measure the excess against
 
 
+def test_admission_overhead_is_not_moved_by_one_slow_step() -> None:
+    # the same costs as above; one 1-entry step is held up 5 ms by the host
+    def step(n: int, k: int, stall_ms: float = 0.0) -> ServeStep:
+        host_ms = 0.1 + 0.01 * n + (0.2 + 0.15 * k if k else 0.0) + stall_ms
+        return ServeStep(0.0, n, n + 100 * k, 0.0, 0.010, 0.0, 0.010 + host_ms * 1e-3, k)
+
+    steps = [step(n, 0) for n in (1, 2, 4, 8, 16) for _ in range(3)]
+    steps += [step(n, k) for n in (3, 6, 12) for k in (1, 2, 4, 8)]
+    steps.append(step(6, 1, stall_ms=5.0))
+    base, per_entry = admission_overhead(steps, overhead_rows(steps, max_reqs=16))
+    assert base == pytest.approx(0.2, abs=0.02) and per_entry == pytest.approx(0.15, abs=0.005)
+
+
+def test_admission_overhead_with_one_entry_count_is_all_per_step() -> None:
+    steps = [ServeStep(0.0, 4, 4, 0.0, 0.010, 0.0, 0.0101) for _ in range(3)]
+    steps += [ServeStep(0.0, 4, 104, 0.0, 0.010, 0.0, 0.0101 + e, 1)
+              for e in (3e-4, 4e-4, 5e-4)]
+    base, per_entry = admission_overhead(steps, overhead_rows(steps, max_reqs=4))
+    assert (base, per_entry) == (pytest.approx(0.4), 0.0)
+
+
 def test_overhead_ramp_lengths() -> None:
     reqs = overhead_requests(4)
     assert [r.max_tokens for r in reqs] == [2, 4, 6, 8]
     assert all(r.arrival_time == 0.0 and r.num_prompt_tokens == 64 for r in reqs)
-    joined = overhead_requests(4, prompt_len=100, num_joining=3)
+    joined = overhead_requests(4, prompt_len=100, num_joining=10)
+    groups = [0, 1, 1, 2, 2, 2, 2, 3, 3, 3]  # sizes 1, 2, 4, then 3 of the next 8
     assert [r.arrival_time for r in joined[4:]] == pytest.approx(
-        [JOIN_START_S + k * JOIN_GAP_S for k in range(3)])
+        [JOIN_START_S + g * JOIN_GAP_S for g in groups])
     assert all(r.num_prompt_tokens == 100 for r in joined)
-    assert len({tuple(r.prompt_token_ids[:4]) for r in joined}) == 7  # no shared prefix
+    assert len({tuple(r.prompt_token_ids[:4]) for r in joined}) == 14  # no shared prefix
+
+
+def test_joining_groups_cycle_through_every_size() -> None:
+    times = join_times(NUM_JOINING)
+    sizes = [times.count(t) for t in sorted(set(times))]
+    assert len(times) == NUM_JOINING
+    assert sizes == [JOIN_GROUP_SIZES[g % len(JOIN_GROUP_SIZES)] for g in range(len(sizes))]
 
 
 def test_ramp_prompt_length_fits_the_cache() -> None:
