@@ -49,9 +49,8 @@ def test_readme_states_the_shipped_counts() -> None:
 # README's table of shipped profiles, for the models whose reports live beside their GPU call
 SHIPPED_REPORTS = {
     "llama-2-13b": ["capture_sizes/validation_llama-2-13b.json"],
-    "qwen2.5-7b": ["current_grid/validation_qwen2.5-7b.json",
-                   "current_grid/validation_qwen2.5-7b_runs_of_new_models.json",
-                   "current_grid/validation_qwen2.5-7b_runs_of_capture_sizes.json"],
+    "qwen2.5-7b": ["staged_inputs5/validation_qwen2.5-7b.json",
+                   "staged_inputs5/validation_qwen2.5-7b_runs_of_staged_inputs4.json"],
 }
 
 
@@ -76,7 +75,7 @@ def test_shipped_profile_rows_are_their_reports(model: str) -> None:
 
 
 # The GPU call whose profile is shipped and whose runs the top-level reports compare
-SHIPPED_CALLS = {"llama-2-7b": "staged_inputs", "llama-3-8b": "staged_inputs"}
+SHIPPED_CALLS = {"llama-2-7b": "staged_inputs3", "llama-3-8b": "staged_inputs3"}
 
 
 @pytest.mark.parametrize("model", MODELS)

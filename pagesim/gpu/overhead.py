@@ -10,8 +10,8 @@ measured from it:
   blocks, looking them up in the prefix cache, allocating and recording them. Requests join
   the decoding ramp in groups of 1, 2, 4 and 8, as requests join a served batch. The groups
   differ in size so that the cost per admitting step and the cost per admitted prompt can be
-  told apart: with every joiner admitted alone, each admitting step had one prefill entry,
-  the two terms summed to the same excess, and calibrations of one model split it anywhere
+  told apart: with every joiner admitted alone, each admitting step had one prefill entry, so
+  only the sum of the two terms was measured, and calibrations of one model split it anywhere
   from all per step to all per prompt.
 
 The ramp's prompts are as long as the cache allows (`ramp_prompt_len`), so that its steps
