@@ -139,12 +139,15 @@ def test_overhead_rows_leave_out_steps_with_prefill_entries() -> None:
     assert [r.overhead_ms for r in overhead_rows(steps, max_reqs=2)] == [pytest.approx(0.1)] * 1
 
 
-def test_admission_overhead_recovers_per_step_and_per_entry_costs() -> None:
-    # decode-only host time 0.1 ms + 0.01 ms per request; admitting steps add 0.2 + 0.15 * k
-    def step(n: int, k: int) -> ServeStep:
-        host_ms = 0.1 + 0.01 * n + (0.2 + 0.15 * k if k else 0.0)
-        return ServeStep(0.0, n, n + 100 * k, 0.0, 0.010, 0.0, 0.010 + host_ms * 1e-3, k)
+def _admission_step(n: int, k: int, stall_ms: float = 0.0) -> ServeStep:
+    """A step of n requests, k of them prefill entries: decode-only host time 0.1 ms + 0.01 ms
+    per request; admitting steps add 0.2 + 0.15 * k; `stall_ms` more if the host held it up."""
+    host_ms = 0.1 + 0.01 * n + (0.2 + 0.15 * k if k else 0.0) + stall_ms
+    return ServeStep(0.0, n, n + 100 * k, 0.0, 0.010, 0.0, 0.010 + host_ms * 1e-3, k)
 
+
+def test_admission_overhead_recovers_per_step_and_per_entry_costs() -> None:
+    step = _admission_step
     steps = [step(n, 0) for n in (1, 2, 4, 8, 16) for _ in range(3)]
     steps += [step(n, k) for n in (3, 6, 12) for k in (1, 2, 5)]
     rows = overhead_rows(steps, max_reqs=16)
@@ -155,11 +158,8 @@ def test_admission_overhead_recovers_per_step_and_per_entry_costs() -> None:
 
 
 def test_admission_overhead_is_not_moved_by_one_slow_step() -> None:
-    # the same costs as above; one 1-entry step is held up 5 ms by the host
-    def step(n: int, k: int, stall_ms: float = 0.0) -> ServeStep:
-        host_ms = 0.1 + 0.01 * n + (0.2 + 0.15 * k if k else 0.0) + stall_ms
-        return ServeStep(0.0, n, n + 100 * k, 0.0, 0.010, 0.0, 0.010 + host_ms * 1e-3, k)
-
+    # one 1-entry step held up 5 ms: a least-squares line over single steps fits 1.07 + 0.014
+    step = _admission_step
     steps = [step(n, 0) for n in (1, 2, 4, 8, 16) for _ in range(3)]
     steps += [step(n, k) for n in (3, 6, 12) for k in (1, 2, 4, 8)]
     steps.append(step(6, 1, stall_ms=5.0))
