@@ -84,11 +84,12 @@ def admission_overhead(steps, rows: list[OverheadRow]) -> tuple[float, float] | 
             by_entries.setdefault(s.num_prefill_reqs, []).append(excess)
     if sum(map(len, by_entries.values())) < 3:
         return None
-    entries = np.array(sorted(by_entries), dtype=float)
-    median = np.array([np.median(by_entries[k]) for k in sorted(by_entries)])
-    if len(entries) == 1:  # one entry count: no slope to find, all of it per step
+    counts = sorted(by_entries)
+    entries = np.array(counts, dtype=float)
+    median = np.array([np.median(by_entries[k]) for k in counts])
+    if len(counts) == 1:  # one entry count: no slope to find, all of it per step
         return max(float(median[0]), 0.0), 0.0
-    weight = np.sqrt([len(by_entries[k]) for k in sorted(by_entries)])
+    weight = np.sqrt([len(by_entries[k]) for k in counts])
     base, per_entry = nonnegative_lstsq([weight, weight * entries], weight * median)
     return base, per_entry
 

@@ -32,16 +32,20 @@ from pagesim.scheduler.output import SchedulerOutput
 from pagesim.specs import GiB
 
 
+def _literal_key(r: Request) -> tuple:
+    return r.priority, r.arrival_time
+
+
+def _ranked_key(r: Request) -> tuple:
+    return r.priority, r.arrival_time, r.arrival_rank
+
+
 def select_victim_index(running: list[Request], policy: str, literal: bool = False) -> int:
     """Index in `running` of the request to preempt (`running` is not empty). `priority` ties
     go to the later arrival (`arrival_rank`), or with `literal` to the first of the tied in
     running order, as vLLM's `max` does."""
     if policy == "priority":
-        def key(r: Request) -> tuple:
-            if literal:
-                return r.priority, r.arrival_time
-            return r.priority, r.arrival_time, r.arrival_rank
-
+        key = _literal_key if literal else _ranked_key
         best = 0
         best_key = key(running[0])
         for i in range(1, len(running)):
