@@ -4,11 +4,13 @@ A profile is measured in one GPU call, on one machine on one day, and prices tha
 best: the host's speed inside and between steps moves from call to call
 (`benchmarks/host_in_step.py`). A user who runs `pagesim run` with the shipped profile is in
 the position of another call. So the shipped profile is judged on the runs of every stored
-call of its model, and the choice is checked leave-one-call-out: for each call, the profile
-that meets the most targets on the other calls' runs (never the call's own) is taken and
-scored on the held-out call. The sum over calls estimates the targets a shipped profile meets
-on a call it has not seen. Only calls of one runner are compared (`gpu_calls.py`): by
-default the runner the shipped profile measured.
+call of its model, and the choice is checked leave-one-call-out, two ways: for each call, the
+single profile that meets the most targets on the other calls' runs (never the call's own),
+and the median of the other calls' profiles (`pagesim merge-profiles`), each scored on the
+held-out call. The sums over calls estimate the targets a shipped profile meets on a call it
+has not seen. "median" in the matrix is the median of every call's profile (it has seen every
+call). Only calls of one runner are compared (`gpu_calls.py`): by default the runner the
+shipped profile measured.
 
     python benchmarks/profile_choice.py --model llama-2-7b [--runner staged|rebuilt] \\
         [--out results/validation/profile_choice_llama-2-7b]
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -34,6 +37,9 @@ from gpu_calls import (
     shipped_runner,
 )
 from grid_ablation import targets_met
+
+from pagesim.cost.profile import Profile
+from pagesim.cost.profile_merge import merge_profiles
 
 #: --runner's choices
 RUNNERS = {"staged": STAGED_RUNNER, "rebuilt": REBUILT_RUNNER}
@@ -63,32 +69,54 @@ def made_by(profiles: dict[str, Path], call: str) -> set[str]:
     return mine
 
 
-def matrix(model: str, runner: str) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
-    """(profile -> call -> targets met, call -> targets) over every stored run of `model` by
-    `runner`."""
+#: the candidate that is the median of every call's profile
+MEDIAN = "median"
+
+
+def merged(profiles: list[Path], out: Path) -> Path:
+    """The median of `profiles` (`pagesim.cost.profile_merge`), written to `out`."""
+    return merge_profiles([Profile.load(p) for p in profiles]).save(out)
+
+
+def matrix(model: str, runner: str, scratch: Path
+           ) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, int]]:
+    """(profile -> call -> targets met, call -> targets, call -> targets the median of the
+    other calls' profiles meets on it) over every stored run of `model` by `runner`; the
+    merged profiles are written under `scratch`."""
     runs = real_runs(model, runner)
-    profiles = candidates(model, runner)
-    jobs = [(run, prof) for prof in profiles.values() for run in runs]
+    calls = sorted({folder_of(r) for r in runs})
+    singles = call_profiles(model, runner)
+    profiles = {**candidates(model, runner), MEDIAN: merged(list(singles.values()),
+                                                            scratch / MEDIAN)}
+    without = {call: merged([p for c, p in singles.items() if c != call],
+                            scratch / f"without_{call}") for call in calls if len(singles) > 1}
+    jobs = [(name, run, prof) for name, prof in profiles.items() for run in runs]
+    jobs += [(None, run, without[folder_of(run)]) for run in runs if folder_of(run) in without]
     with ProcessPoolExecutor(2) as pool:
-        results = list(pool.map(targets_met, jobs, chunksize=8))
+        results = list(pool.map(targets_met, [(run, prof) for _, run, prof in jobs],
+                                chunksize=8))
     met: dict[str, dict[str, int]] = {name: {} for name in profiles}
     totals: dict[str, int] = {}
-    names = [name for name in profiles for _ in runs]
-    first = next(iter(profiles))
-    for name, (run, _), (m, n) in zip(names, jobs, results, strict=True):
+    median_of_others: dict[str, int] = {}
+    for (name, run, _), (m, n) in zip(jobs, results, strict=True):
         call = folder_of(run)
+        if name is None:
+            median_of_others[call] = median_of_others.get(call, 0) + m
+            continue
         met[name][call] = met[name].get(call, 0) + m
-        if name == first:
+        if name == MEDIAN:
             totals[call] = totals.get(call, 0) + n
-    return met, totals
+    return met, totals, median_of_others
 
 
 def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
-           profiles: dict[str, Path]) -> str:
-    """The matrix and the leave-one-call-out check, in markdown (the shipped profile's column
-    only where it measured the same runner as the calls)."""
+           profiles: dict[str, Path], median_of_others: dict[str, int] | None = None) -> str:
+    """The matrix and the leave-one-call-out checks, in markdown (the shipped profile's column
+    only where it measured the same runner as the calls). Leave one call out chooses among the
+    calls' own profiles only: "shipped" and "median" may hold the held-out call's."""
     calls = sorted(totals)
     shipped = "shipped" in met
+    merged_col = bool(median_of_others)
     total = sum(totals.values())
     mine = {call: made_by(profiles, call) for call in calls}
     lines = [f"{model}: every profile on every call's runs, targets met ({len(calls)} calls, "
@@ -98,26 +126,34 @@ def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
         own_calls = [c for c in calls if name in mine[c]]
         own_cell = " ".join(f"{met[name][c]}/{totals[c]}" for c in own_calls) or "-"
         lines.append(f"| {name} | {sum(met[name].values())} | {own_cell} |")
-    lines += ["", "Leave one call out: the profile with the most targets on the other calls' "
-              "runs, scored on the held-out call.", "",
-              "| held-out call | chosen profile | its targets | own profile |"
+    lines += ["", "Leave one call out: the call profile with the most targets on the other "
+              "calls' runs" + (", and the median of the other calls' profiles," if merged_col
+                               else "") + " scored on the held-out call.", "",
+              "| held-out call | chosen profile | its targets |"
+              + (" median of the others |" if merged_col else "") + " own profile |"
               + (" shipped |" if shipped else ""),
-              "| --- | --- | ---: | ---: |" + (" ---: |" if shipped else "")]
+              "| --- | --- | ---: |" + (" ---: |" if merged_col else "") + " ---: |"
+              + (" ---: |" if shipped else "")]
     loo = own_sum = 0
+    singles = [p for p in met if p not in ("shipped", MEDIAN)]
     for call in calls:
-        others = [p for p in met if p not in mine[call]]
+        others = [p for p in singles if p not in mine[call]]
         best = max(others, key=lambda p: (sum(v for c, v in met[p].items() if c != call), p))
         loo += met[best][call]
         own_name = min(mine[call]) if mine[call] else None
         own_met = met[own_name][call] if own_name else None
         own_sum += own_met or 0
         own_cell = f"{own_met}/{totals[call]}" if own_name else "-"
-        lines.append(f"| {call} | {best} | {met[best][call]}/{totals[call]} | {own_cell} |"
+        lines.append(f"| {call} | {best} | {met[best][call]}/{totals[call]} |"
+                     + (f" {median_of_others[call]}/{totals[call]} |" if merged_col else "")
+                     + f" {own_cell} |"
                      + (f" {met['shipped'][call]}/{totals[call]} |" if shipped else ""))
+    merged_tail = (f" (the median of the other calls' profiles: "
+                   f"{sum(median_of_others.values())} of {total})" if merged_col else "")
     tail = (f"; the shipped profile: {sum(met['shipped'].values())} of {total}" if shipped
             else "")
-    lines += ["", f"Leave-one-call-out total: {loo} of {total}; each call's own profile: "
-              f"{own_sum} of {total}{tail}."]
+    lines += ["", f"Leave-one-call-out total: {loo} of {total}{merged_tail}; each call's own "
+              f"profile: {own_sum} of {total}{tail}."]
     return "\n".join(lines) + "\n"
 
 
@@ -133,8 +169,9 @@ def main() -> None:
     if runner is None or not real_runs(args.model, runner):
         raise SystemExit(f"no stored real runs of {args.model!r} by runner {runner!r} "
                          f"under {RESULTS}")
-    met, totals = matrix(args.model, runner)
-    text = report(args.model, met, totals, candidates(args.model, runner))
+    with tempfile.TemporaryDirectory() as scratch:
+        met, totals, median_of_others = matrix(args.model, runner, Path(scratch))
+    text = report(args.model, met, totals, candidates(args.model, runner), median_of_others)
     print(text)
     if args.out:
         Path(f"{args.out}.md").write_text(text, encoding="utf-8")

@@ -34,8 +34,24 @@ def test_leave_one_out_never_scores_a_call_with_its_own_profile(tmp_path) -> Non
     met = {"shipped": {"a": 14, "b": 2}, "a": {"a": 14, "b": 2}, "b": {"a": 3, "b": 14}}
     text = profile_choice.report("m", met, {"a": 14, "b": 14}, profiles)
     assert "| a | b | 3/14 | 14/14 | 14/14 |" in text
-    assert "| b | shipped | 2/14 | 14/14 | 2/14 |" in text
+    # "shipped" is a's copy: it is never chosen for a held-out call, not even b
+    assert "| b | a | 2/14 | 14/14 | 2/14 |" in text
     assert "Leave-one-call-out total: 5 of 28; each call's own profile: 28 of 28" in text
+
+
+def test_the_median_of_the_other_calls_is_scored_beside_the_chosen_profile(tmp_path) -> None:
+    profiles = {"a": _profile(tmp_path / "a", "a"), "b": _profile(tmp_path / "b", "b"),
+                "c": _profile(tmp_path / "c", "c")}
+    met = {"a": {"a": 14, "b": 2, "c": 9}, "b": {"a": 3, "b": 14, "c": 10},
+           "c": {"a": 5, "b": 6, "c": 14}, profile_choice.MEDIAN: {"a": 14, "b": 14, "c": 14}}
+    text = profile_choice.report("m", met, {"a": 14, "b": 14, "c": 14}, profiles,
+                                 {"a": 12, "b": 11, "c": 13})
+    # the median of every call has seen the held-out call: it is never the chosen profile
+    assert "| a | b | 3/14 | 12/14 | 14/14 |" in text
+    assert "| b | a | 2/14 | 11/14 | 14/14 |" in text
+    assert "| c | b | 10/14 | 13/14 | 14/14 |" in text
+    assert ("Leave-one-call-out total: 15 of 42 (the median of the other calls' profiles: 36 "
+            "of 42); each call's own profile: 42 of 42.") in text
 
 
 def test_a_changed_file_is_another_profile(tmp_path) -> None:

@@ -47,6 +47,7 @@ def _register() -> None:
         calibrate,
         fit_report,
         kv_capacity,
+        merge_profiles,
         parity,
         plan,
         plot,

@@ -1,0 +1,114 @@
+"""Several calibrations of one (GPU, model) folded into one profile: each grid point's median.
+
+Why: the same step on the same kind of GPU runs a few % faster or slower from one GPU session
+to the next (the machine's clocks, its host), and a profile measured in one session carries
+that session's level into every prediction. On the H200 the decode rows of several calls of
+one model spread from -5 to +5 % around their median (`benchmarks/profile_spread.py`), as wide
+as the 3 % targets of a validation. A calibration is a measurement; measured several times,
+its best estimate is the median of each point, as `pagesim calibrate` already takes the
+median of each point over rounds inside one session.
+
+The rules, so that the merged profile stays a measurement and not a blend of different ones:
+
+- every source must describe the same setup: GPU, model, dtypes, tensor parallelism, kernels
+  and their tiles, CUDA graph sizes, memory utilization, and software (driver, CUDA, torch,
+  triton): a profile of another stack times another step, and merging it is refused;
+- each table's grid points are the union of the sources'; each time column of a point is the
+  median over the sources that measured it (with an even count, the mean of the middle two),
+  so one source's extra points are kept as measured;
+- the measured KV block count per block size is the smallest any source measured (a cache
+  that one session could not hold is not promised); the host-overhead scalars and the pinned
+  copy rate are medians over the sources that measured them;
+- `date` is the newest source's; `notes` says how many sources and when each was measured.
+
+    merged = merge_profiles([Profile.load(p) for p in paths])
+    merged.save("calibration/h200/llama-2-7b")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from statistics import median
+
+from pagesim.cost.profile import Profile, ProfileError, ProfileMetadata
+from pagesim.cost.profile_rows import KEY_COLUMNS, TABLES
+
+__all__ = ["SAME_SETUP_KEYS", "merge_profiles", "source_deviation"]
+
+#: metadata every source must share: what was measured, on what, with which software
+SAME_SETUP_KEYS = ("gpu", "model", "gpu_name", "dtype", "kv_cache_dtype",
+                   "tensor_parallel_size", "allreduce_in_step_times", "attention_backend",
+                   "cuda_graph_sizes", "cuda_graph_token_sizes", "varlen_block_q",
+                   "varlen_tile_n", "decode_tile_n", "decode_programs_per_sm",
+                   "gpu_memory_utilization", "driver", "cuda", "torch", "triton",
+                   "synthetic", "format_version")
+
+
+def merge_profiles(profiles: Sequence[Profile]) -> Profile:
+    """One profile whose every grid point is the median of the sources' measurements of it.
+
+    Raises `ProfileError` naming the first metadata key on which two sources differ."""
+    if not profiles:
+        raise ProfileError("merge: no profiles given")
+    first = profiles[0].metadata
+    for i, p in enumerate(profiles[1:], start=2):
+        for key in SAME_SETUP_KEYS:
+            a, b = getattr(first, key), getattr(p.metadata, key)
+            if a != b:
+                raise ProfileError(f"merge: profile 1 and profile {i} differ in {key} "
+                                   f"({a!r} vs {b!r}); only calibrations of one setup merge")
+    tables = {name: _merge_table(name, [getattr(p, name) for p in profiles])
+              for name in TABLES}
+    return Profile(_merge_metadata([p.metadata for p in profiles]), **tables)
+
+
+def source_deviation(source: Profile, merged: Profile, table: str = "decode") -> list[float]:
+    """Each of `source`'s rows of `table` against the merged row of the same point: the ratio
+    of the step times less 1, in the source's row order (how far that session sat from the
+    median)."""
+    k = KEY_COLUMNS[table]
+    merged_time = {dataclasses.astuple(r)[:k]: r.step_time_ms for r in getattr(merged, table)}
+    return [r.step_time_ms / merged_time[dataclasses.astuple(r)[:k]] - 1
+            for r in getattr(source, table) if r.step_time_ms > 0]
+
+
+def _merge_table(name: str, sources: list[tuple]) -> tuple:
+    """The union of the sources' grid points, in the order each first appears; every
+    non-key column the median over the sources that measured the point."""
+    row_cls = TABLES[name][0]
+    k = KEY_COLUMNS[name]
+    measured: dict[tuple, list[tuple]] = {}
+    for rows in sources:
+        for row in rows:
+            values = dataclasses.astuple(row)
+            measured.setdefault(values[:k], []).append(values[k:])
+    return tuple(row_cls(*key, *(median(column) for column in zip(*values, strict=True)))
+                 for key, values in measured.items())
+
+
+def _merge_metadata(sources: list[ProfileMetadata]) -> ProfileMetadata:
+    first = sources[0]
+    blocks: dict[int, int] = {}
+    for meta in sources:
+        for size, n in meta.num_gpu_blocks.items():
+            blocks[size] = min(n, blocks.get(size, n))
+    grid: dict[str, set[int]] = {}
+    for meta in sources:
+        for axis, values in meta.grid.items():
+            grid.setdefault(axis, set()).update(values)
+    dates = [meta.date for meta in sources]
+    notes = (f"the median of {len(sources)} calibrations (pagesim.cost.profile_merge), "
+             f"measured {', '.join(dates)}; the first's notes: {first.notes}")
+    return dataclasses.replace(
+        first, date=max(dates), notes=notes,
+        num_gpu_blocks=dict(sorted(blocks.items())),
+        grid={axis: sorted(values) for axis, values in grid.items()},
+        overhead_prefill_step_ms=_median_of_known(s.overhead_prefill_step_ms for s in sources),
+        overhead_per_prefill_ms=_median_of_known(s.overhead_per_prefill_ms for s in sources),
+        host_link_bytes_per_s=_median_of_known(s.host_link_bytes_per_s for s in sources))
+
+
+def _median_of_known(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return median(known) if known else None
