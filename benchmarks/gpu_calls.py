@@ -1,11 +1,12 @@
 """The GPU calls stored under results/validation, and which runner each one measured.
 
 A call folder holds the real runs served in one GPU call (`real/<model>/`) and the profile
-calibrated in it (`profile/h200/<model>/`); a shipped profile in `calibration/h200/` is a
-copy of one call's. A profile prices the runner it was measured with, since the runner's host
-work is part of every step it timed, so the benchmarks that price one call's runs with
-another call's profile compare calls of one runner only. The runner is read from each
-profile's metadata (`pagesim.gpu.modes`), not from a hand-kept list of folder names.
+calibrated in it (`profile/h200/<model>/`); a shipped profile in `calibration/h200/` is the
+median of several calls' profiles (`pagesim merge-profiles`), or a copy of one call's. A
+profile prices the runner it was measured with, since the runner's host work is part of every
+step it timed, so the benchmarks that price one call's runs with another call's profile
+compare calls of one runner only. The runner is read from each profile's metadata
+(`pagesim.gpu.modes`), not from a hand-kept list of folder names.
 """
 
 from __future__ import annotations

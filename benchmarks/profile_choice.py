@@ -38,7 +38,7 @@ from gpu_calls import (
 )
 from grid_ablation import targets_met
 
-from pagesim.cost.profile import Profile
+from pagesim.cost.profile import Profile, ProfileError
 from pagesim.cost.profile_merge import merge_profiles
 
 #: --runner's choices
@@ -79,17 +79,24 @@ def merged(profiles: list[Path], out: Path) -> Path:
 
 
 def matrix(model: str, runner: str, scratch: Path
-           ) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, int]]:
+           ) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, int], str]:
     """(profile -> call -> targets met, call -> targets, call -> targets the median of the
-    other calls' profiles meets on it) over every stored run of `model` by `runner`; the
-    merged profiles are written under `scratch`."""
+    other calls' profiles meets on it, why there is no median or "") over every stored run of
+    `model` by `runner`; the merged profiles are written under `scratch`. Profiles of one
+    runner but another format or kernel tiles do not merge: then there is no median."""
     runs = real_runs(model, runner)
     calls = sorted({folder_of(r) for r in runs})
     singles = call_profiles(model, runner)
-    profiles = {**candidates(model, runner), MEDIAN: merged(list(singles.values()),
-                                                            scratch / MEDIAN)}
-    without = {call: merged([p for c, p in singles.items() if c != call],
-                            scratch / f"without_{call}") for call in calls if len(singles) > 1}
+    profiles = candidates(model, runner)
+    without: dict[str, Path] = {}
+    why_not = ""
+    try:
+        profiles[MEDIAN] = merged(list(singles.values()), scratch / MEDIAN)
+        if len(singles) > 1:
+            without = {call: merged([p for c, p in singles.items() if c != call],
+                                    scratch / f"without_{call}") for call in calls}
+    except ProfileError as e:
+        why_not = str(e)
     jobs = [(name, run, prof) for name, prof in profiles.items() for run in runs]
     jobs += [(None, run, without[folder_of(run)]) for run in runs if folder_of(run) in without]
     with ProcessPoolExecutor(2) as pool:
@@ -98,19 +105,21 @@ def matrix(model: str, runner: str, scratch: Path
     met: dict[str, dict[str, int]] = {name: {} for name in profiles}
     totals: dict[str, int] = {}
     median_of_others: dict[str, int] = {}
+    first = next(iter(profiles))
     for (name, run, _), (m, n) in zip(jobs, results, strict=True):
         call = folder_of(run)
         if name is None:
             median_of_others[call] = median_of_others.get(call, 0) + m
             continue
         met[name][call] = met[name].get(call, 0) + m
-        if name == MEDIAN:
+        if name == first:
             totals[call] = totals.get(call, 0) + n
-    return met, totals, median_of_others
+    return met, totals, median_of_others, why_not
 
 
 def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
-           profiles: dict[str, Path], median_of_others: dict[str, int] | None = None) -> str:
+           profiles: dict[str, Path], median_of_others: dict[str, int] | None = None,
+           why_no_median: str = "") -> str:
     """The matrix and the leave-one-call-out checks, in markdown (the shipped profile's column
     only where it measured the same runner as the calls). Leave one call out chooses among the
     calls' own profiles only: "shipped" and "median" may hold the held-out call's."""
@@ -154,6 +163,8 @@ def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
             else "")
     lines += ["", f"Leave-one-call-out total: {loo} of {total}{merged_tail}; each call's own "
               f"profile: {own_sum} of {total}{tail}."]
+    if why_no_median:
+        lines += ["", f"No median of the calls' profiles: {why_no_median}."]
     return "\n".join(lines) + "\n"
 
 
@@ -170,8 +181,9 @@ def main() -> None:
         raise SystemExit(f"no stored real runs of {args.model!r} by runner {runner!r} "
                          f"under {RESULTS}")
     with tempfile.TemporaryDirectory() as scratch:
-        met, totals, median_of_others = matrix(args.model, runner, Path(scratch))
-    text = report(args.model, met, totals, candidates(args.model, runner), median_of_others)
+        met, totals, median_of_others, why_not = matrix(args.model, runner, Path(scratch))
+    text = report(args.model, met, totals, candidates(args.model, runner), median_of_others,
+                  why_not)
     print(text)
     if args.out:
         Path(f"{args.out}.md").write_text(text, encoding="utf-8")

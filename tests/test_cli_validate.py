@@ -1,8 +1,8 @@
 """`pagesim validate --real`: a stored real run against the simulator, on any machine.
 
 The shipped report (`results/validation/validation_<model>.json`) is what this code makes of
-the runs of the GPU call whose profile is shipped; a run cut at its wall-clock limit is
-skipped with a note, not compared."""
+the runs of the newest GPU call with the shipped profile; a run cut at its wall-clock limit
+is skipped with a note, not compared."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pagesim.cli.app import main
 from pagesim.validate import read_json_file, read_real_run, real_run_files, write_json_file
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT / "results" / "validation" / "staged_inputs3" / "real" / "llama-2-7b"  # shipped
+REAL = ROOT / "results" / "validation" / "staged_inputs6" / "real" / "llama-2-7b"  # newest
 PROFILE = ROOT / "calibration" / "h200" / "llama-2-7b"
 RUN = "chat-inf-bs16"
 

@@ -67,15 +67,17 @@ def test_a_changed_file_is_another_profile(tmp_path) -> None:
                                    "opt-13b"])
 def test_readme_table_is_the_stored_choice_reports(model: str) -> None:
     report = (ROOT / "results" / "validation" / f"profile_choice_{model}.md").read_text()
-    loo, own, shipped, total = map(int, re.search(
-        r"Leave-one-call-out total: (\d+) of \d+; each call's own profile: (\d+) of \d+; "
+    loo, median_loo, own, shipped, total = map(int, re.search(
+        r"Leave-one-call-out total: (\d+) of \d+ \(the median of the other calls' profiles: "
+        r"(\d+) of \d+\); each call's own profile: (\d+) of \d+; "
         r"the shipped profile: (\d+) of (\d+)", report).groups())
     row = next(line for line in (ROOT / "results" / "validation" / "README.md").read_text()
                .splitlines() if line.startswith(f"| {model} | ") and "leave" not in line
-               and line.count("|") == 8)
+               and line.count("|") == 9)
     cells = [c.strip().replace(",", "") for c in row.strip("|").split("|")]
     assert int(cells[2]) == total and int(cells[3]) == shipped
-    assert cells[5].startswith(f"{loo} (") and cells[6].startswith(f"{own} (")
+    assert cells[5].startswith(f"{loo} (") and cells[6].startswith(f"{median_loo} (")
+    assert cells[7].startswith(f"{own} (")
 
 
 def test_without_a_shipped_profile_of_the_runner_the_report_has_no_shipped_column(

@@ -5,11 +5,17 @@ figures: every row must match `results/validation/validation_<model>.json` (re-m
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
+from pagesim.cost.profile import Profile
+from pagesim.cost.profile_merge import merge_profiles
+
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from gpu_calls import call_profiles, shipped_runner  # noqa: E402
 COLUMNS = ("request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
            "mean_e2el_ms", "p99_e2el_ms")
 MODELS = ("llama-2-7b", "llama-3-8b")
@@ -49,8 +55,9 @@ def test_readme_states_the_shipped_counts() -> None:
 # README's table of shipped profiles, for the models whose reports live beside their GPU call
 SHIPPED_REPORTS = {
     "llama-2-13b": ["capture_sizes/validation_llama-2-13b.json"],
-    "qwen2.5-7b": ["staged_inputs5/validation_qwen2.5-7b.json",
-                   "staged_inputs5/validation_qwen2.5-7b_runs_of_staged_inputs4.json"],
+    "qwen2.5-7b": ["validation_qwen2.5-7b.json",
+                   "validation_qwen2.5-7b_runs_of_staged_inputs4.json",
+                   "validation_qwen2.5-7b_runs_of_staged_inputs5.json"],
 }
 
 
@@ -74,17 +81,37 @@ def test_shipped_profile_rows_are_their_reports(model: str) -> None:
     assert len(rows) == 1 and rows[0].endswith(f"| {met} of {checked} |"), rows
 
 
-# The GPU call whose profile is shipped and whose runs the top-level reports compare
-SHIPPED_CALLS = {"llama-2-7b": "staged_inputs3", "llama-3-8b": "staged_inputs3"}
+# The calls whose calibrations the shipped profile is the median of (`pagesim merge-profiles`),
+# and the call whose runs the top-level reports compare: the newest
+SHIPPED_SOURCES = {
+    "llama-2-7b": ("staged_inputs", "staged_inputs3", "staged_inputs4", "staged_inputs5",
+                   "staged_inputs6", "staged_inputs_calib", "staged_inputs_calib2"),
+    "llama-3-8b": ("staged_inputs", "staged_inputs2", "staged_inputs3", "staged_inputs5",
+                   "staged_inputs6", "staged_inputs_calib2"),
+    "qwen2.5-7b": ("staged_inputs4", "staged_inputs5", "staged_inputs6"),
+}
+SHIPPED_CALL = "staged_inputs6"
+
+
+@pytest.mark.parametrize("model", sorted(SHIPPED_SOURCES))
+def test_the_shipped_profile_is_the_median_of_its_calls_calibrations(model: str,
+                                                                     tmp_path) -> None:
+    """Byte for byte what `pagesim merge-profiles` makes of the listed calls' profiles, and
+    those are every calibration of the shipped profile's runner: none left out."""
+    sources = [Profile.load(ROOT / "results" / "validation" / call / "profile" / "h200" / model)
+               for call in SHIPPED_SOURCES[model]]
+    merged = merge_profiles(sources).save(tmp_path / model)
+    assert _files(merged) == _files(ROOT / "calibration" / "h200" / model)
+    runner = shipped_runner(model)
+    assert sorted(call_profiles(model, runner)) == sorted(SHIPPED_SOURCES[model])
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_the_shipped_report_is_its_calls_runs_and_profile(model: str) -> None:
-    """The shipped profile is a byte-for-byte copy of one call's, and the top-level report
-    holds that call's runs, every one."""
-    call = ROOT / "results" / "validation" / SHIPPED_CALLS[model]
-    assert _files(call / "profile" / "h200" / model) == _files(
-        ROOT / "calibration" / "h200" / model)
+def test_the_shipped_report_is_the_newest_calls_runs(model: str) -> None:
+    """The top-level report prices every run of the newest call with the shipped profile."""
+    call = ROOT / "results" / "validation" / SHIPPED_CALL
     doc = json.loads((ROOT / "results" / "validation" / f"validation_{model}.json").read_text())
     runs = sorted(p.name.split(".")[0] for p in (call / "real" / model).glob("*.json.xz"))
     assert sorted(r["run"] for r in doc["runs"]) == runs
+    for run in doc["runs"]:
+        assert Path(run["profile"]) == Path("calibration") / "h200" / model
