@@ -137,7 +137,7 @@ def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
         lines.append(f"| {name} | {sum(met[name].values())} | {own_cell} |")
     lines += ["", "Leave one call out: the call profile with the most targets on the other "
               "calls' runs" + (", and the median of the other calls' profiles," if merged_col
-                               else "") + " scored on the held-out call.", "",
+                               else ",") + " scored on the held-out call.", "",
               "| held-out call | chosen profile | its targets |"
               + (" median of the others |" if merged_col else "") + " own profile |"
               + (" shipped |" if shipped else ""),

@@ -203,7 +203,7 @@ def _best(entries: list[dict[str, Any]], target_rate: float | None) -> dict[str,
     if len(kinds) > 1:
         print("Note: the sizes are priced by different cost models; the analytical one, "
               "fitted to measured H200 profiles, is within -7 to +13 % of their steps at the "
-              "median by model and kind, -35 to +23 % at worst "
+              "median by model and kind, -33 to +23 % at worst "
               "(results/analytical_vs_measured.csv). --analytical puts them on one footing")
     if target_rate is not None:
         fit = [r for r in rows if r["gpus"] is not None]
