@@ -29,12 +29,14 @@ STAGED_RUNNER = RUNNER_LABELS[RUNNER_MODES[True]]
 REBUILT_RUNNER = "CUDA graphs, inputs rebuilt each step"
 #: The runner without CUDA graphs.
 EAGER_RUNNER = RUNNER_LABELS[RUNNER_MODES[False]]
+#: Calls whose calibration was cut short: the call made after the median profiles were
+#: shipped spent 30 s on its grid (block 16 only). Its runs hold the shipped profiles out; its
+#: partial profile prices nothing, and is neither compared nor merged.
+PARTIAL = {"staged_holdout"}
 #: Calls left out of every cross-call comparison: the call that served two models at once on
-#: one host (its host time was not its own), and the call made after the median profiles were
-#: shipped, whose calibration was cut to 30 s of grid (block 16 only): its runs hold the
-#: shipped profiles out, and its partial profile is neither compared nor merged. Calls of
-#: other runner modes (no graphs, decode graphs only, TP) fall out by their runner.
-SKIP = {"two_at_once", "tp2", "tp2_graphs", "staged_holdout"}
+#: one host (its host time was not its own), and `PARTIAL`. Calls of other runner modes (no
+#: graphs, decode graphs only, TP) fall out by their runner.
+SKIP = {"two_at_once", "tp2", "tp2_graphs", *PARTIAL}
 
 
 def folder_of(run: Path) -> str:

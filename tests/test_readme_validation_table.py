@@ -16,6 +16,7 @@ from pagesim.cost.profile_merge import merge_profiles
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu_calls import call_profiles, shipped_runner  # noqa: E402
+
 COLUMNS = ("request_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms",
            "mean_e2el_ms", "p99_e2el_ms")
 MODELS = ("llama-2-7b", "llama-3-8b")

@@ -53,10 +53,10 @@ def test_a_point_one_source_lacks_is_the_median_of_those_that_measured_it() -> N
     a, b, c = (make_synthetic_profile(seed=s) for s in (1, 2, 3))
     c = Profile(c.metadata, c.decode[1:], c.prefill, c.mixed, c.overhead)
     merged = merge_profiles([c, a, b])
-    first = merged.decode[-1]  # the point c lacks comes after c's own points
-    assert (first.block_size, first.batch_size, first.context_len) == (
+    lacked = merged.decode[-1]  # the point c lacks comes after c's own points
+    assert (lacked.block_size, lacked.batch_size, lacked.context_len) == (
         a.decode[0].block_size, a.decode[0].batch_size, a.decode[0].context_len)
-    assert first.step_time_ms == median([a.decode[0].step_time_ms, b.decode[0].step_time_ms])
+    assert lacked.step_time_ms == median([a.decode[0].step_time_ms, b.decode[0].step_time_ms])
     assert len(merged.decode) == len(a.decode)
 
 
