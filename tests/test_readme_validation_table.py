@@ -53,7 +53,8 @@ def test_readme_states_the_shipped_counts() -> None:
             " of 140 for llama-3-8b") in text
 
 
-# README's table of shipped profiles, for the models whose reports live beside their GPU call
+# README's table of shipped profiles: the reports whose targets a row's count sums, for the
+# models not in MODELS
 SHIPPED_REPORTS = {
     "llama-2-13b": ["capture_sizes/validation_llama-2-13b.json"],
     "qwen2.5-7b": ["validation_qwen2.5-7b.json",
