@@ -25,15 +25,16 @@ from pathlib import Path
 
 from gpu_calls import call_profiles, shipped_runner
 
+from pagesim.cost.profile import Profile
+
 Shape = tuple[int, int]
 
 
 def decode_rows(profile: Path, block_size: int) -> dict[Shape, float]:
     """(batch, context) -> median step time in ms, of a profile's decode table at one block
     size."""
-    with open(profile / "decode.csv", newline="") as f:
-        return {(int(r["batch_size"]), int(r["context_len"])): float(r["step_time_ms"])
-                for r in csv.DictReader(f) if int(r["block_size"]) == block_size}
+    return {(r.batch_size, r.context_len): r.step_time_ms
+            for r in Profile.load(profile).decode if r.block_size == block_size}
 
 
 def spread(tables: dict[str, dict[Shape, float]]) -> dict[str, dict[int, float]]:

@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import profile_spread  # noqa: E402
 
+from tests.cost.synthetic_profile import make_synthetic_profile  # noqa: E402
+
 
 def test_each_profile_is_compared_with_the_median_of_all_on_shared_shapes() -> None:
     tables = {"a": {(1, 128): 10.0, (1, 512): 10.0, (8, 128): 20.0, (64, 128): 1.0},
@@ -27,9 +29,11 @@ def test_each_profile_is_compared_with_the_median_of_all_on_shared_shapes() -> N
 
 
 def test_decode_rows_read_one_block_size(tmp_path) -> None:
-    (tmp_path / "decode.csv").write_text(
-        "block_size,batch_size,context_len,step_time_ms\n16,1,128,5.5\n32,1,128,5.0\n")
-    assert profile_spread.decode_rows(tmp_path, 16) == {(1, 128): 5.5}
+    profile = make_synthetic_profile()
+    rows = profile_spread.decode_rows(profile.save(tmp_path / "p"), 16)
+    assert rows == {(r.batch_size, r.context_len): r.step_time_ms for r in profile.decode
+                    if r.block_size == 16}
+    assert rows and len(rows) < len(profile.decode)
 
 
 @pytest.mark.parametrize("model", ["llama-2-7b", "llama-3-8b", "qwen2.5-7b"])
