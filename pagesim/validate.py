@@ -219,8 +219,9 @@ def compare(real: dict[str, Any], predicted: dict[str, Any],
     return rows
 
 
-def simulate_like(real_doc: dict[str, Any], profile: str | Path | None):
-    """`simulate` with the real run's engine config (its measured KV blocks) and load."""
+def simulate_like(real_doc: dict[str, Any], profile: str | Path | None, cost_model=None):
+    """`simulate` with the real run's engine config (its measured KV blocks) and load;
+    `cost_model` (optional) prices the steps in place of `profile`'s model."""
     from pagesim.sim.simulate import LoadSpec, simulate
 
     load = real_doc["load"]
@@ -230,7 +231,7 @@ def simulate_like(real_doc: dict[str, Any], profile: str | Path | None):
               if k in params}
     spec = LoadSpec(workload=load["workload"], num_prompts=load["num_prompts"],
                     request_rate=rate, burstiness=burstiness, seed=load["seed"], **params)
-    return simulate(real_run_config(real_doc), spec, profile=profile)
+    return simulate(real_run_config(real_doc), spec, profile=profile, cost_model=cost_model)
 
 
 class TruncatedRunError(ConfigError):

@@ -18,6 +18,7 @@ import numpy as np
 import simpy
 
 from pagesim.config import EngineConfig
+from pagesim.cost.base import CostModel
 from pagesim.errors import ConfigError, PagesimError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.invariants import check_kv_cache_manager
@@ -91,8 +92,10 @@ def sample_traffic(load: LoadSpec, vocab_size: int):
 
 def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None = None,
              check_invariants: bool = False, progress: ProgressHook | None = None,
-             fast_path: bool = True) -> SimulationResult:
+             fast_path: bool = True, cost_model: CostModel | None = None) -> SimulationResult:
     """Run `load` against one replica of `config` and summarise it.
+
+    `cost_model` prices the steps in place of `profile`'s model (or the analytical default).
 
     `fast_path=False` runs every step through the scheduler's per-request path (the reference
     the decode fast path is tested against); results are the same, byte for byte.
@@ -101,7 +104,7 @@ def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None
     plan, arrivals = sample_traffic(load, model.vocab_size)
     scheduler = build_scheduler(config, check_invariants)
     manager = scheduler.kv_cache_manager
-    cost = build_cost_model(config, profile)
+    cost = cost_model if cost_model is not None else build_cost_model(config, profile)
     runner = CostModelRunner(cost, vocab_size=model.vocab_size,
                              shared_block_refs=shared_blocks_counter(cost, scheduler))
     env = simpy.Environment()

@@ -15,6 +15,7 @@ from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.request import Request
+from pagesim.sim.build import build_cost_model
 from pagesim.sim.output import result_json
 from pagesim.sim.simulate import LoadSpec, SimulationResult, result_metadata, simulate
 from pagesim.workload import load_workload
@@ -170,6 +171,29 @@ def test_infinite_rate_sends_everything_at_zero() -> None:
                     random_output_len=4, request_rate=math.inf)
     sim = simulate(E(), load)
     assert [r.arrival_time for r in sim.metrics.records.values()] == [0.0] * 12
+
+
+class _Doubled:
+    """Every step twice the analytical model's."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.base = build_cost_model(config, None)
+
+    def step_time(self, batch) -> float:
+        return 2.0 * self.base.step_time(batch)
+
+
+def test_a_given_cost_model_prices_the_steps() -> None:
+    """`cost_model=` replaces the profile's (or the analytical) model; all requests at t=0, so
+    the schedule is the same and every time doubles."""
+    cfg = E()
+    load = LoadSpec(workload="random", num_prompts=12, random_input_len=32,
+                    random_output_len=4, request_rate=math.inf)
+    base = simulate(cfg, load).result
+    assert simulate(cfg, load, cost_model=build_cost_model(cfg, None)).result == base
+    doubled = simulate(cfg, load, cost_model=_Doubled(cfg)).result
+    assert doubled["duration"] == pytest.approx(2 * base["duration"], rel=1e-9)
+    assert doubled["mean_tpot_ms"] == pytest.approx(2 * base["mean_tpot_ms"], rel=1e-9)
 
 
 def test_finite_rate_spreads_arrivals_to_num_over_rate() -> None:
