@@ -16,7 +16,7 @@ from pagesim.cli.app import main
 from pagesim.validate import read_json_file, read_real_run, real_run_files, write_json_file
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT / "results" / "validation" / "staged_inputs6" / "real" / "llama-2-7b"  # newest
+REAL = ROOT / "results" / "validation" / "staged_inputs7" / "real" / "llama-2-7b"  # newest
 PROFILE = ROOT / "calibration" / "h200" / "llama-2-7b"
 RUN = "chat-inf-bs16"
 
