@@ -202,8 +202,8 @@ def _best(entries: list[dict[str, Any]], target_rate: float | None) -> dict[str,
     kinds = {_costs(e["cost_model"]) for e in entries if "error" not in e}
     if len(kinds) > 1:
         print("Note: the sizes are priced by different cost models; the analytical one, "
-              "fitted to measured H200 profiles, is within -7 to +13 % of their steps at the "
-              "median by model and kind, -33 to +23 % at worst "
+              "fitted to measured H200 profiles, is within -7 to +14 % of their steps at the "
+              "median by model and kind, -32 to +23 % at worst "
               "(results/analytical_vs_measured.csv). --analytical puts them on one footing")
     if target_rate is not None:
         fit = [r for r in rows if r["gpus"] is not None]
