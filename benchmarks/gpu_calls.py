@@ -29,10 +29,10 @@ STAGED_RUNNER = RUNNER_LABELS[RUNNER_MODES[True]]
 REBUILT_RUNNER = "CUDA graphs, inputs rebuilt each step"
 #: The runner without CUDA graphs.
 EAGER_RUNNER = RUNNER_LABELS[RUNNER_MODES[False]]
-#: Calls whose calibration was cut short: the call made after the median profiles were
-#: shipped spent 30 s on its grid (block 16 only). Its runs hold the shipped profiles out; its
-#: partial profile prices nothing, and is neither compared nor merged.
-PARTIAL = {"staged_holdout"}
+#: Calls whose calibration was cut short: the calls made after the median profiles were
+#: shipped spent 30 s on their grid (block 16 only). Their runs hold the shipped profiles out;
+#: their partial profiles price nothing, and are neither compared nor merged.
+PARTIAL = {"staged_holdout", "staged_holdout2"}
 #: Calls left out of every cross-call comparison: the call that served two models at once on
 #: one host (its host time was not its own), and `PARTIAL`. Calls of other runner modes (no
 #: graphs, decode graphs only, TP) fall out by their runner.
