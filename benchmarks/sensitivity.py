@@ -68,7 +68,7 @@ class ScaledCostModel:
         return self.base.step_time(batch) * self.factor
 
 
-def step_error_pct(doc: dict, cost) -> float:
+def step_error_pct(doc: dict, cost: CostModel) -> float:
     """The profile's summed step time over the run's replayed schedule against the real one,
     in % (steps the replay could not rebuild are left out of both sums)."""
     st = doc["records"]["steps"]

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pagesim.config import EngineConfig
+from pagesim.cost.base import CostModel
 from pagesim.errors import ConfigError, WorkloadError
 from pagesim.request import Request
 
@@ -219,7 +220,8 @@ def compare(real: dict[str, Any], predicted: dict[str, Any],
     return rows
 
 
-def simulate_like(real_doc: dict[str, Any], profile: str | Path | None, cost_model=None):
+def simulate_like(real_doc: dict[str, Any], profile: str | Path | None,
+                  cost_model: CostModel | None = None):
     """`simulate` with the real run's engine config (its measured KV blocks) and load;
     `cost_model` (optional) prices the steps in place of `profile`'s model."""
     from pagesim.sim.simulate import LoadSpec, simulate
