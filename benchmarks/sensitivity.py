@@ -14,7 +14,7 @@ the held-out call included):
   included; real: schedule + execute + update of every step), in %;
 - the metric errors of `pagesim validate` (predicted against real, %);
 - the amplification of each metric: the same workload simulated with every step `--scale`
-  slower and faster (`ScaledCostModel`),
+  slower and faster (`pagesim.cost.scaled.ScaledCostModel`),
   `(m(1 + s) - m(1 - s)) / (2 s m(1))`: the metric's % change per 1 % of step time.
 
 Per workload and load, over the calls: the amplification (median), the rms of the metric
@@ -36,36 +36,19 @@ import csv
 import math
 import statistics
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpu_calls import PARTIAL, ROOT, SHIPPED, SKIP, call_runs, shipped_runner
 from step_replay import replay_shapes
 
-from pagesim.cost.base import BatchShape, CostModel
+from pagesim.cost.base import CostModel
+from pagesim.cost.scaled import ScaledCostModel
 from pagesim.sim.build import build_cost_model
 from pagesim.validate import compare, read_real_run, real_run_config, real_run_files, simulate_like
 
 #: the metrics whose targets are within 3 or 5 %, and the P99s of TTFT and TPOT
 METRICS = ("request_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms",
            "p99_ttft_ms", "p99_tpot_ms")
-
-
-@dataclass(frozen=True, slots=True)
-class ScaledCostModel:
-    """`base`'s step times times `factor`: 1.02 prices every step 2 % slower."""
-
-    base: CostModel
-    factor: float
-
-    @property
-    def reread_fraction(self):
-        """The base model's shared-prefix read cost, so the simulator still counts the shared
-        context tokens it prices (`pagesim.sim.runner.shared_blocks_counter`)."""
-        return getattr(self.base, "reread_fraction", None)
-
-    def step_time(self, batch: BatchShape) -> float:
-        return self.base.step_time(batch) * self.factor
 
 
 def step_error_pct(doc: dict, cost: CostModel) -> float:

@@ -203,3 +203,26 @@ def test_rejections_are_reported_in_the_kv_block(tmp_path: Path,
     assert int(rows["Successful requests:"]) + rejected == 20
     assert any(line.startswith("  prompt_too_long:") for line in out.splitlines())
     assert_block_layout(out)
+
+
+def test_step_time_scale_prices_every_step_slower(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """All requests at t=0: the schedule does not depend on the step times, so the run takes
+    1.1 times as long; the cost line and the saved result say so."""
+    args = [*SMALL, "--num-prompts", "20", "--result-dir", str(tmp_path)]
+    run_ok(capsys, *args, "--result-filename", "a.json")
+    out = run_ok(capsys, *args, "--result-filename", "b.json", "--step-time-scale", "1.1")
+    base, slow = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert slow["duration"] == pytest.approx(1.1 * base["duration"], rel=1e-9)
+    assert slow["mean_tpot_ms"] == pytest.approx(1.1 * base["mean_tpot_ms"], rel=1e-9)
+    (line,) = [x for x in out.splitlines() if x.startswith("Cost model:")]
+    assert line.endswith("; every step x 1.1")
+    assert slow["step_time_scale"] == 1.1 and "step_time_scale" not in base
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_bad_step_time_scale_is_one_line(value: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--quiet", *SMALL, "--step-time-scale", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--step-time-scale" in err and "must be a number > 0" in err

@@ -14,21 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sensitivity  # noqa: E402
 from gpu_calls import PARTIAL, RESULTS, SHIPPED, SKIP, call_runs, shipped_runner  # noqa: E402
 
-from pagesim.cost.base import BatchShape  # noqa: E402
 from pagesim.validate import real_run_files  # noqa: E402
-
-
-class _Flat:
-    reread_fraction = {16: 0.25}
-
-    def step_time(self, batch: BatchShape) -> float:
-        return 0.01 * batch.total_tokens
-
-
-def test_scaled_model_scales_every_step_and_keeps_the_shared_read_cost() -> None:
-    scaled = sensitivity.ScaledCostModel(_Flat(), 1.25)
-    assert scaled.step_time(BatchShape.decode(8, 100)) == pytest.approx(0.01 * 8 * 1.25)
-    assert scaled.reread_fraction == {16: 0.25}
 
 
 def test_a_rate_inf_run_moves_one_for_one_with_its_steps() -> None:

@@ -51,6 +51,10 @@ VllmCompat = Annotated[str | None, typer.Option(
 ProfileOpt = Annotated[Path | None, typer.Option(
     help="Calibration profile directory [the shipped H200 profile when it matches]",
     rich_help_panel=ENGINE)]
+StepTimeScale = Annotated[float, typer.Option(
+    help="Price every step this many times the cost model's time: 1.03 plans for a GPU "
+         "session 3 % slower than the profile's (calibrations of one setup differ by a few "
+         "%) [1.0]", rich_help_panel=ENGINE)]
 
 # ---- load ----
 WorkloadOpt = Annotated[str | None, typer.Option(help="Shipped name, YAML spec or trace file [chat]",

@@ -18,6 +18,7 @@ import typer
 
 from pagesim.cli import options as o
 from pagesim.cli.app import app
+from pagesim.cost.scaled import check_step_time_scale
 from pagesim.errors import ConfigError
 from pagesim.planning.capacity import (
     DEFAULT_MIN_DURATION_S,
@@ -28,7 +29,12 @@ from pagesim.planning.capacity import (
 from pagesim.planning.kv_sizing import min_kv_memory
 from pagesim.planning.router import ROUTERS, make_router
 from pagesim.planning.slo import DEFAULT_ATTAINMENT, parse_slos
-from pagesim.sim.build import block_size_note, cost_model_line, default_profile
+from pagesim.sim.build import (
+    block_size_note,
+    cost_model_line,
+    default_profile,
+    scaled_cost_model,
+)
 from pagesim.specs import GiB
 
 PLAN = "Plan"
@@ -66,6 +72,7 @@ def plan_command(
         help="Price every plan with the analytical model, shipped profiles ignored (puts "
              "--compare-tp sizes on one footing when only some have a profile)",
         rich_help_panel=PLAN)] = False,
+    step_time_scale: o.StepTimeScale = 1.0,
     config: o.ConfigFile = None,
     model: o.Model = None, gpu: o.Gpu = None, block_size: o.BlockSize = None,
     gpu_memory_utilization: o.GpuMemUtil = None, num_gpu_blocks_override: o.NumBlocksOverride = None,
@@ -88,8 +95,9 @@ def plan_command(
     flags = dict(locals())
     for key in ("slo", "slo_attainment", "target_rate", "router", "max_replicas", "kv_sizing",
                 "rel_tol", "min_duration", "save_result", "config", "compare_tp",
-                "analytical"):
+                "analytical", "step_time_scale"):
         flags.pop(key)
+    scale = check_step_time_scale(step_time_scale)
     values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
     slos = parse_slos(slo, attainment=slo_attainment)
     if slos.empty:
@@ -106,9 +114,11 @@ def plan_command(
           f"SLO: {slos}")
     doc: dict[str, Any] = {"model": engine.model, "gpu": engine.gpu, "workload": load.workload,
                            "slo": str(slos)}
+    if scale != 1.0:
+        doc["step_time_scale"] = scale
     if sizes:
         doc["compare_tp"] = [_plan_tp(values, tp, load, slos, target_rate, router,
-                                      max_replicas, rel_tol, min_duration, analytical)
+                                      max_replicas, rel_tol, min_duration, analytical, scale)
                              for tp in sizes]
         if all("error" in e for e in doc["compare_tp"]):  # an impossible config, not a plan
             raise ConfigError(f"--compare-tp {compare_tp}: no size can be built: "
@@ -116,26 +126,29 @@ def plan_command(
         doc["best"] = _best(doc["compare_tp"], target_rate)
     else:
         prof = None if analytical else values.get("profile") or default_profile(engine)
-        print(_cost_line(engine, prof, analytical))
+        print(_cost_line(engine, prof, analytical, scale))
+        cost = scaled_cost_model(engine, prof, scale)
         if kv_sizing:
-            doc["kv_sizing"] = _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration)
+            doc["kv_sizing"] = _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration,
+                                   cost)
         else:
             cap = max_sustainable_rate(engine, load, slos, profile=prof, rel_tol=rel_tol,
-                                       min_duration_s=min_duration)
+                                       min_duration_s=min_duration, cost_model=cost)
             doc["capacity"] = _capacity(cap)
             if target_rate is not None:
                 doc["replicas"] = _replicas(engine, load, slos, target_rate, router, prof, cap,
-                                            max_replicas, rel_tol, min_duration)
+                                            max_replicas, rel_tol, min_duration, cost)
     if save_result is not None:
         save_result.parent.mkdir(parents=True, exist_ok=True)
         save_result.write_text(json.dumps(doc, indent=2, default=str) + "\n")
         print(f"Saved plan to {save_result}")
 
 
-def _cost_line(engine, prof, analytical: bool = False) -> str:
+def _cost_line(engine, prof, analytical: bool = False, scale: float = 1.0) -> str:
     """What prices this plan's steps (`cost_model_line`), and the block-size note if any."""
     note = block_size_note(prof, engine.block_size) if prof is not None else None
-    return cost_model_line(engine, prof, analytical=analytical) + (f"\n{note}" if note else "")
+    return (cost_model_line(engine, prof, analytical=analytical, step_time_scale=scale)
+            + (f"\n{note}" if note else ""))
 
 
 def _tp_sizes(compare_tp: str | None, values: dict[str, Any], kv_sizing: bool) -> list[int]:
@@ -158,16 +171,17 @@ def _tp_sizes(compare_tp: str | None, values: dict[str, Any], kv_sizing: bool) -
 
 
 def _plan_tp(values, tp, load, slos, target_rate, router, max_replicas, rel_tol,
-             min_duration, analytical: bool) -> dict[str, Any]:
+             min_duration, analytical: bool, scale: float) -> dict[str, Any]:
     """One TP size's plan, printed as a single-size plan is; a size whose engine cannot be
     built (the weights do not fit, the heads do not divide) is reported and skipped."""
     print(f"\n=== tensor_parallel_size {tp} ===")
     try:
         engine = o.engine_config({**values, "tensor_parallel_size": tp})
         prof = None if analytical else default_profile(engine)
-        print(_cost_line(engine, prof, analytical))
+        print(_cost_line(engine, prof, analytical, scale))
+        cost = scaled_cost_model(engine, prof, scale)
         cap = max_sustainable_rate(engine, load, slos, profile=prof, rel_tol=rel_tol,
-                                   min_duration_s=min_duration)
+                                   min_duration_s=min_duration, cost_model=cost)
     except ConfigError as e:
         print(f"Not possible: {e}")
         return {"tp": tp, "error": str(e)}
@@ -175,7 +189,7 @@ def _plan_tp(values, tp, load, slos, target_rate, router, max_replicas, rel_tol,
                              "capacity": _capacity(cap)}
     if target_rate is not None and cap.max_rate is not None:
         entry["replicas"] = _replicas(engine, load, slos, target_rate, router, prof, cap,
-                                      max_replicas, rel_tol, min_duration)
+                                      max_replicas, rel_tol, min_duration, cost)
     return entry
 
 
@@ -252,10 +266,10 @@ def _capacity(cap: CapacityResult) -> dict[str, Any]:
 
 
 def _replicas(engine, load, slos, target_rate, router, prof, cap, max_replicas, rel_tol,
-              min_duration):
+              min_duration, cost):
     plan = replicas_for_rate(engine, load, slos, target_rate, router=router, profile=prof,
                              per_replica=cap, max_replicas=max_replicas, rel_tol=rel_tol,
-                             min_duration_s=min_duration)
+                             min_duration_s=min_duration, cost_model=cost)
     print(f"Replicas for {target_rate:g} req/s behind {router}: estimate {plan.estimate} "
           "from per-replica capacity, checked by simulation:")
     for p in plan.probes:
@@ -274,9 +288,9 @@ def _replicas(engine, load, slos, target_rate, router, prof, cap, max_replicas, 
             "result": _slim(plan.result)}
 
 
-def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration):
+def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration, cost):
     k = min_kv_memory(engine, load, slos, target_rate, profile=prof, rel_tol=rel_tol,
-                      min_duration_s=min_duration)
+                      min_duration_s=min_duration, cost_model=cost)
     for p in k.probes:
         print(f"  {int(p.value):7d} blocks  {'pass' if p.passed else 'FAIL'}  "
               + "; ".join(p.violations))

@@ -14,7 +14,12 @@ from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
 from pagesim.metrics import format_benchmark_block
-from pagesim.sim.build import block_size_note, cost_model_line, default_profile
+from pagesim.sim.build import (
+    block_size_note,
+    cost_model_line,
+    default_profile,
+    scaled_cost_model,
+)
 from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
 from pagesim.sim.simulate import result_metadata, simulate
 
@@ -33,7 +38,7 @@ def run_command(
     scheduling_policy: o.Policy = None, allocator: o.AllocatorOpt = None,
     contiguous_placement: o.Placement = None, kv_cache_dtype: o.KVDtype = None,
     tensor_parallel_size: o.TP = None, vllm_compat: o.VllmCompat = None,
-    profile: o.ProfileOpt = None,
+    profile: o.ProfileOpt = None, step_time_scale: o.StepTimeScale = 1.0,
     workload: o.WorkloadOpt = None, num_prompts: o.NumPrompts = None,
     request_rate: o.RequestRate = None, burstiness: o.Burstiness = None,
     max_concurrency: o.MaxConcurrency = None, seed: o.Seed = None,
@@ -51,12 +56,13 @@ def run_command(
     """Simulate one engine serving a workload; print vllm bench's result block and KV usage."""
     flags = dict(locals())
     for key in ("config", "save_result", "result_dir", "result_filename", "check_invariants",
-                "quiet"):
+                "quiet", "step_time_scale"):
         flags.pop(key)
     values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
     engine = o.engine_config(values)
     load = o.load_spec(values)
     prof = values.get("profile") or default_profile(engine)
+    cost = scaled_cost_model(engine, prof, step_time_scale)
     note = block_size_note(prof, engine.block_size) if prof is not None else None
     if note:
         typer.echo(note, err=True)
@@ -65,16 +71,18 @@ def run_command(
         _make_dir(directory)  # before simulating: a bad --result-dir fails at once
     with _progress(load.num_prompts, quiet) as hook:
         sim = simulate(engine, load, profile=prof, check_invariants=check_invariants,
-                       progress=hook)
+                       progress=hook, cost_model=cost)
     rate = load.request_rate if load.request_rate is not None else math.inf
     print(format_benchmark_block(sim.result, request_rate=rate,
                                  max_concurrency=load.max_concurrency,
                                  percentiles=load.percentiles))
     print(format_kv_block(sim.result))
-    print(cost_model_line(engine, prof))
+    print(cost_model_line(engine, prof, step_time_scale=step_time_scale))
     if save_result or result_dir is not None:
         metadata = result_metadata(engine, load)
         metadata["cost_model"] = str(prof) if prof else "analytical"
+        if cost is not None:
+            metadata["step_time_scale"] = step_time_scale
         date = datetime.now().strftime("%Y%m%d-%H%M%S")
         name = result_filename or default_result_filename(metadata, date)
         path = directory / name

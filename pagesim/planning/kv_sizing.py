@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pagesim.config import EngineConfig
+from pagesim.cost.base import CostModel
 from pagesim.errors import ConfigError
 from pagesim.kvcache.sizing import estimate_non_kv_memory, kv_capacity
 from pagesim.planning.capacity import DEFAULT_MIN_DURATION_S, Probe, _probe, plan_load
@@ -40,7 +41,8 @@ class KVSizing:
 
 def min_kv_memory(config: EngineConfig, load: LoadSpec, slos: SLOSpec, target_rate: float, *,
                   profile: str | Path | None = None, rel_tol: float = 0.02,
-                  min_duration_s: float = DEFAULT_MIN_DURATION_S) -> KVSizing:
+                  min_duration_s: float = DEFAULT_MIN_DURATION_S,
+                  cost_model: CostModel | None = None) -> KVSizing:
     """Fewest KV blocks (and bytes, and memory fraction) meeting `slos` at `target_rate`."""
     if slos.empty:
         raise ConfigError("--slo: give at least one objective, e.g. p99_ttft_ms<=500")
@@ -62,7 +64,8 @@ def min_kv_memory(config: EngineConfig, load: LoadSpec, slos: SLOSpec, target_ra
     def passes(blocks: float) -> bool:
         n = int(math.ceil(blocks - 1e-9))
         if n not in probes:
-            run = simulate(base.replace(kv_cache_memory_bytes=n * page), load, profile=profile)
+            run = simulate(base.replace(kv_cache_memory_bytes=n * page), load, profile=profile,
+                           cost_model=cost_model)
             probes[n] = _probe(n, slos, run.result)
         return probes[n].passed
 

@@ -55,10 +55,16 @@ def block_size_note(profile: str | Path, block_size: int) -> str | None:
 
 
 def cost_model_line(config: EngineConfig, profile: str | Path | None, *,
-                    analytical: bool = False) -> str:
+                    analytical: bool = False, step_time_scale: float = 1.0) -> str:
     """One line saying what priced the steps: a result's figures are as good as their cost
     model, a measured profile (which GPU, when) or the analytical roofline (`analytical`:
-    chosen by the user, not for want of a profile)."""
+    chosen by the user, not for want of a profile), and the factor on every step if any."""
+    scaled = "" if step_time_scale == 1.0 else f"; every step x {step_time_scale:g}"
+    return _cost_model_name(config, profile, analytical) + scaled
+
+
+def _cost_model_name(config: EngineConfig, profile: str | Path | None,
+                     analytical: bool) -> str:
     if analytical:
         return "Cost model: analytical"
     if profile is None:
@@ -73,6 +79,17 @@ def cost_model_line(config: EngineConfig, profile: str | Path | None, *,
             if path.is_relative_to(shipped) else str(profile))
     return (f"Cost model: calibrated, {name} ({meta.gpu_name}, {meta.dtype}, measured "
             f"{meta.date[:10]})")
+
+
+def scaled_cost_model(config: EngineConfig, profile: str | Path | None,
+                      step_time_scale: float) -> CostModel | None:
+    """The model that prices every step `step_time_scale` times `build_cost_model`'s; None at
+    1.0, where the simulation builds its own (`pagesim.cost.scaled`)."""
+    from pagesim.cost.scaled import ScaledCostModel, check_step_time_scale
+
+    if check_step_time_scale(step_time_scale) == 1.0:
+        return None
+    return ScaledCostModel(build_cost_model(config, profile), step_time_scale)
 
 
 def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostModel:

@@ -165,3 +165,20 @@ def test_compare_tp_bad_input_is_one_line(capsys, extra, words) -> None:
     rc = main(["plan", "--model", "llama-3-70b", "--slo", "ttft:500", *extra])
     err = capsys.readouterr().err
     assert rc == 2 and words in err and err.count("\n") == 1, err
+
+
+def test_plan_with_slower_steps_has_proportionally_less_capacity(tmp_path: Path,
+                                                                 capsys) -> None:
+    """Every step 1.25 times as long: the saturated throughput (all requests at t=0, one
+    schedule) falls by that factor, and the saved plan records the factor."""
+    base = [*SMALL, "--slo", "p99_tpot_ms<=1000", "--min-duration", "1", "--analytical"]
+    docs = []
+    for extra in ([], ["--step-time-scale", "1.25"]):
+        path = tmp_path / f"plan{len(docs)}.json"
+        assert main(["plan", *base, *extra, "--save-result", str(path)]) == 0
+        out = capsys.readouterr().out
+        docs.append(json.loads(path.read_text()))
+    assert "Cost model: analytical; every step x 1.25" in out
+    fast, slow = (d["capacity"]["saturated_throughput"] for d in docs)
+    assert slow == pytest.approx(fast / 1.25, rel=1e-6)
+    assert docs[1]["step_time_scale"] == 1.25 and "step_time_scale" not in docs[0]
