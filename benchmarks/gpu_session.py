@@ -175,6 +175,15 @@ def run_plan(dry: bool, plan: str = "validate") -> list[dict]:
     ]
 
 
+def later_passes(plan: list[dict], passes: int, names: set[str] | None = None) -> list[dict]:
+    """Passes 2 to `passes` of `plan` (only the runs in `names`, if given), in the plan's
+    order, named `<name>-r<pass>`: the same traffic again, at the rates set by the first
+    pass's capacity. Spread over the call, they measure how far identical real runs minutes
+    apart differ, and give `pagesim validate` a mean to compare with (`repeat_groups`)."""
+    return [{**spec, "name": f"{spec['name']}-r{k}"} for k in range(2, passes + 1)
+            for spec in plan if names is None or spec["name"] in names]
+
+
 def _drift_plan() -> list[dict]:
     """chat at 85 % on blocks 16 and 32, three times each, alternating (with `--probe`, the
     fixed steps of `speed_probe` are timed before each run): how far identical runs minutes
@@ -227,6 +236,10 @@ def main() -> int:
                     help="time speed_probe's fixed steps before every run and after the last")
     ap.add_argument("--plan", choices=("validate", "repeat", "drift"), default="validate",
                     help="repeat: the runs that missed targets, each served twice in a row")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="serve the plan this many times, the repeats named <name>-r2, ...")
+    ap.add_argument("--pass-runs", default="",
+                    help="the runs the later passes serve, comma separated (default: all)")
     ap.add_argument("--dry-run-cpu", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="No CUDA graphs (calibration and runs).")
@@ -235,6 +248,13 @@ def main() -> int:
 
     decode_batches = (None if args.decode_batches is None else
                       tuple(sorted(set(parse_int_list(args.decode_batches, "decode-batches")))))
+    skip = set(filter(None, args.skip_runs.split(",")))
+    plan = [spec for spec in run_plan(args.dry_run_cpu, args.plan) if spec["name"] not in skip]
+    pass_runs = set(filter(None, args.pass_runs.split(","))) or None
+    unknown = (pass_runs or set()) - {spec["name"] for spec in plan}
+    if unknown:
+        ap.error(f"--pass-runs: not in the plan: {', '.join(sorted(unknown))}")
+    plan += later_passes(plan, args.passes, pass_runs)
     out = Path(args.out)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
@@ -260,7 +280,6 @@ def main() -> int:
     info = device_info(None if dry else device)
     log(f"device {info}")
     summary: dict = {"device": info, "models": {}, "cuda_graphs": graphs_on}
-    skip = set(filter(None, args.skip_runs.split(",")))
     for name in args.models.split(","):
         ms: dict = {"runs": {}}
         summary["models"][name] = ms
@@ -319,9 +338,7 @@ def main() -> int:
                     torch.cuda.empty_cache()
             throughput: dict[str, float] = {}  # run name -> measured request throughput
             cfg = None
-            for spec in ([] if args.calibrate_only else run_plan(dry, args.plan)):
-                if spec["name"] in skip:
-                    continue
+            for spec in ([] if args.calibrate_only else plan):
                 rate = spec["rate"]
                 base = throughput.get(spec.get("of", "chat-inf-bs16"))
                 if rate != "inf" and not dry:

@@ -18,9 +18,11 @@ read too.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import lzma
 import math
+import re
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -241,23 +243,43 @@ class TruncatedRunError(ConfigError):
     in time, a prediction covers them all, so the two do not compare."""
 
 
-def validate_real_run(real_path: str | Path, profile: str | Path | None) -> dict[str, Any]:
+def traffic_key(doc: dict[str, Any], profile: str | Path | None) -> str:
+    """What the prediction of a stored run depends on: its engine config (with the KV blocks
+    the GPU measured), its load and the profile. Runs with one key are repeats of one run: the
+    simulator, deterministic, predicts them alike, and their real values scatter."""
+    cfg = {f.name: getattr(real_run_config(doc), f.name) for f in fields(EngineConfig)}
+    text = json.dumps({"engine": cfg, "load": doc["load"],
+                       "profile": None if profile is None else str(profile)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def validate_real_run(real_path: str | Path, profile: str | Path | None,
+                      predictions: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Simulate the traffic of a stored real run and compare; returns the report entry.
-    Raises `TruncatedRunError` for a run cut at its wall-clock limit."""
+    Raises `TruncatedRunError` for a run cut at its wall-clock limit.
+
+    `predictions` (optional), a dict kept across calls, holds each traffic's predicted result
+    (`traffic_key`): repeats of one run are simulated once."""
     doc = read_real_run(real_path)
     if doc["result"].get("truncated"):
         raise TruncatedRunError(
             f"real run {str(real_path)!r} was cut at its wall-clock limit "
             f"({doc['result'].get('completed')} of {doc['load']['num_prompts']} requests "
             "finished): not compared")
-    sim = simulate_like(doc, profile)
+    key = traffic_key(doc, profile)
+    predicted = None if predictions is None else predictions.get(key)
+    if predicted is None:
+        predicted = simulate_like(doc, profile).result
+        if predictions is not None:
+            predictions[key] = predicted
     cfg = doc["engine_config"]
     entry = {
         "run": Path(real_path).name.split(".")[0], "model": cfg["model"], "block_size": cfg["block_size"],
         "load": doc["load"], "num_gpu_blocks": doc["result"]["num_gpu_blocks"],
-        "profile": str(profile) if profile is not None else None,
-        "rows": compare(doc["result"], sim.result),
-        "real": _jsonable(doc["result"]), "predicted": _jsonable(sim.result),
+        "profile": str(profile) if profile is not None else None, "traffic": key,
+        "rows": compare(doc["result"], predicted),
+        "real": _jsonable(doc["result"]), "predicted": _jsonable(predicted),
         "device": doc.get("device", {}),
     }
     note = runner_mismatch(doc["result"].get("gpu_runner"), profile)
@@ -305,6 +327,8 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- the report -------------------------------------------------------------------------------
+REPEATS_HEADING = ("Repeated runs: error % against the mean of the real runs "
+                   "(in brackets: their spread, max - min in % of the mean)")
 SUMMARY_METRICS: tuple[str, ...] = (
     "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
     "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms")
@@ -327,6 +351,64 @@ def report_markdown(entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def base_run_name(run: str) -> str:
+    """A run's name without its repeat suffix (`chat-85pct-bs16-r2`: chat-85pct-bs16 again)."""
+    return re.sub(r"-r\d+$", "", run)
+
+
+def repeat_groups(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The repeats among `entries` (two or more runs of one traffic key), each compared as one:
+    the prediction against the mean of the real runs, beside the real runs' own spread.
+
+    A single real run carries the GPU's speed at that moment: identical runs minutes apart
+    differ by several % at high load, where queueing amplifies a step-time difference. The
+    simulator predicts the expected run, so the mean of repeats is what it should meet; the
+    spread (max - min, % of the mean) says how far apart the real side itself is."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        by_key.setdefault(e.get("traffic", e["run"]), []).append(e)
+    groups = []
+    for members in by_key.values():
+        if len(members) < 2:
+            continue
+        real_mean, spread = {}, {}
+        for metric in TARGETS_PCT:
+            values = [e["real"].get(metric) for e in members]
+            if any(v is None for v in values):
+                continue
+            real_mean[metric] = sum(values) / len(values)
+            spread[metric] = (100.0 * (max(values) - min(values)) / real_mean[metric]
+                              if real_mean[metric] else 0.0)
+        rows = compare(real_mean, members[0]["predicted"])
+        for row in rows:
+            row["real_spread_pct"] = spread[row["metric"]]
+            row["runs_met"] = sum(r["met"] for e in members for r in e["rows"]
+                                  if r["metric"] == row["metric"])
+        first = members[0]
+        groups.append({"run": base_run_name(first["run"]), "runs": [e["run"] for e in members],
+                       "model": first["model"], "block_size": first["block_size"],
+                       "load": first["load"], "rows": rows})
+    return groups
+
+
+def repeats_markdown(groups: list[dict[str, Any]]) -> str:
+    """One row per repeated run: the error in % of each summary metric against the real runs'
+    mean (`*` marks a missed target), and in brackets the real runs' spread in %."""
+    head = ["run", "model", "bs", "rate", "runs"] + [m.replace("_ms", "") for m in
+                                                      SUMMARY_METRICS]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for g in groups:
+        by = {r["metric"]: r for r in g["rows"]}
+        cells = [g["run"], g["model"], str(g["block_size"]), str(g["load"]["request_rate"]),
+                 str(len(g["runs"]))]
+        for m in SUMMARY_METRICS:
+            r = by.get(m)
+            cells.append("n/a" if r is None else f"{r['error_pct']:+.1f}"
+                         f"{'' if r['met'] else '*'} ({r['real_spread_pct']:.1f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
                  name: str = "validation", skipped: tuple[str, ...] = ()) -> dict[str, Path]:
     """`<name>.json` (every entry, real and predicted results), `<name>.md` and `<name>.png`;
@@ -338,12 +420,19 @@ def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
     met = [r["met"] for e in entries for r in e["rows"]]
     doc = {"targets_pct": TARGETS_PCT, "num_runs": len(entries),
            "targets_met": sum(met), "targets_checked": len(met), "runs": entries}
+    groups = repeat_groups(entries)
+    text = report_markdown(entries) + "\n"
+    if groups:
+        group_met = [r["met"] for g in groups for r in g["rows"]]
+        doc.update(repeat_groups=groups, repeat_targets_met=sum(group_met),
+                   repeat_targets_checked=len(group_met))
+        text += f"\n{REPEATS_HEADING}\n\n{repeats_markdown(groups)}\n"
     if skipped:
         doc["skipped"] = list(skipped)
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     notes = "".join(f"\nskipped: {note}\n" for note in skipped) + "".join(
         f"\nwarning: {e['run']}: {e['runner_note']}\n" for e in entries if "runner_note" in e)
-    paths["md"].write_text(report_markdown(entries) + "\n" + notes, encoding="utf-8")
+    paths["md"].write_text(text + notes, encoding="utf-8")
     plot_errors(entries, paths["png"])
     return paths
 

@@ -189,3 +189,49 @@ def test_the_runner_modes_name_the_stored_profiles() -> None:
                   ROOT / "results/validation/tp2/profile/h200/llama-3-70b-tp2")}
     assert labels == {"CUDA graphs, inputs rebuilt each step", "CUDA graphs, staged inputs",
                       "eager"}
+
+
+def test_repeats_of_one_run_are_simulated_once_and_compared_by_their_mean(
+        tmp_path, capsys, monkeypatch) -> None:
+    """Two stored runs of one traffic (the second 10 % slower per output token): one
+    simulation prices both, and the repeats' table compares the prediction with their mean."""
+    import pagesim.validate as v
+
+    doc = read_json_file(REAL / f"{RUN}.json.xz")
+    slower = json.loads(json.dumps(doc))
+    slower["result"]["mean_tpot_ms"] *= 1.1
+    first, second = tmp_path / f"{RUN}.json", tmp_path / f"{RUN}-r2.json"
+    write_json_file(first, doc)
+    write_json_file(second, slower)
+    calls = []
+    simulate_like = v.simulate_like
+    monkeypatch.setattr(v, "simulate_like", lambda *a, **k: calls.append(a) or simulate_like(*a, **k))
+    assert _validate(tmp_path, first, second, REAL / "chat-85pct-bs16.json.xz") == 0
+    assert len(calls) == 2  # the two repeats, then chat-85pct-bs16
+    report = json.loads((tmp_path / "out" / "v.json").read_text())
+    assert [g["runs"] for g in report["repeat_groups"]] == [[RUN, f"{RUN}-r2"]]
+    group = {r["metric"]: r for r in report["repeat_groups"][0]["rows"]}
+    real_tpot = doc["result"]["mean_tpot_ms"]
+    mean = real_tpot * 1.05
+    tpot = group["mean_tpot_ms"]
+    assert tpot["real"] == pytest.approx(mean)
+    assert tpot["real_spread_pct"] == pytest.approx(100 * 0.1 / 1.05)
+    predicted = report["runs"][0]["predicted"]["mean_tpot_ms"]
+    assert tpot["error_pct"] == pytest.approx(100 * (predicted - mean) / mean)
+    assert group["mean_ttft_ms"]["real_spread_pct"] == 0.0
+    assert group["mean_ttft_ms"]["error_pct"] == pytest.approx(_shipped_rows(RUN)["mean_ttft_ms"])
+    assert report["repeat_targets_checked"] == len(group)
+    out = capsys.readouterr().out
+    assert v.REPEATS_HEADING in out and f"| {RUN} | llama-2-7b | 16 | inf | 2 |" in out
+    assert v.REPEATS_HEADING in (tmp_path / "out" / "v.md").read_text()
+
+
+def test_runs_of_other_traffic_are_not_repeats(tmp_path) -> None:
+    """A run served over another KV cache size is another traffic, whatever its name."""
+    doc = read_json_file(REAL / f"{RUN}.json.xz")
+    other = json.loads(json.dumps(doc))
+    other["result"]["num_gpu_blocks"] -= 1000
+    write_json_file(tmp_path / f"{RUN}-r2.json", other)
+    assert _validate(tmp_path, REAL / f"{RUN}.json.xz", tmp_path / f"{RUN}-r2.json") == 0
+    report = json.loads((tmp_path / "out" / "v.json").read_text())
+    assert "repeat_groups" not in report and report["num_runs"] == 2

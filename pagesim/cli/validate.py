@@ -3,11 +3,13 @@
 Two ways in:
 
     pagesim validate --real run.json [--real ...]     compare stored real runs (any machine)
-    pagesim validate --model llama-2-7b --workload chat --request-rate 8 ...
+    pagesim validate --model llama-2-7b --workload chat --request-rate 8 [--repeats 3] ...
                                                       serve on this GPU now, then compare
 
 Writes `<name>.json` (real, predicted, error % per metric), `<name>.md` and `<name>.png`
-under `--output-dir`; a fresh real run is also stored under `<output-dir>/real/`.
+under `--output-dir`; a fresh real run is also stored under `<output-dir>/real/`. Runs of
+identical traffic (`--repeats`, or stored runs of one load and engine) are simulated once and
+also compared as one: the prediction against the real runs' mean, beside their spread.
 """
 
 from __future__ import annotations
@@ -40,16 +42,20 @@ def validate_command(
     dtype: Annotated[str, typer.Option(help="bfloat16 | float16 (GPU runs)")] = "bfloat16",
     enforce_eager: Annotated[bool, typer.Option(
         "--enforce-eager", help="GPU runs: no CUDA graphs (vLLM's flag).")] = False,
+    repeats: Annotated[int, typer.Option(
+        min=1, help="GPU runs: serve the load this many times, one after another.")] = 1,
 ) -> None:
     """Run (or read) a real GPU run, simulate the same requests with the calibrated profile,
     and report per metric the real value, the prediction and the error in %."""
     from pagesim.validate import TruncatedRunError, validate_real_run, write_report
 
+    predictions: dict = {}  # one simulation per traffic: repeats are priced once
     if real:
         entries, skipped = [], []
         for p in real:
             try:
-                entries.append(validate_real_run(p, profile or _default_profile(p)))
+                entries.append(validate_real_run(p, profile or _default_profile(p),
+                                                 predictions))
             except TruncatedRunError as e:  # the other runs are still worth a report
                 skipped.append(str(e))
         if not entries:
@@ -60,18 +66,22 @@ def validate_command(
             typer.echo(f"skipped: {note}", err=True)
     else:
         skipped = []
-        path = _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs,
-                          max_num_batched_tokens, max_model_len, enable_prefix_caching,
-                          workload, num_prompts, request_rate, burstiness, seed, dtype,
-                          output_dir, enforce_eager)
-        entries = [validate_real_run(path, profile or _default_profile(path))]
+        paths = _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs,
+                           max_num_batched_tokens, max_model_len, enable_prefix_caching,
+                           workload, num_prompts, request_rate, burstiness, seed, dtype,
+                           output_dir, enforce_eager, repeats)
+        entries = [validate_real_run(p, profile or _default_profile(p), predictions)
+                   for p in paths]
     for e in entries:
         if "runner_note" in e:
             typer.echo(f"warning: {e['run']}: {e['runner_note']}", err=True)
     paths = write_report(entries, output_dir, name, tuple(skipped))
-    from pagesim.validate import report_markdown
+    from pagesim.validate import REPEATS_HEADING, repeat_groups, repeats_markdown, report_markdown
 
     typer.echo(report_markdown(entries))
+    groups = repeat_groups(entries)
+    if groups:
+        typer.echo(f"\n{REPEATS_HEADING}\n{repeats_markdown(groups)}")
     typer.echo(f"report: {paths['json']}, {paths['md']}, {paths['png']}")
 
 
@@ -86,8 +96,10 @@ def _default_profile(real_path: Path) -> Path | None:
 
 def _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
                max_model_len, enable_prefix_caching, workload, num_prompts, request_rate,
-               burstiness, seed, dtype, output_dir: Path, enforce_eager: bool = False) -> Path:
-    """Measure the KV cache, serve the load on this GPU, store the real run; returns its path."""
+               burstiness, seed, dtype, output_dir: Path, enforce_eager: bool = False,
+               repeats: int = 1) -> list[Path]:
+    """Measure the KV cache, serve the load on this GPU `repeats` times, store each real run
+    (the second as `<stem>-r2`, ...); returns their paths."""
     from pagesim.gpu.device import require_cuda, torch_dtype
 
     require_cuda()
@@ -114,10 +126,14 @@ def _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs, max_num_
     typer.echo(capacity.report())
     load = load_dict(workload or "chat", num_prompts or 200, seed or 0,
                      math.inf if request_rate is None else request_rate, burstiness or 1.0)
-    result, records = serve_workload(config, weights, capacity.num_gpu_blocks[config.block_size],
-                                     load, cuda_graphs=not enforce_eager, log=typer.echo)
-    rate = load["request_rate"]
-    path = (output_dir / "real"
-            / f"{config.model}-{load['workload']}-{rate}-bs{config.block_size}.json.xz")
-    return save_real_run(path, config=config, load=load, result=result, records=records,
-                         device=device_info(device), extra={"capacity": capacity.to_dict()})
+    stem = f"{config.model}-{load['workload']}-{load['request_rate']}-bs{config.block_size}"
+    paths = []
+    for k in range(1, repeats + 1):
+        result, records = serve_workload(config, weights,
+                                         capacity.num_gpu_blocks[config.block_size], load,
+                                         cuda_graphs=not enforce_eager, log=typer.echo)
+        path = output_dir / "real" / (f"{stem}.json.xz" if k == 1 else f"{stem}-r{k}.json.xz")
+        paths.append(save_real_run(path, config=config, load=load, result=result,
+                                   records=records, device=device_info(device),
+                                   extra={"capacity": capacity.to_dict()}))
+    return paths
