@@ -33,10 +33,15 @@ EAGER_RUNNER = RUNNER_LABELS[RUNNER_MODES[False]]
 #: shipped spent 30 s on their grid (block 16 only). Their runs hold the shipped profiles out;
 #: their partial profiles price nothing, and are neither compared nor merged.
 PARTIAL = {"staged_holdout", "staged_holdout2"}
+#: Calls that served their Poisson runs two or three times over (`gpu_session.py --passes`),
+#: after the median profiles were shipped: their runs hold the shipped profiles out and are
+#: reported by repeat group (`pagesim validate`). The cross-call comparisons, which take one
+#: run of each load per call, leave them out; `staged_passes` also calibrated for 30 s only.
+REPEATED = {"staged_passes", "staged_passes2"}
 #: Calls left out of every cross-call comparison: the call that served two models at once on
-#: one host (its host time was not its own), and `PARTIAL`. Calls of other runner modes (no
-#: graphs, decode graphs only, TP) fall out by their runner.
-SKIP = {"two_at_once", "tp2", "tp2_graphs", *PARTIAL}
+#: one host (its host time was not its own), `PARTIAL` and `REPEATED`. Calls of other runner
+#: modes (no graphs, decode graphs only, TP) fall out by their runner.
+SKIP = {"two_at_once", "tp2", "tp2_graphs", *PARTIAL, *REPEATED}
 
 
 def folder_of(run: Path) -> str:

@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 
 import numpy as np
-from gpu_calls import EAGER_RUNNER, PARTIAL, SKIP, STAGED_RUNNER, call_runs, profile_of
+from gpu_calls import EAGER_RUNNER, PARTIAL, REPEATED, SKIP, STAGED_RUNNER, call_runs, profile_of
 from host_overhead_runs import table_ms
 from step_replay import replay_shapes
 
@@ -44,13 +44,15 @@ def calls(model: str, staged: bool = False) -> list[tuple[str, Path, Path]]:
     graphs: by the runners that rebuilt their inputs each step (decode graphs only, or decode
     and mixed graphs), or with `staged` by the staged one. The call that served two models on
     one host is kept: its host time is part of the story; a call whose calibration was cut
-    short (`gpu_calls.PARTIAL`) is not, having no profile to price its steps."""
+    short (`gpu_calls.PARTIAL`) is not, having no profile to price its steps, nor a call of
+    repeated runs (`gpu_calls.REPEATED`), which would count a load two or three times."""
     def keep(runner: str | None) -> bool:
         if staged:
             return runner == STAGED_RUNNER
         return runner not in (STAGED_RUNNER, EAGER_RUNNER, None)
 
-    return [(call, d, profile_of(call, model)) for call, d in call_runs(model, keep, skip=PARTIAL)]
+    return [(call, d, profile_of(call, model))
+            for call, d in call_runs(model, keep, skip=PARTIAL | REPEATED)]
 
 
 def base_run(run: str) -> str:

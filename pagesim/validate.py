@@ -371,6 +371,7 @@ def repeat_groups(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for members in by_key.values():
         if len(members) < 2:
             continue
+        members = sorted(members, key=lambda e: e["run"])  # the same report in any order
         real_mean, spread = {}, {}
         for metric in TARGETS_PCT:
             values = [e["real"].get(metric) for e in members]
