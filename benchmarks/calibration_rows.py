@@ -63,8 +63,7 @@ def rewritten_share(own_ids: bool, seed: int = 0) -> dict[str, float]:
             kind, out = points[i]
             stale = 0
             for sr in out.scheduled:
-                entry = rows._rows.get(sr.request.request_id)
-                stale += entry is None or entry[1] != sr.block_ids
+                stale += not rows.holds(sr.request.request_id, sr.block_ids)
                 rows.row_index(sr.request.request_id, sr.block_ids)
             shares.setdefault(kind, []).append(stale / len(out.scheduled))
     return {kind: float(np.mean(v)) for kind, v in sorted(shares.items())}

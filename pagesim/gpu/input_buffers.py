@@ -64,6 +64,12 @@ class BlockTableRows:
     def num_live(self) -> int:
         return len(self._rows)
 
+    def holds(self, request_id: str, block_ids: list[int]) -> bool:
+        """Whether `request_id` has a row that already holds `block_ids` (`row_index` then
+        writes nothing)."""
+        entry = self._rows.get(request_id)
+        return entry is not None and entry[1] == block_ids
+
     def row_index(self, request_id: str, block_ids: list[int]) -> int:
         """The row of `request_id`, updated to `block_ids`."""
         entry = self._rows.get(request_id)

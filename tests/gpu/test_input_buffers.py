@@ -121,7 +121,9 @@ def test_a_row_longer_than_the_table_is_refused() -> None:
 
 def test_an_unchanged_row_is_not_rewritten() -> None:
     rows = BlockTableRows(8)
+    assert not rows.holds("a", [3, 4])
     r = rows.row_index("a", [3, 4])
+    assert rows.holds("a", [3, 4]) and not rows.holds("a", [3, 4, 7])
     rows.table[r, 5] = 99  # a byte a rewrite would reset to the null block
     assert rows.row_index("a", [3, 4]) == r and rows.table[r, 5] == 99
     rows.row_index("a", [3, 4, 7])  # appended: only entry 2 written
@@ -130,6 +132,8 @@ def test_an_unchanged_row_is_not_rewritten() -> None:
     assert rows.table[r, :3].tolist() == [3, 8, 7] and rows.table[r, 5] == 99
     rows.row_index("a", [3])  # shrunk: the entries it gave up reset, nothing past them
     assert rows.table[r, :3].tolist() == [3, 0, 0] and rows.table[r, 5] == 99
+    rows.free(["a"])
+    assert not rows.holds("a", [3])
 
 
 @settings(max_examples=80, deadline=None)
