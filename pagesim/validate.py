@@ -23,6 +23,7 @@ import json
 import lzma
 import math
 import re
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -338,17 +339,27 @@ SUMMARY_METRICS: tuple[str, ...] = (
 
 def report_markdown(entries: list[dict[str, Any]]) -> str:
     """One row per run: the error in % of each summary metric (`*` marks a missed target)."""
-    head = ["run", "model", "bs", "rate", "prompts"] + [m.replace("_ms", "") for m in
-                                                         SUMMARY_METRICS]
+    return _error_table(entries, "prompts", lambda e: str(e["load"]["num_prompts"]),
+                        _error_cell)
+
+
+def _error_cell(row: dict[str, Any]) -> str:
+    return f"{row['error_pct']:+.1f}{'' if row['met'] else '*'}"
+
+
+def _error_table(items: list[dict[str, Any]], count_head: str,
+                 count: Callable[[dict[str, Any]], str],
+                 cell: Callable[[dict[str, Any]], str]) -> str:
+    """A markdown table, one row per run (or group of runs): its name, model, block size,
+    rate and `count`, then `cell` of each summary metric's comparison row."""
+    head = ["run", "model", "bs", "rate", count_head] + [m.replace("_ms", "") for m in
+                                                          SUMMARY_METRICS]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for e in entries:
-        by = {r["metric"]: r for r in e["rows"]}
-        cells = [e["run"], e["model"], str(e["block_size"]), str(e["load"]["request_rate"]),
-                 str(e["load"]["num_prompts"])]
-        for m in SUMMARY_METRICS:
-            r = by.get(m)
-            cells.append("n/a" if r is None else
-                         f"{r['error_pct']:+.1f}{'' if r['met'] else '*'}")
+    for item in items:
+        by = {r["metric"]: r for r in item["rows"]}
+        cells = [item["run"], item["model"], str(item["block_size"]),
+                 str(item["load"]["request_rate"]), count(item)]
+        cells += ["n/a" if by.get(m) is None else cell(by[m]) for m in SUMMARY_METRICS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -397,19 +408,8 @@ def repeat_groups(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def repeats_markdown(groups: list[dict[str, Any]]) -> str:
     """One row per repeated run: the error in % of each summary metric against the real runs'
     mean (`*` marks a missed target), and in brackets the real runs' spread in %."""
-    head = ["run", "model", "bs", "rate", "runs"] + [m.replace("_ms", "") for m in
-                                                      SUMMARY_METRICS]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for g in groups:
-        by = {r["metric"]: r for r in g["rows"]}
-        cells = [g["run"], g["model"], str(g["block_size"]), str(g["load"]["request_rate"]),
-                 str(len(g["runs"]))]
-        for m in SUMMARY_METRICS:
-            r = by.get(m)
-            cells.append("n/a" if r is None else f"{r['error_pct']:+.1f}"
-                         f"{'' if r['met'] else '*'} ({r['real_spread_pct']:.1f})")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _error_table(groups, "runs", lambda g: str(len(g["runs"])),
+                        lambda r: f"{_error_cell(r)} ({r['real_spread_pct']:.1f})")
 
 
 def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
