@@ -45,10 +45,9 @@ from pathlib import Path
 
 import numpy as np
 from gpu_calls import REPEATED, RESULTS, SHIPPED
-from sensitivity import step_error_pct
+from sensitivity import METRICS, amplifications, step_error_pct
 
 from pagesim.cost.base import BatchShape, CostModel
-from pagesim.cost.scaled import ScaledCostModel
 from pagesim.sim.build import build_cost_model
 from pagesim.validate import (
     base_run_name,
@@ -58,8 +57,6 @@ from pagesim.validate import (
     simulate_like,
 )
 
-METRICS = ("request_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms",
-           "p99_ttft_ms", "p99_tpot_ms")
 #: A step's time is never scaled below this share of its priced time (z is clipped).
 MIN_FACTOR = 0.5
 #: Every step this much slower and faster gives a metric's amplification (`sensitivity`).
@@ -130,14 +127,12 @@ def group_rows(args: tuple[str, str, str, list[Path], int]) -> list[dict]:
     sims = [simulate_like(docs[0], None, JitteredCostModel(base, sigma, seed)).result
             for seed in range(replicas)]
     levels = [step_error_pct(d, base) for d in docs]
-    mid = simulate_like(docs[0], None, base).result
-    lo, hi = (simulate_like(docs[0], None, ScaledCostModel(base, f)).result
-              for f in (1.0 - AMP_SCALE, 1.0 + AMP_SCALE))
+    _, amps = amplifications(docs[0], base, AMP_SCALE)
     rows = []
     for m in METRICS:
         real = [d["result"][m] for d in docs]
         sim = [s[m] for s in sims]
-        amp = (hi[m] - lo[m]) / (2.0 * AMP_SCALE * mid[m])
+        amp = amps[m]
         rows.append({"call": call, "model": model, "run": run, "metric": m,
                      "runs": len(docs), "replicas": replicas,
                      "step_noise_pct": round(100.0 * sigma, 3),

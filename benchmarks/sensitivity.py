@@ -65,6 +65,16 @@ def step_error_pct(doc: dict, cost: CostModel) -> float:
     return 100.0 * (priced / real - 1.0)
 
 
+def amplifications(doc: dict, cost: CostModel, scale: float) -> tuple[dict, dict[str, float]]:
+    """The stored run's traffic simulated as `cost` prices it, and each of `METRICS`' %
+    change per 1 % of step time: `(m(1 + s) - m(1 - s)) / (2 s m(1))`, with every step
+    `scale` slower and faster."""
+    base = simulate_like(doc, None, cost).result
+    lo, hi = (simulate_like(doc, None, ScaledCostModel(cost, f)).result
+              for f in (1.0 - scale, 1.0 + scale))
+    return base, {m: (hi[m] - lo[m]) / (2.0 * scale * base[m]) for m in METRICS if base.get(m)}
+
+
 def run_rows(args: tuple[str, Path, Path, float]) -> list[dict]:
     """One stored run: per metric, the error, the amplification and the step error."""
     call, path, profile, scale = args
@@ -73,15 +83,13 @@ def run_rows(args: tuple[str, Path, Path, float]) -> list[dict]:
         return []
     cost = build_cost_model(real_run_config(doc), profile)
     step_err = step_error_pct(doc, cost)
-    base = simulate_like(doc, profile).result
-    lo = simulate_like(doc, None, ScaledCostModel(cost, 1.0 - scale)).result
-    hi = simulate_like(doc, None, ScaledCostModel(cost, 1.0 + scale)).result
+    base, amps = amplifications(doc, cost, scale)
     errors = {r["metric"]: r["error_pct"] for r in compare(doc["result"], base)}
     rows = []
     for m in METRICS:
-        if m not in errors or not base.get(m):
+        if m not in errors or m not in amps:
             continue
-        amp = (hi[m] - lo[m]) / (2.0 * scale * base[m])
+        amp = amps[m]
         rows.append({"call": call, "run": path.name.split(".")[0], "metric": m,
                      "error_pct": round(errors[m], 3), "amplification": round(amp, 3),
                      "step_error_pct": round(step_err, 3),
