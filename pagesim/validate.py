@@ -412,6 +412,17 @@ def repeats_markdown(groups: list[dict[str, Any]]) -> str:
                         lambda r: f"{_error_cell(r)} ({r['real_spread_pct']:.1f})")
 
 
+def report_tables(entries: list[dict[str, Any]],
+                  groups: list[dict[str, Any]] | None = None) -> str:
+    """The report's text: the table of runs, then the repeats' table when there are repeats
+    (`groups`: `repeat_groups(entries)`, made here when not given)."""
+    groups = repeat_groups(entries) if groups is None else groups
+    text = report_markdown(entries) + "\n"
+    if groups:
+        text += f"\n{REPEATS_HEADING}\n\n{repeats_markdown(groups)}\n"
+    return text
+
+
 def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
                  name: str = "validation", skipped: tuple[str, ...] = ()) -> dict[str, Path]:
     """`<name>.json` (every entry, real and predicted results), `<name>.md` and `<name>.png`;
@@ -424,12 +435,11 @@ def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
     doc = {"targets_pct": TARGETS_PCT, "num_runs": len(entries),
            "targets_met": sum(met), "targets_checked": len(met), "runs": entries}
     groups = repeat_groups(entries)
-    text = report_markdown(entries) + "\n"
+    text = report_tables(entries, groups)
     if groups:
         group_met = [r["met"] for g in groups for r in g["rows"]]
         doc.update(repeat_groups=groups, repeat_targets_met=sum(group_met),
                    repeat_targets_checked=len(group_met))
-        text += f"\n{REPEATS_HEADING}\n\n{repeats_markdown(groups)}\n"
     if skipped:
         doc["skipped"] = list(skipped)
     paths["json"].write_text(report_json(doc), encoding="utf-8")

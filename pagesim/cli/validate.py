@@ -76,12 +76,9 @@ def validate_command(
         if "runner_note" in e:
             typer.echo(f"warning: {e['run']}: {e['runner_note']}", err=True)
     paths = write_report(entries, output_dir, name, tuple(skipped))
-    from pagesim.validate import REPEATS_HEADING, repeat_groups, repeats_markdown, report_markdown
+    from pagesim.validate import report_tables
 
-    typer.echo(report_markdown(entries))
-    groups = repeat_groups(entries)
-    if groups:
-        typer.echo(f"\n{REPEATS_HEADING}\n{repeats_markdown(groups)}")
+    typer.echo(report_tables(entries), nl=False)
     typer.echo(f"report: {paths['json']}, {paths['md']}, {paths['png']}")
 
 
