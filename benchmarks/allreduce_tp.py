@@ -31,17 +31,28 @@ def rank_main(rank: int, world_size: int, init_method: str, out: str) -> None:
     if rank == 0:
         import subprocess
 
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True).stdout.split("\n")[0].strip()
+        driver = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+            )
+            .stdout.split("\n")[0]
+            .strip()
+        )
         path = Path(out) / f"allreduce_tp{world_size}.csv"
         with path.open("w") as f:
-            f.write(f"# {torch.cuda.get_device_name(0)} x{world_size}, driver {driver}, torch "
-                    f"{torch.__version__}, triton {triton.__version__}, "
-                    f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n")
+            f.write(
+                f"# {torch.cuda.get_device_name(0)} x{world_size}, driver {driver}, torch "
+                f"{torch.__version__}, triton {triton.__version__}, "
+                f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC\n"
+            )
             f.write("tp,message_bytes,time_us,time_p10_us,time_p90_us\n")
             for r in rows:
-                f.write(f"{r.tp},{r.message_bytes},{r.time_us:.3f},{r.time_p10_us:.3f},"
-                        f"{r.time_p90_us:.3f}\n")
+                f.write(
+                    f"{r.tp},{r.message_bytes},{r.time_us:.3f},{r.time_p10_us:.3f},"
+                    f"{r.time_p90_us:.3f}\n"
+                )
         print(path.read_text())
 
 

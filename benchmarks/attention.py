@@ -49,25 +49,52 @@ BATCHES = (1, 8, 32, 128)
 CONTEXTS = (512, 2048, 8192)
 BLOCK_SIZES = (16, 32)
 PREFILL_MAX_TOKENS = 65536  # prefill shapes with batch x context above this are skipped
-FIELDS = ["kind", "model", "dtype", "batch", "context", "block_size", "impl", "gqa",
-          "time_us", "spread_us", "kv_bytes", "kv_gbps", "pct_copy_bw", "tflops", "rotations",
-          "timing"]
+FIELDS = [
+    "kind",
+    "model",
+    "dtype",
+    "batch",
+    "context",
+    "block_size",
+    "impl",
+    "gqa",
+    "time_us",
+    "spread_us",
+    "kv_bytes",
+    "kv_gbps",
+    "pct_copy_bw",
+    "tflops",
+    "rotations",
+    "timing",
+]
 
 
 def env_info() -> dict[str, str]:
     """GPU, driver, versions and date, written beside every number."""
     props = torch.cuda.get_device_properties(0)
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
-                                 "--format=csv,noheader"], capture_output=True, text=True,
-                                timeout=20).stdout.strip().splitlines()[0]
+        driver = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
     except (OSError, IndexError, subprocess.SubprocessError):
         driver = "unknown"
-    return {"gpu": props.name, "driver": driver, "torch": torch.__version__,
-            "triton": triton.__version__, "cuda": str(torch.version.cuda),
-            "sms": str(props.multi_processor_count),
-            "l2_mb": f"{getattr(props, 'L2_cache_size', 60 * 2**20) / 2**20:.0f}",
-            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
+    return {
+        "gpu": props.name,
+        "driver": driver,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": str(torch.version.cuda),
+        "sms": str(props.multi_processor_count),
+        "l2_mb": f"{getattr(props, 'L2_cache_size', 60 * 2**20) / 2**20:.0f}",
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def copy_bandwidth(nbytes: int = 4 * 2**30) -> float:
@@ -88,13 +115,15 @@ def sdpa_calls(q, k, v, causal: bool, backend_name: str):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[
-        backend_name]
+        backend_name
+    ]
     gqa = q[0].shape[1] != k[0].shape[1]
 
     def make(qi, ki, vi, enable_gqa):
         def call():
             with sdpa_kernel(backend):
                 return sdpa(qi, ki, vi, is_causal=causal, enable_gqa=enable_gqa)
+
         return call
 
     calls = [make(qi, ki, vi, gqa) for qi, ki, vi in zip(q, k, v, strict=True)]
@@ -118,8 +147,16 @@ def time_sdpa(q, k, v, causal, row, emit):
         try:
             calls, gqa = sdpa_calls(q, k, v, causal, name)
             t = time_calls(calls)
-            emit(row | {"impl": f"sdpa_{name}", "gqa": gqa, "time_us": t.median_s * 1e6,
-                        "spread_us": (t.max_s - t.min_s) * 1e6, "timing": t.method})
+            emit(
+                row
+                | {
+                    "impl": f"sdpa_{name}",
+                    "gqa": gqa,
+                    "time_us": t.median_s * 1e6,
+                    "spread_us": (t.max_s - t.min_s) * 1e6,
+                    "timing": t.method,
+                }
+            )
         except RuntimeError as e:  # backend refuses this shape/dtype: say so, go on
             print(f"  sdpa_{name} unavailable: {str(e).splitlines()[0][:120]}", flush=True)
 
@@ -131,8 +168,9 @@ def bench_decode(model, dtype_name, batch, ctx, env, copy_bw, emit, alt_config=N
     l2 = int(float(env["l2_mb"]) * 2**20)
     elem = torch.finfo(dtype).bits // 8
     kv_bytes = 2 * batch * ctx * kv_heads * d * elem
-    base = dict(kind="decode", model=model, dtype=dtype_name, batch=batch, context=ctx,
-                kv_bytes=kv_bytes)
+    base = dict(
+        kind="decode", model=model, dtype=dtype_name, batch=batch, context=ctx, kv_bytes=kv_bytes
+    )
 
     def finish(row):  # bandwidth columns from the time
         t = row["time_us"] * 1e-6
@@ -141,23 +179,35 @@ def bench_decode(model, dtype_name, batch, ctx, env, copy_bw, emit, alt_config=N
     # SDPA on contiguous K/V [B, S, Hkv, D] viewed as [B, Hkv, S, D].
     n_rot = rotations(kv_bytes, l2)
     q = [torch.randn(batch, heads, 1, d, dtype=dtype, device="cuda") for _ in range(n_rot)]
-    k = [torch.randn(batch, ctx, kv_heads, d, dtype=dtype, device="cuda").transpose(1, 2)
-         for _ in range(n_rot)]
+    k = [
+        torch.randn(batch, ctx, kv_heads, d, dtype=dtype, device="cuda").transpose(1, 2)
+        for _ in range(n_rot)
+    ]
     v = [torch.randn_like(ki) for ki in k]
-    time_sdpa(q, k, v, False, base | {"block_size": "", "rotations": n_rot},
-              lambda r: emit(finish(r)))
+    time_sdpa(
+        q, k, v, False, base | {"block_size": "", "rotations": n_rot}, lambda r: emit(finish(r))
+    )
     del q, k, v
 
     for bs in BLOCK_SIZES:
         for name, cfg in (("triton", None), ("alt", alt_config)):
             if name == "alt" and cfg is None:
                 continue
-            t, part = time_paged_decode(model, dtype, batch, ctx, bs, n_rot, int(env["sms"]),
-                                        cfg)
-            emit(finish(base | {"block_size": bs, "impl": f"{name}_p{part.num_partitions}",
-                                "gqa": "group", "time_us": t.median_s * 1e6,
-                                "spread_us": (t.max_s - t.min_s) * 1e6, "rotations": n_rot,
-                                "timing": t.method}))
+            t, part = time_paged_decode(model, dtype, batch, ctx, bs, n_rot, int(env["sms"]), cfg)
+            emit(
+                finish(
+                    base
+                    | {
+                        "block_size": bs,
+                        "impl": f"{name}_p{part.num_partitions}",
+                        "gqa": "group",
+                        "time_us": t.median_s * 1e6,
+                        "spread_us": (t.max_s - t.min_s) * 1e6,
+                        "rotations": n_rot,
+                        "timing": t.method,
+                    }
+                )
+            )
             torch.cuda.empty_cache()
 
 
@@ -179,11 +229,17 @@ def time_paged_decode(model, dtype, batch, ctx, bs, n_rot, sms, config=None):
     outs = torch.empty_like(qs)
     cfg = config or decode_config(d, heads // kv_heads, True)
     part = decode_partition(batch, kv_heads, ctx, cfg, sms)
-    ws = (DecodeWorkspace.allocate(batch, heads, d, part.num_partitions, "cuda")
-          if part.num_partitions > 1 else None)
-    calls = [lambda r=r: paged_attention_decode(qs[r], kc, vc, tables[r], seq_lens, part,
-                                                out=outs[r], workspace=ws, config=cfg)
-             for r in range(n_rot)]
+    ws = (
+        DecodeWorkspace.allocate(batch, heads, d, part.num_partitions, "cuda")
+        if part.num_partitions > 1
+        else None
+    )
+    calls = [
+        lambda r=r: paged_attention_decode(
+            qs[r], kc, vc, tables[r], seq_lens, part, out=outs[r], workspace=ws, config=cfg
+        )
+        for r in range(n_rot)
+    ]
     return time_calls(calls), part
 
 
@@ -194,9 +250,10 @@ def time_paged_prefill(model, dtype, qf, batch, ctx, bs):
     qsl = torch.arange(0, tokens + 1, ctx, dtype=torch.int32, device="cuda")
     seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
     out = torch.empty_like(qf[0])
-    calls = [lambda r=r: paged_attention_prefill(qf[r], kc, vc, tables[r], seq_lens, qsl,
-                                                 out=out)
-             for r in range(len(qf))]
+    calls = [
+        lambda r=r: paged_attention_prefill(qf[r], kc, vc, tables[r], seq_lens, qsl, out=out)
+        for r in range(len(qf))
+    ]
     return time_calls(calls)
 
 
@@ -209,8 +266,9 @@ def bench_prefill(model, dtype_name, batch, ctx, env, emit):
     flops = 4 * batch * heads * d * ctx * (ctx + 1) / 2  # causal QK^T and PV
     io_bytes = tokens * (2 * heads + 2 * kv_heads) * d * elem
     n_rot = rotations(io_bytes, l2, cap=8)
-    base = dict(kind="prefill", model=model, dtype=dtype_name, batch=batch, context=ctx,
-                rotations=n_rot)
+    base = dict(
+        kind="prefill", model=model, dtype=dtype_name, batch=batch, context=ctx, rotations=n_rot
+    )
 
     def finish(row):
         return row | {"tflops": flops / (row["time_us"] * 1e-6) / 1e12}
@@ -218,17 +276,32 @@ def bench_prefill(model, dtype_name, batch, ctx, env, emit):
     q = [torch.randn(batch, ctx, heads, d, dtype=dtype, device="cuda") for _ in range(n_rot)]
     k = [torch.randn(batch, ctx, kv_heads, d, dtype=dtype, device="cuda") for _ in range(n_rot)]
     v = [torch.randn_like(ki) for ki in k]
-    time_sdpa([x.transpose(1, 2) for x in q], [x.transpose(1, 2) for x in k],
-              [x.transpose(1, 2) for x in v], True, base | {"block_size": ""},
-              lambda r: emit(finish(r)))
+    time_sdpa(
+        [x.transpose(1, 2) for x in q],
+        [x.transpose(1, 2) for x in k],
+        [x.transpose(1, 2) for x in v],
+        True,
+        base | {"block_size": ""},
+        lambda r: emit(finish(r)),
+    )
     del k, v
     torch.cuda.empty_cache()
     qf = [x.view(tokens, heads, d) for x in q]
     for bs in BLOCK_SIZES:
         t = time_paged_prefill(model, dtype, qf, batch, ctx, bs)
-        emit(finish(base | {"block_size": bs, "impl": "triton", "gqa": "group",
-                            "time_us": t.median_s * 1e6, "timing": t.method,
-                            "spread_us": (t.max_s - t.min_s) * 1e6}))
+        emit(
+            finish(
+                base
+                | {
+                    "block_size": bs,
+                    "impl": "triton",
+                    "gqa": "group",
+                    "time_us": t.median_s * 1e6,
+                    "timing": t.method,
+                    "spread_us": (t.max_s - t.min_s) * 1e6,
+                }
+            )
+        )
         torch.cuda.empty_cache()
 
 
@@ -241,8 +314,9 @@ def main() -> None:
     ap.add_argument("--skip-prefill", action="store_true")
     ap.add_argument("--sweep-only", action="store_true", help="only the config sweep")
     ap.add_argument("--sweep-set", default="splits", help="splits or short")
-    ap.add_argument("--decode-alt", default="",
-                    help="also time decode with tile_n,warps,stages,programs_per_sm")
+    ap.add_argument(
+        "--decode-alt", default="", help="also time decode with tile_n,warps,stages,programs_per_sm"
+    )
     args = ap.parse_args()
     # `timeout` sends SIGTERM: exit through the finally below so the tables still get written.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
@@ -255,8 +329,13 @@ def main() -> None:
         run_grid(args, env, copy_bw)
     if args.sweep or args.sweep_only:
         from benchmarks.attention_sweep import run_sweep
-        run_sweep(env, copy_bw, os.path.join(args.out, f"{args.name}_sweep_{args.sweep_set}.csv"),
-                  args.sweep_set)
+
+        run_sweep(
+            env,
+            copy_bw,
+            os.path.join(args.out, f"{args.name}_sweep_{args.sweep_set}.csv"),
+            args.sweep_set,
+        )
 
 
 def run_grid(args, env, copy_bw) -> None:
@@ -286,8 +365,7 @@ def run_grid(args, env, copy_bw) -> None:
                 for dtype_name in DTYPES:
                     for batch in batches:
                         for ctx in contexts:
-                            bench_decode(model, dtype_name, batch, ctx, env, copy_bw, emit,
-                                         alt)
+                            bench_decode(model, dtype_name, batch, ctx, env, copy_bw, emit, alt)
             if not args.skip_prefill:
                 for model in MODELS:
                     for dtype_name in DTYPES:

@@ -35,8 +35,9 @@ def _events_time(fn: Callable[[], None]) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-def time_calls(calls: Sequence[Callable[[], object]], reps: int = 10, warmup: int = 3,
-               use_graph: bool = True) -> Timing:
+def time_calls(
+    calls: Sequence[Callable[[], object]], reps: int = 10, warmup: int = 3, use_graph: bool = True
+) -> Timing:
     """Seconds per call: median, min and max over `reps` timed replays."""
     for c in calls:  # compile / pick algorithms outside the graph
         c()
@@ -62,8 +63,10 @@ def time_calls(calls: Sequence[Callable[[], object]], reps: int = 10, warmup: in
                 run_all()
             replay, method = graph.replay, "graph"
         except RuntimeError as e:
-            print(f"  (graph capture failed, timing launches: {str(e).splitlines()[0][:80]})",
-                  flush=True)
+            print(
+                f"  (graph capture failed, timing launches: {str(e).splitlines()[0][:80]})",
+                flush=True,
+            )
             torch.cuda.synchronize()
             replay = run_all
     for _ in range(warmup):

@@ -25,9 +25,13 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16,32,64")
     ap.add_argument("--contexts", default="1024,2048,4096")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--heavy", type=int, default=0,
-                    help="also interleave this many long prefill steps per round, as "
-                         "the calibration's rounds do (scattered blocks only)")
+    ap.add_argument(
+        "--heavy",
+        type=int,
+        default=0,
+        help="also interleave this many long prefill steps per round, as "
+        "the calibration's rounds do (scattered blocks only)",
+    )
     args = ap.parse_args()
     import torch
     from gpu_bench import device_columns, release, served_runner, write_rows
@@ -47,8 +51,9 @@ def main() -> None:
         blocks = runner.num_gpu_blocks
         items, keys = [], []
         for b in map(int, args.batches.split(",")):
-            for c in sorted({min(int(x), config.max_model_len - 1)
-                             for x in args.contexts.split(",")}):
+            for c in sorted(
+                {min(int(x), config.max_model_len - 1) for x in args.contexts.split(",")}
+            ):
                 for scattered in (True, False):
                     out = synthetic_step([(c, 1)] * b, 16, BlockSource(blocks, 0, scattered))
                     if out is not None:
@@ -67,18 +72,34 @@ def main() -> None:
             if b == "heavy":
                 continue
             if scattered and (b, c, False) in got:
-                rows.append({"model": name, "heavy_per_round": args.heavy, "batch": b,
-                             "context": c, "scattered_ms": ms,
-                             "consecutive_ms": got[(b, c, False)],
-                             "ratio": got[(b, c, False)] / ms, "num_gpu_blocks": blocks,
-                             **device_columns(info)})
-                print(f"{name} b={b} c={c}: scattered {ms:.2f} ms, consecutive "
-                      f"{got[(b, c, False)]:.2f} ms, ratio {rows[-1]['ratio']:.3f}", flush=True)
-        print(f"{name}: {len(items)} steps x {args.repeats} rounds in "
-              f"{time.monotonic() - t0:.0f} s", flush=True)
+                rows.append(
+                    {
+                        "model": name,
+                        "heavy_per_round": args.heavy,
+                        "batch": b,
+                        "context": c,
+                        "scattered_ms": ms,
+                        "consecutive_ms": got[(b, c, False)],
+                        "ratio": got[(b, c, False)] / ms,
+                        "num_gpu_blocks": blocks,
+                        **device_columns(info),
+                    }
+                )
+                print(
+                    f"{name} b={b} c={c}: scattered {ms:.2f} ms, consecutive "
+                    f"{got[(b, c, False)]:.2f} ms, ratio {rows[-1]['ratio']:.3f}",
+                    flush=True,
+                )
+        print(
+            f"{name}: {len(items)} steps x {args.repeats} rounds in {time.monotonic() - t0:.0f} s",
+            flush=True,
+        )
         release(runner)
-    write_rows(args.out, "block_order.csv" if not args.heavy
-               else f"block_order_heavy{args.heavy}.csv", rows)
+    write_rows(
+        args.out,
+        "block_order.csv" if not args.heavy else f"block_order_heavy{args.heavy}.csv",
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -39,35 +39,58 @@ def main() -> None:
     dry = args.dry_run_cpu
     base = CalibrationGrid()
     grid = CalibrationGrid(
-        block_sizes=(16, 32), full_block_sizes=(16, 32), decode_batches=(16,) if not dry else (4,),
-        decode_contexts=(1024,) if not dry else (64,), prefill_tokens=(128,) if not dry
-        else (16,), prefill_cached=(0,), mixed=(), multi_prefill=(),
+        block_sizes=(16, 32),
+        full_block_sizes=(16, 32),
+        decode_batches=(16,) if not dry else (4,),
+        decode_contexts=(1024,) if not dry else (64,),
+        prefill_tokens=(128,) if not dry else (16,),
+        prefill_cached=(0,),
+        mixed=(),
+        multi_prefill=(),
         overhead_max_reqs=16 if not dry else 4,
         decode_shared=(base.decode_shared if not dry else ((4, 64, 32),))
-        if "shared" in tables else (),
+        if "shared" in tables
+        else (),
         varlen_shared=(base.varlen_shared if not dry else ((2, 64, 1, 16, 32),))
-        if "shared" in tables else (),
+        if "shared" in tables
+        else (),
         decode_shared_spread=(base.decode_shared_spread if not dry else ((4, 32, 32, 16),))
-        if "shared" in tables else (),
+        if "shared" in tables
+        else (),
         decode_spread=(base.decode_spread if not dry else ((4, 64, 32),))
-        if "spread" in tables else (),
-        repeats=5 if not dry else 2, min_repeats=3 if not dry else 1)
+        if "spread" in tables
+        else (),
+        repeats=5 if not dry else 2,
+        min_repeats=3 if not dry else 1,
+    )
     for name in args.models.split(","):
         t = time.monotonic()
         if dry:
-            config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=8,
-                                         max_num_batched_tokens=256, max_model_len=512,
-                                         num_gpu_blocks_override=256)
+            config = EngineConfig.create(
+                model="tiny-llama",
+                block_size=16,
+                max_num_seqs=8,
+                max_num_batched_tokens=256,
+                max_model_len=512,
+                num_gpu_blocks_override=256,
+            )
         else:
             config = EngineConfig.create(model=name, gpu="h200", block_size=16)
-        res = run_calibration(config, grid, dtype=torch.float32 if dry else torch.bfloat16,
-                              calibration_root=Path(args.out) / "calibration",
-                              device="cpu" if dry else "cuda")
+        res = run_calibration(
+            config,
+            grid,
+            dtype=torch.float32 if dry else torch.bfloat16,
+            calibration_root=Path(args.out) / "calibration",
+            device="cpu" if dry else "cuda",
+        )
         p = res.profile
-        print(f"{name}: {len(p.decode_shared)} decode_shared, "
-              f"{len(p.decode_shared_spread)} decode_shared_spread, {len(p.varlen_shared)} "
-              f"varlen_shared, {len(p.decode_spread)} decode_spread rows in "
-              f"{time.monotonic() - t:.0f} s -> {res.directory}", flush=True)
+        print(
+            f"{name}: {len(p.decode_shared)} decode_shared, "
+            f"{len(p.decode_shared_spread)} decode_shared_spread, {len(p.varlen_shared)} "
+            f"varlen_shared, {len(p.decode_spread)} decode_spread rows in "
+            f"{time.monotonic() - t:.0f} s -> {res.directory}",
+            flush=True,
+        )
         del res
         if not dry:
             torch.cuda.empty_cache()

@@ -32,8 +32,10 @@ def _ratios(num: dict, den: dict, field: str) -> list[float]:
 def _summary(values: list[float]) -> str:
     if not values:
         return "no common points"
-    return (f"median {statistics.median(values):.3f}, range {min(values):.3f}-"
-            f"{max(values):.3f} over {len(values)} points")
+    return (
+        f"median {statistics.median(values):.3f}, range {min(values):.3f}-"
+        f"{max(values):.3f} over {len(values)} points"
+    )
 
 
 def main() -> None:
@@ -56,11 +58,17 @@ def main() -> None:
     from pagesim.gpu.runner import GPUModelRunner
 
     if args.dry_run_cpu:
-        config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
-                                     max_num_batched_tokens=64, max_model_len=256,
-                                     num_gpu_blocks_override=128)
-        grid = CalibrationGrid(block_sizes=(16, 32), decode_batches=(1, 2),
-                               decode_contexts=(16, 40), repeats=3)
+        config = EngineConfig.create(
+            model="tiny-llama",
+            block_size=16,
+            max_num_seqs=4,
+            max_num_batched_tokens=64,
+            max_model_len=256,
+            num_gpu_blocks_override=128,
+        )
+        grid = CalibrationGrid(
+            block_sizes=(16, 32), decode_batches=(1, 2), decode_contexts=(16, 40), repeats=3
+        )
         dev, dtype = torch.device("cpu"), torch.float32
     else:
         config = EngineConfig.create(model=args.model, gpu="h200", block_size=16)
@@ -79,41 +87,79 @@ def main() -> None:
     t0 = time.monotonic()
     for name, bs in PASSES:
         model.set_block_size(bs)
-        runner = GPUModelRunner(config.replace(block_size=bs), capacity.num_gpu_blocks[bs],
-                                device=dev, model=model, seed=0,
-                                cuda_graphs=dev.type == "cuda", log=print)
+        runner = GPUModelRunner(
+            config.replace(block_size=bs),
+            capacity.num_gpu_blocks[bs],
+            device=dev,
+            model=model,
+            seed=0,
+            cuda_graphs=dev.type == "cuda",
+            log=print,
+        )
         with ClockSampler() as sampler:
             measured = calibrate_block_size(
-                runner, bs, grid, max_model_len=config.max_model_len,
+                runner,
+                bs,
+                grid,
+                max_model_len=config.max_model_len,
                 max_num_batched_tokens=config.max_num_batched_tokens,
-                max_num_seqs=config.max_num_seqs, full=False, seed=0)
+                max_num_seqs=config.max_num_seqs,
+                full=False,
+                seed=0,
+            )
         rows[(name, bs)] = {(r.batch_size, r.context_len): r for r in measured.decode}
         clocks[(name, bs)] = sampler.summary()
-        print(f"pass {name} block {bs}: {len(measured.decode)} decode rows, "
-              f"{time.monotonic() - t0:.0f} s so far, SM clock {clocks[(name, bs)]}")
+        print(
+            f"pass {name} block {bs}: {len(measured.decode)} decode rows, "
+            f"{time.monotonic() - t0:.0f} s so far, SM clock {clocks[(name, bs)]}"
+        )
         del runner
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with (out / "calibration_drift.csv").open("w", newline="") as f:
-        f.write(f"# pagesim calibration_drift, {info.get('date', '')}, {info.get('gpu_name', 'cpu')}, "
-                f"driver {info.get('driver', '')}, torch {info.get('torch', '')}, "
-                f"triton {info.get('triton', '')}, model {config.model}\n")
+        f.write(
+            f"# pagesim calibration_drift, {info.get('date', '')}, {info.get('gpu_name', 'cpu')}, "
+            f"driver {info.get('driver', '')}, torch {info.get('torch', '')}, "
+            f"triton {info.get('triton', '')}, model {config.model}\n"
+        )
         w = csv.writer(f)
-        w.writerow(["pass", "block_size", "batch_size", "context_len", "step_time_ms",
-                    "other_ms", "pass_mean_sm_mhz"])
+        w.writerow(
+            [
+                "pass",
+                "block_size",
+                "batch_size",
+                "context_len",
+                "step_time_ms",
+                "other_ms",
+                "pass_mean_sm_mhz",
+            ]
+        )
         for (name, bs), table in rows.items():
             for (b, c), r in sorted(table.items()):
-                w.writerow([name, bs, b, c, f"{r.step_time_ms:.4f}", f"{r.other_ms:.4f}",
-                            f"{clocks[(name, bs)].get('mean_mhz', 0):.0f}"])
+                w.writerow(
+                    [
+                        name,
+                        bs,
+                        b,
+                        c,
+                        f"{r.step_time_ms:.4f}",
+                        f"{r.other_ms:.4f}",
+                        f"{clocks[(name, bs)].get('mean_mhz', 0):.0f}",
+                    ]
+                )
     for field in ("step_time_ms", "other_ms"):
         for bs in (16, 32):
-            print(f"{field} block {bs}, pass B / A: "
-                  f"{_summary(_ratios(rows[('B', bs)], rows[('A', bs)], field))}")
+            print(
+                f"{field} block {bs}, pass B / A: "
+                f"{_summary(_ratios(rows[('B', bs)], rows[('A', bs)], field))}"
+            )
         for name in ("A", "B"):
-            print(f"{field} pass {name}, block 32 / 16: "
-                  f"{_summary(_ratios(rows[(name, 32)], rows[(name, 16)], field))}")
+            print(
+                f"{field} pass {name}, block 32 / 16: "
+                f"{_summary(_ratios(rows[(name, 32)], rows[(name, 16)], field))}"
+            )
     print(f"wrote {out / 'calibration_drift.csv'}")
 
 

@@ -43,14 +43,20 @@ def rewritten_share(own_ids: bool, seed: int = 0) -> dict[str, float]:
     """Per kind of point: the mean share of a timed call's rows that were rewritten."""
     cfg = EngineConfig.create(model=MODEL, gpu="h200", block_size=BLOCK_SIZE)
     blocks = 57_435  # llama-3-8b's measured blocks at block 16 on the H200
-    entries = calibration_entries(CalibrationGrid(), BLOCK_SIZE,
-                                  max_model_len=cfg.max_model_len,
-                                  max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                  max_num_seqs=cfg.max_num_seqs, full=True,
-                                  capacity=(blocks - 1) * BLOCK_SIZE)
-    points = [(kind, out) for kind, _, out, _ in grid_points(entries, BLOCK_SIZE,
-                                                             BlockSource(blocks, seed), own_ids)
-              if out.total_num_scheduled_tokens <= GRAPH_TOKENS]
+    entries = calibration_entries(
+        CalibrationGrid(),
+        BLOCK_SIZE,
+        max_model_len=cfg.max_model_len,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_seqs=cfg.max_num_seqs,
+        full=True,
+        capacity=(blocks - 1) * BLOCK_SIZE,
+    )
+    points = [
+        (kind, out)
+        for kind, _, out, _ in grid_points(entries, BLOCK_SIZE, BlockSource(blocks, seed), own_ids)
+        if out.total_num_scheduled_tokens <= GRAPH_TOKENS
+    ]
     width = -(-cfg.max_model_len // BLOCK_SIZE)
     rows = BlockTableRows(width)
     for _, out in points:  # the warm-up, in grid order
@@ -96,16 +102,25 @@ def main() -> None:
     table = []
     for kind in shared:
         print(f"{kind:12s} {shared[kind]:26.2f} {own[kind]:16.2f}")
-        table.append({"kind": kind, "shared_ids": round(shared[kind], 3),
-                      "own_ids": round(own[kind], 3)})
+        table.append(
+            {"kind": kind, "shared_ids": round(shared[kind], 3), "own_ids": round(own[kind], 3)}
+        )
     in_place, rewritten = row_index_us(False), row_index_us(True)
-    print(f"row_index, 128 rows of 64 blocks: {in_place:.1f} us found in place, "
-          f"{rewritten:.1f} us rewritten")
-    table.append({"kind": "row_index_us_128x64", "shared_ids": round(rewritten, 1),
-                  "own_ids": round(in_place, 1)})
+    print(
+        f"row_index, 128 rows of 64 blocks: {in_place:.1f} us found in place, "
+        f"{rewritten:.1f} us rewritten"
+    )
+    table.append(
+        {
+            "kind": "row_index_us_128x64",
+            "shared_ids": round(rewritten, 1),
+            "own_ids": round(in_place, 1),
+        }
+    )
     if args.out:
-        write_host_csv(args.out, "calibration_rows", table,
-                       note="last row: us per step of row_index")
+        write_host_csv(
+            args.out, "calibration_rows", table, note="last row: us per step of row_index"
+        )
 
 
 if __name__ == "__main__":

@@ -35,8 +35,11 @@ def ramp_requests(n: int, prompt_len: int, stride: int, vocab: int):
     out = []
     for i in range(n):
         prompt = [(i * 7919 + j * 104_729 + prompt_len) % vocab for j in range(prompt_len)]
-        out.append(Request(f"ramp-{prompt_len}-{i}", prompt, max_tokens=stride * (i + 1) + 1,
-                           arrival_time=0.0))
+        out.append(
+            Request(
+                f"ramp-{prompt_len}-{i}", prompt, max_tokens=stride * (i + 1) + 1, arrival_time=0.0
+            )
+        )
     return out
 
 
@@ -46,14 +49,14 @@ def in_run_steps(runner, config, n: int, prompt_len: int, stride: int) -> dict:
 
     scheduler = make_engine(config, runner.num_gpu_blocks)
     first = len(runner.step_records)
-    replay(ramp_requests(n, prompt_len, stride, config.model_spec.vocab_size), scheduler,
-           runner)
+    replay(ramp_requests(n, prompt_len, stride, config.model_spec.vocab_size), scheduler, runner)
     by: dict[int, list] = {}
     for r in runner.step_records[first:]:
         if r.num_prefill_tokens or not r.num_reqs or (runner.graphs and not r.cuda_graph):
             continue
         by.setdefault(r.num_reqs, []).append(
-            (r.context_sum / r.num_reqs, r.wall_s, r.prepare_s, r.forward_s))
+            (r.context_sum / r.num_reqs, r.wall_s, r.prepare_s, r.forward_s)
+        )
     return by
 
 
@@ -89,8 +92,11 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--gap-ms", type=float, default=0.3)
-    ap.add_argument("--dry-run-cpu", action="store_true",
-                    help="tiny model on the CPU (Triton interpreter): tests this script")
+    ap.add_argument(
+        "--dry-run-cpu",
+        action="store_true",
+        help="tiny model on the CPU (Triton interpreter): tests this script",
+    )
     args = ap.parse_args()
     import gc
 
@@ -120,43 +126,53 @@ def main() -> None:
             runner.graphs.capture_all(max(batches))
         for prompt_len in map(int, args.prompts.split(",")):
             ramp = in_run_steps(runner, config, max(batches), prompt_len, args.stride)
-            shapes = [(b, round(statistics.mean(c for c, *_ in ramp[b]))) for b in batches
-                      if b in ramp]
-            steps = {s: synthetic_step([(s[1], 1)] * s[0], 16, BlockSource(blocks, 0))
-                     for s in shapes}
+            shapes = [
+                (b, round(statistics.mean(c for c, *_ in ramp[b]))) for b in batches if b in ramp
+            ]
+            steps = {
+                s: synthetic_step([(s[1], 1)] * s[0], 16, BlockSource(blocks, 0)) for s in shapes
+            }
             items = [(steps[s], skip) for s in shapes for skip in (False, True)]
             runner.record_steps = False
-            timings = measure_interleaved(runner, items, CalibrationGrid(repeats=7,
-                                                                         min_repeats=7))
+            timings = measure_interleaved(runner, items, CalibrationGrid(repeats=7, min_repeats=7))
             gc.disable()
             cons = {s: consecutive(runner, steps[s], args.repeats, 0.0) for s in shapes}
-            gap = {s: consecutive(runner, steps[s], args.repeats, args.gap_ms / 1e3)
-                   for s in shapes}
+            gap = {
+                s: consecutive(runner, steps[s], args.repeats, args.gap_ms / 1e3) for s in shapes
+            }
             gc.enable()
             runner.record_steps = True
             for k, s in enumerate(shapes):
                 ir = ramp[s[0]]
-                row = {"model": name, "prompt_len": prompt_len, "batch": s[0],
-                       "context": s[1], "in_run_steps": len(ir),
-                       "in_run_ms": med([x[1] for x in ir]),
-                       "in_run_prepare_ms": med([x[2] for x in ir]),
-                       "in_run_forward_ms": med([x[3] for x in ir]),
-                       "interleaved_ms": timings[2 * k].median * 1e3,
-                       "interleaved_other_ms": timings[2 * k + 1].median * 1e3,
-                       "consecutive_ms": med([x[0] for x in cons[s]]),
-                       "consecutive_prepare_ms": med([x[1] for x in cons[s]]),
-                       "consecutive_forward_ms": med([x[2] for x in cons[s]]),
-                       "gap_ms": med([x[0] for x in gap[s]]),
-                       "gap_forward_ms": med([x[2] for x in gap[s]]),
-                       **device_columns(info)}
+                row = {
+                    "model": name,
+                    "prompt_len": prompt_len,
+                    "batch": s[0],
+                    "context": s[1],
+                    "in_run_steps": len(ir),
+                    "in_run_ms": med([x[1] for x in ir]),
+                    "in_run_prepare_ms": med([x[2] for x in ir]),
+                    "in_run_forward_ms": med([x[3] for x in ir]),
+                    "interleaved_ms": timings[2 * k].median * 1e3,
+                    "interleaved_other_ms": timings[2 * k + 1].median * 1e3,
+                    "consecutive_ms": med([x[0] for x in cons[s]]),
+                    "consecutive_prepare_ms": med([x[1] for x in cons[s]]),
+                    "consecutive_forward_ms": med([x[2] for x in cons[s]]),
+                    "gap_ms": med([x[0] for x in gap[s]]),
+                    "gap_forward_ms": med([x[2] for x in gap[s]]),
+                    **device_columns(info),
+                }
                 rows.append(row)
-                print(f"{name} P={prompt_len} b={s[0]:>3} c={s[1]:>5}: in-run "
-                      f"{row['in_run_ms']:.2f} (prep {row['in_run_prepare_ms']:.2f} fwd "
-                      f"{row['in_run_forward_ms']:.2f}) | interleaved "
-                      f"{row['interleaved_ms']:.2f} | consecutive {row['consecutive_ms']:.2f} "
-                      f"(prep {row['consecutive_prepare_ms']:.2f} fwd "
-                      f"{row['consecutive_forward_ms']:.2f}) | gap {row['gap_ms']:.2f} "
-                      f"(fwd {row['gap_forward_ms']:.2f})", flush=True)
+                print(
+                    f"{name} P={prompt_len} b={s[0]:>3} c={s[1]:>5}: in-run "
+                    f"{row['in_run_ms']:.2f} (prep {row['in_run_prepare_ms']:.2f} fwd "
+                    f"{row['in_run_forward_ms']:.2f}) | interleaved "
+                    f"{row['interleaved_ms']:.2f} | consecutive {row['consecutive_ms']:.2f} "
+                    f"(prep {row['consecutive_prepare_ms']:.2f} fwd "
+                    f"{row['consecutive_forward_ms']:.2f}) | gap {row['gap_ms']:.2f} "
+                    f"(fwd {row['gap_forward_ms']:.2f})",
+                    flush=True,
+                )
         print(f"{name}: {time.monotonic() - t0:.0f} s", flush=True)
         del runner
         if not dry:

@@ -54,20 +54,31 @@ def main() -> None:
                 key = runner.graphs.key_for(out.scheduled) if runner.graphs else None
                 items.append((out, False))
                 meta.append((b, w, ctx, key))
-        timings = measure_interleaved(runner, items, CalibrationGrid(
-            repeats=args.rounds, min_repeats=args.rounds))
+        timings = measure_interleaved(
+            runner, items, CalibrationGrid(repeats=args.rounds, min_repeats=args.rounds)
+        )
         uniform = {b: t.median for (b, w, _, _), t in zip(meta, timings, strict=True) if w == 0}
         for (b, w, ctx, key), t in zip(meta, timings, strict=True):
-            row = {"model": name, "batch": b, "mean_context": round(sum(ctx) / b),
-                   "longest_context": max(ctx), "half_width": w,
-                   "graph_size": key.size if key else "", "num_partitions":
-                   key.num_partitions if key else "", "step_time_ms": t.median * 1e3,
-                   "uniform_step_time_ms": uniform[b] * 1e3, "ratio": t.median / uniform[b],
-                   **device_columns(info)}
+            row = {
+                "model": name,
+                "batch": b,
+                "mean_context": round(sum(ctx) / b),
+                "longest_context": max(ctx),
+                "half_width": w,
+                "graph_size": key.size if key else "",
+                "num_partitions": key.num_partitions if key else "",
+                "step_time_ms": t.median * 1e3,
+                "uniform_step_time_ms": uniform[b] * 1e3,
+                "ratio": t.median / uniform[b],
+                **device_columns(info),
+            }
             rows.append(row)
-            print(f"{name} b={b:>3} contexts {args.mean}+-{w:<5} longest {max(ctx):>5} "
-                  f"partitions {row['num_partitions']}: {t.median * 1e3:.2f} ms, "
-                  f"{row['ratio']:.3f} of uniform", flush=True)
+            print(
+                f"{name} b={b:>3} contexts {args.mean}+-{w:<5} longest {max(ctx):>5} "
+                f"partitions {row['num_partitions']}: {t.median * 1e3:.2f} ms, "
+                f"{row['ratio']:.3f} of uniform",
+                flush=True,
+            )
         print(f"{name}: {time.monotonic() - t0:.0f} s", flush=True)
         release(runner)
     write_rows(args.out, "decode_spread.csv", rows)

@@ -40,9 +40,14 @@ def dry_runner(num_blocks: int, max_num_batched_tokens: int, max_model_len: int)
     from pagesim.gpu.model import RandomWeightDecoder
     from pagesim.gpu.runner import GPUModelRunner
 
-    config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=8,
-                                 max_num_batched_tokens=max_num_batched_tokens,
-                                 max_model_len=max_model_len, num_gpu_blocks_override=num_blocks)
+    config = EngineConfig.create(
+        model="tiny-llama",
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        num_gpu_blocks_override=num_blocks,
+    )
     model = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, 0)
     return config, GPUModelRunner(config, num_blocks, device="cpu", model=model)
 
@@ -57,8 +62,13 @@ def release(runner) -> None:
 
 def device_columns(info: dict) -> dict[str, str]:
     """The GPU, driver, torch, triton and date columns of a results row."""
-    return {"gpu": info["gpu_name"], "driver": info.get("driver", ""), "torch": info["torch"],
-            "triton": info["triton"], "date": info["date"]}
+    return {
+        "gpu": info["gpu_name"],
+        "driver": info.get("driver", ""),
+        "torch": info["torch"],
+        "triton": info["triton"],
+        "date": info["date"],
+    }
 
 
 def write_rows(out_dir: str, name: str, rows: list[dict]) -> Path:

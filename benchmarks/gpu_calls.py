@@ -73,14 +73,14 @@ def shipped_runner(model: str) -> str | None:
     return profile_runner_label(SHIPPED / model)
 
 
-def call_runs(model: str, runner: str | Callable[[str | None], bool],
-              skip: Collection[str] = SKIP) -> list[tuple[str, Path]]:
+def call_runs(
+    model: str, runner: str | Callable[[str | None], bool], skip: Collection[str] = SKIP
+) -> list[tuple[str, Path]]:
     """(call, run folder) of every stored call of `model` by `runner` (a name, or a test of
     the name)."""
     keep = runner if callable(runner) else (lambda r: r == runner)
     folders = [(d.parents[1].name, d) for d in sorted(RESULTS.glob(f"*/real/{model}"))]
-    return [(call, d) for call, d in folders
-            if call not in skip and keep(runner_of(call, model))]
+    return [(call, d) for call, d in folders if call not in skip and keep(runner_of(call, model))]
 
 
 def real_runs(model: str, runner: str) -> list[Path]:

@@ -79,8 +79,7 @@ def check_model(spec_name: str, dtype, device: str) -> float:
     model = RandomWeightDecoder(small, dtype, device, 16, seed=5)
     kv = allocate_kv_cache(model, 64, device)
     lens = [37, 100]
-    md = model.attn.build_metadata([[3, 4, 5], [10, 11, 12, 13, 14, 15, 16]], [0, 0], lens,
-                                   device)
+    md = model.attn.build_metadata([[3, 4, 5], [10, 11, 12, 13, 14, 15, 16]], [0, 0], lens, device)
     ids = torch.randint(0, min(1000, small.vocab_size), (sum(lens),), device=device)
     pos = torch.cat([torch.arange(n, device=device) for n in lens])
     li = (md.query_start_loc[1:] - 1).long()
@@ -92,9 +91,15 @@ def check_model(spec_name: str, dtype, device: str) -> float:
     return err
 
 
-def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10,
-                   shapes: dict | None = None, modes: tuple[str, ...] = ("graph", "eager")
-                   ) -> list[dict]:
+def graph_vs_eager(
+    config,
+    model,
+    num_gpu_blocks: int,
+    dry: bool,
+    reps: int = 10,
+    shapes: dict | None = None,
+    modes: tuple[str, ...] = ("graph", "eager"),
+) -> list[dict]:
     """Steps timed on the host clock with graph replay and eagerly in one runner, alternating,
     and the relative difference of their final hidden rows (`pagesim.gpu.graph_check`).
     Shapes: decode batches, and mixed steps (a prefill, a chunk with decodes, several
@@ -103,8 +108,9 @@ def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10
     from pagesim.gpu.graph_check import DEFAULT_SHAPES, graph_vs_eager_rows
     from pagesim.gpu.runner import GPUModelRunner
 
-    runner = GPUModelRunner(config, num_gpu_blocks, device=model.device, model=model,
-                            cuda_graphs="graph" in modes)
+    runner = GPUModelRunner(
+        config, num_gpu_blocks, device=model.device, model=model, cuda_graphs="graph" in modes
+    )
     graphs = runner.graphs
     if graphs is None and "graph" in modes:
         return []
@@ -117,18 +123,32 @@ def graph_vs_eager(config, model, num_gpu_blocks: int, dry: bool, reps: int = 10
     return graph_vs_eager_rows(runner, use_graphs, shapes, reps=reps, modes=modes, log=log)
 
 
-def speed_probe(config, model, num_gpu_blocks: int, dry: bool,
-                graphs: bool = True) -> dict[str, float]:
+def speed_probe(
+    config, model, num_gpu_blocks: int, dry: bool, graphs: bool = True
+) -> dict[str, float]:
     """Median ms of a few fixed steps, each run as a served run runs it (graphs where the
     runner would replay one), in a fresh runner: timed between served runs, they say how fast
     the GPU and host are at that moment, apart from the runs' own shapes."""
-    shapes = {"decode 2x40": [(40, 1)] * 2, "prefill 40": [(0, 40)]} if dry else {
-        "decode 16x2048": [(2048, 1)] * 16, "decode 64x1024": [(1024, 1)] * 64,
-        "32 decodes x1024 + chunk 256": [(1024, 1)] * 32 + [(0, 256)],
-        "prefill 2048": [(0, 2048)]}
+    shapes = (
+        {"decode 2x40": [(40, 1)] * 2, "prefill 40": [(0, 40)]}
+        if dry
+        else {
+            "decode 16x2048": [(2048, 1)] * 16,
+            "decode 64x1024": [(1024, 1)] * 64,
+            "32 decodes x1024 + chunk 256": [(1024, 1)] * 32 + [(0, 256)],
+            "prefill 2048": [(0, 2048)],
+        }
+    )
     model.set_block_size(config.block_size)
-    rows = graph_vs_eager(config, model, num_gpu_blocks, dry, reps=3 if dry else 10,
-                          shapes=shapes, modes=("graph",) if graphs else ("eager",))
+    rows = graph_vs_eager(
+        config,
+        model,
+        num_gpu_blocks,
+        dry,
+        reps=3 if dry else 10,
+        shapes=shapes,
+        modes=("graph",) if graphs else ("eager",),
+    )
     if model.device.type == "cuda":
         import torch
 
@@ -147,31 +167,75 @@ def run_plan(dry: bool, plan: str = "validate") -> list[dict]:
     one workload differ within one call: the floor under any prediction's error."""
     if dry:
         rnd = {"random_input_len": 24, "random_output_len": 3}
-        return [{"name": "random-inf-bs16", "workload": "random", "rate": "inf",
-                 "block_size": 16, "num_prompts": 4, **rnd},
-                {"name": "random-r2-bs32", "workload": "random", "rate": 2.0,
-                 "block_size": 32, "num_prompts": 3, **rnd}]
+        return [
+            {
+                "name": "random-inf-bs16",
+                "workload": "random",
+                "rate": "inf",
+                "block_size": 16,
+                "num_prompts": 4,
+                **rnd,
+            },
+            {
+                "name": "random-r2-bs32",
+                "workload": "random",
+                "rate": 2.0,
+                "block_size": 32,
+                "num_prompts": 3,
+                **rnd,
+            },
+        ]
     if plan == "repeat":
         return _repeat_plan()
     if plan == "drift":
         return _drift_plan()
     return [
-        {"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "block_size": 16,
-         "num_prompts": 150},
+        {
+            "name": "chat-inf-bs16",
+            "workload": "chat",
+            "rate": "inf",
+            "block_size": 16,
+            "num_prompts": 150,
+        },
         {"name": "chat-50pct-bs16", "workload": "chat", "rate": 0.50, "block_size": 16},
         {"name": "chat-85pct-bs16", "workload": "chat", "rate": 0.85, "block_size": 16},
         {"name": "chat-95pct-bs16", "workload": "chat", "rate": 0.95, "block_size": 16},
-        {"name": "system-prompt-inf-bs16", "workload": "system-prompt", "rate": "inf",
-         "block_size": 16, "num_prompts": 150},
-        {"name": "code-inf-bs16", "workload": "code", "rate": "inf", "block_size": 16,
-         "num_prompts": 150},
+        {
+            "name": "system-prompt-inf-bs16",
+            "workload": "system-prompt",
+            "rate": "inf",
+            "block_size": 16,
+            "num_prompts": 150,
+        },
+        {
+            "name": "code-inf-bs16",
+            "workload": "code",
+            "rate": "inf",
+            "block_size": 16,
+            "num_prompts": 150,
+        },
         {"name": "chat-85pct-bs32", "workload": "chat", "rate": 0.85, "block_size": 32},
-        {"name": "chat-inf-bs32", "workload": "chat", "rate": "inf", "block_size": 32,
-         "num_prompts": 150},
-        {"name": "system-prompt-85pct-bs16", "workload": "system-prompt", "rate": 0.85,
-         "block_size": 16, "of": "system-prompt-inf-bs16"},
-        {"name": "code-85pct-bs16", "workload": "code", "rate": 0.85, "block_size": 16,
-         "of": "code-inf-bs16"},
+        {
+            "name": "chat-inf-bs32",
+            "workload": "chat",
+            "rate": "inf",
+            "block_size": 32,
+            "num_prompts": 150,
+        },
+        {
+            "name": "system-prompt-85pct-bs16",
+            "workload": "system-prompt",
+            "rate": 0.85,
+            "block_size": 16,
+            "of": "system-prompt-inf-bs16",
+        },
+        {
+            "name": "code-85pct-bs16",
+            "workload": "code",
+            "rate": 0.85,
+            "block_size": 16,
+            "of": "code-inf-bs16",
+        },
     ]
 
 
@@ -180,36 +244,78 @@ def later_passes(plan: list[dict], passes: int, names: set[str] | None = None) -
     order, named `<name>-r<pass>`: the same traffic again, at the rates set by the first
     pass's capacity. Spread over the call, they measure how far identical real runs minutes
     apart differ, and give `pagesim validate` a mean to compare with (`repeat_groups`)."""
-    return [{**spec, "name": f"{spec['name']}-r{k}"} for k in range(2, passes + 1)
-            for spec in plan if names is None or spec["name"] in names]
+    return [
+        {**spec, "name": f"{spec['name']}-r{k}"}
+        for k in range(2, passes + 1)
+        for spec in plan
+        if names is None or spec["name"] in names
+    ]
 
 
 def _drift_plan() -> list[dict]:
     """chat at 85 % on blocks 16 and 32, three times each, alternating (with `--probe`, the
     fixed steps of `speed_probe` are timed before each run): how far identical runs minutes
     apart move, and whether the GPU's speed moves with them."""
-    plan = [{"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "block_size": 16,
-             "num_prompts": 150}]
+    plan = [
+        {
+            "name": "chat-inf-bs16",
+            "workload": "chat",
+            "rate": "inf",
+            "block_size": 16,
+            "num_prompts": 150,
+        }
+    ]
     for i in ("", "-r2", "-r3"):
         for bs in (16, 32):
-            plan.append({"name": f"chat-85pct-bs{bs}{i}", "workload": "chat", "rate": 0.85,
-                         "block_size": bs})
+            plan.append(
+                {
+                    "name": f"chat-85pct-bs{bs}{i}",
+                    "workload": "chat",
+                    "rate": 0.85,
+                    "block_size": bs,
+                }
+            )
     return plan
 
 
 def _repeat_plan() -> list[dict]:
     base = [
-        {"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "block_size": 16,
-         "num_prompts": 150},
+        {
+            "name": "chat-inf-bs16",
+            "workload": "chat",
+            "rate": "inf",
+            "block_size": 16,
+            "num_prompts": 150,
+        },
         {"name": "chat-85pct-bs16", "workload": "chat", "rate": 0.85, "block_size": 16},
-        {"name": "system-prompt-inf-bs16", "workload": "system-prompt", "rate": "inf",
-         "block_size": 16, "num_prompts": 150},
-        {"name": "system-prompt-85pct-bs16", "workload": "system-prompt", "rate": 0.85,
-         "block_size": 16, "of": "system-prompt-inf-bs16"},
-        {"name": "code-inf-bs16", "workload": "code", "rate": "inf", "block_size": 16,
-         "num_prompts": 150},
-        {"name": "code-85pct-bs16", "workload": "code", "rate": 0.85, "block_size": 16,
-         "of": "code-inf-bs16"},
+        {
+            "name": "system-prompt-inf-bs16",
+            "workload": "system-prompt",
+            "rate": "inf",
+            "block_size": 16,
+            "num_prompts": 150,
+        },
+        {
+            "name": "system-prompt-85pct-bs16",
+            "workload": "system-prompt",
+            "rate": 0.85,
+            "block_size": 16,
+            "of": "system-prompt-inf-bs16",
+        },
+        {
+            "name": "code-inf-bs16",
+            "workload": "code",
+            "rate": "inf",
+            "block_size": 16,
+            "num_prompts": 150,
+        },
+        {
+            "name": "code-85pct-bs16",
+            "workload": "code",
+            "rate": 0.85,
+            "block_size": 16,
+            "of": "code-inf-bs16",
+        },
         {"name": "chat-85pct-bs32", "workload": "chat", "rate": 0.85, "block_size": 32},
     ]
     plan = []
@@ -224,30 +330,56 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--calib-budget-s", type=float, default=150.0)
-    ap.add_argument("--decode-batches", default=None,
-                    help="decode batch sizes to calibrate, comma separated (default: the grid's)")
+    ap.add_argument(
+        "--decode-batches",
+        default=None,
+        help="decode batch sizes to calibrate, comma separated (default: the grid's)",
+    )
     ap.add_argument("--arrival-window-s", type=float, default=10.0)
-    ap.add_argument("--max-prompts", type=int, default=200,
-                    help="cap on a Poisson run's prompts (rate x arrival window)")
+    ap.add_argument(
+        "--max-prompts",
+        type=int,
+        default=200,
+        help="cap on a Poisson run's prompts (rate x arrival window)",
+    )
     ap.add_argument("--skip-runs", default="")
-    ap.add_argument("--calibrate-only", action="store_true",
-                    help="Profiles only (the real runs already exist).")
-    ap.add_argument("--probe", action="store_true",
-                    help="time speed_probe's fixed steps before every run and after the last")
-    ap.add_argument("--plan", choices=("validate", "repeat", "drift"), default="validate",
-                    help="repeat: the runs that missed targets, each served twice in a row")
-    ap.add_argument("--passes", type=int, default=1,
-                    help="serve the plan this many times, the repeats named <name>-r2, ...")
-    ap.add_argument("--pass-runs", default="",
-                    help="the runs the later passes serve, comma separated (default: all)")
+    ap.add_argument(
+        "--calibrate-only", action="store_true", help="Profiles only (the real runs already exist)."
+    )
+    ap.add_argument(
+        "--probe",
+        action="store_true",
+        help="time speed_probe's fixed steps before every run and after the last",
+    )
+    ap.add_argument(
+        "--plan",
+        choices=("validate", "repeat", "drift"),
+        default="validate",
+        help="repeat: the runs that missed targets, each served twice in a row",
+    )
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="serve the plan this many times, the repeats named <name>-r2, ...",
+    )
+    ap.add_argument(
+        "--pass-runs",
+        default="",
+        help="the runs the later passes serve, comma separated (default: all)",
+    )
     ap.add_argument("--dry-run-cpu", action="store_true")
-    ap.add_argument("--enforce-eager", action="store_true",
-                    help="No CUDA graphs (calibration and runs).")
+    ap.add_argument(
+        "--enforce-eager", action="store_true", help="No CUDA graphs (calibration and runs)."
+    )
     args = ap.parse_args()
     from pagesim.utils import parse_int_list  # a bad list fails before any GPU work
 
-    decode_batches = (None if args.decode_batches is None else
-                      tuple(sorted(set(parse_int_list(args.decode_batches, "decode-batches")))))
+    decode_batches = (
+        None
+        if args.decode_batches is None
+        else tuple(sorted(set(parse_int_list(args.decode_batches, "decode-batches"))))
+    )
     skip = set(filter(None, args.skip_runs.split(",")))
     plan = [spec for spec in run_plan(args.dry_run_cpu, args.plan) if spec["name"] not in skip]
     pass_runs = set(filter(None, args.pass_runs.split(","))) or None
@@ -285,39 +417,71 @@ def main() -> int:
         summary["models"][name] = ms
         try:
             if dry:
-                config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
-                                             max_num_batched_tokens=64, max_model_len=256,
-                                             num_gpu_blocks_override=128)
-                grid = CalibrationGrid(block_sizes=(16, 32), decode_batches=(1, 2),
-                                       decode_contexts=(16, 40), prefill_tokens=(16,),
-                                       prefill_cached=(0,), mixed=((8, 0, 2, 16),),
-                                       decode_shared_spread=((2, 16, 16, 8),),
-                                       overhead_max_reqs=4, repeats=3)
+                config = EngineConfig.create(
+                    model="tiny-llama",
+                    block_size=16,
+                    max_num_seqs=4,
+                    max_num_batched_tokens=64,
+                    max_model_len=256,
+                    num_gpu_blocks_override=128,
+                )
+                grid = CalibrationGrid(
+                    block_sizes=(16, 32),
+                    decode_batches=(1, 2),
+                    decode_contexts=(16, 40),
+                    prefill_tokens=(16,),
+                    prefill_cached=(0,),
+                    mixed=((8, 0, 2, 16),),
+                    decode_shared_spread=((2, 16, 16, 8),),
+                    overhead_max_reqs=4,
+                    repeats=3,
+                )
             else:
                 config = EngineConfig.create(model=name, gpu="h200", block_size=16)
-                grid = CalibrationGrid() if decode_batches is None else CalibrationGrid(
-                    decode_batches=decode_batches)
+                grid = (
+                    CalibrationGrid()
+                    if decode_batches is None
+                    else CalibrationGrid(decode_batches=decode_batches)
+                )
                 err = check_model(name, dtype, device)
                 ms["check_rel_err"] = err
-                log(f"{name}: paged vs dense forward rel err {err:.2e} "
-                    f"({'ok' if err < 3e-2 else 'TOO LARGE'})")
+                log(
+                    f"{name}: paged vs dense forward rel err {err:.2e} "
+                    f"({'ok' if err < 3e-2 else 'TOO LARGE'})"
+                )
             # Leave time for the runs after the grid (none with --calibrate-only: then only
             # for the host-overhead replay and packing, ~15 s after the grid's budget).
             reserve = CALIBRATE_ONLY_RESERVE_S if args.calibrate_only else RUNS_RESERVE_S
             calib_budget = min(args.calib_budget_s, max(30.0, left(args.budget_s) - reserve))
             with ClockSampler() as clocks:
                 res = run_calibration(
-                    config, grid, dtype=dtype, calibration_root=work / "calibration",
-                    progress=lambda d, t, lab: log(f"  [{d}/{t}] {lab}")
-                    if d == t or d % 20 == 0 else None,
-                    time_budget_s=calib_budget, log=log, device=device,
-                    cuda_graphs=graphs_on)
+                    config,
+                    grid,
+                    dtype=dtype,
+                    calibration_root=work / "calibration",
+                    progress=lambda d, t, lab: (
+                        log(f"  [{d}/{t}] {lab}") if d == t or d % 20 == 0 else None
+                    ),
+                    time_budget_s=calib_budget,
+                    log=log,
+                    device=device,
+                    cuda_graphs=graphs_on,
+                )
             ms["calibration_clocks"] = clocks.summary()
             ms["calibration_s"] = res.elapsed_s
             ms["capacity"] = res.capacity.to_dict()
-            ms["profile_rows"] = {k: len(getattr(res.profile, k)) for k in
-                                  ("decode", "prefill", "mixed", "multi_prefill", "overhead",
-                                   "decode_shared", "decode_shared_spread")}
+            ms["profile_rows"] = {
+                k: len(getattr(res.profile, k))
+                for k in (
+                    "decode",
+                    "prefill",
+                    "mixed",
+                    "multi_prefill",
+                    "overhead",
+                    "decode_shared",
+                    "decode_shared_spread",
+                )
+            }
             log(f"{name}: calibrated in {res.elapsed_s:.0f} s: {ms['profile_rows']}")
             pack(out, work)
             model = res.model
@@ -327,18 +491,21 @@ def main() -> int:
                     model.set_block_size(bs0)
                     with ClockSampler() as clocks:
                         ms["graph_vs_eager"] = graph_vs_eager(
-                            config, model, res.capacity.num_gpu_blocks[bs0], dry)
+                            config, model, res.capacity.num_gpu_blocks[bs0], dry
+                        )
                     ms["graph_vs_eager_clocks"] = clocks.summary()
-                    (work / f"graph_vs_eager_{name}.json").write_text(json.dumps(
-                        {"rows": ms["graph_vs_eager"], "sm_clock": clocks.summary()},
-                        indent=1))
+                    (work / f"graph_vs_eager_{name}.json").write_text(
+                        json.dumps(
+                            {"rows": ms["graph_vs_eager"], "sm_clock": clocks.summary()}, indent=1
+                        )
+                    )
                 except Exception:  # a diagnostic: the runs still go ahead
                     log(f"graph_vs_eager FAILED\n{traceback.format_exc()}")
                 if device == "cuda":
                     torch.cuda.empty_cache()
             throughput: dict[str, float] = {}  # run name -> measured request throughput
             cfg = None
-            for spec in ([] if args.calibrate_only else plan):
+            for spec in [] if args.calibrate_only else plan:
                 rate = spec["rate"]
                 base = throughput.get(spec.get("of", "chat-inf-bs16"))
                 if rate != "inf" and not dry:
@@ -346,8 +513,9 @@ def main() -> int:
                         log(f"skip {spec['name']}: no capacity measured")
                         continue
                     rate = round(rate * base, 3)
-                n = spec.get("num_prompts") or int(min(args.max_prompts, max(60, round(
-                    rate * args.arrival_window_s))))
+                n = spec.get("num_prompts") or int(
+                    min(args.max_prompts, max(60, round(rate * args.arrival_window_s)))
+                )
                 remaining = left(args.budget_s)
                 if remaining < (20 if dry else 45):
                     log(f"skip {spec['name']}: {remaining:.0f} s left")
@@ -356,36 +524,71 @@ def main() -> int:
                 cfg = config.replace(block_size=bs)
                 blocks = res.capacity.num_gpu_blocks[bs]
                 params = {k: v for k, v in spec.items() if k.startswith("random_")}
-                load = load_dict(spec["workload"], n, 0, math.inf if rate == "inf" else rate,
-                                 **params)
+                load = load_dict(
+                    spec["workload"], n, 0, math.inf if rate == "inf" else rate, **params
+                )
                 if args.probe:
                     ms.setdefault("probes", {})[f"before {spec['name']}"] = speed_probe(
-                        cfg, model, blocks, dry, graphs_on and device == "cuda")
+                        cfg, model, blocks, dry, graphs_on and device == "cuda"
+                    )
                 t = time.monotonic()
                 with ClockSampler() as clocks:
-                    result, records = serve_workload(cfg, model, blocks, load, device=device,
-                                                     max_wall_s=remaining - 15,
-                                                     cuda_graphs=graphs_on, log=log)
+                    result, records = serve_workload(
+                        cfg,
+                        model,
+                        blocks,
+                        load,
+                        device=device,
+                        max_wall_s=remaining - 15,
+                        cuda_graphs=graphs_on,
+                        log=log,
+                    )
                 records["sm_clock_mhz"] = clocks.samples
                 result["sm_clock"] = clocks.summary()
                 if device == "cuda":
                     torch.cuda.empty_cache()
-                save_real_run(work / "real" / name / f"{spec['name']}.json.xz", config=cfg,
-                              load=load, result=result, records=records, device=info,
-                              extra={"capacity_rps": base, "sm_clock": clocks.summary()})
+                save_real_run(
+                    work / "real" / name / f"{spec['name']}.json.xz",
+                    config=cfg,
+                    load=load,
+                    result=result,
+                    records=records,
+                    device=info,
+                    extra={"capacity_rps": base, "sm_clock": clocks.summary()},
+                )
                 throughput[spec["name"]] = result["request_throughput"]
-                ms["runs"][spec["name"]] = {k: result[k] for k in (
-                    "completed", "failed", "duration", "request_throughput", "output_throughput",
-                    "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "p99_e2el_ms",
-                    "num_preemptions", "prefix_cache_hit_rate", "truncated",
-                    "gpu_host_overhead_s_mean", "sm_clock", "gpu_cuda_graphs",
-                    "gpu_graphs_captured", "gpu_graph_capture_s", "gpu_graph_error")}
-                log(f"{name} {spec['name']}: rate {rate} n {n} in {time.monotonic() - t:.0f} s: "
-                    + json.dumps(ms["runs"][spec["name"]]))
+                ms["runs"][spec["name"]] = {
+                    k: result[k]
+                    for k in (
+                        "completed",
+                        "failed",
+                        "duration",
+                        "request_throughput",
+                        "output_throughput",
+                        "mean_ttft_ms",
+                        "mean_tpot_ms",
+                        "mean_e2el_ms",
+                        "p99_e2el_ms",
+                        "num_preemptions",
+                        "prefix_cache_hit_rate",
+                        "truncated",
+                        "gpu_host_overhead_s_mean",
+                        "sm_clock",
+                        "gpu_cuda_graphs",
+                        "gpu_graphs_captured",
+                        "gpu_graph_capture_s",
+                        "gpu_graph_error",
+                    )
+                }
+                log(
+                    f"{name} {spec['name']}: rate {rate} n {n} in {time.monotonic() - t:.0f} s: "
+                    + json.dumps(ms["runs"][spec["name"]])
+                )
                 pack(out, work)
             if args.probe and cfg is not None:
                 ms.setdefault("probes", {})["after the last run"] = speed_probe(
-                    cfg, model, blocks, dry, graphs_on and device == "cuda")
+                    cfg, model, blocks, dry, graphs_on and device == "cuda"
+                )
             del model, res
             if device == "cuda":
                 torch.cuda.empty_cache()

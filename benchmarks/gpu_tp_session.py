@@ -101,54 +101,90 @@ def session_rank(rank: int, world_size: int, init_method: str, args: dict) -> No
     try:
         if dry:
             torch.set_num_threads(1)
-            config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
-                                         max_num_batched_tokens=64, max_model_len=256,
-                                         num_gpu_blocks_override=128,
-                                         tensor_parallel_size=world_size)
-            grid = CalibrationGrid(block_sizes=(16,), full_block_sizes=(16,),
-                                   decode_batches=(1, 2), decode_contexts=(16, 40),
-                                   prefill_tokens=(16,), prefill_cached=(0,), mixed=(),
-                                   overhead_max_reqs=4, repeats=3)
+            config = EngineConfig.create(
+                model="tiny-llama",
+                block_size=16,
+                max_num_seqs=4,
+                max_num_batched_tokens=64,
+                max_model_len=256,
+                num_gpu_blocks_override=128,
+                tensor_parallel_size=world_size,
+            )
+            grid = CalibrationGrid(
+                block_sizes=(16,),
+                full_block_sizes=(16,),
+                decode_batches=(1, 2),
+                decode_contexts=(16, 40),
+                prefill_tokens=(16,),
+                prefill_cached=(0,),
+                mixed=(),
+                overhead_max_reqs=4,
+                repeats=3,
+            )
             sizes = (1024, 65536)
         else:
-            config = EngineConfig.create(model=args["model"], gpu="h200", block_size=16,
-                                         tensor_parallel_size=world_size)
+            config = EngineConfig.create(
+                model=args["model"], gpu="h200", block_size=16, tensor_parallel_size=world_size
+            )
             sizes_asked = tuple(args["block_sizes"])
-            grid = CalibrationGrid(block_sizes=sizes_asked, full_block_sizes=tuple(
-                b for b in CalibrationGrid.full_block_sizes if b in sizes_asked))
+            grid = CalibrationGrid(
+                block_sizes=sizes_asked,
+                full_block_sizes=tuple(
+                    b for b in CalibrationGrid.full_block_sizes if b in sizes_asked
+                ),
+            )
             sizes = None
         err = check_equivalence(group, config.model_spec, dtype, device)
         summary["equivalence_rel_err"] = group.gather_objects(err)
-        say(f"TP {world_size}: sharded vs whole 2-layer logits, rel err per rank "
-            f"{summary['equivalence_rel_err']}")
+        say(
+            f"TP {world_size}: sharded vs whole 2-layer logits, rel err per rank "
+            f"{summary['equivalence_rel_err']}"
+        )
         before = MemorySnapshot.take(device) if device.type == "cuda" else None
-        model = TensorParallelDecoder(config.model_spec, dtype, device, config.block_size,
-                                      group, seed=0)
+        model = TensorParallelDecoder(
+            config.model_spec, dtype, device, config.block_size, group, seed=0
+        )
         kw = {"allreduce_bytes": sizes} if sizes else {}
         res = calibrate_tensor_parallel(
-            group, model, config, grid, before=before, seed=0,
-            calibration_root=out / "work" / "calibration", log=say,
-            time_budget_s=args["calib_budget_s"], cuda_graphs=args["cuda_graphs"], **kw)
+            group,
+            model,
+            config,
+            grid,
+            before=before,
+            seed=0,
+            calibration_root=out / "work" / "calibration",
+            log=say,
+            time_budget_s=args["calib_budget_s"],
+            cuda_graphs=args["cuda_graphs"],
+            **kw,
+        )
         blocks = None
         if res is not None:
             p = res.profile
             blocks = res.capacity.num_gpu_blocks[config.block_size]
-            summary.update(profile=str(res.directory), calibration_s=res.elapsed_s,
-                           capacity=res.capacity.to_dict(),
-                           rows={k: len(getattr(p, k)) for k in (
-                               "decode", "prefill", "mixed", "overhead", "allreduce")},
-                           allreduce=[dataclasses.asdict(r) for r in p.allreduce])
+            summary.update(
+                profile=str(res.directory),
+                calibration_s=res.elapsed_s,
+                capacity=res.capacity.to_dict(),
+                rows={
+                    k: len(getattr(p, k))
+                    for k in ("decode", "prefill", "mixed", "overhead", "allreduce")
+                },
+                allreduce=[dataclasses.asdict(r) for r in p.allreduce],
+            )
             say(f"TP {world_size}: profile {res.directory} {summary['rows']}")
             pack(out)
         if args["cuda_graphs"] and world_size in args["validate_tp"]:
             t = time.time()
             shapes = {"decode 1x40": [(40, 1)], "prefill 24": [(0, 24)]} if dry else None
-            rows = graph_vs_eager_tp(group, model, config, blocks or 0, shapes,
-                                     reps=3 if dry else 10, log=say)
+            rows = graph_vs_eager_tp(
+                group, model, config, blocks or 0, shapes, reps=3 if dry else 10, log=say
+            )
             if rows is not None:
                 summary["graph_vs_eager"] = rows
                 (out / "work" / f"graph_vs_eager-tp{world_size}.json").write_text(
-                    json.dumps(rows, indent=1))
+                    json.dumps(rows, indent=1)
+                )
                 say(f"TP {world_size}: graph vs eager in {time.time() - t:.0f} s")
         if world_size in args["validate_tp"]:
             summary["runs"] = serve_runs(group, model, config, blocks, args, say)
@@ -159,7 +195,8 @@ def session_rank(rank: int, world_size: int, init_method: str, args: dict) -> No
     finally:
         if rank == 0:
             (out / f"summary-tp{world_size}.json").write_text(
-                json.dumps(summary, indent=1, default=str))
+                json.dumps(summary, indent=1, default=str)
+            )
             pack(out)
         destroy_tensor_parallel()
 
@@ -168,11 +205,20 @@ def run_plan(dry: bool) -> list[dict]:
     """Real runs in priority order; `rate` is "inf" or a fraction of the measured capacity."""
     if dry:
         rnd = {"random_input_len": 24, "random_output_len": 3}
-        return [{"name": "random-inf-bs16", "workload": "random", "rate": "inf",
-                 "num_prompts": 4, **rnd}]
-    return [{"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "num_prompts": 150},
-            {"name": "chat-50pct-bs16", "workload": "chat", "rate": 0.50},
-            {"name": "chat-85pct-bs16", "workload": "chat", "rate": 0.85}]
+        return [
+            {
+                "name": "random-inf-bs16",
+                "workload": "random",
+                "rate": "inf",
+                "num_prompts": 4,
+                **rnd,
+            }
+        ]
+    return [
+        {"name": "chat-inf-bs16", "workload": "chat", "rate": "inf", "num_prompts": 150},
+        {"name": "chat-50pct-bs16", "workload": "chat", "rate": 0.50},
+        {"name": "chat-85pct-bs16", "workload": "chat", "rate": 0.85},
+    ]
 
 
 def serve_runs(group, model, config, blocks, args, say) -> dict:
@@ -194,8 +240,9 @@ def serve_runs(group, model, config, blocks, args, say) -> dict:
             if remaining > 60 and rate is not None:
                 n = spec.get("num_prompts") or int(min(200, max(60, round(rate * 10))))
                 params = {k: v for k, v in spec.items() if k.startswith("random_")}
-                pick = load_dict(spec["workload"], n, 0,
-                                 math.inf if rate == "inf" else rate, **params)
+                pick = load_dict(
+                    spec["workload"], n, 0, math.inf if rate == "inf" else rate, **params
+                )
                 pick["max_wall_s"] = remaining - 45
             else:
                 say(f"skip {spec['name']}: {remaining:.0f} s left, rate {rate}")
@@ -206,29 +253,64 @@ def serve_runs(group, model, config, blocks, args, say) -> dict:
             serve_tp(group, model, config, 0)
             continue
         load = {k: v for k, v in pick.items() if k != "max_wall_s"}
-        params = {k: v for k, v in load.items() if k not in (
-            "workload", "num_prompts", "seed", "request_rate", "burstiness")}
+        params = {
+            k: v
+            for k, v in load.items()
+            if k not in ("workload", "num_prompts", "seed", "request_rate", "burstiness")
+        }
         rate = math.inf if load["request_rate"] == "inf" else load["request_rate"]
-        requests = build_requests(config, load["workload"], load["num_prompts"], load["seed"],
-                                  rate, load.get("burstiness", 1.0), **params)
+        requests = build_requests(
+            config,
+            load["workload"],
+            load["num_prompts"],
+            load["seed"],
+            rate,
+            load.get("burstiness", 1.0),
+            **params,
+        )
         t = time.time()
-        result, records = serve_tp(group, model, config, blocks, requests,
-                                   max_wall_s=pick["max_wall_s"],
-                                   cuda_graphs=args["cuda_graphs"])
+        result, records = serve_tp(
+            group,
+            model,
+            config,
+            blocks,
+            requests,
+            max_wall_s=pick["max_wall_s"],
+            cuda_graphs=args["cuda_graphs"],
+        )
         name = f"{config.model}-tp{config.tensor_parallel_size}"
-        save_real_run(out / "work" / "real" / name / f"{spec['name']}.json.xz", config=config,
-                      load=load, result=result, records=records,
-                      device=device_info(model.device if model.device.type == "cuda" else None),
-                      extra={"capacity_rps": capacity_rps,
-                             "tensor_parallel_size": config.tensor_parallel_size})
+        save_real_run(
+            out / "work" / "real" / name / f"{spec['name']}.json.xz",
+            config=config,
+            load=load,
+            result=result,
+            records=records,
+            device=device_info(model.device if model.device.type == "cuda" else None),
+            extra={
+                "capacity_rps": capacity_rps,
+                "tensor_parallel_size": config.tensor_parallel_size,
+            },
+        )
         if spec["name"].startswith("chat-inf") or args["dry"]:
             capacity_rps = result["request_throughput"]
-        runs[spec["name"]] = {k: result[k] for k in (
-            "completed", "request_throughput", "output_throughput", "mean_ttft_ms",
-            "mean_tpot_ms", "p99_e2el_ms", "num_preemptions", "truncated", "gpu_cuda_graphs",
-            "gpu_graphs_captured", "gpu_graph_capture_s", "gpu_graph_error")}
-        say(f"{name} {spec['name']} in {time.time() - t:.0f} s: "
-            + json.dumps(runs[spec["name"]]))
+        runs[spec["name"]] = {
+            k: result[k]
+            for k in (
+                "completed",
+                "request_throughput",
+                "output_throughput",
+                "mean_ttft_ms",
+                "mean_tpot_ms",
+                "p99_e2el_ms",
+                "num_preemptions",
+                "truncated",
+                "gpu_cuda_graphs",
+                "gpu_graphs_captured",
+                "gpu_graph_capture_s",
+                "gpu_graph_error",
+            )
+        }
+        say(f"{name} {spec['name']} in {time.time() - t:.0f} s: " + json.dumps(runs[spec["name"]]))
         pack(out)
     return runs
 
@@ -241,18 +323,26 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--budget-s", type=float, default=1500.0)
     ap.add_argument("--calib-budget-s", type=float, default=240.0)
-    ap.add_argument("--block-sizes", default="8,16,32,64,128",
-                    help="block sizes to calibrate (16 and 32 get the full grid, the others "
-                         "decode rows); must hold 16, the runs' block size")
-    ap.add_argument("--cuda-graphs", action="store_true",
-                    help="capture CUDA graphs on every rank, NCCL all-reduces inside them "
-                         "(run benchmarks/nccl_graph_check.py first); default eager")
+    ap.add_argument(
+        "--block-sizes",
+        default="8,16,32,64,128",
+        help="block sizes to calibrate (16 and 32 get the full grid, the others "
+        "decode rows); must hold 16, the runs' block size",
+    )
+    ap.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="capture CUDA graphs on every rank, NCCL all-reduces inside them "
+        "(run benchmarks/nccl_graph_check.py first); default eager",
+    )
     ap.add_argument("--dry-run-cpu", action="store_true")
     a = ap.parse_args()
     sizes = [int(x) for x in a.block_sizes.split(",") if x]
     if 16 not in sizes:
-        print(f"error: --block-sizes {a.block_sizes}: must hold 16, the runs' block size",
-              file=sys.stderr)
+        print(
+            f"error: --block-sizes {a.block_sizes}: must hold 16, the runs' block size",
+            file=sys.stderr,
+        )
         return 2
     out = Path(a.out)
     (out / "work").mkdir(parents=True, exist_ok=True)
@@ -260,10 +350,16 @@ def main() -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned ranks
     from pagesim.gpu.parallel import launch
 
-    args = {"dry": a.dry_run_cpu, "model": a.model, "out": str(out), "budget_s": a.budget_s,
-            "calib_budget_s": a.calib_budget_s,
-            "block_sizes": sizes, "cuda_graphs": a.cuda_graphs,
-            "validate_tp": [int(x) for x in a.validate_tp.split(",") if x]}
+    args = {
+        "dry": a.dry_run_cpu,
+        "model": a.model,
+        "out": str(out),
+        "budget_s": a.budget_s,
+        "calib_budget_s": a.calib_budget_s,
+        "block_sizes": sizes,
+        "cuda_graphs": a.cuda_graphs,
+        "validate_tp": [int(x) for x in a.validate_tp.split(",") if x],
+    }
     failed = []
     for tp in [int(x) for x in a.tp.split(",") if x]:
         if not a.dry_run_cpu:

@@ -37,8 +37,15 @@ def shape(rs: dict, i: int, bs: int) -> BatchShape:
         return BatchShape.decode(nd, max(1, round(ctx / nd)), bs)
     npre = nr - nd
     each = npf // npre
-    return BatchShape(bs, nd + npf, nd, ctx, [ctx // max(nd, 1)] * nd,
-                      [each] * (npre - 1) + [npf - each * (npre - 1)], [0] * npre)
+    return BatchShape(
+        bs,
+        nd + npf,
+        nd,
+        ctx,
+        [ctx // max(nd, 1)] * nd,
+        [each] * (npre - 1) + [npf - each * (npre - 1)],
+        [0] * npre,
+    )
 
 
 def run_rows(path: Path, cm: CalibratedCostModel) -> dict:
@@ -55,28 +62,39 @@ def run_rows(path: Path, cm: CalibratedCostModel) -> dict:
     rows = []
     for (kind, size), v in sorted(by.items()):
         a = np.asarray(v)
-        rows.append({"kind": kind, "padded_batch": size, "steps": len(a),
-                     "real_ms_median": round(float(np.median(a[:, 0])), 2),
-                     "pred_ms_median": round(float(np.median(a[:, 1])), 2),
-                     "real_s_sum": round(float(a[:, 0].sum() / 1e3), 3),
-                     "pred_s_sum": round(float(a[:, 1].sum() / 1e3), 3),
-                     "median_pred_over_real": round(float(np.median(a[:, 1] / a[:, 0])), 3),
-                     "batch_min": int(a[:, 2].min()), "batch_max": int(a[:, 2].max())})
+        rows.append(
+            {
+                "kind": kind,
+                "padded_batch": size,
+                "steps": len(a),
+                "real_ms_median": round(float(np.median(a[:, 0])), 2),
+                "pred_ms_median": round(float(np.median(a[:, 1])), 2),
+                "real_s_sum": round(float(a[:, 0].sum() / 1e3), 3),
+                "pred_s_sum": round(float(a[:, 1].sum() / 1e3), 3),
+                "median_pred_over_real": round(float(np.median(a[:, 1] / a[:, 0])), 3),
+                "batch_min": int(a[:, 2].min()),
+                "batch_max": int(a[:, 2].max()),
+            }
+        )
     return {"run": path.name.split(".")[0], "block_size": bs, "rows": rows}
 
 
 def markdown(runs: list[dict]) -> str:
-    head = ("| run | kind | padded batch | batches | steps | real ms (median) | "
-            "predicted ms (median) | real s (sum) | predicted s (sum) |")
+    head = (
+        "| run | kind | padded batch | batches | steps | real ms (median) | "
+        "predicted ms (median) | real s (sum) | predicted s (sum) |"
+    )
     lines = [head, "|" + " --- |" * 9]
     for r in runs:
         for x in r["rows"]:
             if x["steps"] < 10:
                 continue
-            lines.append(f"| {r['run']} | {x['kind']} | {x['padded_batch'] or '-'} | "
-                         f"{x['batch_min']}-{x['batch_max']} | {x['steps']} | "
-                         f"{x['real_ms_median']} | {x['pred_ms_median']} | {x['real_s_sum']} | "
-                         f"{x['pred_s_sum']} |")
+            lines.append(
+                f"| {r['run']} | {x['kind']} | {x['padded_batch'] or '-'} | "
+                f"{x['batch_min']}-{x['batch_max']} | {x['steps']} | "
+                f"{x['real_ms_median']} | {x['pred_ms_median']} | {x['real_s_sum']} | "
+                f"{x['pred_s_sum']} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -82,16 +82,21 @@ def main() -> None:
     runner = profile_runner_label(args.profile)
     runs = real_runs(args.model, runner) if runner else []
     if not runs:
-        raise SystemExit(f"no stored real runs of {args.model!r} by the profile's runner "
-                         f"({runner}) under {RESULTS}")
+        raise SystemExit(
+            f"no stored real runs of {args.model!r} by the profile's runner "
+            f"({runner}) under {RESULTS}"
+        )
     folders = sorted({folder_of(r) for r in runs})
     table: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(2) as pool:
         for name, (spread, decode) in VARIANTS.items():
             prof = Path(tmp) / name.replace(" ", "_").replace(",", "").replace(":", "")
             shutil.copytree(args.profile, prof)
-            changes = [_filter(prof / table, keep) for table, keep in
-                       (("decode_spread.csv", spread), ("decode.csv", decode)) if keep]
+            changes = [
+                _filter(prof / table, keep)
+                for table, keep in (("decode_spread.csv", spread), ("decode.csv", decode))
+                if keep
+            ]
             if changes and all(before == after for before, after in changes):
                 print(f"{name:34s} skipped: the profile has no such rows to remove")
                 continue
@@ -99,8 +104,9 @@ def main() -> None:
                 print(f"{name:34s} skipped: the profile has no rows of the other kind")
                 continue
             counts = {g: [0, 0] for g in folders}
-            for run, (met, total) in zip(runs, pool.map(targets_met, [(r, prof) for r in runs]),
-                                         strict=True):
+            for run, (met, total) in zip(
+                runs, pool.map(targets_met, [(r, prof) for r in runs]), strict=True
+            ):
                 counts[folder_of(run)][0] += met
                 counts[folder_of(run)][1] += total
             row: dict[str, object] = {"variant": name}
@@ -108,8 +114,11 @@ def main() -> None:
             row["met"] = sum(a for a, _ in counts.values())
             row["targets"] = sum(b for _, b in counts.values())
             table.append(row)
-            print(f"{name:34s} {row['met']}/{row['targets']}  "
-                  + " ".join(f"{g}:{row[g]}" for g in folders), flush=True)
+            print(
+                f"{name:34s} {row['met']}/{row['targets']}  "
+                + " ".join(f"{g}:{row[g]}" for g in folders),
+                flush=True,
+            )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("w", newline="") as f:

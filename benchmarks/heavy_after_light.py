@@ -31,11 +31,17 @@ import os
 import statistics
 import time
 
-CONTEXTS = (("after 3 heavy", "heavy", 3), ("after 1 heavy", "heavy", 1),
-            ("after 1 light", "light", 1), ("after 3 light", "light", 3),
-            ("after 10 light", "light", 10), ("after 30 light", "light", 30),
-            ("after 100 light", "light", 100),
-            ("after 30 small light", "small", 30), ("after 100 small light", "small", 100))
+CONTEXTS = (
+    ("after 3 heavy", "heavy", 3),
+    ("after 1 heavy", "heavy", 1),
+    ("after 1 light", "light", 1),
+    ("after 3 light", "light", 3),
+    ("after 10 light", "light", 10),
+    ("after 30 light", "light", 30),
+    ("after 100 light", "light", 100),
+    ("after 30 small light", "small", 30),
+    ("after 100 small light", "small", 100),
+)
 
 
 def timed(runner, step) -> float:
@@ -54,8 +60,9 @@ def clock_mhz() -> int:
         return 0
 
 
-def in_calibration_rounds(name: str, runner, config, heavy_tokens: list[int], rows: list,
-                          dry: bool, info: dict) -> list[dict]:
+def in_calibration_rounds(
+    name: str, runner, config, heavy_tokens: list[int], rows: list, dry: bool, info: dict
+) -> list[dict]:
     """The heavy steps' prefill rows as `calibrate_block_size` times them (block 16, the
     default grid, 3 rounds), against this runner's burst time of the same step."""
     from gpu_bench import device_columns
@@ -64,27 +71,57 @@ def in_calibration_rounds(name: str, runner, config, heavy_tokens: list[int], ro
 
     grid = CalibrationGrid(repeats=3, min_repeats=3)
     if dry:
-        grid = CalibrationGrid(decode_batches=(1, 2), decode_contexts=(16,),
-                               prefill_tokens=tuple(heavy_tokens), prefill_cached=(0,),
-                               mixed=(), multi_prefill=(), decode_shared=(),
-                               varlen_shared=(), decode_spread=(), decode_shared_spread=(),
-                               repeats=2, min_repeats=2)
-    got = calibrate_block_size(runner, 16, grid, max_model_len=config.max_model_len,
-                               max_num_batched_tokens=config.max_num_batched_tokens,
-                               max_num_seqs=config.max_num_seqs, full=True)
+        grid = CalibrationGrid(
+            decode_batches=(1, 2),
+            decode_contexts=(16,),
+            prefill_tokens=tuple(heavy_tokens),
+            prefill_cached=(0,),
+            mixed=(),
+            multi_prefill=(),
+            decode_shared=(),
+            varlen_shared=(),
+            decode_spread=(),
+            decode_shared_spread=(),
+            repeats=2,
+            min_repeats=2,
+        )
+    got = calibrate_block_size(
+        runner,
+        16,
+        grid,
+        max_model_len=config.max_model_len,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        full=True,
+    )
     out = []
     for r in got.prefill:
         if r.num_cached_tokens or r.num_new_tokens not in heavy_tokens:
             continue
-        burst = next(x["heavy_ms"] for x in rows if x["model"] == name
-                     and x["heavy_tokens"] == r.num_new_tokens
-                     and x["context"] == "after 3 heavy")
-        out.append({"model": name, "heavy_tokens": r.num_new_tokens,
-                    "context": "calibration rounds", "rounds": 3,
-                    "heavy_ms": r.step_time_ms, "ratio_to_burst": r.step_time_ms / burst,
-                    "clock_mhz": 0, **device_columns(info)})
-        print(f"{name} prefill {r.num_new_tokens}: calibration rounds "
-              f"{r.step_time_ms:8.2f} ms  x{r.step_time_ms / burst:.3f}", flush=True)
+        burst = next(
+            x["heavy_ms"]
+            for x in rows
+            if x["model"] == name
+            and x["heavy_tokens"] == r.num_new_tokens
+            and x["context"] == "after 3 heavy"
+        )
+        out.append(
+            {
+                "model": name,
+                "heavy_tokens": r.num_new_tokens,
+                "context": "calibration rounds",
+                "rounds": 3,
+                "heavy_ms": r.step_time_ms,
+                "ratio_to_burst": r.step_time_ms / burst,
+                "clock_mhz": 0,
+                **device_columns(info),
+            }
+        )
+        print(
+            f"{name} prefill {r.num_new_tokens}: calibration rounds "
+            f"{r.step_time_ms:8.2f} ms  x{r.step_time_ms / burst:.3f}",
+            flush=True,
+        )
     return out
 
 
@@ -94,9 +131,12 @@ def main() -> None:
     ap.add_argument("--out", default="results")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--heavy-tokens", default="4096,1024")
-    ap.add_argument("--calibration-rounds", action="store_true",
-                    help="also time the heavy steps as the calibration does, in interleaved "
-                         "rounds of block 16's whole grid (3 rounds), in the same runner")
+    ap.add_argument(
+        "--calibration-rounds",
+        action="store_true",
+        help="also time the heavy steps as the calibration does, in interleaved "
+        "rounds of block 16's whole grid (3 rounds), in the same runner",
+    )
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     if args.dry_run_cpu:
@@ -142,14 +182,22 @@ def main() -> None:
             base = statistics.median(times["after 3 heavy"])
             for label, _, _ in CONTEXTS:
                 ms = statistics.median(times[label]) * 1e3
-                row = {"model": name, "heavy_tokens": tokens, "context": label,
-                       "rounds": len(times[label]), "heavy_ms": ms,
-                       "ratio_to_burst": ms / (base * 1e3),
-                       "clock_mhz": statistics.median(clocks[label]) if clocks[label] else 0,
-                       **device_columns(info)}
+                row = {
+                    "model": name,
+                    "heavy_tokens": tokens,
+                    "context": label,
+                    "rounds": len(times[label]),
+                    "heavy_ms": ms,
+                    "ratio_to_burst": ms / (base * 1e3),
+                    "clock_mhz": statistics.median(clocks[label]) if clocks[label] else 0,
+                    **device_columns(info),
+                }
                 rows.append(row)
-                print(f"{name} prefill {tokens}: {label:21s} {ms:8.2f} ms  "
-                      f"x{row['ratio_to_burst']:.3f}  clock {row['clock_mhz']} MHz", flush=True)
+                print(
+                    f"{name} prefill {tokens}: {label:21s} {ms:8.2f} ms  "
+                    f"x{row['ratio_to_burst']:.3f}  clock {row['clock_mhz']} MHz",
+                    flush=True,
+                )
         if args.calibration_rounds:
             rows += in_calibration_rounds(name, runner, config, heavy_tokens, rows, dry, info)
         print(f"{name}: {time.monotonic() - t0:.0f} s", flush=True)

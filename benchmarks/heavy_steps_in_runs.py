@@ -48,9 +48,15 @@ def heavy_steps(path: Path, cm: CalibratedCostModel) -> list[dict]:
             continue
         t0 = st["start_s"][i]
         during = clock[(clock[:, 0] >= t0) & (clock[:, 0] <= t0 + st["execute_s"][i]), 1]
-        out.append({"err": 100.0 * (cm.device_time(shape) / wall - 1.0), "wall": wall,
-                    "tokens": shape.total_tokens, "light_before": light,
-                    "clock": float(during.mean()) if len(during) else 0.0})
+        out.append(
+            {
+                "err": 100.0 * (cm.device_time(shape) / wall - 1.0),
+                "wall": wall,
+                "tokens": shape.total_tokens,
+                "light_before": light,
+                "clock": float(during.mean()) if len(during) else 0.0,
+            }
+        )
         light = 0
     return out
 
@@ -58,8 +64,12 @@ def heavy_steps(path: Path, cm: CalibratedCostModel) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
-    ap.add_argument("--call", action="append", required=True,
-                    help="REAL_DIR:PROFILE_DIR (the folders holding <model>/)")
+    ap.add_argument(
+        "--call",
+        action="append",
+        required=True,
+        help="REAL_DIR:PROFILE_DIR (the folders holding <model>/)",
+    )
     args = ap.parse_args()
     steps: dict[str, list[dict]] = {"poisson": [], "inf": []}
     for call in args.call:
@@ -71,14 +81,16 @@ def main() -> None:
     groups = {
         "Poisson runs": steps["poisson"],
         "rate-inf runs": steps["inf"],
-        "Poisson, >= 5 light steps before": [s for s in steps["poisson"]
-                                             if s["light_before"] >= 5],
-        "Poisson, 1-4 light steps before": [s for s in steps["poisson"]
-                                            if 1 <= s["light_before"] < 5],
-        "Poisson, right after a heavy step": [s for s in steps["poisson"]
-                                              if s["light_before"] == 0],
+        "Poisson, >= 5 light steps before": [s for s in steps["poisson"] if s["light_before"] >= 5],
+        "Poisson, 1-4 light steps before": [
+            s for s in steps["poisson"] if 1 <= s["light_before"] < 5
+        ],
+        "Poisson, right after a heavy step": [
+            s for s in steps["poisson"] if s["light_before"] == 0
+        ],
         "Poisson, >= 3,000 tokens": [s for s in steps["poisson"] if s["tokens"] >= 3000],
-        "rate inf, >= 3,000 tokens": [s for s in steps["inf"] if s["tokens"] >= 3000]}
+        "rate inf, >= 3,000 tokens": [s for s in steps["inf"] if s["tokens"] >= 3000],
+    }
     print(f"{args.model}: heavy (eager prefill) steps, predicted vs real device time\n")
     print("| steps | n | mean error % | time-weighted error % | SM clock MHz (>= 3,000 tokens) |")
     print("| --- | ---: | ---: | ---: | ---: |")
@@ -89,8 +101,9 @@ def main() -> None:
         w = np.array([s["wall"] for s in sel])
         clocks = [s["clock"] for s in sel if s["tokens"] >= 3000 and s["clock"] > 0]
         clock = f"{np.mean(clocks):.0f}" if clocks else ""
-        print(f"| {label} | {len(sel)} | {e.mean():+.2f} | {np.sum(e * w) / w.sum():+.2f} "
-              f"| {clock} |")
+        print(
+            f"| {label} | {len(sel)} | {e.mean():+.2f} | {np.sum(e * w) / w.sum():+.2f} | {clock} |"
+        )
 
 
 if __name__ == "__main__":

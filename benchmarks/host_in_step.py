@@ -46,13 +46,16 @@ def calls(model: str, staged: bool = False) -> list[tuple[str, Path, Path]]:
     one host is kept: its host time is part of the story; a call whose calibration was cut
     short (`gpu_calls.PARTIAL`) is not, having no profile to price its steps, nor a call of
     repeated runs (`gpu_calls.REPEATED`), which would count a load two or three times."""
+
     def keep(runner: str | None) -> bool:
         if staged:
             return runner == STAGED_RUNNER
         return runner not in (STAGED_RUNNER, EAGER_RUNNER, None)
 
-    return [(call, d, profile_of(call, model))
-            for call, d in call_runs(model, keep, skip=PARTIAL | REPEATED)]
+    return [
+        (call, d, profile_of(call, model))
+        for call, d in call_runs(model, keep, skip=PARTIAL | REPEATED)
+    ]
 
 
 def base_run(run: str) -> str:
@@ -82,10 +85,17 @@ def run_row(path: Path, cm: CalibratedCostModel) -> dict | None:
     if not wall:
         return None
     w, d, q, p, b, t = (np.asarray(x) * 1e3 for x in (wall, dev, prep, pred, between, table))
-    return {"steps": len(w), "wall_ms": w.mean(), "device_ms": d.mean(),
-            "host_ms": (w - d).mean(), "prepare_ms": q.mean(), "pred_ms": p.mean(),
-            "err_pct": 100 * (p.sum() / w.sum() - 1), "between_ms": b.mean(),
-            "profile_between_ms": t.mean()}
+    return {
+        "steps": len(w),
+        "wall_ms": w.mean(),
+        "device_ms": d.mean(),
+        "host_ms": (w - d).mean(),
+        "prepare_ms": q.mean(),
+        "pred_ms": p.mean(),
+        "err_pct": 100 * (p.sum() / w.sum() - 1),
+        "between_ms": b.mean(),
+        "profile_between_ms": t.mean(),
+    }
 
 
 def call_rows(model: str, staged: bool, wanted: set[str]) -> list[dict]:
@@ -108,28 +118,38 @@ def staged_vs_before(staged: list[dict], before: list[dict]) -> list[str]:
     """Markdown lines: each staged call's host and prepare time per run against the median
     and range over the calls before it, one GPU to a host (not `gpu_calls.SKIP`'s
     `two_at_once`, which shared its host)."""
-    lines = ["", "Each staged call's host time inside the step (prepare in brackets) against "
-             "the calls before it, alone on their host: median and range over calls, ms.", "",
-             "| run | call | host (prepare) | before: median host (prepare) | before: host "
-             "range | calls before | host / median |",
-             "| --- | --- | ---: | ---: | --- | ---: | ---: |"]
+    lines = [
+        "",
+        "Each staged call's host time inside the step (prepare in brackets) against "
+        "the calls before it, alone on their host: median and range over calls, ms.",
+        "",
+        "| run | call | host (prepare) | before: median host (prepare) | before: host "
+        "range | calls before | host / median |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: |",
+    ]
     ratios = []
     for r in staged:
-        old = [b for b in before if base_run(b["run"]) == base_run(r["run"])
-               and b["call"] not in SKIP]
+        old = [
+            b for b in before if base_run(b["run"]) == base_run(r["run"]) and b["call"] not in SKIP
+        ]
         if not old:
             continue
         host = float(np.median([b["host_ms"] for b in old]))
         prep = float(np.median([b["prepare_ms"] for b in old]))
         lo, hi = min(b["host_ms"] for b in old), max(b["host_ms"] for b in old)
         ratios.append(r["host_ms"] / host)
-        lines.append(f"| {r['run']} | {r['call']} | {r['host_ms']:.3f} ({r['prepare_ms']:.3f})"
-                     f" | {host:.3f} ({prep:.3f}) | {lo:.2f}-{hi:.2f} | {len(old)} | "
-                     f"{r['host_ms'] / host:.2f} |")
+        lines.append(
+            f"| {r['run']} | {r['call']} | {r['host_ms']:.3f} ({r['prepare_ms']:.3f})"
+            f" | {host:.3f} ({prep:.3f}) | {lo:.2f}-{hi:.2f} | {len(old)} | "
+            f"{r['host_ms'] / host:.2f} |"
+        )
     if ratios:
-        lines += ["", f"{sum(x < 1 for x in ratios)} of {len(ratios)} below the median; host "
-                  f"/ median: median {np.median(ratios):.2f}, range {min(ratios):.2f}-"
-                  f"{max(ratios):.2f}."]
+        lines += [
+            "",
+            f"{sum(x < 1 for x in ratios)} of {len(ratios)} below the median; host "
+            f"/ median: median {np.median(ratios):.2f}, range {min(ratios):.2f}-"
+            f"{max(ratios):.2f}.",
+        ]
     return lines
 
 
@@ -143,40 +163,55 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--runs", default="", help="run names, comma separated (default: all)")
     ap.add_argument("--out", help="stem of the markdown and CSV tables (default: print only)")
-    ap.add_argument("--staged", action="store_true",
-                    help="the calls of the runner with staged inputs (default: the calls "
-                         "before it, which rebuilt the inputs each step)")
+    ap.add_argument(
+        "--staged",
+        action="store_true",
+        help="the calls of the runner with staged inputs (default: the calls "
+        "before it, which rebuilt the inputs each step)",
+    )
     args = ap.parse_args()
     wanted = set(filter(None, args.runs.split(",")))
     rows = call_rows(args.model, args.staged, wanted)
-    lines = [f"Decode-graph steps of {args.model}'s served runs, call by call: device time (CUDA "
-             "events: forward, LM head, sampler), host time (the rest of the step's wall "
-             "clock; prepare: its part that builds and copies the inputs), and the call's own "
-             "profile's price (error on the summed time).", "",
-             "Host between steps (scheduling and bookkeeping outside `execute_model`): the "
-             "run's, and the call's profile's overhead table at the same batch sizes.", "",
-             "| run | call | steps | wall ms | device ms | host ms | prepare ms | predicted ms "
-             "| error % | between ms | profile's between ms |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['run']} | {r['call']} | {r['steps']} | {r['wall_ms']:.3f} | "
-              f"{r['device_ms']:.3f} | {r['host_ms']:.3f} | {r['prepare_ms']:.3f} | "
-              f"{r['pred_ms']:.3f} | "
-              f"{r['err_pct']:+.1f} | {r['between_ms']:.3f} | {r['profile_between_ms']:.3f} |"
-              for r in rows]
-    lines += ["", "Per run (repeats included), over calls: the spread (max / min - 1) of each part's mean.", "",
-              "| run | calls | device spread % | host spread % | host ms min-max | "
-              "error % min-max | r(host, between) | r(host, profile's between) |",
-              "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
+    lines = [
+        f"Decode-graph steps of {args.model}'s served runs, call by call: device time (CUDA "
+        "events: forward, LM head, sampler), host time (the rest of the step's wall "
+        "clock; prepare: its part that builds and copies the inputs), and the call's own "
+        "profile's price (error on the summed time).",
+        "",
+        "Host between steps (scheduling and bookkeeping outside `execute_model`): the "
+        "run's, and the call's profile's overhead table at the same batch sizes.",
+        "",
+        "| run | call | steps | wall ms | device ms | host ms | prepare ms | predicted ms "
+        "| error % | between ms | profile's between ms |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r['run']} | {r['call']} | {r['steps']} | {r['wall_ms']:.3f} | "
+        f"{r['device_ms']:.3f} | {r['host_ms']:.3f} | {r['prepare_ms']:.3f} | "
+        f"{r['pred_ms']:.3f} | "
+        f"{r['err_pct']:+.1f} | {r['between_ms']:.3f} | {r['profile_between_ms']:.3f} |"
+        for r in rows
+    ]
+    lines += [
+        "",
+        "Per run (repeats included), over calls: the spread (max / min - 1) of each part's mean.",
+        "",
+        "| run | calls | device spread % | host spread % | host ms min-max | "
+        "error % min-max | r(host, between) | r(host, profile's between) |",
+        "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |",
+    ]
     for run in sorted({base_run(r["run"]) for r in rows}):
         rr = [r for r in rows if base_run(r["run"]) == run]
         dv = [r["device_ms"] for r in rr]
         hs = [r["host_ms"] for r in rr]
         er = [r["err_pct"] for r in rr]
-        lines.append(f"| {run} | {len(rr)} | {100 * (max(dv) / min(dv) - 1):.1f} | "
-                     f"{100 * (max(hs) / min(hs) - 1):.0f} | {min(hs):.2f}-{max(hs):.2f} | "
-                     f"{min(er):+.1f} to {max(er):+.1f} | "
-                     f"{_corr(hs, [r['between_ms'] for r in rr])} | "
-                     f"{_corr(hs, [r['profile_between_ms'] for r in rr])} |")
+        lines.append(
+            f"| {run} | {len(rr)} | {100 * (max(dv) / min(dv) - 1):.1f} | "
+            f"{100 * (max(hs) / min(hs) - 1):.0f} | {min(hs):.2f}-{max(hs):.2f} | "
+            f"{min(er):+.1f} to {max(er):+.1f} | "
+            f"{_corr(hs, [r['between_ms'] for r in rr])} | "
+            f"{_corr(hs, [r['profile_between_ms'] for r in rr])} |"
+        )
     if args.staged:
         lines += staged_vs_before(rows, call_rows(args.model, False, wanted))
     text = "\n".join(lines) + "\n"
@@ -186,8 +221,9 @@ def main() -> None:
         with open(f"{args.out}.csv", "w", newline="", encoding="utf-8") as fh:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]))
             w.writeheader()
-            w.writerows({k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
-                        for r in rows)
+            w.writerows(
+                {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows
+            )
 
 
 if __name__ == "__main__":

@@ -42,15 +42,20 @@ def run_rows(path: Path, cm: CalibratedCostModel) -> tuple[dict, list[tuple[int,
     entries = reqs - np.asarray(rs["num_decode_reqs"])
     table = np.array([table_ms(cm, int(n)) for n in reqs])
     dec = np.asarray(rs["num_prefill_tokens"]) == 0
-    row = {"run": path.name.split(".")[0], "decode_steps": int(dec.sum()),
-           "decode_host_ms": float(np.median(host[dec])),
-           "decode_table_ms": float(np.median(table[dec])),
-           "prefill_steps": int((~dec).sum()),
-           "prefill_host_ms": float(np.median(host[~dec])) if (~dec).any() else float("nan"),
-           "prefill_table_ms": float(np.median(table[~dec])) if (~dec).any() else float("nan"),
-           "prefill_entries_mean": float(entries[~dec].mean()) if (~dec).any() else 0.0}
-    return row, [(int(e), float(h - t)) for e, h, t in
-                 zip(entries[~dec], host[~dec], table[~dec], strict=True)]
+    row = {
+        "run": path.name.split(".")[0],
+        "decode_steps": int(dec.sum()),
+        "decode_host_ms": float(np.median(host[dec])),
+        "decode_table_ms": float(np.median(table[dec])),
+        "prefill_steps": int((~dec).sum()),
+        "prefill_host_ms": float(np.median(host[~dec])) if (~dec).any() else float("nan"),
+        "prefill_table_ms": float(np.median(table[~dec])) if (~dec).any() else float("nan"),
+        "prefill_entries_mean": float(entries[~dec].mean()) if (~dec).any() else 0.0,
+    }
+    return row, [
+        (int(e), float(h - t))
+        for e, h, t in zip(entries[~dec], host[~dec], table[~dec], strict=True)
+    ]
 
 
 def main() -> None:
@@ -60,25 +65,34 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="markdown table (default: print only)")
     args = ap.parse_args()
     cm = CalibratedCostModel(Profile.load(args.profile))
-    lines = [f"Host time per step: real runs {args.real}, profile {args.profile}", "",
-             "median ms of schedule + update per step; table: the profile's overhead.csv at "
-             "the step's batch", "",
-             "| run | decode steps | host | table | prefill steps | host | table |"
-             " entries per step |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"Host time per step: real runs {args.real}, profile {args.profile}",
+        "",
+        "median ms of schedule + update per step; table: the profile's overhead.csv at "
+        "the step's batch",
+        "",
+        "| run | decode steps | host | table | prefill steps | host | table | entries per step |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     excess: list[tuple[int, float]] = []
     for path in real_run_files(args.real):
         row, ex = run_rows(path, cm)
         excess += ex
-        lines.append(f"| {row['run']} | {row['decode_steps']} | {row['decode_host_ms']:.3f} | "
-                     f"{row['decode_table_ms']:.3f} | {row['prefill_steps']} | "
-                     f"{row['prefill_host_ms']:.3f} | {row['prefill_table_ms']:.3f} | "
-                     f"{row['prefill_entries_mean']:.2f} |")
+        lines.append(
+            f"| {row['run']} | {row['decode_steps']} | {row['decode_host_ms']:.3f} | "
+            f"{row['decode_table_ms']:.3f} | {row['prefill_steps']} | "
+            f"{row['prefill_host_ms']:.3f} | {row['prefill_table_ms']:.3f} | "
+            f"{row['prefill_entries_mean']:.2f} |"
+        )
     if excess:
         x = np.array([[1.0, e] for e, _ in excess])
         y = np.array([v for _, v in excess])
         a, b = np.linalg.lstsq(x, y, rcond=None)[0]
-        lines += ["", f"Steps with prefill entries ({len(y)}): host - table = {a:.3f} ms + "
-                      f"{b:.3f} ms per prefill entry (least squares)"]
+        lines += [
+            "",
+            f"Steps with prefill entries ({len(y)}): host - table = {a:.3f} ms + "
+            f"{b:.3f} ms per prefill entry (least squares)",
+        ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -107,8 +107,11 @@ def groups() -> list[tuple[str, str, str, list[Path]]]:
             by: dict[str, list[Path]] = {}
             for path in real_run_files(folder):
                 by.setdefault(base_run_name(path.name.split(".")[0]), []).append(path)
-            out += [(call, folder.name, run, paths) for run, paths in sorted(by.items())
-                    if len(paths) > 1]
+            out += [
+                (call, folder.name, run, paths)
+                for run, paths in sorted(by.items())
+                if len(paths) > 1
+            ]
     return out
 
 
@@ -124,8 +127,10 @@ def group_rows(args: tuple[str, str, str, list[Path], int]) -> list[dict]:
     sigma = step_noise(docs)
     profile = SHIPPED / model
     base = build_cost_model(real_run_config(docs[0]), profile)
-    sims = [simulate_like(docs[0], None, JitteredCostModel(base, sigma, seed)).result
-            for seed in range(replicas)]
+    sims = [
+        simulate_like(docs[0], None, JitteredCostModel(base, sigma, seed)).result
+        for seed in range(replicas)
+    ]
     levels = [step_error_pct(d, base) for d in docs]
     _, amps = amplifications(docs[0], base, AMP_SCALE)
     rows = []
@@ -133,14 +138,22 @@ def group_rows(args: tuple[str, str, str, list[Path], int]) -> list[dict]:
         real = [d["result"][m] for d in docs]
         sim = [s[m] for s in sims]
         amp = amps[m]
-        rows.append({"call": call, "model": model, "run": run, "metric": m,
-                     "runs": len(docs), "replicas": replicas,
-                     "step_noise_pct": round(100.0 * sigma, 3),
-                     "real_std_pct": round(pct_std(real), 3),
-                     "sim_std_pct": round(pct_std(sim), 3),
-                     "level_std_pct": round(statistics.stdev(levels), 3),
-                     "amplification": round(amp, 3),
-                     "level_spread_pct": round(abs(amp) * statistics.stdev(levels), 3)})
+        rows.append(
+            {
+                "call": call,
+                "model": model,
+                "run": run,
+                "metric": m,
+                "runs": len(docs),
+                "replicas": replicas,
+                "step_noise_pct": round(100.0 * sigma, 3),
+                "real_std_pct": round(pct_std(real), 3),
+                "sim_std_pct": round(pct_std(sim), 3),
+                "level_std_pct": round(statistics.stdev(levels), 3),
+                "amplification": round(amp, 3),
+                "level_spread_pct": round(abs(amp) * statistics.stdev(levels), 3),
+            }
+        )
     return rows
 
 
@@ -150,29 +163,41 @@ def pooled(values: list[float]) -> float:
 
 
 def markdown(rows: list[dict], replicas: int) -> str:
-    lines = ["Run-to-run spread of repeated real runs against the simulator's with step-time "
-             f"noise ({replicas} replicas per group, shipped profiles)", "",
-             "step noise: per-step std of the group's served decode steps, %; real and "
-             "jitter: standard deviation of the metric over the real runs and over the jittered "
-             "replicas, % of the mean; run level: std over the runs of their step-time level, "
-             "% (the profile's summed step time on each run's schedule), times the metric's "
-             "amplification", "",
-             "| call | model | run | runs | step noise % | metric | real std % | jitter std % "
-             "| level std % | amplification | run level % |",
-             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "Run-to-run spread of repeated real runs against the simulator's with step-time "
+        f"noise ({replicas} replicas per group, shipped profiles)",
+        "",
+        "step noise: per-step std of the group's served decode steps, %; real and "
+        "jitter: standard deviation of the metric over the real runs and over the jittered "
+        "replicas, % of the mean; run level: std over the runs of their step-time level, "
+        "% (the profile's summed step time on each run's schedule), times the metric's "
+        "amplification",
+        "",
+        "| call | model | run | runs | step noise % | metric | real std % | jitter std % "
+        "| level std % | amplification | run level % |",
+        "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        lines.append(f"| {r['call']} | {r['model']} | {r['run']} | {r['runs']} | "
-                     f"{r['step_noise_pct']:.2f} | {r['metric']} | {r['real_std_pct']:.2f} | "
-                     f"{r['sim_std_pct']:.2f} | {r['level_std_pct']:.2f} | "
-                     f"{r['amplification']:.2f} | {r['level_spread_pct']:.2f} |")
-    lines += ["", "Pooled over the groups (root mean square of the groups' spreads):", "",
-              "| metric | groups | real std % | jitter std % | run level % |",
-              "| --- | ---: | ---: | ---: | ---: |"]
+        lines.append(
+            f"| {r['call']} | {r['model']} | {r['run']} | {r['runs']} | "
+            f"{r['step_noise_pct']:.2f} | {r['metric']} | {r['real_std_pct']:.2f} | "
+            f"{r['sim_std_pct']:.2f} | {r['level_std_pct']:.2f} | "
+            f"{r['amplification']:.2f} | {r['level_spread_pct']:.2f} |"
+        )
+    lines += [
+        "",
+        "Pooled over the groups (root mean square of the groups' spreads):",
+        "",
+        "| metric | groups | real std % | jitter std % | run level % |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     for m in METRICS:
         rs = [r for r in rows if r["metric"] == m]
-        lines.append(f"| {m} | {len(rs)} | {pooled([r['real_std_pct'] for r in rs]):.2f} | "
-                     f"{pooled([r['sim_std_pct'] for r in rs]):.2f} | "
-                     f"{pooled([r['level_spread_pct'] for r in rs]):.2f} |")
+        lines.append(
+            f"| {m} | {len(rs)} | {pooled([r['real_std_pct'] for r in rs]):.2f} | "
+            f"{pooled([r['sim_std_pct'] for r in rs]):.2f} | "
+            f"{pooled([r['level_spread_pct'] for r in rs]):.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -40,8 +40,13 @@ sys.path.insert(0, str(ROOT))
 from pagesim.kvcache import BlockPool, KVCacheManager  # noqa: E402
 from pagesim.request import Request  # noqa: E402
 
-TRACE = (ROOT.parent / "shared" / "traces" / "microsoft-sarathi-serve"
-         / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv")
+TRACE = (
+    ROOT.parent
+    / "shared"
+    / "traces"
+    / "microsoft-sarathi-serve"
+    / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
+)
 BLOCK_SIZE = 16
 LIVE = 64  # concurrently held requests
 NUM_GPU_BLOCKS = 60_000  # ~960k tokens: large enough that 64 ShareGPT requests never fail
@@ -51,8 +56,13 @@ MAX_DECODE_TOKENS = 64  # decode steps per request in mgr_decode_step (keeps the
 
 
 def load_lengths(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    data = np.genfromtxt(path, delimiter=",", names=True, dtype=np.int64,
-                         usecols=("num_prefill_tokens", "num_decode_tokens"))
+    data = np.genfromtxt(
+        path,
+        delimiter=",",
+        names=True,
+        dtype=np.int64,
+        usecols=("num_prefill_tokens", "num_decode_tokens"),
+    )
     return data["num_prefill_tokens"], data["num_decode_tokens"]
 
 
@@ -61,8 +71,9 @@ def make_stream(n: int, seed: int, trace: Path) -> list[tuple[list[int], int]]:
     rng = np.random.default_rng(seed)
     prompts_len, outputs_len = load_lengths(trace)
     rows = rng.integers(0, len(prompts_len), size=n)
-    systems = [rng.integers(0, 32_000, SYSTEM_PROMPT_TOKENS).tolist()
-               for _ in range(NUM_SYSTEM_PROMPTS)]
+    systems = [
+        rng.integers(0, 32_000, SYSTEM_PROMPT_TOKENS).tolist() for _ in range(NUM_SYSTEM_PROMPTS)
+    ]
     stream = []
     for row in rows:
         length = int(prompts_len[row])
@@ -228,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stream = make_stream(args.num_requests, args.seed, args.trace)
     rows = []
-    print(f"{'operation':<24}{'unit':>9}{'median/s':>14}{'min/s':>14}{'max/s':>14}"
-          f"{'median/cpu-s':>14}{'count':>11}")
+    print(
+        f"{'operation':<24}{'unit':>9}{'median/s':>14}{'min/s':>14}{'max/s':>14}"
+        f"{'median/cpu-s':>14}{'count':>11}"
+    )
     for name in args.only or list(OPS):
         unit, op = OPS[name]
         op(stream[: max(1, len(stream) // 10)])  # warm-up
@@ -237,20 +250,35 @@ def main(argv: list[str] | None = None) -> int:
         rates = [count / timer.wall for count, timer in runs]
         cpu_rates = [count / timer.cpu for count, timer in runs]
         med, cpu_med = statistics.median(rates), statistics.median(cpu_rates)
-        rows.append({"operation": name, "unit": unit, "median_per_s": round(med),
-                     "min_per_s": round(min(rates)), "max_per_s": round(max(rates)),
-                     "median_per_cpu_s": round(cpu_med), "count_per_repeat": runs[0][0],
-                     "repeats": args.repeats})
-        print(f"{name:<24}{unit:>9}{med:>14,.0f}{min(rates):>14,.0f}{max(rates):>14,.0f}"
-              f"{cpu_med:>14,.0f}{runs[0][0]:>11,}")
+        rows.append(
+            {
+                "operation": name,
+                "unit": unit,
+                "median_per_s": round(med),
+                "min_per_s": round(min(rates)),
+                "max_per_s": round(max(rates)),
+                "median_per_cpu_s": round(cpu_med),
+                "count_per_repeat": runs[0][0],
+                "repeats": args.repeats,
+            }
+        )
+        print(
+            f"{name:<24}{unit:>9}{med:>14,.0f}{min(rates):>14,.0f}{max(rates):>14,.0f}"
+            f"{cpu_med:>14,.0f}{runs[0][0]:>11,}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*rows[0], "python", "machine", "date",
-                                               "num_requests", "seed"])
+        writer = csv.DictWriter(
+            f, fieldnames=[*rows[0], "python", "machine", "date", "num_requests", "seed"]
+        )
         writer.writeheader()
-        meta = {"python": platform.python_version(), "machine": platform.processor()
-                or platform.machine(), "date": datetime.date.today().isoformat(),
-                "num_requests": args.num_requests, "seed": args.seed}
+        meta = {
+            "python": platform.python_version(),
+            "machine": platform.processor() or platform.machine(),
+            "date": datetime.date.today().isoformat(),
+            "num_requests": args.num_requests,
+            "seed": args.seed,
+        }
         for row in rows:
             writer.writerow({**row, **meta})
     print(f"wrote {args.out}")

@@ -47,18 +47,21 @@ def score(model: str, runner: str, scratch: Path) -> list[dict[str, object]]:
     profiles = call_profiles(model, runner)
     runs = real_runs(model, runner)
     cases = subsets(model, runner)
-    merged_dirs = {subset: merged([profiles[c] for c in subset], scratch / "+".join(subset))
-                   for subset in sorted({s for _, s in cases})}
-    jobs = [(call, subset, run) for call, subset in cases for run in runs
-            if folder_of(run) == call]
+    merged_dirs = {
+        subset: merged([profiles[c] for c in subset], scratch / "+".join(subset))
+        for subset in sorted({s for _, s in cases})
+    }
+    jobs = [(call, subset, run) for call, subset in cases for run in runs if folder_of(run) == call]
     with ProcessPoolExecutor(2) as pool:
-        results = list(pool.map(targets_met, [(run, merged_dirs[s]) for _, s, run in jobs],
-                                chunksize=16))
+        results = list(
+            pool.map(targets_met, [(run, merged_dirs[s]) for _, s, run in jobs], chunksize=16)
+        )
     rows: dict[tuple[str, tuple[str, ...]], dict[str, object]] = {}
     for (call, subset, _), (met, total) in zip(jobs, results, strict=True):
-        row = rows.setdefault((call, subset), {"call": call, "k": len(subset),
-                                               "subset": " ".join(subset), "met": 0,
-                                               "targets": 0})
+        row = rows.setdefault(
+            (call, subset),
+            {"call": call, "k": len(subset), "subset": " ".join(subset), "met": 0, "targets": 0},
+        )
         row["met"] += met
         row["targets"] += total
     return list(rows.values())
@@ -67,13 +70,19 @@ def score(model: str, runner: str, scratch: Path) -> list[dict[str, object]]:
 def report(model: str, rows: list[dict[str, object]]) -> str:
     """Per k: the held-out call's targets met, %, mean / worst / best over (call, subset)."""
     calls = sorted({r["call"] for r in rows})
-    lines = [f"{model}: targets met on a held-out call by the median of k other calls' "
-             f"calibrations ({len(calls)} held-out calls), % of the call's targets.", "",
-             "| k | cases | mean % | worst % | best % |", "| ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"{model}: targets met on a held-out call by the median of k other calls' "
+        f"calibrations ({len(calls)} held-out calls), % of the call's targets.",
+        "",
+        "| k | cases | mean % | worst % | best % |",
+        "| ---: | ---: | ---: | ---: | ---: |",
+    ]
     for k in sorted({r["k"] for r in rows}):
         share = [100 * r["met"] / r["targets"] for r in rows if r["k"] == k]
-        lines.append(f"| {k} | {len(share)} | {sum(share) / len(share):.1f} | "
-                     f"{min(share):.1f} | {max(share):.1f} |")
+        lines.append(
+            f"| {k} | {len(share)} | {sum(share) / len(share):.1f} | "
+            f"{min(share):.1f} | {max(share):.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -84,8 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     runner = shipped_runner(args.model)
     if runner is None or not real_runs(args.model, runner):
-        raise SystemExit(f"no stored real runs of {args.model!r} by its shipped profile's "
-                         "runner")
+        raise SystemExit(f"no stored real runs of {args.model!r} by its shipped profile's runner")
     with tempfile.TemporaryDirectory() as scratch:
         rows = score(args.model, runner, Path(scratch))
     text = report(args.model, rows)

@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 
-def rank_main(rank: int, world_size: int, init_method: str, out: str, layers: int,
-              tokens: int, hidden: int) -> None:
+def rank_main(
+    rank: int, world_size: int, init_method: str, out: str, layers: int, tokens: int, hidden: int
+) -> None:
     import torch
     import torch.distributed as dist
 
@@ -37,8 +38,14 @@ def rank_main(rank: int, world_size: int, init_method: str, out: str, layers: in
     device = torch.device(f"cuda:{rank}")
     group = init_tensor_parallel(rank, world_size, init_method, device, timeout_s=60.0)
     pg = group.device_group
-    facts: dict = {"tp": world_size, "layers": layers, "tokens": tokens, "hidden": hidden,
-                   "torch": torch.__version__, "nccl": str(torch.cuda.nccl.version())}
+    facts: dict = {
+        "tp": world_size,
+        "layers": layers,
+        "tokens": tokens,
+        "hidden": hidden,
+        "torch": torch.__version__,
+        "nccl": str(torch.cuda.nccl.version()),
+    }
     static = torch.zeros(tokens, hidden, dtype=torch.bfloat16, device=device)
 
     def chain(x: torch.Tensor) -> torch.Tensor:
@@ -48,8 +55,9 @@ def rank_main(rank: int, world_size: int, init_method: str, out: str, layers: in
         return x
 
     def inputs(k: int) -> torch.Tensor:
-        return torch.full((tokens, hidden), float(rank + 1 + k), dtype=torch.bfloat16,
-                          device=device)
+        return torch.full(
+            (tokens, hidden), float(rank + 1 + k), dtype=torch.bfloat16, device=device
+        )
 
     def expected(k: int) -> float:  # the mean over ranks of (r + 1 + k), after any depth
         return sum(r + 1 + k for r in range(world_size)) / world_size
@@ -77,13 +85,15 @@ def rank_main(rank: int, world_size: int, init_method: str, out: str, layers: in
         x = inputs(k + 10)
         dist.all_reduce(x, group=pg)  # eager between replays
         torch.cuda.synchronize(device)
-        ok &= bool(torch.allclose(x.float(), torch.full_like(x.float(),
-                                                             world_size * expected(k + 10))))
+        ok &= bool(
+            torch.allclose(x.float(), torch.full_like(x.float(), world_size * expected(k + 10)))
+        )
     facts["replays_correct"] = ok
     y = chain(inputs(3))
     torch.cuda.synchronize(device)
-    facts["eager_after_correct"] = bool(torch.allclose(
-        y.float(), torch.full_like(y.float(), expected(3))))
+    facts["eager_after_correct"] = bool(
+        torch.allclose(y.float(), torch.full_like(y.float(), expected(3)))
+    )
 
     def timed(fn, n: int = 20) -> float:
         times = []
@@ -100,8 +110,7 @@ def rank_main(rank: int, world_size: int, init_method: str, out: str, layers: in
     facts["replay_ms"] = timed(graph.replay)
     facts["eager_ms"] = timed(lambda: chain(static.clone()))
     if rank == 0:
-        for k in ("replays_correct", "eager_after_correct", "capture_s", "replay_ms",
-                  "eager_ms"):
+        for k in ("replays_correct", "eager_after_correct", "capture_s", "replay_ms", "eager_ms"):
             print(f"{k}: {facts[k]}", flush=True)
         Path(out, "nccl_graph_check.json").write_text(json.dumps(facts, indent=1))
     torch.cuda.synchronize(device)
@@ -115,16 +124,22 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
-    ap.add_argument("--layers", type=int, default=160, help="all-reduces in the graph "
-                    "(two per layer of an 80-layer model)")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=160,
+        help="all-reduces in the graph (two per layer of an 80-layer model)",
+    )
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=8192)
     a = ap.parse_args()
     import torch
 
     if torch.cuda.device_count() < a.tp:
-        print(f"error: --tp {a.tp} needs {a.tp} CUDA GPUs, {torch.cuda.device_count()} here",
-              file=sys.stderr)
+        print(
+            f"error: --tp {a.tp} needs {a.tp} CUDA GPUs, {torch.cuda.device_count()} here",
+            file=sys.stderr,
+        )
         return 2
     from pagesim.gpu.parallel import launch
 

@@ -51,12 +51,23 @@ def _live_rows(cases: list[str], block_ids: str) -> list[dict]:
         golden_path = ROOT / "tests" / "parity" / "golden" / golden_name(case, vllm.__version__)
         if golden_path.exists():
             golden = DecisionLog.read(golden_path)
-            rows.append(_row(f"vllm {vllm.__version__} live vs golden", golden_path.name,
-                             compare_logs(golden, live), time.perf_counter() - t0))
+            rows.append(
+                _row(
+                    f"vllm {vllm.__version__} live vs golden",
+                    golden_path.name,
+                    compare_logs(golden, live),
+                    time.perf_counter() - t0,
+                )
+            )
         ours = record_pagesim.record(ParityWorkload.from_json(live.workload), vllm_compat=compat)
-        rows.append(_row(f"pagesim vs vllm {vllm.__version__} live", case,
-                         compare_logs(live, ours, block_ids=block_ids),
-                         time.perf_counter() - t0))
+        rows.append(
+            _row(
+                f"pagesim vs vllm {vllm.__version__} live",
+                case,
+                compare_logs(live, ours, block_ids=block_ids),
+                time.perf_counter() - t0,
+            )
+        )
     return rows
 
 
@@ -64,9 +75,14 @@ def _row(check: str, name: str, report, seconds: float) -> dict:
     if not report.ok:
         print(report.format(), file=sys.stderr)
     d = report.divergence
-    return {"check": check, "case": name, "ok": report.ok, "steps": report.steps_compared,
-            "first_divergence": "" if d is None else f"t={d.t} {d.what} {d.request_id or ''}",
-            "seconds": round(seconds, 2)}
+    return {
+        "check": check,
+        "case": name,
+        "ok": report.ok,
+        "steps": report.steps_compared,
+        "first_divergence": "" if d is None else f"t={d.t} {d.what} {d.request_id or ''}",
+        "seconds": round(seconds, 2),
+    }
 
 
 def main() -> int:
@@ -85,8 +101,10 @@ def main() -> int:
     width = max(len(r["check"]) + len(r["case"]) for r in rows) + 3
     for r in rows:
         status = "MATCH" if r["ok"] else f"DIVERGED {r['first_divergence']}"
-        print(f"{r['check'] + ': ' + r['case']:<{width}} {r['steps']:>6} steps "
-              f"{r['seconds']:>6.1f} s  {status}")
+        print(
+            f"{r['check'] + ': ' + r['case']:<{width}} {r['steps']:>6} steps "
+            f"{r['seconds']:>6.1f} s  {status}"
+        )
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     with open(args.csv, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

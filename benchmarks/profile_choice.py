@@ -56,15 +56,15 @@ def same_profile(a: Path, b: Path) -> bool:
     """Whether two profile folders hold the same files, byte for byte."""
     names = sorted(p.name for p in a.iterdir())
     return names == sorted(p.name for p in b.iterdir()) and all(
-        (a / n).read_bytes() == (b / n).read_bytes() for n in names)
+        (a / n).read_bytes() == (b / n).read_bytes() for n in names
+    )
 
 
 def made_by(profiles: dict[str, Path], call: str) -> set[str]:
     """The candidates a call measured: its own folder's, and "shipped" if it is a copy of
     that one."""
     mine = {call} & profiles.keys()
-    if {"shipped", call} <= profiles.keys() and same_profile(profiles[call],
-                                                              profiles["shipped"]):
+    if {"shipped", call} <= profiles.keys() and same_profile(profiles[call], profiles["shipped"]):
         mine.add("shipped")
     return mine
 
@@ -78,8 +78,9 @@ def merged(profiles: list[Path], out: Path) -> Path:
     return merge_profiles([Profile.load(p) for p in profiles]).save(out)
 
 
-def matrix(model: str, runner: str, scratch: Path
-           ) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, int], str]:
+def matrix(
+    model: str, runner: str, scratch: Path
+) -> tuple[dict[str, dict[str, int]], dict[str, int], dict[str, int], str]:
     """(profile -> call -> targets met, call -> targets, call -> targets the median of the
     other calls' profiles meets on it, why there is no median or "") over every stored run of
     `model` by `runner`; the merged profiles are written under `scratch`. Profiles of one
@@ -93,15 +94,18 @@ def matrix(model: str, runner: str, scratch: Path
     try:
         profiles[MEDIAN] = merged(list(singles.values()), scratch / MEDIAN)
         if len(singles) > 1:
-            without = {call: merged([p for c, p in singles.items() if c != call],
-                                    scratch / f"without_{call}") for call in calls}
+            without = {
+                call: merged(
+                    [p for c, p in singles.items() if c != call], scratch / f"without_{call}"
+                )
+                for call in calls
+            }
     except ProfileError as e:
         why_not = str(e)
     jobs = [(name, run, prof) for name, prof in profiles.items() for run in runs]
     jobs += [(None, run, without[folder_of(run)]) for run in runs if folder_of(run) in without]
     with ProcessPoolExecutor(2) as pool:
-        results = list(pool.map(targets_met, [(run, prof) for _, run, prof in jobs],
-                                chunksize=8))
+        results = list(pool.map(targets_met, [(run, prof) for _, run, prof in jobs], chunksize=8))
     met: dict[str, dict[str, int]] = {name: {} for name in profiles}
     totals: dict[str, int] = {}
     median_of_others: dict[str, int] = {}
@@ -117,9 +121,14 @@ def matrix(model: str, runner: str, scratch: Path
     return met, totals, median_of_others, why_not
 
 
-def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
-           profiles: dict[str, Path], median_of_others: dict[str, int] | None = None,
-           why_no_median: str = "") -> str:
+def report(
+    model: str,
+    met: dict[str, dict[str, int]],
+    totals: dict[str, int],
+    profiles: dict[str, Path],
+    median_of_others: dict[str, int] | None = None,
+    why_no_median: str = "",
+) -> str:
     """The matrix and the leave-one-call-out checks, in markdown (the shipped profile's column
     only where it measured the same runner as the calls). Leave one call out chooses among the
     calls' own profiles only: "shipped" and "median" may hold the held-out call's."""
@@ -128,21 +137,33 @@ def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
     merged_col = bool(median_of_others)
     total = sum(totals.values())
     mine = {call: made_by(profiles, call) for call in calls}
-    lines = [f"{model}: every profile on every call's runs, targets met ({len(calls)} calls, "
-             f"{total} targets).", "",
-             "| profile | all calls | its own call's runs |", "| --- | ---: | ---: |"]
+    lines = [
+        f"{model}: every profile on every call's runs, targets met ({len(calls)} calls, "
+        f"{total} targets).",
+        "",
+        "| profile | all calls | its own call's runs |",
+        "| --- | ---: | ---: |",
+    ]
     for name in sorted(met, key=lambda p: (-sum(met[p].values()), p)):
         own_calls = [c for c in calls if name in mine[c]]
         own_cell = " ".join(f"{met[name][c]}/{totals[c]}" for c in own_calls) or "-"
         lines.append(f"| {name} | {sum(met[name].values())} | {own_cell} |")
-    lines += ["", "Leave one call out: the call profile with the most targets on the other "
-              "calls' runs" + (", and the median of the other calls' profiles," if merged_col
-                               else ",") + " scored on the held-out call.", "",
-              "| held-out call | chosen profile | its targets |"
-              + (" median of the others |" if merged_col else "") + " own profile |"
-              + (" shipped |" if shipped else ""),
-              "| --- | --- | ---: |" + (" ---: |" if merged_col else "") + " ---: |"
-              + (" ---: |" if shipped else "")]
+    lines += [
+        "",
+        "Leave one call out: the call profile with the most targets on the other "
+        "calls' runs"
+        + (", and the median of the other calls' profiles," if merged_col else ",")
+        + " scored on the held-out call.",
+        "",
+        "| held-out call | chosen profile | its targets |"
+        + (" median of the others |" if merged_col else "")
+        + " own profile |"
+        + (" shipped |" if shipped else ""),
+        "| --- | --- | ---: |"
+        + (" ---: |" if merged_col else "")
+        + " ---: |"
+        + (" ---: |" if shipped else ""),
+    ]
     loo = own_sum = 0
     singles = [p for p in met if p not in ("shipped", MEDIAN)]
     for call in calls:
@@ -153,16 +174,23 @@ def report(model: str, met: dict[str, dict[str, int]], totals: dict[str, int],
         own_met = met[own_name][call] if own_name else None
         own_sum += own_met or 0
         own_cell = f"{own_met}/{totals[call]}" if own_name else "-"
-        lines.append(f"| {call} | {best} | {met[best][call]}/{totals[call]} |"
-                     + (f" {median_of_others[call]}/{totals[call]} |" if merged_col else "")
-                     + f" {own_cell} |"
-                     + (f" {met['shipped'][call]}/{totals[call]} |" if shipped else ""))
-    merged_tail = (f" (the median of the other calls' profiles: "
-                   f"{sum(median_of_others.values())} of {total})" if merged_col else "")
-    tail = (f"; the shipped profile: {sum(met['shipped'].values())} of {total}" if shipped
-            else "")
-    lines += ["", f"Leave-one-call-out total: {loo} of {total}{merged_tail}; each call's own "
-              f"profile: {own_sum} of {total}{tail}."]
+        lines.append(
+            f"| {call} | {best} | {met[best][call]}/{totals[call]} |"
+            + (f" {median_of_others[call]}/{totals[call]} |" if merged_col else "")
+            + f" {own_cell} |"
+            + (f" {met['shipped'][call]}/{totals[call]} |" if shipped else "")
+        )
+    merged_tail = (
+        f" (the median of the other calls' profiles: {sum(median_of_others.values())} of {total})"
+        if merged_col
+        else ""
+    )
+    tail = f"; the shipped profile: {sum(met['shipped'].values())} of {total}" if shipped else ""
+    lines += [
+        "",
+        f"Leave-one-call-out total: {loo} of {total}{merged_tail}; each call's own "
+        f"profile: {own_sum} of {total}{tail}.",
+    ]
     if why_no_median:
         lines += ["", f"No median of the calls' profiles: {why_no_median}."]
     return "\n".join(lines) + "\n"
@@ -172,18 +200,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", help="stem of the markdown and CSV outputs (default: print only)")
-    ap.add_argument("--runner", choices=tuple(RUNNERS),
-                    help="the runner whose calls and profiles to compare (default: the one the "
-                         "shipped profile measured)")
+    ap.add_argument(
+        "--runner",
+        choices=tuple(RUNNERS),
+        help="the runner whose calls and profiles to compare (default: the one the "
+        "shipped profile measured)",
+    )
     args = ap.parse_args()
     runner = RUNNERS[args.runner] if args.runner else shipped_runner(args.model)
     if runner is None or not real_runs(args.model, runner):
-        raise SystemExit(f"no stored real runs of {args.model!r} by runner {runner!r} "
-                         f"under {RESULTS}")
+        raise SystemExit(
+            f"no stored real runs of {args.model!r} by runner {runner!r} under {RESULTS}"
+        )
     with tempfile.TemporaryDirectory() as scratch:
         met, totals, median_of_others, why_not = matrix(args.model, runner, Path(scratch))
-    text = report(args.model, met, totals, candidates(args.model, runner), median_of_others,
-                  why_not)
+    text = report(
+        args.model, met, totals, candidates(args.model, runner), median_of_others, why_not
+    )
     print(text)
     if args.out:
         Path(f"{args.out}.md").write_text(text, encoding="utf-8")

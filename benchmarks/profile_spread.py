@@ -33,8 +33,11 @@ Shape = tuple[int, int]
 def decode_rows(profile: Path, block_size: int) -> dict[Shape, float]:
     """(batch, context) -> median step time in ms, of a profile's decode table at one block
     size."""
-    return {(r.batch_size, r.context_len): r.step_time_ms
-            for r in Profile.load(profile).decode if r.block_size == block_size}
+    return {
+        (r.batch_size, r.context_len): r.step_time_ms
+        for r in Profile.load(profile).decode
+        if r.block_size == block_size
+    }
 
 
 def spread(tables: dict[str, dict[Shape, float]]) -> dict[str, dict[int, float]]:
@@ -54,15 +57,21 @@ def spread(tables: dict[str, dict[Shape, float]]) -> dict[str, dict[int, float]]
 def report(model: str, block_size: int, result: dict[str, dict[int, float]]) -> str:
     """Markdown: one row per profile, one column per batch size, and the profile's range."""
     batches = sorted({b for row in result.values() for b in row})
-    lines = [f"{model}, block {block_size}: each call's decode row against the median of the "
-             f"runner's {len(result)} profiles at the same (batch, context), % (median over "
-             "contexts)", "",
-             "| profile | " + " | ".join(f"batch {b}" for b in batches) + " | range |",
-             "| --- | " + " | ".join("---:" for _ in batches) + " | --- |"]
+    lines = [
+        f"{model}, block {block_size}: each call's decode row against the median of the "
+        f"runner's {len(result)} profiles at the same (batch, context), % (median over "
+        "contexts)",
+        "",
+        "| profile | " + " | ".join(f"batch {b}" for b in batches) + " | range |",
+        "| --- | " + " | ".join("---:" for _ in batches) + " | --- |",
+    ]
     for name, row in result.items():
         vals = [row[b] for b in batches]
-        lines.append(f"| {name} | " + " | ".join(f"{v:+.1f}" for v in vals)
-                     + f" | {min(vals):+.1f} to {max(vals):+.1f} |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{v:+.1f}" for v in vals)
+            + f" | {min(vals):+.1f} to {max(vals):+.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

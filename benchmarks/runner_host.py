@@ -41,12 +41,17 @@ import time
 def steps_for(dry: bool) -> dict[str, tuple[list[tuple[int, int]], int]]:
     """Step name -> ((context, new tokens) per sequence, shared prefix tokens)."""
     if dry:
-        return {"chat 2 x 24": ([(24, 1)] * 2, 0), "system-prompt 2 x (16 + 8)": ([(24, 1)] * 2, 16)}
+        return {
+            "chat 2 x 24": ([(24, 1)] * 2, 0),
+            "system-prompt 2 x (16 + 8)": ([(24, 1)] * 2, 16),
+        }
     own = [round(512 * i / 31) for i in range(32)]
-    return {"chat 8 x 1,024": ([(1024, 1)] * 8, 0),
-            "chat 32 x 1,024": ([(1024, 1)] * 32, 0),
-            "chat 128 x 1,024": ([(1024, 1)] * 128, 0),
-            "system-prompt 32 x (1,024 + 0-512)": ([(1024 + o, 1) for o in own], 1024)}
+    return {
+        "chat 8 x 1,024": ([(1024, 1)] * 8, 0),
+        "chat 32 x 1,024": ([(1024, 1)] * 32, 0),
+        "chat 128 x 1,024": ([(1024, 1)] * 128, 0),
+        "system-prompt 32 x (1,024 + 0-512)": ([(1024 + o, 1) for o in own], 1024),
+    }
 
 
 def timed_parts(runner, out, n: int) -> dict[str, float]:
@@ -58,8 +63,12 @@ def timed_parts(runner, out, n: int) -> dict[str, float]:
         wall = time.perf_counter() - t
         b = res.time_breakdown_s
         device = sum(b.get(k, 0.0) for k in ("swap", "copy", "forward", "sample"))
-        for key, value in (("wall", wall), ("prepare", b["prepare"]), ("device", device),
-                           ("rest", wall - b["prepare"] - device)):
+        for key, value in (
+            ("wall", wall),
+            ("prepare", b["prepare"]),
+            ("device", device),
+            ("rest", wall - b["prepare"] - device),
+        ):
             parts[key].append(value * 1e6)
     return {k: statistics.median(v) for k, v in parts.items()}
 
@@ -75,11 +84,18 @@ def top_functions(runner, out, n: int, k: int) -> list[dict]:
     total = sum(v[2] for v in stats.values())
     rows = []
     for (file, line, name), (_, ncalls, own, cum, _) in sorted(
-            stats.items(), key=lambda kv: -kv[1][2])[:k]:
+        stats.items(), key=lambda kv: -kv[1][2]
+    )[:k]:
         where = f"{os.path.basename(file)}:{line}" if line else file
-        rows.append({"function": f"{where}({name})", "calls_per_step": ncalls / n,
-                     "own_us_per_step": own / n * 1e6, "cum_us_per_step": cum / n * 1e6,
-                     "own_share_pct": 100 * own / total})
+        rows.append(
+            {
+                "function": f"{where}({name})",
+                "calls_per_step": ncalls / n,
+                "own_us_per_step": own / n * 1e6,
+                "cum_us_per_step": cum / n * 1e6,
+                "own_share_pct": 100 * own / total,
+            }
+        )
     return rows
 
 
@@ -90,8 +106,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, help="timed calls per step")
     ap.add_argument("--profiled", type=int, default=100, help="profiled calls per step")
     ap.add_argument("--top", type=int, default=12)
-    ap.add_argument("--waits", default="block,spin",
-                    help="how the host waits for the sampled ids: block, spin (both by default)")
+    ap.add_argument(
+        "--waits",
+        default="block,spin",
+        help="how the host waits for the sampled ids: block, spin (both by default)",
+    )
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     if args.dry_run_cpu:
@@ -108,29 +127,51 @@ def main() -> None:
     rows, prof_rows = [], []
     gc.disable()  # as during a served run (`serve.replay`)
     for name in args.models.split(","):
-        config, runner = (dry_runner(64, max_num_batched_tokens=64, max_model_len=256) if dry
-                          else served_runner(name))
+        config, runner = (
+            dry_runner(64, max_num_batched_tokens=64, max_model_len=256)
+            if dry
+            else served_runner(name)
+        )
         for i, (label, (entries, shared)) in enumerate(steps_for(dry).items()):
-            out = synthetic_step(entries, config.block_size,
-                                 BlockSource(runner.num_gpu_blocks, i), shared=shared)
+            out = synthetic_step(
+                entries, config.block_size, BlockSource(runner.num_gpu_blocks, i), shared=shared
+            )
             for wait in args.waits.split(","):
                 runner.spin_wait = wait == "spin"
                 for _ in range(3):  # warm-up: compiles, captures the graph
                     runner.execute_model(out)
                 parts = timed_parts(runner, out, steps)
-                rows.append({"model": name, "step": label, "wait": wait, "calls": steps,
-                             **{f"{k}_us": round(v, 1) for k, v in parts.items()},
-                             **device_columns(info)})
-                print(f"{name} {label:36s} {wait:5s} wall {parts['wall']:8.1f} us  prepare "
-                      f"{parts['prepare']:7.1f}  device {parts['device']:8.1f}  rest "
-                      f"{parts['rest']:7.1f}", flush=True)
+                rows.append(
+                    {
+                        "model": name,
+                        "step": label,
+                        "wait": wait,
+                        "calls": steps,
+                        **{f"{k}_us": round(v, 1) for k, v in parts.items()},
+                        **device_columns(info),
+                    }
+                )
+                print(
+                    f"{name} {label:36s} {wait:5s} wall {parts['wall']:8.1f} us  prepare "
+                    f"{parts['prepare']:7.1f}  device {parts['device']:8.1f}  rest "
+                    f"{parts['rest']:7.1f}",
+                    flush=True,
+                )
                 for rank, r in enumerate(top_functions(runner, out, profiled, args.top), 1):
-                    prof_rows.append({"model": name, "step": label, "wait": wait,
-                                      "rank": rank,
-                                      **{k: round(v, 2) if isinstance(v, float) else v
-                                         for k, v in r.items()}})
-                    print(f"    {r['own_share_pct']:5.1f} %  {r['own_us_per_step']:8.1f} us  "
-                          f"x{r['calls_per_step']:<6g} {r['function']}", flush=True)
+                    prof_rows.append(
+                        {
+                            "model": name,
+                            "step": label,
+                            "wait": wait,
+                            "rank": rank,
+                            **{k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()},
+                        }
+                    )
+                    print(
+                        f"    {r['own_share_pct']:5.1f} %  {r['own_us_per_step']:8.1f} us  "
+                        f"x{r['calls_per_step']:<6g} {r['function']}",
+                        flush=True,
+                    )
             runner.spin_wait = False
         if not dry:
             release(runner)

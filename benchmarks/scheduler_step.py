@@ -40,8 +40,13 @@ from pagesim.kvcache.kv_cache_manager import KVCacheManager  # noqa: E402
 from pagesim.request import Request  # noqa: E402
 from pagesim.scheduler import ModelRunnerOutput, Scheduler, synthetic_token  # noqa: E402
 
-TRACE = (ROOT.parent / "shared" / "traces" / "microsoft-sarathi-serve"
-         / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv")
+TRACE = (
+    ROOT.parent
+    / "shared"
+    / "traces"
+    / "microsoft-sarathi-serve"
+    / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
+)
 MAX_MODEL_LEN = 4096
 MAX_NUM_SEQS = 160
 CASES = {"roomy": 40_000, "tight": 13_000, "no-op-kv": None}  # num_gpu_blocks (block 16)
@@ -49,8 +54,13 @@ CASES = {"roomy": 40_000, "tight": 13_000, "no-op-kv": None}  # num_gpu_blocks (
 
 def make_requests(n: int, seed: int) -> list[Request]:
     rng = np.random.default_rng(seed)
-    data = np.genfromtxt(TRACE, delimiter=",", names=True, dtype=np.int64,
-                         usecols=("num_prefill_tokens", "num_decode_tokens"))
+    data = np.genfromtxt(
+        TRACE,
+        delimiter=",",
+        names=True,
+        dtype=np.int64,
+        usecols=("num_prefill_tokens", "num_decode_tokens"),
+    )
     rows = rng.integers(0, len(data), size=n)
     systems = [rng.integers(0, 32_000, 512).tolist() for _ in range(16)]
     out = []
@@ -86,10 +96,14 @@ class NoOpManager:
 
 
 def run(requests: list[Request], num_gpu_blocks: int | None) -> dict:
-    cfg = EngineConfig(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=8192,
-                       max_model_len=MAX_MODEL_LEN)
-    kv = (NoOpManager() if num_gpu_blocks is None else
-          KVCacheManager(num_gpu_blocks=num_gpu_blocks, block_size=16, enable_caching=True))
+    cfg = EngineConfig(
+        max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=8192, max_model_len=MAX_MODEL_LEN
+    )
+    kv = (
+        NoOpManager()
+        if num_gpu_blocks is None
+        else KVCacheManager(num_gpu_blocks=num_gpu_blocks, block_size=16, enable_caching=True)
+    )
     sched = Scheduler(cfg, kv)
     for r in requests:
         sched.add_request(r)
@@ -115,11 +129,16 @@ def run(requests: list[Request], num_gpu_blocks: int | None) -> dict:
         request_steps += len(out.scheduled)
     cpu = time.process_time() - cpu0  # includes the few sampling lines between the calls
     assert sched.stats.num_finished == len(requests)
-    return dict(steps=steps, request_steps=request_steps, mean_running=request_steps / steps,
-                schedule_s=t_sched, update_s=t_update,
-                wall_us_per_req_step=1e6 * (t_sched + t_update) / request_steps,
-                cpu_us_per_req_step=1e6 * cpu / request_steps,
-                preemptions=sched.stats.num_preemptions)
+    return dict(
+        steps=steps,
+        request_steps=request_steps,
+        mean_running=request_steps / steps,
+        schedule_s=t_sched,
+        update_s=t_update,
+        wall_us_per_req_step=1e6 * (t_sched + t_update) / request_steps,
+        cpu_us_per_req_step=1e6 * cpu / request_steps,
+        preemptions=sched.stats.num_preemptions,
+    )
 
 
 def main() -> None:
@@ -131,14 +150,29 @@ def main() -> None:
     for case, blocks in CASES.items():
         res = run(make_requests(args.num_requests, args.seed), blocks)
         rows.append(dict(case=case, num_gpu_blocks=blocks, **res))
-    cols = ["case", "num_gpu_blocks", "steps", "request_steps", "mean_running", "schedule_s",
-            "update_s", "wall_us_per_req_step", "cpu_us_per_req_step", "preemptions"]
-    print(f"{args.num_requests} requests, seed {args.seed}, python {platform.python_version()}, "
-          f"{datetime.date.today()}")
+    cols = [
+        "case",
+        "num_gpu_blocks",
+        "steps",
+        "request_steps",
+        "mean_running",
+        "schedule_s",
+        "update_s",
+        "wall_us_per_req_step",
+        "cpu_us_per_req_step",
+        "preemptions",
+    ]
+    print(
+        f"{args.num_requests} requests, seed {args.seed}, python {platform.python_version()}, "
+        f"{datetime.date.today()}"
+    )
     print("  ".join(f"{c:>20}" for c in cols))
     for row in rows:
-        print("  ".join(f"{row[c]:>20.3f}" if isinstance(row[c], float) else f"{row[c]!s:>20}"
-                        for c in cols))
+        print(
+            "  ".join(
+                f"{row[c]:>20.3f}" if isinstance(row[c], float) else f"{row[c]!s:>20}" for c in cols
+            )
+        )
     out = ROOT / "results" / "scheduler_step.csv"
     out.parent.mkdir(exist_ok=True)
     with out.open("w", newline="") as f:

@@ -47,8 +47,14 @@ from pagesim.sim.build import build_cost_model
 from pagesim.validate import compare, read_real_run, real_run_config, real_run_files, simulate_like
 
 #: the metrics whose targets are within 3 or 5 %, and the P99s of TTFT and TPOT
-METRICS = ("request_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms",
-           "p99_ttft_ms", "p99_tpot_ms")
+METRICS = (
+    "request_throughput",
+    "mean_ttft_ms",
+    "mean_tpot_ms",
+    "mean_e2el_ms",
+    "p99_ttft_ms",
+    "p99_tpot_ms",
+)
 
 
 def step_error_pct(doc: dict, cost: CostModel) -> float:
@@ -70,8 +76,10 @@ def amplifications(doc: dict, cost: CostModel, scale: float) -> tuple[dict, dict
     change per 1 % of step time: `(m(1 + s) - m(1 - s)) / (2 s m(1))`, with every step
     `scale` slower and faster."""
     base = simulate_like(doc, None, cost).result
-    lo, hi = (simulate_like(doc, None, ScaledCostModel(cost, f)).result
-              for f in (1.0 - scale, 1.0 + scale))
+    lo, hi = (
+        simulate_like(doc, None, ScaledCostModel(cost, f)).result
+        for f in (1.0 - scale, 1.0 + scale)
+    )
     return base, {m: (hi[m] - lo[m]) / (2.0 * scale * base[m]) for m in METRICS if base.get(m)}
 
 
@@ -90,10 +98,17 @@ def run_rows(args: tuple[str, Path, Path, float]) -> list[dict]:
         if m not in errors or m not in amps:
             continue
         amp = amps[m]
-        rows.append({"call": call, "run": path.name.split(".")[0], "metric": m,
-                     "error_pct": round(errors[m], 3), "amplification": round(amp, 3),
-                     "step_error_pct": round(step_err, 3),
-                     "residual_pct": round(errors[m] - amp * step_err, 3)})
+        rows.append(
+            {
+                "call": call,
+                "run": path.name.split(".")[0],
+                "metric": m,
+                "error_pct": round(errors[m], 3),
+                "amplification": round(amp, 3),
+                "step_error_pct": round(step_err, 3),
+                "residual_pct": round(errors[m] - amp * step_err, 3),
+            }
+        )
     return rows
 
 
@@ -108,58 +123,87 @@ def summary(rows: list[dict]) -> list[dict]:
         by.setdefault((r["run"], r["metric"]), []).append(r)
     out = []
     for (run, metric), rs in sorted(by.items()):
-        out.append({"run": run, "metric": metric, "calls": len(rs),
-                    "amplification": statistics.median(r["amplification"] for r in rs),
-                    "step_error_rms": rms([r["step_error_pct"] for r in rs]),
-                    "error_rms": rms([r["error_pct"] for r in rs]),
-                    "residual_rms": rms([r["residual_pct"] for r in rs])})
+        out.append(
+            {
+                "run": run,
+                "metric": metric,
+                "calls": len(rs),
+                "amplification": statistics.median(r["amplification"] for r in rs),
+                "step_error_rms": rms([r["step_error_pct"] for r in rs]),
+                "error_rms": rms([r["error_pct"] for r in rs]),
+                "residual_rms": rms([r["residual_pct"] for r in rs]),
+            }
+        )
     return out
 
 
-def markdown(model: str, profile: Path, scale: float, rows: list[dict],
-             calls: list[str]) -> str:
+def markdown(model: str, profile: Path, scale: float, rows: list[dict], calls: list[str]) -> str:
     summ = summary(rows)
-    lines = [f"{model}: how step-time errors become metric errors, profile `{profile}`, "
-             f"steps scaled by 1 -/+ {scale:g}; {len(calls)} calls ({', '.join(calls)})", "",
-             "amplification: the metric's % change per 1 % of step time (median over the calls); "
-             "step err: the profile's summed step time on the real schedule, rms over the calls; "
-             "error: the validation error, rms over the calls; left: rms of error - "
-             "amplification x step err", "",
-             "| run | metric | amplification | step err % | error % | left % |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"{model}: how step-time errors become metric errors, profile `{profile}`, "
+        f"steps scaled by 1 -/+ {scale:g}; {len(calls)} calls ({', '.join(calls)})",
+        "",
+        "amplification: the metric's % change per 1 % of step time (median over the calls); "
+        "step err: the profile's summed step time on the real schedule, rms over the calls; "
+        "error: the validation error, rms over the calls; left: rms of error - "
+        "amplification x step err",
+        "",
+        "| run | metric | amplification | step err % | error % | left % |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for s in summ:
-        lines.append(f"| {s['run']} | {s['metric']} | {s['amplification']:+.2f} | "
-                     f"{s['step_error_rms']:.1f} | {s['error_rms']:.1f} | "
-                     f"{s['residual_rms']:.1f} |")
-    lines += ["", "Per call, its runs' step errors: their mean (the call's level) and their rms "
-              "about it (what differs between runs of one call).", "",
-              "| call | runs | step err mean % | about the mean, rms % |",
-              "| --- | ---: | ---: | ---: |"]
+        lines.append(
+            f"| {s['run']} | {s['metric']} | {s['amplification']:+.2f} | "
+            f"{s['step_error_rms']:.1f} | {s['error_rms']:.1f} | "
+            f"{s['residual_rms']:.1f} |"
+        )
+    lines += [
+        "",
+        "Per call, its runs' step errors: their mean (the call's level) and their rms "
+        "about it (what differs between runs of one call).",
+        "",
+        "| call | runs | step err mean % | about the mean, rms % |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for call in calls:
-        errs = [r["step_error_pct"] for r in rows
-                if r["call"] == call and r["metric"] == METRICS[0]]
+        errs = [
+            r["step_error_pct"] for r in rows if r["call"] == call and r["metric"] == METRICS[0]
+        ]
         if errs:
             level = statistics.mean(errs)
-            lines.append(f"| {call} | {len(errs)} | {level:+.1f} | "
-                         f"{rms([e - level for e in errs]):.1f} |")
-    lines += ["", "Over every run and call, per metric: rms of the error, and of what is left "
-              "once the amplified step error is taken out.", "",
-              "| metric | runs | error % | left % |", "| --- | ---: | ---: | ---: |"]
+            lines.append(
+                f"| {call} | {len(errs)} | {level:+.1f} | {rms([e - level for e in errs]):.1f} |"
+            )
+    lines += [
+        "",
+        "Over every run and call, per metric: rms of the error, and of what is left "
+        "once the amplified step error is taken out.",
+        "",
+        "| metric | runs | error % | left % |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for m in METRICS:
         rs = [r for r in rows if r["metric"] == m]
         if rs:
-            lines.append(f"| {m} | {len(rs)} | {rms([r['error_pct'] for r in rs]):.2f} | "
-                         f"{rms([r['residual_pct'] for r in rs]):.2f} |")
+            lines.append(
+                f"| {m} | {len(rs)} | {rms([r['error_pct'] for r in rs]):.2f} | "
+                f"{rms([r['residual_pct'] for r in rs]):.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--profile", type=Path, default=None,
-                    help="default: the shipped profile of --model")
-    ap.add_argument("--scale", type=float, default=0.02,
-                    help="steps priced 1 - s and 1 + s times the profile's (default 0.02)")
+    ap.add_argument(
+        "--profile", type=Path, default=None, help="default: the shipped profile of --model"
+    )
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=0.02,
+        help="steps priced 1 - s and 1 + s times the profile's (default 0.02)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="writes <out>.md and <out>.csv")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()

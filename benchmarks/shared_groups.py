@@ -29,8 +29,15 @@ import time
 import numpy as np
 
 
-def grouped_step(contexts: list[int], groups: list[int], shared: dict[int, int],
-                 block_size: int, blocks, step_id: int = 0, news: list[int] | None = None):
+def grouped_step(
+    contexts: list[int],
+    groups: list[int],
+    shared: dict[int, int],
+    block_size: int,
+    blocks,
+    step_id: int = 0,
+    news: list[int] | None = None,
+):
     """A step: sequence i has context `contexts[i]` and computes `news[i]` new tokens (default
     one: a decode; decodes come first), and its first `shared[g]` tokens (a block multiple)
     are the same blocks for every sequence of its group g = groups[i]. Group -1 shares
@@ -41,12 +48,14 @@ def grouped_step(contexts: list[int], groups: list[int], shared: dict[int, int],
 
     names = sorted({g for g in groups if g >= 0})
     common = [shared[g] // block_size for g in names]
-    own = [-(-(c + n) // block_size) - (shared[g] // block_size if g >= 0 else 0)
-           for c, g, n in zip(contexts, groups, news, strict=True)]
+    own = [
+        -(-(c + n) // block_size) - (shared[g] // block_size if g >= 0 else 0)
+        for c, g, n in zip(contexts, groups, news, strict=True)
+    ]
     rows = blocks.take(common + own)
     if rows is None:
         return None
-    prefix = dict(zip(names, rows[:len(names)], strict=True))
+    prefix = dict(zip(names, rows[: len(names)], strict=True))
     out = SchedulerOutput(step_id=step_id, block_size=block_size)
     prompts: dict[int, list[int]] = {}
     for k, (c, g, n) in enumerate(zip(contexts, groups, news, strict=True)):
@@ -63,17 +72,17 @@ def run_like(batch: int, seed: int, block_size: int) -> tuple[list[int], list[in
     groups = rng.choice(16, size=batch, p=weights / weights.sum()).tolist()
     shared = {g: int(rng.integers(512, 2049)) // block_size * block_size for g in range(16)}
     sigma = np.sqrt(np.log(1 + (192 / 256) ** 2))
-    user = np.minimum(rng.lognormal(np.log(256) - sigma ** 2 / 2, sigma, batch), 1024)
+    user = np.minimum(rng.lognormal(np.log(256) - sigma**2 / 2, sigma, batch), 1024)
     progress = rng.integers(0, 193, batch)
-    contexts = [shared[g] + int(u) + int(p) for g, u, p in zip(groups, user, progress,
-                                                               strict=True)]
+    contexts = [shared[g] + int(u) + int(p) for g, u, p in zip(groups, user, progress, strict=True)]
     return contexts, groups, shared
 
 
 def unique_tokens(contexts, groups, shared) -> int:
     seen = {g for g in groups if g >= 0}
-    return sum(shared[g] for g in seen) + sum(c - (shared[g] if g >= 0 else 0)
-                                              for c, g in zip(contexts, groups, strict=True))
+    return sum(shared[g] for g in seen) + sum(
+        c - (shared[g] if g >= 0 else 0) for c, g in zip(contexts, groups, strict=True)
+    )
 
 
 def shapes(block_size: int) -> list[tuple[str, list[int], list[int], dict, list[int]]]:
@@ -83,8 +92,15 @@ def shapes(block_size: int) -> list[tuple[str, list[int], list[int], dict, list[
         for s in s_list:
             for g in (1, 2, 4, 8, 16):
                 if g <= b:
-                    out.append((f"uniform b={b} c={c} s={s} g={g}", [c] * b,
-                                [i % g for i in range(b)], {i: s for i in range(g)}, [1] * b))
+                    out.append(
+                        (
+                            f"uniform b={b} c={c} s={s} g={g}",
+                            [c] * b,
+                            [i % g for i in range(b)],
+                            {i: s for i in range(g)},
+                            [1] * b,
+                        )
+                    )
     for b in (16, 48, 96):
         for seed in (0, 1):
             ctx, grp, sh = run_like(b, seed, block_size)
@@ -95,8 +111,15 @@ def shapes(block_size: int) -> list[tuple[str, list[int], list[int], dict, list[
         for seed in (0, 1):
             ctx, grp, sh = run_like(b, seed, block_size)
             for n in (128, 384):
-                out.append((f"mixed run-like b={b} seed={seed} new={n}", ctx + [sh[0]],
-                            grp + [0], sh, [1] * b + [n]))
+                out.append(
+                    (
+                        f"mixed run-like b={b} seed={seed} new={n}",
+                        ctx + [sh[0]],
+                        grp + [0],
+                        sh,
+                        [1] * b + [n],
+                    )
+                )
     return out
 
 
@@ -128,20 +151,31 @@ def main() -> None:
                 continue
             items += [(a, False), (b, False)]
             meta.append((label, ctx, grp, sh, news))
-        timings = measure_interleaved(runner, items, CalibrationGrid(
-            repeats=args.rounds, min_repeats=args.rounds))
+        timings = measure_interleaved(
+            runner, items, CalibrationGrid(repeats=args.rounds, min_repeats=args.rounds)
+        )
         for k, (label, ctx, grp, sh, news) in enumerate(meta):
             t, ref = timings[2 * k].median * 1e3, timings[2 * k + 1].median * 1e3
-            row = {"model": name, "label": label, "batch": len(ctx),
-                   "context_sum": sum(ctx), "unique_tokens": unique_tokens(ctx, grp, sh),
-                   "groups": len(set(grp)), "contexts": " ".join(map(str, ctx)),
-                   "new_tokens": " ".join(map(str, news)),
-                   "step_time_ms": t, "reference_step_time_ms": ref, "ratio": t / ref,
-                   **device_columns(info)}
+            row = {
+                "model": name,
+                "label": label,
+                "batch": len(ctx),
+                "context_sum": sum(ctx),
+                "unique_tokens": unique_tokens(ctx, grp, sh),
+                "groups": len(set(grp)),
+                "contexts": " ".join(map(str, ctx)),
+                "new_tokens": " ".join(map(str, news)),
+                "step_time_ms": t,
+                "reference_step_time_ms": ref,
+                "ratio": t / ref,
+                **device_columns(info),
+            }
             rows.append(row)
-            print(f"{name} {label}: shared {t:.2f} ms, reference {ref:.2f} ms, ratio "
-                  f"{t / ref:.3f}, unique {row['unique_tokens'] / row['context_sum']:.2f}",
-                  flush=True)
+            print(
+                f"{name} {label}: shared {t:.2f} ms, reference {ref:.2f} ms, ratio "
+                f"{t / ref:.3f}, unique {row['unique_tokens'] / row['context_sum']:.2f}",
+                flush=True,
+            )
         print(f"{name}: {time.monotonic() - t0:.0f} s", flush=True)
         release(runner)
     write_rows(args.out, "shared_groups.csv", rows)

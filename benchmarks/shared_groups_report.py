@@ -42,19 +42,31 @@ def main() -> None:
             pre = [(c, n) for c, n in zip(ctx, news, strict=True) if n > 1]
 
             def device_s(shared_tokens: int | None, cm=cm, dec=dec, pre=pre) -> float:
-                return cm.device_time(BatchShape(
-                    16, len(dec) + sum(n for _, n in pre), len(dec), sum(dec), dec,
-                    [n for _, n in pre], [c for c, _ in pre],
-                    shared_context_tokens=shared_tokens))
+                return cm.device_time(
+                    BatchShape(
+                        16,
+                        len(dec) + sum(n for _, n in pre),
+                        len(dec),
+                        sum(dec),
+                        dec,
+                        [n for _, n in pre],
+                        [c for c, _ in pre],
+                        shared_context_tokens=shared_tokens,
+                    )
+                )
 
             predicted = device_s(shared) / device_s(None)
             kind = r["label"].split(" b=")[0]
             errors.setdefault(kind, []).append(predicted / float(r["ratio"]) - 1.0)
-            print(f"{model} {r['label']:38} measured {float(r['ratio']):.3f} "
-                  f"predicted {predicted:.3f}")
+            print(
+                f"{model} {r['label']:38} measured {float(r['ratio']):.3f} "
+                f"predicted {predicted:.3f}"
+            )
         for kind, e in errors.items():
-            print(f"{model} {kind}: {len(e)} rows, ratio error mean {100 * np.mean(e):+.1f} %, "
-                  f"rms {100 * np.sqrt(np.mean(np.square(e))):.1f} %")
+            print(
+                f"{model} {kind}: {len(e)} rows, ratio error mean {100 * np.mean(e):+.1f} %, "
+                f"rms {100 * np.sqrt(np.mean(np.square(e))):.1f} %"
+            )
 
 
 if __name__ == "__main__":

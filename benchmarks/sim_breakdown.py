@@ -66,8 +66,15 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine loop", ("pagesim/sim/engine.py",)),
     ("metrics", ("pagesim/metrics/",)),
     ("SimPy", ("simpy/",)),
-    ("workload + clients", ("pagesim/workload/", "pagesim/sim/simulate.py",
-                            "pagesim/sim/arrivals.py", "pagesim/request.py")),
+    (
+        "workload + clients",
+        (
+            "pagesim/workload/",
+            "pagesim/sim/simulate.py",
+            "pagesim/sim/arrivals.py",
+            "pagesim/request.py",
+        ),
+    ),
 )
 
 
@@ -85,10 +92,13 @@ def spy_shares(raw: Path) -> Counter:
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         frames = stack.split(";")
-        inside = [i for i, f in enumerate(frames) if f.startswith("simulate (")
-                  and "pagesim/sim/simulate.py" in f]
+        inside = [
+            i
+            for i, f in enumerate(frames)
+            if f.startswith("simulate (") and "pagesim/sim/simulate.py" in f
+        ]
         if inside:
-            shares[component(frames[inside[0]:])] += int(n)
+            shares[component(frames[inside[0] :])] += int(n)
     return shares
 
 
@@ -126,12 +136,20 @@ def unprofiled(n: int, rate: float, fast: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--rate", type=float, default=None,
-                    help="req/s; default: --load times the capacity measured as sim_speed.py does")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="req/s; default: --load times the capacity measured as sim_speed.py does",
+    )
     ap.add_argument("--load", type=float, default=0.9)
     ap.add_argument("--out", default="results/sim_breakdown.csv")
-    ap.add_argument("--repeat", type=int, default=3,
-                    help="runs per path; the one with the least CPU time is reported")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="runs per path; the one with the least CPU time is reported",
+    )
     args = ap.parse_args()
     rate = args.rate
     if rate is None:
@@ -144,8 +162,10 @@ def main() -> None:
     for fast in (False, True):
         runs = [run(args.requests, rate, fast, spy) for _ in range(args.repeat)]
         stats, shares = min(runs, key=lambda r: r[0]["cpu_s"])
-        plain = min((unprofiled(args.requests, rate, fast) for _ in range(args.repeat)),
-                    key=lambda r: r["cpu_s"])
+        plain = min(
+            (unprofiled(args.requests, rate, fast) for _ in range(args.repeat)),
+            key=lambda r: r["cpu_s"],
+        )
         stats.update(profiled_cpu_s=stats["cpu_s"], cpu_s=plain["cpu_s"], wall_s=plain["wall_s"])
         results[fast] = stats, shares
     method = "py-spy" if spy else "cProfile"
@@ -154,11 +174,15 @@ def main() -> None:
     print(f"chat, {args.requests} requests at {rate:.3f} req/s; shares by {method}")
     for fast in (False, True):
         s = results[fast][0]
-        print(f"  fast_path={fast}: cpu {s['cpu_s']:.2f} s (least of {args.repeat}, "
-              f"{s['profiled_cpu_s']:.2f} s sampled), wall {s['wall_s']:.2f} s, "
-              f"{s['steps']} steps, {s['request_steps'] / s['steps']:.1f} requests per step")
-    print(f"{'component':<22} {'slow us/step':>12} {'fast us/step':>12} "
-          f"{'slow us/req-step':>16} {'fast us/req-step':>16}")
+        print(
+            f"  fast_path={fast}: cpu {s['cpu_s']:.2f} s (least of {args.repeat}, "
+            f"{s['profiled_cpu_s']:.2f} s sampled), wall {s['wall_s']:.2f} s, "
+            f"{s['steps']} steps, {s['request_steps'] / s['steps']:.1f} requests per step"
+        )
+    print(
+        f"{'component':<22} {'slow us/step':>12} {'fast us/step':>12} "
+        f"{'slow us/req-step':>16} {'fast us/req-step':>16}"
+    )
     for name in names + ["total"]:
         row = {"component": name}
         for fast, label in ((False, "slow"), (True, "fast")):
@@ -169,15 +193,19 @@ def main() -> None:
             row[f"{label}_us_per_step"] = cpu_us / stats["steps"]
             row[f"{label}_us_per_request_step"] = cpu_us / stats["request_steps"]
         rows.append(row)
-        print(f"{name:<22} {row['slow_us_per_step']:>12.1f} {row['fast_us_per_step']:>12.1f} "
-              f"{row['slow_us_per_request_step']:>16.3f} {row['fast_us_per_request_step']:>16.3f}")
+        print(
+            f"{name:<22} {row['slow_us_per_step']:>12.1f} {row['fast_us_per_step']:>12.1f} "
+            f"{row['slow_us_per_request_step']:>16.3f} {row['fast_us_per_request_step']:>16.3f}"
+        )
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
-        f.write(f"# pagesim sim_breakdown, {date.today()}, python {platform.python_version()}, "
-                f"{method}, chat {args.requests} requests at {rate:.3f} req/s, "
-                f"slow cpu {results[False][0]['cpu_s']:.2f} s, "
-                f"fast cpu {results[True][0]['cpu_s']:.2f} s\n")
+        f.write(
+            f"# pagesim sim_breakdown, {date.today()}, python {platform.python_version()}, "
+            f"{method}, chat {args.requests} requests at {rate:.3f} req/s, "
+            f"slow cpu {results[False][0]['cpu_s']:.2f} s, "
+            f"fast cpu {results[True][0]['cpu_s']:.2f} s\n"
+        )
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)

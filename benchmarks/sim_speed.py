@@ -48,8 +48,12 @@ print(json.dumps({"wall_s": wall, "cpu_s": cpu, "load_avg_1m": load_avg, "peak_r
 
 
 def run_child(n: int, rate: float, fast: bool = True) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(n), str(rate), "1" if fast else "0"],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(n), str(rate), "1" if fast else "0"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -59,33 +63,54 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.9)
     ap.add_argument("--out", default="results/sim_speed.csv")
     ap.add_argument("--slow", action="store_true", help="fast_path=False (per-request path)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="runs per size below 100,000 requests; the fastest (wall) is kept")
-    ap.add_argument("--repeat-large", action="store_true",
-                    help="--repeat applies to 100,000 requests and more as well")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs per size below 100,000 requests; the fastest (wall) is kept",
+    )
+    ap.add_argument(
+        "--repeat-large",
+        action="store_true",
+        help="--repeat applies to 100,000 requests and more as well",
+    )
     args = ap.parse_args()
     capacity = run_child(1000, float("inf"))["request_throughput"]
     rate = args.load * capacity
     rows = []
     print(f"capacity {capacity:.3f} req/s (1,000 requests at t=0); rate {rate:.3f} req/s")
-    print(f"{'requests':>9} {'wall s':>8} {'median':>8} {'cpu s':>8} {'peak MB':>8} {'steps':>8} {'sim s':>9} "
-          f"{'Mtok/wall s':>11} {'running':>8} {'load':>5}")
+    print(
+        f"{'requests':>9} {'wall s':>8} {'median':>8} {'cpu s':>8} {'peak MB':>8} {'steps':>8} {'sim s':>9} "
+        f"{'Mtok/wall s':>11} {'running':>8} {'load':>5}"
+    )
     for n in (int(x) for x in args.sizes.split(",")):
-        runs = [run_child(n, rate, fast=not args.slow)
-                for _ in range(args.repeat if n < 100_000 or args.repeat_large else 1)]
+        runs = [
+            run_child(n, rate, fast=not args.slow)
+            for _ in range(args.repeat if n < 100_000 or args.repeat_large else 1)
+        ]
         r = min(runs, key=lambda x: x["wall_s"])
-        r.update(requests=n, rate=rate, capacity=capacity, fast_path=not args.slow,
-                 tokens_per_wall_s=r["tokens"] / r["wall_s"], runs=len(runs),
-                 wall_s_median=statistics.median(x["wall_s"] for x in runs))
+        r.update(
+            requests=n,
+            rate=rate,
+            capacity=capacity,
+            fast_path=not args.slow,
+            tokens_per_wall_s=r["tokens"] / r["wall_s"],
+            runs=len(runs),
+            wall_s_median=statistics.median(x["wall_s"] for x in runs),
+        )
         rows.append(r)
-        print(f"{n:>9} {r['wall_s']:>8.2f} {r['wall_s_median']:>8.2f} {r['cpu_s']:>8.2f} {r['peak_rss_mb']:>8.0f} "
-              f"{r['steps']:>8} {r['sim_duration_s']:>9.1f} {r['tokens_per_wall_s'] / 1e6:>11.2f} "
-              f"{r['mean_num_running']:>8.1f} {r['load_avg_1m']:>5.1f}")
+        print(
+            f"{n:>9} {r['wall_s']:>8.2f} {r['wall_s_median']:>8.2f} {r['cpu_s']:>8.2f} {r['peak_rss_mb']:>8.0f} "
+            f"{r['steps']:>8} {r['sim_duration_s']:>9.1f} {r['tokens_per_wall_s'] / 1e6:>11.2f} "
+            f"{r['mean_num_running']:>8.1f} {r['load_avg_1m']:>5.1f}"
+        )
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
-        f.write(f"# pagesim sim_speed, {date.today()}, python {platform.python_version()}, "
-                f"{platform.processor() or platform.machine()}, one process per size\n")
+        f.write(
+            f"# pagesim sim_speed, {date.today()}, python {platform.python_version()}, "
+            f"{platform.processor() or platform.machine()}, one process per size\n"
+        )
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)

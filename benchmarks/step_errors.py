@@ -41,8 +41,9 @@ def step_kind(rs: dict, i: int, num_entries: int) -> str:
     return "decode graph"
 
 
-def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
-              shared: bool = True) -> list[dict]:
+def run_table(
+    path: Path, cm: CalibratedCostModel, spans: bool = False, shared: bool = True
+) -> list[dict]:
     doc = read_json_file(path)
     if "records" not in doc:  # not a real run (summary, diagnostics)
         return []
@@ -65,41 +66,59 @@ def run_table(path: Path, cm: CalibratedCostModel, spans: bool = False,
             shape = dataclasses.replace(shape, shared_context_tokens=None)
         kind = step_kind(rs, i, shape.num_prefill_reqs)
         if spans and kind == "decode graph":
-            span = span_bucket(max(shape.decode_context_tokens) + 1,
-                               doc["engine_config"]["max_model_len"])
+            span = span_bucket(
+                max(shape.decode_context_tokens) + 1, doc["engine_config"]["max_model_len"]
+            )
             kind = f"decode graph, {rs['padded_reqs'][i]:>3} seqs, longest < {span:>4}"
         by.setdefault(kind, []).append((wall, cm.device_time(shape)))
     rows = []
     for kind, v in sorted(by.items()):
         a = np.asarray(v)
-        rows.append({"kind": kind, "steps": len(a),
-                     "share_pct": round(100 * a[:, 0].sum() / total, 1),
-                     "real_ms_mean": round(1e3 * a[:, 0].mean(), 2),
-                     "time_err_pct": round(100 * (a[:, 1].sum() / a[:, 0].sum() - 1), 1),
-                     "mape_pct": round(float(100 * np.mean(np.abs(a[:, 1] / a[:, 0] - 1))), 1)})
+        rows.append(
+            {
+                "kind": kind,
+                "steps": len(a),
+                "share_pct": round(100 * a[:, 0].sum() / total, 1),
+                "real_ms_mean": round(1e3 * a[:, 0].mean(), 2),
+                "time_err_pct": round(100 * (a[:, 1].sum() / a[:, 0].sum() - 1), 1),
+                "mape_pct": round(float(100 * np.mean(np.abs(a[:, 1] / a[:, 0] - 1))), 1),
+            }
+        )
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--real", required=True, help="folder of real-run files (.json, .json.gz or .json.xz)")
+    ap.add_argument(
+        "--real", required=True, help="folder of real-run files (.json, .json.gz or .json.xz)"
+    )
     ap.add_argument("--profile", required=True)
     ap.add_argument("--out", default=None, help="markdown table (default: print only)")
-    ap.add_argument("--no-shared", action="store_true",
-                    help="price shared prefix reads as private ones")
-    ap.add_argument("--decode-spans", action="store_true",
-                    help="decode-graph steps by padded batch and span bucket")
+    ap.add_argument(
+        "--no-shared", action="store_true", help="price shared prefix reads as private ones"
+    )
+    ap.add_argument(
+        "--decode-spans",
+        action="store_true",
+        help="decode-graph steps by padded batch and span bucket",
+    )
     args = ap.parse_args()
     cm = CalibratedCostModel(Profile.load(args.profile))
-    lines = [f"Per-step errors: real runs {args.real}, profile {args.profile}", "",
-             "error > 0: predicted slow; time err: of the kind's summed time", "",
-             "| run | kind | steps | share of step time % | real mean ms | time err % |"
-             " MAPE % |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"Per-step errors: real runs {args.real}, profile {args.profile}",
+        "",
+        "error > 0: predicted slow; time err: of the kind's summed time",
+        "",
+        "| run | kind | steps | share of step time % | real mean ms | time err % | MAPE % |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for path in real_run_files(args.real):
         for r in run_table(path, cm, args.decode_spans, not args.no_shared):
-            lines.append(f"| {path.name.split('.')[0]} | {r['kind']} | {r['steps']} | "
-                         f"{r['share_pct']} | {r['real_ms_mean']} | {r['time_err_pct']:+} | "
-                         f"{r['mape_pct']} |")
+            lines.append(
+                f"| {path.name.split('.')[0]} | {r['kind']} | {r['steps']} | "
+                f"{r['share_pct']} | {r['real_ms_mean']} | {r['time_err_pct']:+} | "
+                f"{r['mape_pct']} |"
+            )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -58,12 +58,19 @@ def rebuild(doc: dict):
         known, unknown = [], []
         for k, last in pre[s]:
             c = reqs[k]["num_cached_tokens"] + (done.get(k) or 0)
-            (known.append((k, reqs[k]["num_prompt_tokens"] - c, c)) if last
-             else unknown.append((k, c)))
+            (
+                known.append((k, reqs[k]["num_prompt_tokens"] - c, c))
+                if last
+                else unknown.append((k, c))
+            )
         rest = rs["num_prefill_tokens"][s] - sum(q for _, q, _ in known)
         ent = known + [(k, rest, c) for k, c in unknown]
-        if (len(unknown) > 1 or (not unknown and rest) or (unknown and rest <= 0)
-                or any(k in done and done[k] is None for k, _, _ in ent)):
+        if (
+            len(unknown) > 1
+            or (not unknown and rest)
+            or (unknown and rest <= 0)
+            or any(k in done and done[k] is None for k, _, _ in ent)
+        ):
             for k, _ in unknown:
                 done[k] = None
             continue
@@ -79,22 +86,39 @@ def rebuild(doc: dict):
 def main() -> None:
     prof = Profile.load(PROFILE)
     graphs = CalibratedCostModel(prof)
-    eager = CalibratedCostModel(Profile(dataclasses.replace(prof.metadata, cuda_graph_sizes=[]),
-                                        prof.decode, prof.prefill, prof.mixed, prof.overhead))
+    eager = CalibratedCostModel(
+        Profile(
+            dataclasses.replace(prof.metadata, cuda_graph_sizes=[]),
+            prof.decode,
+            prof.prefill,
+            prof.mixed,
+            prof.overhead,
+        )
+    )
     pad = graphs.padded_batch
     dec_variants = {
         "true batch, mean context (before)": lambda n, c: (eager, n, sum(c) / n),
         "padded batch, mean context (now)": lambda n, c: (graphs, n, sum(c) / n),
-        "padded batch, sum of contexts over padded rows": lambda n, c: (eager, pad(n), sum(c) / pad(n)),
+        "padded batch, sum of contexts over padded rows": lambda n, c: (
+            eager,
+            pad(n),
+            sum(c) / pad(n),
+        ),
         "padded batch, longest context": lambda n, c: (eager, pad(n), max(c)),
         "true batch, longest context": lambda n, c: (eager, n, max(c)),
     }
     err: dict[str, dict[str, list[float]]] = {k: {} for k in dec_variants}
-    pre_err: dict[str, dict[str, list[float]]] = {"with cached prefix": {}, "cached prefix as 0": {}}
+    pre_err: dict[str, dict[str, list[float]]] = {
+        "with cached prefix": {},
+        "cached prefix as 0": {},
+    }
     for path in real_run_files(REAL):
         doc = read_json_file(path)
-        rs, bs, run = doc["records"]["runner_steps"], doc["engine_config"]["block_size"], \
-            path.name.split(".")[0]
+        rs, bs, run = (
+            doc["records"]["runner_steps"],
+            doc["engine_config"]["block_size"],
+            path.name.split(".")[0],
+        )
         dec, ent = rebuild(doc)
         for i, wall in enumerate(rs["wall_s"]):
             if rs["cuda_graph"][i]:
@@ -105,27 +129,49 @@ def main() -> None:
             elif rs["num_prefill_tokens"][i] and ent[i] is not None:
                 for k, zero in (("with cached prefix", False), ("cached prefix as 0", True)):
                     e = ent[i]
-                    shape = BatchShape(bs, len(dec[i]) + sum(q for q, _ in e), len(dec[i]),
-                                       sum(dec[i]), dec[i], [q for q, _ in e],
-                                       [0 if zero else c for _, c in e])
+                    shape = BatchShape(
+                        bs,
+                        len(dec[i]) + sum(q for q, _ in e),
+                        len(dec[i]),
+                        sum(dec[i]),
+                        dec[i],
+                        [q for q, _ in e],
+                        [0 if zero else c for _, c in e],
+                    )
                     t = graphs.device_time(shape)
                     pre_err[k].setdefault(run, []).append(100 * (t - wall) / wall)
     runs = sorted(err["true batch, mean context (before)"])
-    lines = ["Decode (CUDA-graph) steps: MAPE % / mean error % (> 0: predicted slow)", "",
-             "| pricing | " + " | ".join(runs) + " | all |", "|" + " --- |" * (len(runs) + 2)]
+    lines = [
+        "Decode (CUDA-graph) steps: MAPE % / mean error % (> 0: predicted slow)",
+        "",
+        "| pricing | " + " | ".join(runs) + " | all |",
+        "|" + " --- |" * (len(runs) + 2),
+    ]
     for k, by in err.items():
         every = [x for r in runs for x in by[r]]
-        lines.append(f"| {k} | " + " | ".join(
-            f"{np.mean(np.abs(by[r])):.1f} / {np.mean(by[r]):+.1f}" for r in runs)
-            + f" | {np.mean(np.abs(every)):.2f} / {np.mean(every):+.2f} |")
+        lines.append(
+            f"| {k} | "
+            + " | ".join(f"{np.mean(np.abs(by[r])):.1f} / {np.mean(by[r]):+.1f}" for r in runs)
+            + f" | {np.mean(np.abs(every)):.2f} / {np.mean(every):+.2f} |"
+        )
     lines.append("\nsteps: " + ", ".join(f"{r} {len(err[k][r])}" for r in runs))
     pruns = sorted(pre_err["with cached prefix"])
-    lines += ["", "Prefill/mixed (eager) steps with exact entries: MAPE % / mean error %", "",
-              "| pricing | " + " | ".join(pruns) + " |", "|" + " --- |" * (len(pruns) + 1)]
+    lines += [
+        "",
+        "Prefill/mixed (eager) steps with exact entries: MAPE % / mean error %",
+        "",
+        "| pricing | " + " | ".join(pruns) + " |",
+        "|" + " --- |" * (len(pruns) + 1),
+    ]
     for k, by in pre_err.items():
-        lines.append(f"| {k} | " + " | ".join(
-            f"{np.mean(np.abs(by[r])):.1f} / {np.mean(by[r]):+.1f} (n={len(by[r])})"
-            for r in pruns) + " |")
+        lines.append(
+            f"| {k} | "
+            + " | ".join(
+                f"{np.mean(np.abs(by[r])):.1f} / {np.mean(by[r]):+.1f} (n={len(by[r])})"
+                for r in pruns
+            )
+            + " |"
+        )
     OUT.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
 

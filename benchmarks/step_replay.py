@@ -56,9 +56,12 @@ def _replay(doc: dict[str, Any], early: set[int]) -> tuple[list[BatchShape | Non
     config = real_run_config(doc)
     load = doc["load"]
     rate, burstiness, params = load_args(load)
-    pending = sorted(build_requests(config, load["workload"], load["num_prompts"], load["seed"],
-                                    rate, burstiness, **params),
-                     key=lambda r: r.arrival_time)
+    pending = sorted(
+        build_requests(
+            config, load["workload"], load["num_prompts"], load["seed"], rate, burstiness, **params
+        ),
+        key=lambda r: r.arrival_time,
+    )
     scheduler = make_scheduler(config, config.num_gpu_blocks_override)
     pool = scheduler.kv_cache_manager.block_pool
     runner = CostModelRunner(_ZeroCost(), vocab_size=config.model_spec.vocab_size)
@@ -73,10 +76,17 @@ def _replay(doc: dict[str, Any], early: set[int]) -> tuple[list[BatchShape | Non
             i += 1
         out = scheduler.schedule()
         shape = BatchShape.from_scheduler_output(out)
-        if (len(out.scheduled), out.total_num_scheduled_tokens, shape.num_decode_seqs,
-                shape.decode_context_sum + sum(shape.prefill_context_tokens)) != (
-                rs["num_reqs"][s], rs["num_tokens"][s], rs["num_decode_reqs"][s],
-                rs["context_sum"][s]):
+        if (
+            len(out.scheduled),
+            out.total_num_scheduled_tokens,
+            shape.num_decode_seqs,
+            shape.decode_context_sum + sum(shape.prefill_context_tokens),
+        ) != (
+            rs["num_reqs"][s],
+            rs["num_tokens"][s],
+            rs["num_decode_reqs"][s],
+            rs["context_sum"][s],
+        ):
             return shapes, s
         shape.shared_context_tokens = pool.num_shared_refs * config.block_size
         shape.decode_context_tokens = list(shape.decode_context_tokens)

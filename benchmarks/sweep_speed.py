@@ -31,8 +31,12 @@ OUT = ROOT / "results" / "sweep_speed.csv"
 
 
 def grid(num_prompts: int, quick: bool):
-    axes = {"block_size": [8, 16, 32, 64, 128], "request_rate": [1.0, 2.0, 3.0, 4.0, 5.0],
-            "enable_prefix_caching": [True, False], "workload": ["chat", "system-prompt"]}
+    axes = {
+        "block_size": [8, 16, 32, 64, 128],
+        "request_rate": [1.0, 2.0, 3.0, 4.0, 5.0],
+        "enable_prefix_caching": [True, False],
+        "workload": ["chat", "system-prompt"],
+    }
     if quick:
         axes = {"block_size": [16, 32], "request_rate": [2.0, 4.0]}
     return build_grid(axes, base={"num_prompts": num_prompts})
@@ -50,18 +54,28 @@ def main() -> None:
         res = run_sweep(g, output_dir=tmp, timestamp="bench", n_jobs=args.jobs, progress=True)
         wall = time.perf_counter() - start
     ok = int((res.summary["status"] == "ok").sum())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    row = {"date": datetime.now().strftime("%Y-%m-%d %H:%M"), "commit": commit,
-           "points": len(g), "runs": len(res.summary), "ok_runs": ok,
-           "requests_per_run": args.num_prompts, "jobs": args.jobs,
-           "cost_model": "calibrated" if (res.summary["profile"] != "analytical").any()
-           else "analytical",
-           "cpu_count": os.cpu_count(), "python": platform.python_version(),
-           "wall_s": round(wall, 1), "runs_per_min": round(60.0 * len(res.summary) / wall, 2),
-           "sim_requests_per_s": round(len(res.summary) * args.num_prompts / wall, 1),
-           # other work on the machine slows the sweep: the 15-minute load average at the end
-           "loadavg_15m_end": round(os.getloadavg()[2], 2)}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    row = {
+        "date": datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "commit": commit,
+        "points": len(g),
+        "runs": len(res.summary),
+        "ok_runs": ok,
+        "requests_per_run": args.num_prompts,
+        "jobs": args.jobs,
+        "cost_model": "calibrated"
+        if (res.summary["profile"] != "analytical").any()
+        else "analytical",
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "wall_s": round(wall, 1),
+        "runs_per_min": round(60.0 * len(res.summary) / wall, 2),
+        "sim_requests_per_s": round(len(res.summary) * args.num_prompts / wall, 1),
+        # other work on the machine slows the sweep: the 15-minute load average at the end
+        "loadavg_15m_end": round(os.getloadavg()[2], 2),
+    }
     width = max(len(k) for k in row)
     for k, v in row.items():
         print(f"{k:<{width}}  {v}")

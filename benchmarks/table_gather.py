@@ -51,14 +51,18 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows_out = []
-    print(f"{'model':12s} {'width':>6s} {'seqs':>5s} {'whole rows us':>14s} "
-          f"{'columns in use us':>18s}")
+    print(
+        f"{'model':12s} {'width':>6s} {'seqs':>5s} {'whole rows us':>14s} "
+        f"{'columns in use us':>18s}"
+    )
     for model in MODELS:
         width = width_of(model)
         rows = BlockTableRows(width, 2 * PADDED)
         blocks = CONTEXT // BLOCK_SIZE
-        idx_all = [rows.row_index(f"r{i}", list(range(i * blocks + 1, (i + 1) * blocks + 1)))
-                   for i in range(PADDED)]
+        idx_all = [
+            rows.row_index(f"r{i}", list(range(i * blocks + 1, (i + 1) * blocks + 1)))
+            for i in range(PADDED)
+        ]
         for n in BATCHES:
             idx = idx_all[:n]
             size = max(n, 8)
@@ -77,8 +81,16 @@ def main() -> None:
             assert (whole[:size] == gathered.out[:size]).all()
             a, b = time_us(whole_rows), time_us(in_use)
             print(f"{model:12s} {width:6d} {n:5d} {a:14.1f} {b:18.1f}")
-            rows_out.append({"model": model, "width": width, "seqs": n, "context": CONTEXT,
-                             "whole_rows_us": round(a, 2), "columns_in_use_us": round(b, 2)})
+            rows_out.append(
+                {
+                    "model": model,
+                    "width": width,
+                    "seqs": n,
+                    "context": CONTEXT,
+                    "whole_rows_us": round(a, 2),
+                    "columns_in_use_us": round(b, 2),
+                }
+            )
     if args.out:
         write_host_csv(args.out, "table_gather", rows_out)
 

@@ -33,17 +33,24 @@ def row(model: str, gpu: str, tp: int, num_prompts: int) -> dict:
     cm = AnalyticalCostModel(config.model_spec, config.gpu_spec, tensor_parallel_size=tp)
     decode = cm.step_time_breakdown(BatchShape.decode(64, 2048))
     prefill = cm.step_time_breakdown(BatchShape.prefill(2048))
-    sim = simulate(config, LoadSpec(workload="chat", num_prompts=num_prompts,
-                                    request_rate=math.inf))
+    sim = simulate(
+        config, LoadSpec(workload="chat", num_prompts=num_prompts, request_rate=math.inf)
+    )
     out = sim.result["output_throughput"]
-    return {"tp": tp, "num_gpu_blocks": cap.num_gpu_blocks, "kv_tokens_per_gpu": cap.num_tokens,
-            "kv_bytes_per_token": cap.kv_bytes_per_token,
-            "decode_64x2048_ms": 1e3 * sum(decode.values()),
-            "decode_allreduce_ms": 1e3 * decode["allreduce"],
-            "prefill_2048_ms": 1e3 * sum(prefill.values()),
-            "prefill_allreduce_ms": 1e3 * prefill["allreduce"],
-            "output_tok_s": out, "output_tok_s_per_gpu": out / tp,
-            "mean_tpot_ms": sim.result["mean_tpot_ms"], "error": ""}
+    return {
+        "tp": tp,
+        "num_gpu_blocks": cap.num_gpu_blocks,
+        "kv_tokens_per_gpu": cap.num_tokens,
+        "kv_bytes_per_token": cap.kv_bytes_per_token,
+        "decode_64x2048_ms": 1e3 * sum(decode.values()),
+        "decode_allreduce_ms": 1e3 * decode["allreduce"],
+        "prefill_2048_ms": 1e3 * sum(prefill.values()),
+        "prefill_allreduce_ms": 1e3 * prefill["allreduce"],
+        "output_tok_s": out,
+        "output_tok_s_per_gpu": out / tp,
+        "mean_tpot_ms": sim.result["mean_tpot_ms"],
+        "error": "",
+    }
 
 
 def main() -> None:
@@ -54,18 +61,29 @@ def main() -> None:
     ap.add_argument("--out", default="results/tp_analytical.csv")
     a = ap.parse_args()
     rows = [row(a.model, a.gpu, tp, a.num_prompts) for tp in (1, 2, 4, 8)]
-    cols = ["tp", "num_gpu_blocks", "kv_tokens_per_gpu", "kv_bytes_per_token",
-            "decode_64x2048_ms", "decode_allreduce_ms", "prefill_2048_ms",
-            "prefill_allreduce_ms", "output_tok_s", "output_tok_s_per_gpu", "mean_tpot_ms",
-            "error"]
+    cols = [
+        "tp",
+        "num_gpu_blocks",
+        "kv_tokens_per_gpu",
+        "kv_bytes_per_token",
+        "decode_64x2048_ms",
+        "decode_allreduce_ms",
+        "prefill_2048_ms",
+        "prefill_allreduce_ms",
+        "output_tok_s",
+        "output_tok_s_per_gpu",
+        "mean_tpot_ms",
+        "error",
+    ]
     print(f"{a.model} on {a.gpu}, analytical cost model, chat x{a.num_prompts} at rate inf")
     print(" | ".join(cols[:-1]))
     for r in rows:
         if r.get("error"):
             print(f"{r['tp']} | {r['error']}")
             continue
-        print(" | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c])
-                         for c in cols[:-1]))
+        print(
+            " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols[:-1])
+        )
     path = Path(a.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:

@@ -60,17 +60,31 @@ def main() -> None:
         for k, (d, c, q) in enumerate(SHAPES):
             for spread in (True, False):
                 spec = [(x, 1) for x in contexts(d, c, spread)] + [(0, q)]
-                items.append((synthetic_step(spec, 16, BlockSource(runner.num_gpu_blocks, k)),
-                              False))
-        timings = measure_interleaved(runner, items, CalibrationGrid(
-            repeats=args.rounds, min_repeats=args.rounds))
+                items.append(
+                    (synthetic_step(spec, 16, BlockSource(runner.num_gpu_blocks, k)), False)
+                )
+        timings = measure_interleaved(
+            runner, items, CalibrationGrid(repeats=args.rounds, min_repeats=args.rounds)
+        )
         for k, (d, c, q) in enumerate(SHAPES):
             t, ref = timings[2 * k].median * 1e3, timings[2 * k + 1].median * 1e3
-            rows.append({"model": name, "decodes": d, "mean_context": c, "new_tokens": q,
-                         "step_time_ms": t, "uniform_step_time_ms": ref, "ratio": t / ref,
-                         **device_columns(info)})
-            print(f"{name} d={d} c={c} q={q}: spread {t:.2f} ms, uniform {ref:.2f} ms, "
-                  f"ratio {t / ref:.3f}", flush=True)
+            rows.append(
+                {
+                    "model": name,
+                    "decodes": d,
+                    "mean_context": c,
+                    "new_tokens": q,
+                    "step_time_ms": t,
+                    "uniform_step_time_ms": ref,
+                    "ratio": t / ref,
+                    **device_columns(info),
+                }
+            )
+            print(
+                f"{name} d={d} c={c} q={q}: spread {t:.2f} ms, uniform {ref:.2f} ms, "
+                f"ratio {t / ref:.3f}",
+                flush=True,
+            )
         print(f"{name}: {time.monotonic() - t0:.0f} s", flush=True)
         release(runner)
     write_rows(args.out, "varlen_spread.csv", rows)

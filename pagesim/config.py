@@ -72,13 +72,23 @@ class EngineConfig:
     def __post_init__(self) -> None:
         _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size)
         _check(self.block_size >= 1, "block_size", self.block_size)
-        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
-               self.gpu_memory_utilization, "must be in (0, 1]")
+        _check(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "must be in (0, 1]",
+        )
         if self.num_gpu_blocks_override is not None:
-            _check(self.num_gpu_blocks_override >= 1, "num_gpu_blocks_override",
-                   self.num_gpu_blocks_override, "must be >= 1")
+            _check(
+                self.num_gpu_blocks_override >= 1,
+                "num_gpu_blocks_override",
+                self.num_gpu_blocks_override,
+                "must be >= 1",
+            )
         if self.kv_cache_memory_bytes is not None:
-            _check(self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+            _check(
+                self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes", self.kv_cache_memory_bytes
+            )
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _check_choice("allocator", self.allocator, ALLOCATORS)
         _check_choice("contiguous_placement", self.contiguous_placement, PLACEMENTS)
@@ -87,16 +97,28 @@ class EngineConfig:
         _check_choice("vllm_compat", self.vllm_compat, VLLM_COMPAT)
         _check(self.swap_space >= 0, "swap_space", self.swap_space, "must be >= 0")
         _check(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs)
-        _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens)
+        _check(
+            self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens
+        )
         _check(self.max_model_len >= 1, "max_model_len", self.max_model_len)
-        _check(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
-               self.long_prefill_token_threshold, "must be >= 0 (0: no cap)")
-        _check(self.max_num_partial_prefills >= 1, "max_num_partial_prefills",
-               self.max_num_partial_prefills)
+        _check(
+            self.long_prefill_token_threshold >= 0,
+            "long_prefill_token_threshold",
+            self.long_prefill_token_threshold,
+            "must be >= 0 (0: no cap)",
+        )
+        _check(
+            self.max_num_partial_prefills >= 1,
+            "max_num_partial_prefills",
+            self.max_num_partial_prefills,
+        )
         if not self.enable_chunked_prefill:
-            _check(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
-                   self.max_num_batched_tokens,
-                   f"must be >= max_model_len ({self.max_model_len}) without chunked prefill")
+            _check(
+                self.max_num_batched_tokens >= self.max_model_len,
+                "max_num_batched_tokens",
+                self.max_num_batched_tokens,
+                f"must be >= max_model_len ({self.max_model_len}) without chunked prefill",
+            )
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -129,11 +151,13 @@ class EngineConfig:
         if given["max_model_len"] > model.max_position_embeddings:
             raise ConfigError(
                 f"max_model_len={given['max_model_len']} exceeds {model.name}'s "
-                f"max_position_embeddings={model.max_position_embeddings}")
+                f"max_position_embeddings={model.max_position_embeddings}"
+            )
         if "max_num_batched_tokens" not in given:
             chunked = given.get("enable_chunked_prefill", True)
             given["max_num_batched_tokens"] = (
-                tokens if chunked else max(tokens, given["max_model_len"]))
+                tokens if chunked else max(tokens, given["max_model_len"])
+            )
         return cls(**given)
 
     def replace(self, **changes: Any) -> EngineConfig:

@@ -35,11 +35,20 @@ from pagesim.request import Request
 
 #: metric -> target |error| in %, as the validation issue states them.
 TARGETS_PCT: dict[str, float] = {
-    "request_throughput": 3.0, "output_throughput": 3.0,
-    "mean_ttft_ms": 5.0, "median_ttft_ms": 10.0, "p99_ttft_ms": 10.0,
-    "mean_tpot_ms": 3.0, "median_tpot_ms": 10.0, "p99_tpot_ms": 10.0,
-    "mean_itl_ms": 10.0, "median_itl_ms": 10.0, "p99_itl_ms": 10.0,
-    "mean_e2el_ms": 3.0, "median_e2el_ms": 10.0, "p99_e2el_ms": 10.0,
+    "request_throughput": 3.0,
+    "output_throughput": 3.0,
+    "mean_ttft_ms": 5.0,
+    "median_ttft_ms": 10.0,
+    "p99_ttft_ms": 10.0,
+    "mean_tpot_ms": 3.0,
+    "median_tpot_ms": 10.0,
+    "p99_tpot_ms": 10.0,
+    "mean_itl_ms": 10.0,
+    "median_itl_ms": 10.0,
+    "p99_itl_ms": 10.0,
+    "mean_e2el_ms": 3.0,
+    "median_e2el_ms": 10.0,
+    "p99_e2el_ms": 10.0,
 }
 REAL_RUN_FORMAT = 1
 #: The endings of compressed real runs (plain `.json` ones are read too).
@@ -55,9 +64,15 @@ REPORT_DECIMALS = 6
 _RUN_HEAD = b'{"format":%d,' % REAL_RUN_FORMAT
 
 
-def build_requests(config: EngineConfig, workload: str, num_prompts: int, seed: int,
-                   request_rate: float | None, burstiness: float = 1.0,
-                   **workload_params: Any) -> list[Request]:
+def build_requests(
+    config: EngineConfig,
+    workload: str,
+    num_prompts: int,
+    seed: int,
+    request_rate: float | None,
+    burstiness: float = 1.0,
+    **workload_params: Any,
+) -> list[Request]:
     """The requests `simulate` would send, with their arrival times (single-turn only).
 
     `workload_params`: `load_workload`'s (random_input_len, ..., time_scale)."""
@@ -65,29 +80,46 @@ def build_requests(config: EngineConfig, workload: str, num_prompts: int, seed: 
     from pagesim.workload import load_workload
 
     plan = load_workload(workload, **workload_params).sample(
-        num_prompts, seed=seed, vocab_size=config.model_spec.vocab_size)
+        num_prompts, seed=seed, vocab_size=config.model_spec.vocab_size
+    )
     if plan.is_multi_turn:
-        raise WorkloadError(f"workload={workload!r}: multi-turn sessions cannot be replayed on "
-                            "the GPU; validate a single-turn workload")
+        raise WorkloadError(
+            f"workload={workload!r}: multi-turn sessions cannot be replayed on "
+            "the GPU; validate a single-turn workload"
+        )
     arrivals = session_arrival_times(plan, request_rate, burstiness, seed)
     return [plan.session(s).first_request(float(arrivals[s])) for s in range(plan.num_sessions)]
 
 
-def load_dict(workload: str, num_prompts: int, seed: int, request_rate: float | None,
-              burstiness: float = 1.0, **workload_params: Any) -> dict[str, Any]:
+def load_dict(
+    workload: str,
+    num_prompts: int,
+    seed: int,
+    request_rate: float | None,
+    burstiness: float = 1.0,
+    **workload_params: Any,
+) -> dict[str, Any]:
     """The load of a run as stored with it (`LoadSpec`'s names; rate "inf" as a string)."""
     rate = "inf" if request_rate is not None and math.isinf(request_rate) else request_rate
-    return {"workload": workload, "num_prompts": num_prompts, "seed": seed,
-            "request_rate": rate, "burstiness": burstiness,
-            **{k: v for k, v in workload_params.items() if v is not None}}
+    return {
+        "workload": workload,
+        "num_prompts": num_prompts,
+        "seed": seed,
+        "request_rate": rate,
+        "burstiness": burstiness,
+        **{k: v for k, v in workload_params.items() if v is not None},
+    }
 
 
 def load_args(load: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
     """(request rate, burstiness, workload parameters) of a stored load (`load_dict`'s form:
     rate "inf" as a string)."""
     rate = math.inf if load["request_rate"] == "inf" else load["request_rate"]
-    params = {k: v for k, v in load.items() if k not in (
-        "workload", "num_prompts", "seed", "request_rate", "burstiness")}
+    params = {
+        k: v
+        for k, v in load.items()
+        if k not in ("workload", "num_prompts", "seed", "request_rate", "burstiness")
+    }
     return rate, load.get("burstiness", 1.0), params
 
 
@@ -98,25 +130,46 @@ def real_run_config(doc: dict[str, Any]) -> EngineConfig:
     return EngineConfig(**cfg_fields)
 
 
-def save_real_run(path: str | Path, *, config: EngineConfig, load: dict[str, Any],
-                  result: dict[str, Any], records: dict[str, Any],
-                  device: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
+def save_real_run(
+    path: str | Path,
+    *,
+    config: EngineConfig,
+    load: dict[str, Any],
+    result: dict[str, Any],
+    records: dict[str, Any],
+    device: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Write one real run: engine config (with the measured block count), load, result keys,
     raw records and the device it ran on; compressed when `path` ends in .xz or .gz."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"format": REAL_RUN_FORMAT, "backend": "pagesim-gpu", "load": load,
-           "engine_config": {f.name: getattr(config, f.name) for f in fields(config)},
-           "device": device, "result": _jsonable(result),
-           "records": round_floats(records, RECORD_DECIMALS), "extra": extra or {}}
+    doc = {
+        "format": REAL_RUN_FORMAT,
+        "backend": "pagesim-gpu",
+        "load": load,
+        "engine_config": {f.name: getattr(config, f.name) for f in fields(config)},
+        "device": device,
+        "result": _jsonable(result),
+        "records": round_floats(records, RECORD_DECIMALS),
+        "extra": extra or {},
+    }
     write_json_file(path, doc)
     return path
 
 
-def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[str, Any], *,
-                   device: str = "cuda", max_wall_s: float | None = None,
-                   temperature: float = 1.0, cuda_graphs: bool = True,
-                   log=None) -> tuple[dict[str, Any], dict[str, Any]]:
+def serve_workload(
+    config: EngineConfig,
+    model,
+    num_gpu_blocks: int,
+    load: dict[str, Any],
+    *,
+    device: str = "cuda",
+    max_wall_s: float | None = None,
+    temperature: float = 1.0,
+    cuda_graphs: bool = True,
+    log=None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Serve `load` for real (wall clock) with `model` (a `RandomWeightDecoder`) over a KV
     cache of `num_gpu_blocks`; returns (result keys, raw records).
 
@@ -131,17 +184,26 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 
     rate, burstiness, params = load_args(load)
-    requests = build_requests(config, load["workload"], load["num_prompts"], load["seed"],
-                              rate, burstiness, **params)
+    requests = build_requests(
+        config, load["workload"], load["num_prompts"], load["seed"], rate, burstiness, **params
+    )
     model.set_block_size(config.block_size)
     scheduler = make_engine(config, num_gpu_blocks)
     num_cpu = scheduler.swap_pool.num_blocks if scheduler.swap_pool is not None else 0
-    runner = GPUModelRunner(config, num_gpu_blocks, device=device, model=model,
-                            num_cpu_blocks=num_cpu, temperature=temperature,
-                            cuda_graphs=cuda_graphs, log=log)
+    runner = GPUModelRunner(
+        config,
+        num_gpu_blocks,
+        device=device,
+        model=model,
+        num_cpu_blocks=num_cpu,
+        temperature=temperature,
+        cuda_graphs=cuda_graphs,
+        log=log,
+    )
     graphs = runner.graphs
-    captured, capture_s = (graphs.capture_all(max_batch=len(requests)) if graphs is not None
-                           else (0, 0.0))
+    captured, capture_s = (
+        graphs.capture_all(max_batch=len(requests)) if graphs is not None else (0, 0.0)
+    )
     warm_up(runner, config)
     run = replay(requests, scheduler, runner, max_wall_s=max_wall_s)
     result = serve_result(run, scheduler, config)
@@ -150,8 +212,9 @@ def serve_workload(config: EngineConfig, model, num_gpu_blocks: int, load: dict[
     result["gpu_graph_capture_s"] = capture_s
     result["gpu_graph_error"] = graphs.failed if graphs is not None else None
     result["gpu_runner"] = RUNNER_MODES[result["gpu_cuda_graphs"]]
-    result["truncated"] = any(r.reject_reason == "wall-clock limit"
-                              for r in run.metrics.records.values())
+    result["truncated"] = any(
+        r.reject_reason == "wall-clock limit" for r in run.metrics.records.values()
+    )
     records = run_records(run)
     records["runner_steps"] = step_record_columns(runner.step_records)
     del runner, graphs
@@ -186,9 +249,15 @@ def real_run_files(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.is_file() and (
-        p.name.endswith(COMPRESSED_RUN_SUFFIXES)
-        or (p.name.endswith(".json") and _opens_as_run(p))))
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file()
+        and (
+            p.name.endswith(COMPRESSED_RUN_SUFFIXES)
+            or (p.name.endswith(".json") and _opens_as_run(p))
+        )
+    )
 
 
 def _opens_as_run(path: Path) -> bool:
@@ -206,13 +275,15 @@ def read_real_run(path: str | Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError, lzma.LZMAError) as e:
         raise ConfigError(f"real run {str(p)!r}: not valid JSON ({e})") from None
     if doc.get("format") != REAL_RUN_FORMAT:
-        raise ConfigError(f"real run {str(p)!r}: format={doc.get('format')!r} is not "
-                          f"{REAL_RUN_FORMAT}")
+        raise ConfigError(
+            f"real run {str(p)!r}: format={doc.get('format')!r} is not {REAL_RUN_FORMAT}"
+        )
     return doc
 
 
-def compare(real: dict[str, Any], predicted: dict[str, Any],
-            targets: dict[str, float] = TARGETS_PCT) -> list[dict[str, Any]]:
+def compare(
+    real: dict[str, Any], predicted: dict[str, Any], targets: dict[str, float] = TARGETS_PCT
+) -> list[dict[str, Any]]:
     """Per metric: real, predicted, error in % of real, target and whether it is met."""
     rows = []
     for key, target in targets.items():
@@ -220,24 +291,47 @@ def compare(real: dict[str, Any], predicted: dict[str, Any],
         if r is None or p is None:
             continue
         err = 100.0 * (p - r) / r if r else (0.0 if p == r else math.inf)
-        rows.append({"metric": key, "real": r, "predicted": p, "error_pct": err,
-                     "target_pct": target, "met": abs(err) <= target})
+        rows.append(
+            {
+                "metric": key,
+                "real": r,
+                "predicted": p,
+                "error_pct": err,
+                "target_pct": target,
+                "met": abs(err) <= target,
+            }
+        )
     return rows
 
 
-def simulate_like(real_doc: dict[str, Any], profile: str | Path | None,
-                  cost_model: CostModel | None = None):
+def simulate_like(
+    real_doc: dict[str, Any], profile: str | Path | None, cost_model: CostModel | None = None
+):
     """`simulate` with the real run's engine config (its measured KV blocks) and load;
     `cost_model` (optional) prices the steps in place of `profile`'s model."""
     from pagesim.sim.simulate import LoadSpec, simulate
 
     load = real_doc["load"]
     rate, burstiness, params = load_args(load)
-    params = {k: params[k] for k in ("random_input_len", "random_output_len",
-                                     "random_range_ratio", "random_prefix_len", "time_scale")
-              if k in params}
-    spec = LoadSpec(workload=load["workload"], num_prompts=load["num_prompts"],
-                    request_rate=rate, burstiness=burstiness, seed=load["seed"], **params)
+    params = {
+        k: params[k]
+        for k in (
+            "random_input_len",
+            "random_output_len",
+            "random_range_ratio",
+            "random_prefix_len",
+            "time_scale",
+        )
+        if k in params
+    }
+    spec = LoadSpec(
+        workload=load["workload"],
+        num_prompts=load["num_prompts"],
+        request_rate=rate,
+        burstiness=burstiness,
+        seed=load["seed"],
+        **params,
+    )
     return simulate(real_run_config(real_doc), spec, profile=profile, cost_model=cost_model)
 
 
@@ -251,14 +345,19 @@ def traffic_key(doc: dict[str, Any], profile: str | Path | None) -> str:
     the GPU measured), its load and the profile. Runs with one key are repeats of one run: the
     simulator, deterministic, predicts them alike, and their real values scatter."""
     cfg = {f.name: getattr(real_run_config(doc), f.name) for f in fields(EngineConfig)}
-    text = json.dumps({"engine": cfg, "load": doc["load"],
-                       "profile": None if profile is None else str(profile)},
-                      sort_keys=True, default=str)
+    text = json.dumps(
+        {"engine": cfg, "load": doc["load"], "profile": None if profile is None else str(profile)},
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def validate_real_run(real_path: str | Path, profile: str | Path | None,
-                      predictions: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def validate_real_run(
+    real_path: str | Path,
+    profile: str | Path | None,
+    predictions: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Simulate the traffic of a stored real run and compare; returns the report entry.
     Raises `TruncatedRunError` for a run cut at its wall-clock limit.
 
@@ -269,7 +368,8 @@ def validate_real_run(real_path: str | Path, profile: str | Path | None,
         raise TruncatedRunError(
             f"real run {str(real_path)!r} was cut at its wall-clock limit "
             f"({doc['result'].get('completed')} of {doc['load']['num_prompts']} requests "
-            "finished): not compared")
+            "finished): not compared"
+        )
     key = traffic_key(doc, profile)
     predicted = None if predictions is None else predictions.get(key)
     if predicted is None:
@@ -278,11 +378,16 @@ def validate_real_run(real_path: str | Path, profile: str | Path | None,
             predictions[key] = predicted
     cfg = doc["engine_config"]
     entry = {
-        "run": Path(real_path).name.split(".")[0], "model": cfg["model"], "block_size": cfg["block_size"],
-        "load": doc["load"], "num_gpu_blocks": doc["result"]["num_gpu_blocks"],
-        "profile": str(profile) if profile is not None else None, "traffic": key,
+        "run": Path(real_path).name.split(".")[0],
+        "model": cfg["model"],
+        "block_size": cfg["block_size"],
+        "load": doc["load"],
+        "num_gpu_blocks": doc["result"]["num_gpu_blocks"],
+        "profile": str(profile) if profile is not None else None,
+        "traffic": key,
         "rows": compare(doc["result"], predicted),
-        "real": _jsonable(doc["result"]), "predicted": _jsonable(predicted),
+        "real": _jsonable(doc["result"]),
+        "predicted": _jsonable(predicted),
         "device": doc.get("device", {}),
     }
     note = runner_mismatch(doc["result"].get("gpu_runner"), profile)
@@ -303,8 +408,10 @@ def runner_mismatch(run_runner: str | None, profile: str | Path | None) -> str |
     measured = profile_runner(Profile.load_metadata(profile).attention_backend)
     if measured is None or measured == run_runner:
         return None
-    return (f"the run's runner ({runner_label(run_runner)}) is not the one the profile "
-            f"measured ({runner_label(measured)}): its host time per step differs")
+    return (
+        f"the run's runner ({runner_label(run_runner)}) is not the one the profile "
+        f"measured ({runner_label(measured)}): its host time per step differs"
+    )
 
 
 def round_floats(value: Any, decimals: int) -> Any:
@@ -330,35 +437,54 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- the report -------------------------------------------------------------------------------
-REPEATS_HEADING = ("Repeated runs: error % against the mean of the real runs "
-                   "(in brackets: their spread, max - min in % of the mean)")
+REPEATS_HEADING = (
+    "Repeated runs: error % against the mean of the real runs "
+    "(in brackets: their spread, max - min in % of the mean)"
+)
 SUMMARY_METRICS: tuple[str, ...] = (
-    "request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
-    "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms")
+    "request_throughput",
+    "output_throughput",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "p99_e2el_ms",
+)
 
 
 def report_markdown(entries: list[dict[str, Any]]) -> str:
     """One row per run: the error in % of each summary metric (`*` marks a missed target)."""
-    return _error_table(entries, "prompts", lambda e: str(e["load"]["num_prompts"]),
-                        _error_cell)
+    return _error_table(entries, "prompts", lambda e: str(e["load"]["num_prompts"]), _error_cell)
 
 
 def _error_cell(row: dict[str, Any]) -> str:
     return f"{row['error_pct']:+.1f}{'' if row['met'] else '*'}"
 
 
-def _error_table(items: list[dict[str, Any]], count_head: str,
-                 count: Callable[[dict[str, Any]], str],
-                 cell: Callable[[dict[str, Any]], str]) -> str:
+def _error_table(
+    items: list[dict[str, Any]],
+    count_head: str,
+    count: Callable[[dict[str, Any]], str],
+    cell: Callable[[dict[str, Any]], str],
+) -> str:
     """A markdown table, one row per run (or group of runs): its name, model, block size,
     rate and `count`, then `cell` of each summary metric's comparison row."""
-    head = ["run", "model", "bs", "rate", count_head] + [m.replace("_ms", "") for m in
-                                                          SUMMARY_METRICS]
+    head = ["run", "model", "bs", "rate", count_head] + [
+        m.replace("_ms", "") for m in SUMMARY_METRICS
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for item in items:
         by = {r["metric"]: r for r in item["rows"]}
-        cells = [item["run"], item["model"], str(item["block_size"]),
-                 str(item["load"]["request_rate"]), count(item)]
+        cells = [
+            item["run"],
+            item["model"],
+            str(item["block_size"]),
+            str(item["load"]["request_rate"]),
+            count(item),
+        ]
         cells += ["n/a" if by.get(m) is None else cell(by[m]) for m in SUMMARY_METRICS]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -391,29 +517,43 @@ def repeat_groups(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if any(v is None for v in values):
                 continue
             real_mean[metric] = sum(values) / len(values)
-            spread[metric] = (100.0 * (max(values) - min(values)) / real_mean[metric]
-                              if real_mean[metric] else 0.0)
+            spread[metric] = (
+                100.0 * (max(values) - min(values)) / real_mean[metric]
+                if real_mean[metric]
+                else 0.0
+            )
         rows = compare(real_mean, members[0]["predicted"])
         for row in rows:
             row["real_spread_pct"] = spread[row["metric"]]
-            row["runs_met"] = sum(r["met"] for e in members for r in e["rows"]
-                                  if r["metric"] == row["metric"])
+            row["runs_met"] = sum(
+                r["met"] for e in members for r in e["rows"] if r["metric"] == row["metric"]
+            )
         first = members[0]
-        groups.append({"run": base_run_name(first["run"]), "runs": [e["run"] for e in members],
-                       "model": first["model"], "block_size": first["block_size"],
-                       "load": first["load"], "rows": rows})
+        groups.append(
+            {
+                "run": base_run_name(first["run"]),
+                "runs": [e["run"] for e in members],
+                "model": first["model"],
+                "block_size": first["block_size"],
+                "load": first["load"],
+                "rows": rows,
+            }
+        )
     return groups
 
 
 def repeats_markdown(groups: list[dict[str, Any]]) -> str:
     """One row per repeated run: the error in % of each summary metric against the real runs'
     mean (`*` marks a missed target), and in brackets the real runs' spread in %."""
-    return _error_table(groups, "runs", lambda g: str(len(g["runs"])),
-                        lambda r: f"{_error_cell(r)} ({r['real_spread_pct']:.1f})")
+    return _error_table(
+        groups,
+        "runs",
+        lambda g: str(len(g["runs"])),
+        lambda r: f"{_error_cell(r)} ({r['real_spread_pct']:.1f})",
+    )
 
 
-def report_tables(entries: list[dict[str, Any]],
-                  groups: list[dict[str, Any]] | None = None) -> str:
+def report_tables(entries: list[dict[str, Any]], groups: list[dict[str, Any]] | None = None) -> str:
     """The report's text: the table of runs, then the repeats' table when there are repeats
     (`groups`: `repeat_groups(entries)`, made here when not given)."""
     groups = repeat_groups(entries) if groups is None else groups
@@ -423,8 +563,12 @@ def report_tables(entries: list[dict[str, Any]],
     return text
 
 
-def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
-                 name: str = "validation", skipped: tuple[str, ...] = ()) -> dict[str, Path]:
+def write_report(
+    entries: list[dict[str, Any]],
+    out_dir: str | Path,
+    name: str = "validation",
+    skipped: tuple[str, ...] = (),
+) -> dict[str, Path]:
     """`<name>.json` (every entry, real and predicted results), `<name>.md` and `<name>.png`;
     `skipped` (why a run was not compared) goes into both texts, so the report says what it
     left out, and so does each entry's `runner_note` (a profile of another runner mode)."""
@@ -432,19 +576,28 @@ def write_report(entries: list[dict[str, Any]], out_dir: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{name}.json", "md": out / f"{name}.md", "png": out / f"{name}.png"}
     met = [r["met"] for e in entries for r in e["rows"]]
-    doc = {"targets_pct": TARGETS_PCT, "num_runs": len(entries),
-           "targets_met": sum(met), "targets_checked": len(met), "runs": entries}
+    doc = {
+        "targets_pct": TARGETS_PCT,
+        "num_runs": len(entries),
+        "targets_met": sum(met),
+        "targets_checked": len(met),
+        "runs": entries,
+    }
     groups = repeat_groups(entries)
     text = report_tables(entries, groups)
     if groups:
         group_met = [r["met"] for g in groups for r in g["rows"]]
-        doc.update(repeat_groups=groups, repeat_targets_met=sum(group_met),
-                   repeat_targets_checked=len(group_met))
+        doc.update(
+            repeat_groups=groups,
+            repeat_targets_met=sum(group_met),
+            repeat_targets_checked=len(group_met),
+        )
     if skipped:
         doc["skipped"] = list(skipped)
     paths["json"].write_text(report_json(doc), encoding="utf-8")
     notes = "".join(f"\nskipped: {note}\n" for note in skipped) + "".join(
-        f"\nwarning: {e['run']}: {e['runner_note']}\n" for e in entries if "runner_note" in e)
+        f"\nwarning: {e['run']}: {e['runner_note']}\n" for e in entries if "runner_note" in e
+    )
     paths["md"].write_text(text + notes, encoding="utf-8")
     plot_errors(entries, paths["png"])
     return paths
@@ -454,8 +607,9 @@ def report_json(doc: dict[str, Any]) -> str:
     """A report as stored: compact, keys sorted, floats to `REPORT_DECIMALS` (1 ns on a value in
     ms, far below a run's own spread). The GPU calls' reports number in the hundreds, and
     indentation and noise digits made up a third of their bytes."""
-    return json.dumps(round_floats(doc, REPORT_DECIMALS), separators=(",", ":"),
-                      sort_keys=True) + "\n"
+    return (
+        json.dumps(round_floats(doc, REPORT_DECIMALS), separators=(",", ":"), sort_keys=True) + "\n"
+    )
 
 
 def plot_errors(entries: list[dict[str, Any]], path: str | Path) -> None:
@@ -477,8 +631,13 @@ def plot_errors(entries: list[dict[str, Any]], path: str | Path) -> None:
         xs = [j - 0.4 + (i + 0.5) * width for j in range(len(metrics))]
         ys = [max(-60.0, min(60.0, by.get(m, 0.0))) for m in metrics]
         rate = e["load"]["request_rate"]
-        ax.bar(xs, ys, width, color=plt.cm.tab20(i % 20), label=f"{e['model']} bs{e['block_size']} {e['load']['workload']}"
-                                    f" @ {rate}")
+        ax.bar(
+            xs,
+            ys,
+            width,
+            color=plt.cm.tab20(i % 20),
+            label=f"{e['model']} bs{e['block_size']} {e['load']['workload']} @ {rate}",
+        )
     ax.axhline(0.0, color="k", lw=0.8)
     ax.set_xticks(range(len(metrics)))
     ax.set_xticklabels([m.replace("_ms", "") for m in metrics], rotation=30, ha="right")

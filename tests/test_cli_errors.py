@@ -24,8 +24,10 @@ FILES = {
     "badspec.yaml": "name: x\nlengths: {random: {input_len: [\n",
     "schema.yaml": "name: x\nlengths: {random: {input_len: 10}}\nbogus_section: 1\n",
     "missing.csv": "timestamp,input_length\n0,10\n",
-    "negative.csv": ("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                     "2023-11-16 18:15:46.6805900,-5,10\n2023-11-16 18:15:47.6805900,20,10\n"),
+    "negative.csv": (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,-5,10\n2023-11-16 18:15:47.6805900,20,10\n"
+    ),
 }
 
 # (argv after `run --quiet`, a piece of the message)
@@ -93,24 +95,41 @@ def assert_one_line_error(rc: int, out: str, err: str, needle: str) -> None:
 
 
 @pytest.mark.parametrize(("argv", "needle"), BAD, ids=[" ".join(a) for a, _ in BAD])
-def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str, bad_files: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_input_is_one_line_and_exit_2(
+    argv: list[str], needle: str, bad_files: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = main(["run", "--quiet", "--num-prompts", "3", *argv])
     out, err = capsys.readouterr()
     assert_one_line_error(rc, out, err, needle)
 
 
 def test_a_result_file_that_cannot_be_written_is_one_line(
-        bad_files: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad_files: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The run itself is fine (its blocks are printed); saving into a directory's name fails."""
     (bad_files / "taken.json").mkdir()
-    rc = main(["run", "--quiet", "--num-prompts", "2", "--workload", "random",
-               "--random-input-len", "16", "--random-output-len", "2", "--save-result",
-               "--result-filename", "taken.json"])
+    rc = main(
+        [
+            "run",
+            "--quiet",
+            "--num-prompts",
+            "2",
+            "--workload",
+            "random",
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "2",
+            "--save-result",
+            "--result-filename",
+            "taken.json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 2 and "Traceback" not in out + err
     assert [line for line in err.splitlines() if line.strip()] == [
-        "error: cannot write taken.json: Is a directory"]
+        "error: cannot write taken.json: Is a directory"
+    ]
 
 
 @pytest.mark.parametrize("flag", ["--swap-space", "--long-prefill-token-threshold"])
@@ -124,8 +143,15 @@ def test_the_console_script_reports_bad_input_in_one_line(bad_files: Path) -> No
     beside = Path(sys.executable).with_name("pagesim")
     script = str(beside) if beside.exists() else shutil.which("pagesim")
     assert script, "the pagesim console script is not installed"
-    for argv, needle in ([["--preemption-mode", "bogus"], "preemption_mode='bogus'"],
-                         [["--config", "bad.yaml"], "malformed YAML"]):
-        proc = subprocess.run([script, "run", "--quiet", *argv], cwd=bad_files,
-                              capture_output=True, text=True, timeout=120)
+    for argv, needle in (
+        [["--preemption-mode", "bogus"], "preemption_mode='bogus'"],
+        [["--config", "bad.yaml"], "malformed YAML"],
+    ):
+        proc = subprocess.run(
+            [script, "run", "--quiet", *argv],
+            cwd=bad_files,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, needle)

@@ -21,10 +21,12 @@ def test_prints_the_profiles_held_out_report(capsys) -> None:
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path) -> None:
-    for argv, piece in ([["--profile", str(tmp_path)], "no such calibration profile"],
-                        [["--model", "nosuch"], "unknown model"],
-                        [["--model", "tiny-llama"], "no shipped H200 profile"],
-                        [["--holdout-fraction", "1.5"], "holdout_fraction=1.5"]):
+    for argv, piece in (
+        [["--profile", str(tmp_path)], "no such calibration profile"],
+        [["--model", "nosuch"], "unknown model"],
+        [["--model", "tiny-llama"], "no shipped H200 profile"],
+        [["--holdout-fraction", "1.5"], "holdout_fraction=1.5"],
+    ):
         assert main(["fit-report", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and piece in err, err
@@ -38,15 +40,21 @@ def test_calibrate_ends_with_the_new_profiles_fit_report(capsys, monkeypatch) ->
 
     shipped = CALIBRATION_DIR / "h200" / "llama-2-7b"
     monkeypatch.setattr(device, "require_cuda", lambda: None)
-    monkeypatch.setattr(profiler, "run_calibration", lambda *a, **k: types.SimpleNamespace(
-        profile=Profile.load(shipped), directory=shipped, elapsed_s=1.0))
+    monkeypatch.setattr(
+        profiler,
+        "run_calibration",
+        lambda *a, **k: types.SimpleNamespace(
+            profile=Profile.load(shipped), directory=shipped, elapsed_s=1.0
+        ),
+    )
     assert main(["calibrate", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert fit_report(Profile.load(shipped)).to_markdown() in out
 
 
 def test_calibrate_decode_batches_reach_the_grid_and_bad_ones_are_one_line(
-        capsys, monkeypatch) -> None:
+    capsys, monkeypatch
+) -> None:
     pytest.importorskip("torch")
     import pagesim.gpu.device as device
     import pagesim.gpu.profiler as profiler
@@ -62,8 +70,9 @@ def test_calibrate_decode_batches_reach_the_grid_and_bad_ones_are_one_line(
 
     def fake(config, grid, **kwargs):
         grids.append(grid)
-        return types.SimpleNamespace(profile=Profile.load(shipped), directory=shipped,
-                                     elapsed_s=1.0)
+        return types.SimpleNamespace(
+            profile=Profile.load(shipped), directory=shipped, elapsed_s=1.0
+        )
 
     monkeypatch.setattr(device, "require_cuda", lambda: None)
     monkeypatch.setattr(profiler, "run_calibration", fake)

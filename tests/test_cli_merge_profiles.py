@@ -28,13 +28,19 @@ def test_writes_the_median_profile_and_each_sources_distance(capsys, tmp_path) -
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path) -> None:
     a, b = _sources(tmp_path, (1, 2))
     other = make_synthetic_profile(seed=3)
-    other = Profile(dataclasses.replace(other.metadata, torch="9.9"), other.decode,
-                    other.prefill, other.mixed, other.overhead).save(tmp_path / "other")
-    for argv, piece in ([[a, "-o", a], "is one of the sources"],
-                        [[a, str(tmp_path / "nosuch"), "-o", str(tmp_path / "x")],
-                         "no such calibration profile"],
-                        [[a, str(other), "-o", str(tmp_path / "y")], "differ in torch"],
-                        [[a, b], "--output-dir"]):
+    other = Profile(
+        dataclasses.replace(other.metadata, torch="9.9"),
+        other.decode,
+        other.prefill,
+        other.mixed,
+        other.overhead,
+    ).save(tmp_path / "other")
+    for argv, piece in (
+        [[a, "-o", a], "is one of the sources"],
+        [[a, str(tmp_path / "nosuch"), "-o", str(tmp_path / "x")], "no such calibration profile"],
+        [[a, str(other), "-o", str(tmp_path / "y")], "differ in torch"],
+        [[a, b], "--output-dir"],
+    ):
         assert main(["merge-profiles", *argv]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and piece in err, err

@@ -44,15 +44,16 @@ def assert_block_layout(out: str) -> None:
     kv = lines.index("================ KV Cache Result =================")
     ends = [i for i, line in enumerate(lines) if line == "=" * 50]
     assert len(ends) == 2 and first < ends[0] < kv < ends[1]
-    for line in lines[first:ends[1] + 1]:
+    for line in lines[first : ends[1] + 1]:
         if line[0] in "=-":
             assert len(line) == 50, line
         else:
             assert len(line) == 51 and line[40] == " " and line[:40].rstrip().endswith(":"), line
 
 
-def test_run_with_no_arguments(monkeypatch: pytest.MonkeyPatch,
-                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_with_no_arguments(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The README's first command. The real default is 1000 chat prompts (several seconds);
     the same path runs here with 60, everything else left at its default."""
     assert run_module.DEFAULTS == {"workload": "chat", "num_prompts": 1000}
@@ -70,70 +71,113 @@ def test_run_with_no_arguments(monkeypatch: pytest.MonkeyPatch,
     assert float(rows["Output token throughput (tok/s):"]) > 0
     assert int(rows["GPU KV cache blocks:"]) > 1000  # llama-2-7b on an H200 at 0.92
     assert_block_layout(out)
-    assert lines[-1].startswith("Cost model: calibrated, the shipped profile "
-                                "calibration/h200/llama-2-7b (NVIDIA H200, bfloat16, measured ")
+    assert lines[-1].startswith(
+        "Cost model: calibrated, the shipped profile "
+        "calibration/h200/llama-2-7b (NVIDIA H200, bfloat16, measured "
+    )
 
 
-def test_the_last_line_says_what_priced_the_steps(tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_last_line_says_what_priced_the_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A profile given by path is named by it; with none for the model, GPU and TP size, the
     analytical model prices the steps and the line says so."""
     profile = Path(__file__).resolve().parents[1] / "calibration" / "h200" / "llama-3-8b"
-    out = run_ok(capsys, *SMALL, "--num-prompts", "4", "--model", "llama-3-8b",
-                 "--profile", str(profile))
+    out = run_ok(
+        capsys, *SMALL, "--num-prompts", "4", "--model", "llama-3-8b", "--profile", str(profile)
+    )
     assert out.splitlines()[-1].startswith(
-        "Cost model: calibrated, the shipped profile calibration/h200/llama-3-8b (")
+        "Cost model: calibrated, the shipped profile calibration/h200/llama-3-8b ("
+    )
     other = tmp_path / "mine"
     shutil.copytree(profile, other)
-    out = run_ok(capsys, *SMALL, "--num-prompts", "4", "--model", "llama-3-8b",
-                 "--profile", str(other))
+    out = run_ok(
+        capsys, *SMALL, "--num-prompts", "4", "--model", "llama-3-8b", "--profile", str(other)
+    )
     assert out.splitlines()[-1].startswith(f"Cost model: calibrated, {other} (NVIDIA H200, ")
     out = run_ok(capsys, *SMALL, "--num-prompts", "4", "--gpu", "a100-80gb")
-    assert out.splitlines()[-1] == ("Cost model: analytical (no calibration profile for "
-                                    "llama-2-7b on a100-80gb at TP 1; --profile DIR uses one)")
+    assert out.splitlines()[-1] == (
+        "Cost model: analytical (no calibration profile for "
+        "llama-2-7b on a100-80gb at TP 1; --profile DIR uses one)"
+    )
 
 
-def test_printed_blocks_match_the_saved_json(tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_ok(capsys, *SMALL, "--num-prompts", "12", "--request-rate", "40",
-                 "--max-concurrency", "4", "--result-dir", str(tmp_path),
-                 "--result-filename", "r.json")
+def test_printed_blocks_match_the_saved_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = run_ok(
+        capsys,
+        *SMALL,
+        "--num-prompts",
+        "12",
+        "--request-rate",
+        "40",
+        "--max-concurrency",
+        "4",
+        "--result-dir",
+        str(tmp_path),
+        "--result-filename",
+        "r.json",
+    )
     doc = json.loads((tmp_path / "r.json").read_text())
     rows = block_values(out)
     assert rows["Successful requests:"] == str(doc["completed"]) == "12"
     assert rows["Maximum request concurrency:"] == "4"
     assert rows["Request rate configured (RPS):"] == "40.00"
-    for label, key in [("Benchmark duration (s):", "duration"),
-                       ("Request throughput (req/s):", "request_throughput"),
-                       ("Output token throughput (tok/s):", "output_throughput"),
-                       ("Total token throughput (tok/s):", "total_token_throughput"),
-                       ("Mean TTFT (ms):", "mean_ttft_ms"), ("P99 ITL (ms):", "p99_itl_ms"),
-                       ("Median TPOT (ms):", "median_tpot_ms"),
-                       ("Mean E2EL (ms):", "mean_e2el_ms")]:
+    for label, key in [
+        ("Benchmark duration (s):", "duration"),
+        ("Request throughput (req/s):", "request_throughput"),
+        ("Output token throughput (tok/s):", "output_throughput"),
+        ("Total token throughput (tok/s):", "total_token_throughput"),
+        ("Mean TTFT (ms):", "mean_ttft_ms"),
+        ("P99 ITL (ms):", "p99_itl_ms"),
+        ("Median TPOT (ms):", "median_tpot_ms"),
+        ("Mean E2EL (ms):", "mean_e2el_ms"),
+    ]:
         assert rows[label] == f"{doc[key]:.2f}", label
     assert rows["Total input tokens:"] == str(doc["total_input_tokens"]) == str(12 * 64)
     assert rows["Total generated tokens:"] == str(doc["total_output_tokens"]) == str(12 * 8)
     assert rows["Preemptions:"] == str(doc["num_preemptions"])
     assert rows["GPU KV cache blocks:"] == str(doc["num_gpu_blocks"])
-    for label, key in [("KV cache usage, mean (%):", "kv_cache_usage_mean"),
-                       ("KV cache usage, peak (%):", "kv_cache_usage_peak"),
-                       ("Token states:", "kv_token_state_frac"), ("Free:", "kv_free_frac"),
-                       ("Prefix cache hit rate (%):", "prefix_cache_hit_rate")]:
+    for label, key in [
+        ("KV cache usage, mean (%):", "kv_cache_usage_mean"),
+        ("KV cache usage, peak (%):", "kv_cache_usage_peak"),
+        ("Token states:", "kv_token_state_frac"),
+        ("Free:", "kv_free_frac"),
+        ("Prefix cache hit rate (%):", "prefix_cache_hit_rate"),
+    ]:
         assert rows[label] == f"{100 * doc[key]:.2f}", label
     assert rows["Peak running requests:"] == str(doc["max_num_running"])
     assert float(rows["Peak concurrent requests:"]) == doc["max_concurrent_requests"]
-    for key, value in [("backend", "pagesim"), ("model_id", "llama-2-7b"), ("gpu", "h200"),
-                       ("workload", "random"), ("num_prompts", 12), ("request_rate", 40.0),
-                       ("burstiness", 1.0), ("max_concurrency", 4), ("seed", 0)]:
+    for key, value in [
+        ("backend", "pagesim"),
+        ("model_id", "llama-2-7b"),
+        ("gpu", "h200"),
+        ("workload", "random"),
+        ("num_prompts", 12),
+        ("request_rate", 40.0),
+        ("burstiness", 1.0),
+        ("max_concurrency", 4),
+        ("seed", 0),
+    ]:
         assert doc[key] == value, key
     assert re.fullmatch(r"\d{8}-\d{6}", doc["date"])
     assert "Saved result to" in out
 
 
-def test_result_dir_writes_parquet_records(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    run_ok(capsys, *SMALL, "--num-prompts", "9", "--result-dir", str(tmp_path / "res"),
-           "--result-filename", "x.json")
+def test_result_dir_writes_parquet_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_ok(
+        capsys,
+        *SMALL,
+        "--num-prompts",
+        "9",
+        "--result-dir",
+        str(tmp_path / "res"),
+        "--result-filename",
+        "x.json",
+    )
     doc = json.loads((tmp_path / "res" / "x.json").read_text())
     reqs = pq.read_table(tmp_path / "res" / "x.requests.parquet")
     steps = pq.read_table(tmp_path / "res" / "x.steps.parquet")
@@ -143,28 +187,49 @@ def test_result_dir_writes_parquet_records(tmp_path: Path,
 
 
 def test_save_result_uses_vllm_bench_default_filename(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     run_ok(capsys, *SMALL, "--num-prompts", "3", "--max-concurrency", "2", "--save-result")
     (name,) = [p.name for p in tmp_path.iterdir()]
     assert re.fullmatch(r"pagesim-infqps-concurrency2-llama-2-7b-\d{8}-\d{6}\.json", name)
     # no --request-rate: the workload's own arrivals (inf for random), written as null
     assert json.loads((tmp_path / name).read_text())["request_rate"] is None
-    run_ok(capsys, *SMALL, "--num-prompts", "3", "--request-rate", "inf", "--save-result",
-           "--result-filename", "inf.json")
+    run_ok(
+        capsys,
+        *SMALL,
+        "--num-prompts",
+        "3",
+        "--request-rate",
+        "inf",
+        "--save-result",
+        "--result-filename",
+        "inf.json",
+    )
     assert json.loads((tmp_path / "inf.json").read_text())["request_rate"] == "inf"
 
 
-def test_config_file_and_flags_precedence(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_config_file_and_flags_precedence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Flags > --config file > defaults, with vLLM's names in kebab or snake case."""
     cfg = tmp_path / "run.yaml"
-    cfg.write_text("workload: random\nnum-prompts: 7\nrandom_input_len: 48\n"
-                   "random_output_len: 5\nblock_size: 32\nvllm_compat: 0.23\n"
-                   "metric_percentiles: '50,90'\ngoodput: ['ttft:100000']\n")
-    out = run_ok(capsys, "--config", str(cfg), "--num-prompts", "4", "--result-dir",
-                 str(tmp_path), "--result-filename", "c.json")
+    cfg.write_text(
+        "workload: random\nnum-prompts: 7\nrandom_input_len: 48\n"
+        "random_output_len: 5\nblock_size: 32\nvllm_compat: 0.23\n"
+        "metric_percentiles: '50,90'\ngoodput: ['ttft:100000']\n"
+    )
+    out = run_ok(
+        capsys,
+        "--config",
+        str(cfg),
+        "--num-prompts",
+        "4",
+        "--result-dir",
+        str(tmp_path),
+        "--result-filename",
+        "c.json",
+    )
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["completed"] == 4  # the flag beats the file's 7
     assert doc["total_input_tokens"] == 4 * 48 and doc["total_output_tokens"] == 4 * 5
@@ -177,26 +242,58 @@ def test_config_file_and_flags_precedence(tmp_path: Path,
     assert rows["Request goodput (req/s):"] == f"{doc['request_goodput']:.2f}"
 
 
-def test_engine_flags_reach_the_engine(tmp_path: Path,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
-    run_ok(capsys, *SMALL, "--random-output-len", "40", "--num-prompts", "20",
-           "--num-gpu-blocks-override", "12",
-           "--no-enable-prefix-caching", "--preemption-mode", "swap", "--max-num-seqs", "6",
-           "--check-invariants", "--result-dir", str(tmp_path), "--result-filename", "e.json")
+def test_engine_flags_reach_the_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_ok(
+        capsys,
+        *SMALL,
+        "--random-output-len",
+        "40",
+        "--num-prompts",
+        "20",
+        "--num-gpu-blocks-override",
+        "12",
+        "--no-enable-prefix-caching",
+        "--preemption-mode",
+        "swap",
+        "--max-num-seqs",
+        "6",
+        "--check-invariants",
+        "--result-dir",
+        str(tmp_path),
+        "--result-filename",
+        "e.json",
+    )
     doc = json.loads((tmp_path / "e.json").read_text())
     eng = doc["engine_config"]
-    assert (eng["num_gpu_blocks_override"], eng["enable_prefix_caching"],
-            eng["preemption_mode"], eng["max_num_seqs"]) == (12, False, "swap", 6)
+    assert (
+        eng["num_gpu_blocks_override"],
+        eng["enable_prefix_caching"],
+        eng["preemption_mode"],
+        eng["max_num_seqs"],
+    ) == (12, False, "swap", 6)
     assert doc["num_gpu_blocks"] == 12 and doc["max_num_running"] <= 6
     assert doc["completed"] == 20 and doc["num_swap_preemptions"] > 0
     assert doc["prefix_cache_hit_tokens"] == 0
 
 
-def test_rejections_are_reported_in_the_kv_block(tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    out = run_ok(capsys, "--workload", "random", "--random-input-len", "300",
-                 "--random-range-ratio", "0.5", "--random-output-len", "4",
-                 "--max-model-len", "300", "--num-prompts", "20")
+def test_rejections_are_reported_in_the_kv_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = run_ok(
+        capsys,
+        "--workload",
+        "random",
+        "--random-input-len",
+        "300",
+        "--random-range-ratio",
+        "0.5",
+        "--random-output-len",
+        "4",
+        "--max-model-len",
+        "300",
+        "--num-prompts",
+        "20",
+    )
     rows = block_values(out)
     rejected = int(rows["Rejected requests:"])
     assert rejected > 0 and rows["Failed requests:"] == str(rejected)
@@ -205,8 +302,9 @@ def test_rejections_are_reported_in_the_kv_block(tmp_path: Path,
     assert_block_layout(out)
 
 
-def test_step_time_scale_prices_every_step_slower(tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_step_time_scale_prices_every_step_slower(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """All requests at t=0: the schedule does not depend on the step times, so the run takes
     1.1 times as long; the cost line and the saved result say so."""
     args = [*SMALL, "--num-prompts", "20", "--result-dir", str(tmp_path)]
@@ -221,8 +319,7 @@ def test_step_time_scale_prices_every_step_slower(tmp_path: Path,
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])
-def test_a_bad_step_time_scale_is_one_line(value: str,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bad_step_time_scale_is_one_line(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--quiet", *SMALL, "--step-time-scale", value]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--step-time-scale" in err and "must be a number > 0" in err

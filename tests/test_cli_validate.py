@@ -28,8 +28,15 @@ def _shipped_rows(run: str) -> dict[str, float]:
 
 
 def _validate(tmp_path: Path, *reals: Path) -> int:
-    argv = ["validate", "--profile", str(PROFILE), "--output-dir", str(tmp_path / "out"),
-            "--name", "v"]
+    argv = [
+        "validate",
+        "--profile",
+        str(PROFILE),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--name",
+        "v",
+    ]
     for r in reals:
         argv += ["--real", str(r)]
     return main(argv)
@@ -87,17 +94,20 @@ def test_only_cut_runs_or_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys) ->
     bad_xz, bad_gz = tmp_path / "bad.json.xz", tmp_path / "bad.json.gz"
     bad_xz.write_bytes(b"not xz at all")
     bad_gz.write_bytes(b"not gzip at all")
-    for reals, piece in (((cut,), "was cut at its wall-clock limit (150 of 150"),
-                         ((cut, cut), "all 2 were cut"), ((bad,), "not valid JSON"),
-                         ((bad_xz,), "not valid JSON"), ((bad_gz,), "not valid JSON"),
-                         ((tmp_path / "none.json",), "no such file")):
+    for reals, piece in (
+        ((cut,), "was cut at its wall-clock limit (150 of 150"),
+        ((cut, cut), "all 2 were cut"),
+        ((bad,), "not valid JSON"),
+        ((bad_xz,), "not valid JSON"),
+        ((bad_gz,), "not valid JSON"),
+        ((tmp_path / "none.json",), "no such file"),
+    ):
         assert _validate(tmp_path, *reals) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and piece in err, err
 
 
-@pytest.mark.parametrize("call, run", [("tp2", "chat-inf-bs16"),
-                                       ("tp2_graphs", "chat-85pct-bs16")])
+@pytest.mark.parametrize("call, run", [("tp2", "chat-inf-bs16"), ("tp2_graphs", "chat-85pct-bs16")])
 def test_the_tp2_reports_are_what_this_code_makes_of_their_runs(tmp_path, call, run) -> None:
     """`results/validation/tp2*/`: llama-3-70b at tensor parallel size 2 (eager, then with
     CUDA graphs), each run priced with its call's profile; the graph call's profile is the
@@ -105,15 +115,25 @@ def test_the_tp2_reports_are_what_this_code_makes_of_their_runs(tmp_path, call, 
     tp2 = ROOT / "results" / "validation" / call
     real = tp2 / "real" / "llama-3-70b-tp2" / f"{run}.json.xz"
     profile = tp2 / "profile" / "h200" / "llama-3-70b-tp2"
-    argv = ["validate", "--real", str(real), "--profile", str(profile),
-            "--output-dir", str(tmp_path), "--name", "v"]
+    argv = [
+        "validate",
+        "--real",
+        str(real),
+        "--profile",
+        str(profile),
+        "--output-dir",
+        str(tmp_path),
+        "--name",
+        "v",
+    ]
     assert main(argv) == 0
     got = json.loads((tmp_path / "v.json").read_text())["runs"][0]
     shipped = json.loads((tp2 / "validation_llama-3-70b-tp2.json").read_text())
     want = next(e for e in shipped["runs"] if e["run"] == run)
     assert got["model"] == "llama-3-70b" and got["load"] == want["load"]
-    assert {r["metric"]: round(r["error_pct"], 6) for r in got["rows"]} == \
-        {r["metric"]: round(r["error_pct"], 6) for r in want["rows"]}
+    assert {r["metric"]: round(r["error_pct"], 6) for r in got["rows"]} == {
+        r["metric"]: round(r["error_pct"], 6) for r in want["rows"]
+    }
     if call == "tp2":
         assert [s for s in shipped["skipped"] if "chat-85pct" in s]  # cut at its wall clock
     else:
@@ -130,17 +150,27 @@ def test_a_saved_run_keeps_its_records_at_the_clocks_resolution(tmp_path) -> Non
     from pagesim.validate import RECORD_DECIMALS, save_real_run
 
     assert RECORD_DECIMALS == 9
-    records = {"itl_s": [[0.0069589123456789, 0.1234567891234]], "steps": {
-        "wall_s": [1.00000000049, 2.5], "num_reqs": [3, 4], "cuda_graph": [True, False]},
-        "sm_clock_mhz": [1980, 1845]}
+    records = {
+        "itl_s": [[0.0069589123456789, 0.1234567891234]],
+        "steps": {"wall_s": [1.00000000049, 2.5], "num_reqs": [3, 4], "cuda_graph": [True, False]},
+        "sm_clock_mhz": [1980, 1845],
+    }
     result = {"mean_tpot_ms": 6.958912345678912, "failed": 0}
     config = EngineConfig.create(model="tiny-llama", gpu="h200")
-    path = save_real_run(tmp_path / "run.json.xz", config=config, load={"seed": 0},
-                         result=result, records=records, device={})
+    path = save_real_run(
+        tmp_path / "run.json.xz",
+        config=config,
+        load={"seed": 0},
+        result=result,
+        records=records,
+        device={},
+    )
     doc = read_real_run(path)
-    assert doc["records"] == {"itl_s": [[0.006958912, 0.123456789]], "steps": {
-        "wall_s": [1.0, 2.5], "num_reqs": [3, 4], "cuda_graph": [True, False]},
-        "sm_clock_mhz": [1980, 1845]}
+    assert doc["records"] == {
+        "itl_s": [[0.006958912, 0.123456789]],
+        "steps": {"wall_s": [1.0, 2.5], "num_reqs": [3, 4], "cuda_graph": [True, False]},
+        "sm_clock_mhz": [1980, 1845],
+    }
     assert doc["result"] == result
 
 
@@ -160,12 +190,28 @@ def test_a_profile_of_another_runner_mode_is_warned_about(tmp_path, capsys) -> N
 
     staged = _run_named(tmp_path, RUNNER_MODES[True])
     earlier = ROOT / "results" / "validation" / "rebuilt_inputs" / "profile" / "h200" / "llama-2-7b"
-    assert main(["validate", "--real", str(staged), "--profile", str(earlier), "--output-dir",
-                 str(tmp_path / "out"), "--name", "v"]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                "--real",
+                str(staged),
+                "--profile",
+                str(earlier),
+                "--output-dir",
+                str(tmp_path / "out"),
+                "--name",
+                "v",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"warning: {RUN}: the run's runner (CUDA graphs, staged inputs) is not the "
-                   "one the profile measured (CUDA graphs, inputs rebuilt each step): its host "
-                   "time per step differs"]
+    assert err == [
+        f"warning: {RUN}: the run's runner (CUDA graphs, staged inputs) is not the "
+        "one the profile measured (CUDA graphs, inputs rebuilt each step): its host "
+        "time per step differs"
+    ]
     assert err[0] in (tmp_path / "out" / "v.md").read_text()
     doc = json.loads((tmp_path / "out" / "v.json").read_text())
     assert doc["runs"][0]["runner_note"] and doc["num_runs"] == 1
@@ -185,14 +231,22 @@ def test_the_runner_modes_name_the_stored_profiles() -> None:
     assert profile_runner("no runner named") is None
     labels = {
         runner_label(profile_runner(Profile.load(p).metadata.attention_backend))
-        for p in (PROFILE, ROOT / "results/validation/rebuilt_inputs/profile/h200/llama-2-7b",
-                  ROOT / "results/validation/tp2/profile/h200/llama-3-70b-tp2")}
-    assert labels == {"CUDA graphs, inputs rebuilt each step", "CUDA graphs, staged inputs",
-                      "eager"}
+        for p in (
+            PROFILE,
+            ROOT / "results/validation/rebuilt_inputs/profile/h200/llama-2-7b",
+            ROOT / "results/validation/tp2/profile/h200/llama-3-70b-tp2",
+        )
+    }
+    assert labels == {
+        "CUDA graphs, inputs rebuilt each step",
+        "CUDA graphs, staged inputs",
+        "eager",
+    }
 
 
 def test_repeats_of_one_run_are_simulated_once_and_compared_by_their_mean(
-        tmp_path, capsys, monkeypatch) -> None:
+    tmp_path, capsys, monkeypatch
+) -> None:
     """Two stored runs of one traffic (the second 10 % slower per output token): one
     simulation prices both, and the repeats' table compares the prediction with their mean."""
     import pagesim.validate as v
@@ -205,7 +259,9 @@ def test_repeats_of_one_run_are_simulated_once_and_compared_by_their_mean(
     write_json_file(second, slower)
     calls = []
     simulate_like = v.simulate_like
-    monkeypatch.setattr(v, "simulate_like", lambda *a, **k: calls.append(a) or simulate_like(*a, **k))
+    monkeypatch.setattr(
+        v, "simulate_like", lambda *a, **k: calls.append(a) or simulate_like(*a, **k)
+    )
     assert _validate(tmp_path, first, second, REAL / "chat-85pct-bs16.json.xz") == 0
     assert len(calls) == 2  # the two repeats, then chat-85pct-bs16
     report = json.loads((tmp_path / "out" / "v.json").read_text())

@@ -46,11 +46,14 @@ def test_jitter_keeps_the_base_models_shared_prefix_cost() -> None:
 def test_stored_tables_cover_every_group_and_are_their_report() -> None:
     stem = ROOT / "results" / "validation" / "jitter_spread"
     with open(f"{stem}.csv", newline="", encoding="utf-8") as fh:
-        rows = [{k: v if k in ("call", "model", "run", "metric") else float(v)
-                 for k, v in r.items()} for r in csv.DictReader(fh)]
+        rows = [
+            {k: v if k in ("call", "model", "run", "metric") else float(v) for k, v in r.items()}
+            for r in csv.DictReader(fh)
+        ]
     for r in rows:
         r["runs"], r["replicas"] = int(r["runs"]), int(r["replicas"])
-    assert {(r["call"], r["model"], r["run"]) for r in rows} == \
-        {(call, model, run) for call, model, run, _ in jitter_spread.groups()}
+    assert {(r["call"], r["model"], r["run"]) for r in rows} == {
+        (call, model, run) for call, model, run, _ in jitter_spread.groups()
+    }
     text = jitter_spread.markdown(rows, int(rows[0]["replicas"]))
     assert Path(f"{stem}.md").read_text(encoding="utf-8") == text

@@ -22,14 +22,22 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     "workload": (FIRST_ROW | {"kvcache", "workload"}, {"numpy", "pandas", "yaml"}),
     "cost": (FIRST_ROW | {"scheduler", "cost"}, {"numpy"}),
     "metrics": (FIRST_ROW | {"metrics"}, {"numpy"}),
-    "sim": (FIRST_ROW | {"kvcache", "scheduler", "workload", "cost", "sim", "metrics"},
-            {"simpy", "numpy", "pandas", "pyarrow"}),
-    "gpu": (FIRST_ROW | {"kvcache", "scheduler", "workload", "cost", "gpu", "metrics"},
-            {"torch", "triton", "numpy"}),
-    "planning": (FIRST_ROW | {"sim", "cost", "workload", "kvcache", "planning", "scheduler",
-                              "metrics"},
-                 {"pandas", "matplotlib", "joblib", "numpy", "rich", "ray", "yaml", "pyarrow"}),
-    "parity": (FIRST_ROW | {"kvcache", "scheduler", "workload", "parity"}, {"numpy", "vllm", "torch"}),
+    "sim": (
+        FIRST_ROW | {"kvcache", "scheduler", "workload", "cost", "sim", "metrics"},
+        {"simpy", "numpy", "pandas", "pyarrow"},
+    ),
+    "gpu": (
+        FIRST_ROW | {"kvcache", "scheduler", "workload", "cost", "gpu", "metrics"},
+        {"torch", "triton", "numpy"},
+    ),
+    "planning": (
+        FIRST_ROW | {"sim", "cost", "workload", "kvcache", "planning", "scheduler", "metrics"},
+        {"pandas", "matplotlib", "joblib", "numpy", "rich", "ray", "yaml", "pyarrow"},
+    ),
+    "parity": (
+        FIRST_ROW | {"kvcache", "scheduler", "workload", "parity"},
+        {"numpy", "vllm", "torch"},
+    ),
 }
 STDLIB = set(__import__("sys").stdlib_module_names) | {"__future__"}
 # The CLI and the validation report sit above everything; they import gpu only lazily.
@@ -78,7 +86,8 @@ def test_module_respects_layer_table(path: Path) -> None:
             assert sub in ours, f"{where}: layer {layer} may not import pagesim.{sub}"
         else:
             assert root in STDLIB or root in third_party, (
-                f"{where}: layer {layer} may not import {root}")
+                f"{where}: layer {layer} may not import {root}"
+            )
 
 
 def test_every_package_is_in_the_table() -> None:

@@ -16,9 +16,11 @@ from gpu_calls import shipped_runner  # noqa: E402
 
 
 def test_report_takes_mean_worst_and_best_per_k() -> None:
-    rows = [{"call": "a", "k": 1, "subset": "b", "met": 7, "targets": 14},
-            {"call": "b", "k": 1, "subset": "a", "met": 14, "targets": 14},
-            {"call": "a", "k": 2, "subset": "b c", "met": 13, "targets": 14}]
+    rows = [
+        {"call": "a", "k": 1, "subset": "b", "met": 7, "targets": 14},
+        {"call": "b", "k": 1, "subset": "a", "met": 14, "targets": 14},
+        {"call": "a", "k": 2, "subset": "b c", "met": 13, "targets": 14},
+    ]
     text = median_of_k.report("m", rows)
     assert "| 1 | 2 | 75.0 | 50.0 | 100.0 |" in text
     assert "| 2 | 1 | 92.9 | 92.9 | 92.9 |" in text
@@ -29,10 +31,13 @@ def test_report_takes_mean_worst_and_best_per_k() -> None:
 def test_stored_tables_cover_every_subset_and_are_their_report(model: str) -> None:
     stem = ROOT / "results" / "validation" / f"median_of_k_{model}"
     with open(f"{stem}.csv", newline="", encoding="utf-8") as fh:
-        rows = [{**r, "k": int(r["k"]), "met": int(r["met"]), "targets": int(r["targets"])}
-                for r in csv.DictReader(fh)]
+        rows = [
+            {**r, "k": int(r["k"]), "met": int(r["met"]), "targets": int(r["targets"])}
+            for r in csv.DictReader(fh)
+        ]
     cases = median_of_k.subsets(model, shipped_runner(model))
     assert sorted((r["call"], r["subset"]) for r in rows) == sorted(
-        (call, " ".join(subset)) for call, subset in cases)
+        (call, " ".join(subset)) for call, subset in cases
+    )
     assert all(r["call"] not in r["subset"].split() for r in rows)
     assert Path(f"{stem}.md").read_text(encoding="utf-8") == median_of_k.report(model, rows)

@@ -26,11 +26,17 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PAGESIM_NOTEBOOK_SMALL", "1")
     monkeypatch.setenv("PAGESIM_FIGURES_DIR", str(tmp_path))
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     assert pngs and all(p.startswith(path.stem[:2].replace("0", "nb", 1)) for p in pngs), pngs

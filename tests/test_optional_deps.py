@@ -25,7 +25,7 @@ sys.meta_path.insert(0, _Block(%(names)r))
 
 
 def _run(code: str, blocked: set[str]) -> subprocess.CompletedProcess:
-    src = BLOCKER % {'names': sorted(blocked)} + textwrap.dedent(code)
+    src = BLOCKER % {"names": sorted(blocked)} + textwrap.dedent(code)
     return subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=120)
 
 
@@ -63,7 +63,6 @@ def test_gpu_scripts_import_without_simpy_and_typer(script: Path) -> None:
     list parser from the CLI package and failed there before any GPU work)."""
     pytest.importorskip("torch")
     modules = _pagesim_imports(script)
-    res = _run("\n".join(f"import {m}" for m in modules) + "\nprint('ok')",
-               {"simpy", "typer"})
+    res = _run("\n".join(f"import {m}" for m in modules) + "\nprint('ok')", {"simpy", "typer"})
     assert res.returncode == 0, f"{script.name}: {res.stderr.strip().splitlines()[-1:]}"
     assert "ok" in res.stdout

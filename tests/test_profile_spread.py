@@ -16,9 +16,11 @@ from tests.cost.synthetic_profile import make_synthetic_profile  # noqa: E402
 
 
 def test_each_profile_is_compared_with_the_median_of_all_on_shared_shapes() -> None:
-    tables = {"a": {(1, 128): 10.0, (1, 512): 10.0, (8, 128): 20.0, (64, 128): 1.0},
-              "b": {(1, 128): 11.0, (1, 512): 12.0, (8, 128): 20.0},
-              "c": {(1, 128): 9.0, (1, 512): 10.0, (8, 128): 22.0}}
+    tables = {
+        "a": {(1, 128): 10.0, (1, 512): 10.0, (8, 128): 20.0, (64, 128): 1.0},
+        "b": {(1, 128): 11.0, (1, 512): 12.0, (8, 128): 20.0},
+        "c": {(1, 128): 9.0, (1, 512): 10.0, (8, 128): 22.0},
+    }
     result = profile_spread.spread(tables)
     # batch 1: medians 10 and 10 -> a 0 and 0, b +10 and +20 (median +15), c -10 and 0
     assert result["a"] == {1: pytest.approx(0.0), 8: pytest.approx(0.0)}
@@ -31,8 +33,9 @@ def test_each_profile_is_compared_with_the_median_of_all_on_shared_shapes() -> N
 def test_decode_rows_read_one_block_size(tmp_path) -> None:
     profile = make_synthetic_profile()
     rows = profile_spread.decode_rows(profile.save(tmp_path / "p"), 16)
-    assert rows == {(r.batch_size, r.context_len): r.step_time_ms for r in profile.decode
-                    if r.block_size == 16}
+    assert rows == {
+        (r.batch_size, r.context_len): r.step_time_ms for r in profile.decode if r.block_size == 16
+    }
     assert rows and len(rows) < len(profile.decode)
 
 

@@ -9,16 +9,33 @@ import pytest
 from pagesim.errors import PagesimError, UnknownNameError
 from pagesim.specs import GPUS, MODELS, GiB, GPUSpec, ModelSpec
 
-REQUIRED_MODELS = ("llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b",
-                   "llama-3.1-8b", "llama-3.1-70b", "mistral-7b", "opt-13b", "opt-66b",
-                   "opt-175b", "qwen2.5-7b", "tiny-llama")
+REQUIRED_MODELS = (
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3-8b",
+    "llama-3-70b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "mistral-7b",
+    "opt-13b",
+    "opt-66b",
+    "opt-175b",
+    "qwen2.5-7b",
+    "tiny-llama",
+)
 REQUIRED_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "l40s", "a10g")
 
 
 def _param_count(m: ModelSpec) -> int:
     """Parameters implied by the shapes (independent of the table's num_params)."""
-    h, n_layers, d, inter, vocab = (m.hidden_size, m.num_layers, m.head_size,
-                                    m.intermediate_size, m.vocab_size)
+    h, n_layers, d, inter, vocab = (
+        m.hidden_size,
+        m.num_layers,
+        m.head_size,
+        m.intermediate_size,
+        m.vocab_size,
+    )
     q, kv = m.num_attention_heads * d, m.num_kv_heads * d
     if m.arch == "opt":
         # tied LM head; learned positions with 2 offset rows; biases; 2 LayerNorms per layer
@@ -68,8 +85,15 @@ def test_context_and_window():
 
 def test_tiny_llama_shape():
     m = MODELS["tiny-llama"]
-    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.head_size,
-            m.vocab_size, m.max_position_embeddings) == (2, 128, 4, 2, 32, 512, 2048)
+    assert (
+        m.num_layers,
+        m.hidden_size,
+        m.num_attention_heads,
+        m.num_kv_heads,
+        m.head_size,
+        m.vocab_size,
+        m.max_position_embeddings,
+    ) == (2, 128, 4, 2, 32, 512, 2048)
 
 
 @pytest.mark.parametrize("name", REQUIRED_GPUS)
@@ -84,7 +108,9 @@ def test_gpu_sane(name):
 
 
 def test_gpu_ordering():
-    assert GPUS["h200"].memory_bytes > GPUS["h100-sxm"].memory_bytes > GPUS["a100-40gb"].memory_bytes
+    assert (
+        GPUS["h200"].memory_bytes > GPUS["h100-sxm"].memory_bytes > GPUS["a100-40gb"].memory_bytes
+    )
     assert GPUS["h200"].hbm_bandwidth_bytes_per_s > GPUS["h100-sxm"].hbm_bandwidth_bytes_per_s
     assert GPUS["l40s"].nvlink_bytes_per_s == 0 and GPUS["a10g"].nvlink_bytes_per_s == 0
 

@@ -31,9 +31,15 @@ ROWS = [  # (input_length, hash_ids): shared full blocks, a shared partial last 
 
 def _mooncake(tmp_path: Path) -> str:
     path = tmp_path / "m.jsonl"
-    path.write_text("".join(json.dumps({"timestamp": 100 * k, "input_length": n,
-                                        "output_length": 4, "hash_ids": ids}) + "\n"
-                            for k, (n, ids) in enumerate(ROWS)))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"timestamp": 100 * k, "input_length": n, "output_length": 4, "hash_ids": ids}
+            )
+            + "\n"
+            for k, (n, ids) in enumerate(ROWS)
+        )
+    )
     return str(path)
 
 
@@ -117,23 +123,26 @@ def test_system_prompt_groups_share_exactly_the_prefix() -> None:
 
 def test_tenants_get_salts_that_split_the_cache(tmp_path: Path) -> None:
     spec = tmp_path / "t.yaml"
-    spec.write_text("lengths: {input: 64, output: 4}\nprefix: {groups: 1, length: 64}\n"
-                    "tenants: {count: 3}\n")
+    spec.write_text(
+        "lengths: {input: 64, output: 4}\nprefix: {groups: 1, length: 64}\ntenants: {count: 3}\n"
+    )
     plan = load_workload(str(spec)).sample(60, seed=0)
     assert plan.tenant_salts == ("t/tenant-0", "t/tenant-1", "t/tenant-2")
     reqs = [plan.make_request(i, 0.0) for i in range(60)]
     assert {r.cache_salt for r in reqs} == set(plan.tenant_salts)
     first = {}
     for r in reqs:  # same prefix tokens; the salt makes the first block hash differ by tenant
-        first.setdefault(r.cache_salt, set()).add(_block_hashes(r.prompt_token_ids, 16,
-                                                                r.cache_salt)[0])
+        first.setdefault(r.cache_salt, set()).add(
+            _block_hashes(r.prompt_token_ids, 16, r.cache_salt)[0]
+        )
     assert all(len(h) == 1 for h in first.values())
     assert len(set().union(*first.values())) == 3
 
 
 def _finish(req: Request) -> None:
-    req.output_token_ids = [(7 * k + len(req.prompt_token_ids)) % 32000
-                            for k in range(req.max_tokens)]
+    req.output_token_ids = [
+        (7 * k + len(req.prompt_token_ids)) % 32000 for k in range(req.max_tokens)
+    ]
 
 
 def test_multi_turn_prompts_extend_the_history() -> None:
@@ -150,10 +159,17 @@ def test_multi_turn_prompts_extend_the_history() -> None:
             _finish(req)
             assert sess.next_think_time_s() == plan.think_time_s[i] >= 0
             nxt = sess.next_request(req, arrival_time=1.0)
-            assert nxt.prompt_token_ids[:req.num_tokens] == req.all_token_ids
-            assert len(nxt.prompt_token_ids) == plan.prompt_lens[i] == req.num_tokens + plan.user_lens[i]
+            assert nxt.prompt_token_ids[: req.num_tokens] == req.all_token_ids
+            assert (
+                len(nxt.prompt_token_ids)
+                == plan.prompt_lens[i]
+                == req.num_tokens + plan.user_lens[i]
+            )
             assert nxt.session_id == req.session_id == f"session-{s}"
-            assert nxt.prompt_token_ids[: plan.prefix_lens[i]] == plan.materialize(0)[: plan.prefix_lens[i]]
+            assert (
+                nxt.prompt_token_ids[: plan.prefix_lens[i]]
+                == plan.materialize(0)[: plan.prefix_lens[i]]
+            )
             req = nxt
         assert not sess.has_next()
     capped = plan.prompt_lens[plan.turns > 0] + plan.output_lens[plan.turns > 0]
@@ -180,9 +196,22 @@ def test_mix_splits_by_weight_and_keeps_contents_apart() -> None:
 
 def _digest(plan: RequestPlan, n: int) -> str:
     h = hashlib.sha256()
-    for name in ("prompt_lens", "output_lens", "prefix_lens", "prefix_roots", "user_lens",
-                 "user_roots", "block_offsets", "block_roots", "tenants", "sessions", "turns",
-                 "think_time_s", "session_offsets", "token_table"):
+    for name in (
+        "prompt_lens",
+        "output_lens",
+        "prefix_lens",
+        "prefix_roots",
+        "user_lens",
+        "user_roots",
+        "block_offsets",
+        "block_roots",
+        "tenants",
+        "sessions",
+        "turns",
+        "think_time_s",
+        "session_offsets",
+        "token_table",
+    ):
         h.update(getattr(plan, name).tobytes())
     for i in plan.first_turns[:n].tolist():
         h.update(np.asarray(plan.materialize(i), dtype=np.int64).tobytes())
@@ -205,8 +234,13 @@ def test_same_seed_same_plan_in_any_process() -> None:
     assert here == [_digest(load_workload(name).sample(300, seed=5), 40) for name in NAMES]
     assert here[0] != _digest(load_workload(NAMES[0]).sample(300, seed=6), 40)
     code = DIGEST_SNIPPET.format(tests=str(Path(__file__).parent))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={"PYTHONHASHSEED": "123", "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PATH": ""},
+    )
     assert out.stdout.split() == here
 
 

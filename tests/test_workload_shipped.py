@@ -41,11 +41,15 @@ def test_shipped_traces_are_the_documented_files() -> None:
     """The README's SHA-256 of each uncompressed trace matches, and row counts are right."""
     readme = (WORKLOADS_DIR / "traces" / "README.md").read_text()
     listed = dict(re.findall(r"\| `([^`]+\.gz)` \|[^|]+\|[^|]+\| `([0-9a-f]{64})` \|", readme))
-    files = sorted(p.relative_to(WORKLOADS_DIR / "traces").as_posix()
-                   for p in (WORKLOADS_DIR / "traces").rglob("*.gz"))
+    files = sorted(
+        p.relative_to(WORKLOADS_DIR / "traces").as_posix()
+        for p in (WORKLOADS_DIR / "traces").rglob("*.gz")
+    )
     assert sorted(listed) == files
     for rel, sha in listed.items():
         raw = gzip.decompress((WORKLOADS_DIR / "traces" / rel).read_bytes())
         assert hashlib.sha256(raw).hexdigest() == sha, rel
-    conv = read_trace(WORKLOADS_DIR / "traces/azure-public-dataset/AzureLLMInferenceTrace_conv.csv.gz")
+    conv = read_trace(
+        WORKLOADS_DIR / "traces/azure-public-dataset/AzureLLMInferenceTrace_conv.csv.gz"
+    )
     assert conv.num_rows == 19366 and conv.timestamps_s[-1] == pytest.approx(3501.7, abs=0.1)

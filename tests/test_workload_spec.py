@@ -12,8 +12,20 @@ import pytest
 from pagesim.errors import PagesimError, UnknownNameError, WorkloadError
 from pagesim.workload import load_workload, shipped_workloads
 
-SHIPPED = ["arxiv", "bwb", "chat", "chat-8k", "code", "conversation", "mix", "mooncake-conversation",
-           "mooncake-synthetic", "multi-turn", "random", "system-prompt"]
+SHIPPED = [
+    "arxiv",
+    "bwb",
+    "chat",
+    "chat-8k",
+    "code",
+    "conversation",
+    "mix",
+    "mooncake-conversation",
+    "mooncake-synthetic",
+    "multi-turn",
+    "random",
+    "system-prompt",
+]
 LENGTHS_CSV = "num_prefill_tokens,num_decode_tokens\n100,10\n200,20\n300,30\n"
 
 
@@ -41,28 +53,45 @@ BAD_SPECS = {
     "unknown_key": ("lengths: {trace: lengths.csv}\nrate: 3\n", "rate: unknown key"),
     "no_source": ("name: x\n", "needs exactly one of trace, lengths, mix"),
     "two_sources": ("lengths: {trace: lengths.csv}\ntrace: lengths.csv\n", "exactly one"),
-    "bad_rate": ("lengths: {trace: lengths.csv}\narrival: {process: poisson, rate: -2}\n",
-                 "arrival.rate = -2.0"),
-    "bad_process": ("lengths: {trace: lengths.csv}\narrival: {process: weibull}\n",
-                    "arrival.process = 'weibull'"),
-    "trace_arrival_untimed": ("lengths: {trace: lengths.csv}\narrival: {process: trace}\n",
-                              "no trace timestamps"),
-    "poisson_burstiness": ("lengths: {trace: lengths.csv}\n"
-                           "arrival: {process: poisson, rate: 1, burstiness: 2}\n",
-                           "arrival.burstiness = 2.0"),
+    "bad_rate": (
+        "lengths: {trace: lengths.csv}\narrival: {process: poisson, rate: -2}\n",
+        "arrival.rate = -2.0",
+    ),
+    "bad_process": (
+        "lengths: {trace: lengths.csv}\narrival: {process: weibull}\n",
+        "arrival.process = 'weibull'",
+    ),
+    "trace_arrival_untimed": (
+        "lengths: {trace: lengths.csv}\narrival: {process: trace}\n",
+        "no trace timestamps",
+    ),
+    "poisson_burstiness": (
+        "lengths: {trace: lengths.csv}\narrival: {process: poisson, rate: 1, burstiness: 2}\n",
+        "arrival.burstiness = 2.0",
+    ),
     "dist_kind": ("lengths: {input: {dist: cauchy}, output: 5}\n", "lengths.input.dist = 'cauchy'"),
-    "dist_param": ("lengths: {input: {dist: normal, mean: 5}, output: 5}\n",
-                   "lengths.input.std: missing"),
+    "dist_param": (
+        "lengths: {input: {dist: normal, mean: 5}, output: 5}\n",
+        "lengths.input.std: missing",
+    ),
     "dist_negative": ("lengths: {input: -3, output: 5}\n", "lengths.input.value = -3.0"),
-    "dist_extra": ("lengths: {input: {dist: fixed, value: 3, sigma: 1}, output: 5}\n",
-                   "lengths.input.sigma: unknown key"),
+    "dist_extra": (
+        "lengths: {input: {dist: fixed, value: 3, sigma: 1}, output: 5}\n",
+        "lengths.input.sigma: unknown key",
+    ),
     "missing_output": ("lengths: {input: 5}\n", "lengths.output: missing"),
-    "prefix_groups": ("lengths: {input: 5, output: 5}\nprefix: {groups: 0, length: 5}\n",
-                      "prefix.groups = 0"),
-    "prefix_on_trace": ("trace: lengths.csv\nprefix: {groups: 1, length: 5}\n",
-                        "prefix: needs a `lengths` source"),
-    "sessions_missing": ("lengths: {input: 5, output: 5}\nsessions: {turns: 3}\n",
-                         "sessions.think_time_s: missing"),
+    "prefix_groups": (
+        "lengths: {input: 5, output: 5}\nprefix: {groups: 0, length: 5}\n",
+        "prefix.groups = 0",
+    ),
+    "prefix_on_trace": (
+        "trace: lengths.csv\nprefix: {groups: 1, length: 5}\n",
+        "prefix: needs a `lengths` source",
+    ),
+    "sessions_missing": (
+        "lengths: {input: 5, output: 5}\nsessions: {turns: 3}\n",
+        "sessions.think_time_s: missing",
+    ),
     "tenants": ("lengths: {input: 5, output: 5}\ntenants: {count: 1.5}\n", "tenants.count = 1.5"),
     "missing_trace": ("lengths: {trace: nowhere.csv}\n", "not found"),
     "range_ratio": ("lengths: {random: {range_ratio: 1.0}}\n", "random_range_ratio = 1.0"),
@@ -88,14 +117,17 @@ def test_mix_cycle_is_refused(tmp_path: Path) -> None:
         load_workload(path)
 
 
-@pytest.mark.parametrize(("params", "needle"), [
-    ({"random_range_ratio": 1.0}, "random_range_ratio = 1.0"),
-    ({"random_range_ratio": -0.1}, "random_range_ratio = -0.1"),
-    ({"random_input_len": -1}, "random_input_len = -1"),
-    ({"random_output_len": 0}, "random_output_len = 0"),
-    ({"random_input_len": 0}, "could have 0 tokens"),
-    ({"request_rate": 2.0}, "unknown workload parameter 'request_rate'"),
-])
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [
+        ({"random_range_ratio": 1.0}, "random_range_ratio = 1.0"),
+        ({"random_range_ratio": -0.1}, "random_range_ratio = -0.1"),
+        ({"random_input_len": -1}, "random_input_len = -1"),
+        ({"random_output_len": 0}, "random_output_len = 0"),
+        ({"random_input_len": 0}, "could have 0 tokens"),
+        ({"request_rate": 2.0}, "unknown workload parameter 'request_rate'"),
+    ],
+)
 def test_bad_random_params(params: dict, needle: str) -> None:
     with pytest.raises(WorkloadError) as e:
         load_workload("random", **params)
@@ -119,8 +151,13 @@ def test_bad_num_prompts(n: object) -> None:
 def test_random_lengths_mirror_vllm_bench() -> None:
     """Uniform integers in [floor(L(1-r)), ceil(L(1+r))], output >= 1, drawn input then
     output from default_rng(seed), as vLLM's RandomDataset.get_sampling_params."""
-    plan = load_workload("random", random_input_len=100, random_output_len=1,
-                         random_range_ratio=0.5, random_prefix_len=7).sample(4000, seed=3)
+    plan = load_workload(
+        "random",
+        random_input_len=100,
+        random_output_len=1,
+        random_range_ratio=0.5,
+        random_prefix_len=7,
+    ).sample(4000, seed=3)
     rng = np.random.default_rng(3)
     inputs = rng.integers(50, 151, size=4000)
     outputs = rng.integers(1, 3, size=4000)  # floor(0.5) = 0 -> raised to 1, ceil(1.5) = 2
@@ -146,9 +183,11 @@ def test_length_trace_sampling_rule(tmp_path: Path) -> None:
 
 
 def test_spec_arrival_and_dists(tmp_path: Path) -> None:
-    text = ("name: custom\nlengths:\n  input: {dist: uniform, low: 10, high: 20}\n"
-            "  output: {dist: lognormal, mean: 50, std: 10, max: 60}\n"
-            "arrival: {process: gamma, rate: .inf, burstiness: 0.5}\n")
+    text = (
+        "name: custom\nlengths:\n  input: {dist: uniform, low: 10, high: 20}\n"
+        "  output: {dist: lognormal, mean: 50, std: 10, max: 60}\n"
+        "arrival: {process: gamma, rate: .inf, burstiness: 0.5}\n"
+    )
     w = load_workload(_spec(tmp_path, text))
     plan = w.sample(500, seed=0)
     assert w.name == "custom" and plan.arrival.process == "gamma"

@@ -20,8 +20,10 @@ AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:51.2224670,0,20
 """
 VIDUR_TIMED = "arrived_at,num_prefill_tokens,num_decode_tokens\n10.5,100,7\n11.0,200,8\n"
-VIDUR_LENGTHS = ("num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
-                 "3772,54,3826,69.8\n2015,156,2171,12.9\n")
+VIDUR_LENGTHS = (
+    "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+    "3772,54,3826,69.8\n2015,156,2171,12.9\n"
+)
 
 
 def _mooncake_rows() -> list[dict]:
@@ -91,13 +93,18 @@ def test_trace_file_given_directly_replays_it(tmp_path: Path) -> None:
 
 BAD_CSV = {
     "missing_columns": ("a,b\n1,2\n", "missing columns"),
-    "negative": ("num_prefill_tokens,num_decode_tokens\n5,3\n-4,2\n",
-                 "row 2: num_prefill_tokens = -4"),
+    "negative": (
+        "num_prefill_tokens,num_decode_tokens\n5,3\n-4,2\n",
+        "row 2: num_prefill_tokens = -4",
+    ),
     "fractional": ("num_prefill_tokens,num_decode_tokens\n5.5,3\n", "num_prefill_tokens = 5.5"),
     "garbage": ("num_prefill_tokens,num_decode_tokens\n5,abc\n", "num_decode_tokens = 'abc'"),
     "empty_rows": ("num_prefill_tokens,num_decode_tokens\n", "no rows"),
     "empty_file": ("", "cannot parse CSV"),
-    "bad_time": ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,4,5\n", "TIMESTAMP = 'yesterday'"),
+    "bad_time": (
+        "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,4,5\n",
+        "TIMESTAMP = 'yesterday'",
+    ),
     "nan_time": ("arrived_at,num_prefill_tokens,num_decode_tokens\n,4,5\n", "arrived_at"),
 }
 
@@ -115,12 +122,15 @@ def test_bad_csv_raises_one_line(tmp_path: Path, case: str) -> None:
 BAD_JSONL = {
     "malformed": ('{"timestamp": 0, "input_length": 5\n', "line 1: malformed JSON"),
     "missing_key": ('{"timestamp": 0, "output_length": 5}\n', "missing key 'input_length'"),
-    "negative": ('{"timestamp": 0, "input_length": -5, "output_length": 1}\n',
-                 "input_length = -5"),
-    "hash_count": ('{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}\n',
-                   "hash_ids has 1 ids; input_length 1000 needs 2"),
-    "hash_type": ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}\n',
-                  "hash_ids"),
+    "negative": ('{"timestamp": 0, "input_length": -5, "output_length": 1}\n', "input_length = -5"),
+    "hash_count": (
+        '{"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1]}\n',
+        "hash_ids has 1 ids; input_length 1000 needs 2",
+    ),
+    "hash_type": (
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": ["a"]}\n',
+        "hash_ids",
+    ),
     "not_object": ("[1, 2]\n", "expected a JSON object"),
     "empty": ("\n", "no rows"),
 }

@@ -24,33 +24,51 @@ DEFAULT_DECODE_BATCHES = (1, 4, 8, 16, 24, 32, 48, 64, 128, 192, 256, 384, 512)
 @app.command("calibrate")
 def calibrate_command(
     model: o.Model = None,
-    block_sizes: Annotated[str, typer.Option(
-        help="Block sizes to measure, comma separated.")] = "8,16,32,64,128",
-    full_block_sizes: Annotated[str, typer.Option(
-        help="Block sizes that also get prefill and mixed rows (the others: decode only).")
+    block_sizes: Annotated[
+        str, typer.Option(help="Block sizes to measure, comma separated.")
+    ] = "8,16,32,64,128",
+    full_block_sizes: Annotated[
+        str,
+        typer.Option(
+            help="Block sizes that also get prefill and mixed rows (the others: decode only)."
+        ),
     ] = "16,32",
-    decode_batches: Annotated[str, typer.Option(
-        help="Decode batch sizes to time, comma separated. The default holds every CUDA-graph "
-             "size up to 64 but 2: between two timed sizes the decode kernel's split can "
-             "change, and the interpolation cannot see it.")
+    decode_batches: Annotated[
+        str,
+        typer.Option(
+            help="Decode batch sizes to time, comma separated. The default holds every CUDA-graph "
+            "size up to 64 but 2: between two timed sizes the decode kernel's split can "
+            "change, and the interpolation cannot see it."
+        ),
     ] = ",".join(map(str, DEFAULT_DECODE_BATCHES)),
     dtype: Annotated[str, typer.Option(help="bfloat16 | float16")] = "bfloat16",
     gpu_memory_utilization: o.GpuMemUtil = None,
-    max_num_seqs: o.MaxNumSeqs = None, max_num_batched_tokens: o.MaxBatchedTokens = None,
+    max_num_seqs: o.MaxNumSeqs = None,
+    max_num_batched_tokens: o.MaxBatchedTokens = None,
     max_model_len: o.MaxModelLen = None,
     seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
-    output_dir: Annotated[Path, typer.Option(
-        help="Calibration root; the profile goes to <root>/<gpu>/<model>/.")] = Path("calibration"),
-    time_budget_s: Annotated[float, typer.Option(
-        help="Stop measuring new grid points after this many seconds.")] = 240.0,
+    output_dir: Annotated[
+        Path, typer.Option(help="Calibration root; the profile goes to <root>/<gpu>/<model>/.")
+    ] = Path("calibration"),
+    time_budget_s: Annotated[
+        float, typer.Option(help="Stop measuring new grid points after this many seconds.")
+    ] = 240.0,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
-    enforce_eager: Annotated[bool, typer.Option(
-        "--enforce-eager", help="No CUDA graphs: decode steps launch eagerly too (vLLM's "
-        "flag).")] = False,
+    enforce_eager: Annotated[
+        bool,
+        typer.Option(
+            "--enforce-eager", help="No CUDA graphs: decode steps launch eagerly too (vLLM's flag)."
+        ),
+    ] = False,
     tensor_parallel_size: o.TP = None,
-    shard_only: Annotated[bool, typer.Option(
-        "--shard-only", help="With --tensor-parallel-size N: time rank 0's shard alone on this "
-        "one GPU (no communication; the cost model adds the all-reduces).")] = False,
+    shard_only: Annotated[
+        bool,
+        typer.Option(
+            "--shard-only",
+            help="With --tensor-parallel-size N: time rank 0's shard alone on this "
+            "one GPU (no communication; the cost model adds the all-reduces).",
+        ),
+    ] = False,
 ) -> None:
     """Sweep decode, prefill and mixed step shapes per block size on this GPU (random weights),
     measure KV capacity and host overhead, and write a versioned profile. With
@@ -66,33 +84,67 @@ def calibrate_command(
     from pagesim.gpu.profiler import run_calibration
 
     config = EngineConfig.create(
-        model=model or "llama-2-7b", gpu="h200", gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size)
-    grid = CalibrationGrid(block_sizes=parse_int_list(block_sizes, "block-sizes"),
-                           full_block_sizes=parse_int_list(full_block_sizes, "full-block-sizes"),
-                           decode_batches=tuple(sorted(set(batches))))
+        model=model or "llama-2-7b",
+        gpu="h200",
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+    )
+    grid = CalibrationGrid(
+        block_sizes=parse_int_list(block_sizes, "block-sizes"),
+        full_block_sizes=parse_int_list(full_block_sizes, "full-block-sizes"),
+        decode_batches=tuple(sorted(set(batches))),
+    )
     if config.tensor_parallel_size > 1 or shard_only:
-        _calibrate_tp(config, grid, torch_dtype(dtype), seed, output_dir, time_budget_s,
-                      shard_only, quiet, cuda_graphs=not enforce_eager)
+        _calibrate_tp(
+            config,
+            grid,
+            torch_dtype(dtype),
+            seed,
+            output_dir,
+            time_budget_s,
+            shard_only,
+            quiet,
+            cuda_graphs=not enforce_eager,
+        )
         return
     with _bar(quiet) as progress:
-        result = run_calibration(config, grid, dtype=torch_dtype(dtype), seed=seed,
-                                 calibration_root=output_dir, progress=progress,
-                                 time_budget_s=time_budget_s, log=typer.echo,
-                                 cuda_graphs=not enforce_eager)
+        result = run_calibration(
+            config,
+            grid,
+            dtype=torch_dtype(dtype),
+            seed=seed,
+            calibration_root=output_dir,
+            progress=progress,
+            time_budget_s=time_budget_s,
+            log=typer.echo,
+            cuda_graphs=not enforce_eager,
+        )
     p = result.profile
-    typer.echo(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} prefill, "
-               f"{len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
-               f"{result.elapsed_s:.0f} s")
+    typer.echo(
+        f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} prefill, "
+        f"{len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
+        f"{result.elapsed_s:.0f} s"
+    )
     from pagesim.cost.fit import fit_report
 
     typer.echo("held-out fit error, % (20 % of each table, seed 0; `pagesim fit-report`):")
     typer.echo(fit_report(p).to_markdown())
 
 
-def _calibrate_tp(config, grid, dtype, seed: int, output_dir: Path, time_budget_s: float,
-                  shard_only: bool, quiet: bool, cuda_graphs: bool) -> None:
+def _calibrate_tp(
+    config,
+    grid,
+    dtype,
+    seed: int,
+    output_dir: Path,
+    time_budget_s: float,
+    shard_only: bool,
+    quiet: bool,
+    cuda_graphs: bool,
+) -> None:
     """`--tensor-parallel-size N`: N processes (one per GPU), or rank 0's shard alone."""
     import torch
 
@@ -106,24 +158,45 @@ def _calibrate_tp(config, grid, dtype, seed: int, output_dir: Path, time_budget_
         from pagesim.gpu.tp_profiler import calibrate_shard
 
         with _bar(quiet) as progress:
-            result = calibrate_shard(config, grid, dtype=dtype, seed=seed,
-                                     calibration_root=output_dir, progress=progress,
-                                     time_budget_s=time_budget_s, log=typer.echo,
-                                     cuda_graphs=cuda_graphs)
+            result = calibrate_shard(
+                config,
+                grid,
+                dtype=dtype,
+                seed=seed,
+                calibration_root=output_dir,
+                progress=progress,
+                time_budget_s=time_budget_s,
+                log=typer.echo,
+                cuda_graphs=cuda_graphs,
+            )
         p = result.profile
-        typer.echo(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "
-                   f"prefill, {len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
-                   f"{result.elapsed_s:.0f} s")
+        typer.echo(
+            f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "
+            f"prefill, {len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
+            f"{result.elapsed_s:.0f} s"
+        )
         return
     if torch.cuda.device_count() < tp:
-        raise ConfigError(f"--tensor-parallel-size {tp}: needs {tp} GPUs, this machine has "
-                          f"{torch.cuda.device_count()} (--shard-only times one rank's shard "
-                          "on one GPU)")
+        raise ConfigError(
+            f"--tensor-parallel-size {tp}: needs {tp} GPUs, this machine has "
+            f"{torch.cuda.device_count()} (--shard-only times one rank's shard "
+            "on one GPU)"
+        )
     from pagesim.gpu.parallel import launch
     from pagesim.gpu.tp_profiler import calibration_main
 
-    launch(calibration_main, tp, config, grid, dtype, seed, str(output_dir), time_budget_s,
-           "cuda", cuda_graphs)
+    launch(
+        calibration_main,
+        tp,
+        config,
+        grid,
+        dtype,
+        seed,
+        str(output_dir),
+        time_budget_s,
+        "cuda",
+        cuda_graphs,
+    )
 
 
 class _bar:
@@ -139,9 +212,12 @@ class _bar:
             return None
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed}/{task.total}"),
-                                 TimeElapsedColumn())
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+        )
         self.progress.start()
         self.task = self.progress.add_task("calibrating", total=1)
 

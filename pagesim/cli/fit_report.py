@@ -14,11 +14,14 @@ from pagesim.errors import ConfigError
 
 @app.command("fit-report")
 def fit_report_command(
-    profile: Annotated[Path | None, typer.Option(
-        help="Calibration profile directory [the shipped H200 profile of --model]")] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="Calibration profile directory [the shipped H200 profile of --model]"),
+    ] = None,
     model: Annotated[str, typer.Option(help="Model whose shipped profile to use.")] = "llama-2-7b",
-    holdout_fraction: Annotated[float, typer.Option(
-        help="Share of each table's rows (per block size) held out of the fit.")] = 0.2,
+    holdout_fraction: Annotated[
+        float, typer.Option(help="Share of each table's rows (per block size) held out of the fit.")
+    ] = 0.2,
     seed: Annotated[int, typer.Option(help="Seed of the held-out draw.")] = 0,
 ) -> None:
     """Fit the calibrated model on part of a profile's measured steps and print its error on the
@@ -37,13 +40,19 @@ def fit_report_command(
     loaded = Profile.load(profile)
     report = fit_report(loaded, holdout_fraction=holdout_fraction, seed=seed)
     print(f"profile: {profile} ({loaded.metadata.model} on {loaded.metadata.gpu})")
-    print(f"held out: {holdout_fraction:.0%} of each table per block size, seed {seed}; "
-          "error of the predicted device step time, %")
+    print(
+        f"held out: {holdout_fraction:.0%} of each table per block size, seed {seed}; "
+        "error of the predicted device step time, %"
+    )
     print(report.to_markdown())
     bias = CalibratedCostModel(loaded).single_prefill_bias
     if bias:
-        print("\nsingle-prefill bias (a one-prefill eager step's factor less 1, "
-              "pagesim.cost.prefill_bias):")
+        print(
+            "\nsingle-prefill bias (a one-prefill eager step's factor less 1, "
+            "pagesim.cost.prefill_bias):"
+        )
         for bs, line in bias.items():
-            print(f"  block {bs}: {100 * line(1024):+.1f} % at 1,024 new tokens, "
-                  f"{100 * line(8192):+.1f} % at 8,192")
+            print(
+                f"  block {bs}: {100 * line(1024):+.1f} % at 1,024 new tokens, "
+                f"{100 * line(8192):+.1f} % at 8,192"
+            )

@@ -26,9 +26,15 @@ def kv_capacity_command(
 ) -> None:
     """Print 'Available KV cache memory', 'GPU KV cache size' and 'Maximum concurrency'."""
     config = EngineConfig.create(
-        model=model, gpu=gpu, block_size=block_size, max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization, kv_cache_dtype=kv_cache_dtype,
-        tensor_parallel_size=tensor_parallel_size, num_gpu_blocks_override=num_gpu_blocks_override)
+        model=model,
+        gpu=gpu,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_cache_dtype=kv_cache_dtype,
+        tensor_parallel_size=tensor_parallel_size,
+        num_gpu_blocks_override=num_gpu_blocks_override,
+    )
     cap = kv_capacity(config)
     if as_json:
         print(json.dumps(cap.to_dict(), indent=2, default=str))

@@ -15,10 +15,18 @@ from pagesim.errors import ConfigError
 
 @app.command("merge-profiles")
 def merge_profiles_command(
-    sources: Annotated[list[Path], typer.Argument(
-        help="Calibration profile directories of one GPU, model and software stack.")],
-    output_dir: Annotated[Path, typer.Option(
-        "--output-dir", "-o", help="Profile directory to write (not one of the sources).")],
+    sources: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Calibration profile directories of one GPU, model and software stack."
+        ),
+    ],
+    output_dir: Annotated[
+        Path,
+        typer.Option(
+            "--output-dir", "-o", help="Profile directory to write (not one of the sources)."
+        ),
+    ],
 ) -> None:
     """Write the profile whose every grid point is the median over the sources that measured
     it, and print how far each source's decode rows sat from that median. A GPU session's
@@ -29,17 +37,22 @@ def merge_profiles_command(
 
     out = output_dir.resolve()
     if any(src.resolve() == out for src in sources):
-        raise ConfigError(f"--output-dir {output_dir}: is one of the sources; write the merged "
-                          "profile elsewhere")
+        raise ConfigError(
+            f"--output-dir {output_dir}: is one of the sources; write the merged profile elsewhere"
+        )
     loaded = [Profile.load(src) for src in sources]
     merged = merge_profiles(loaded)
     merged.save(output_dir)
     meta = merged.metadata
     print(f"{meta.model} on {meta.gpu}: median of {len(loaded)} calibrations -> {output_dir}")
-    print(f"  rows: {len(merged.decode)} decode, {len(merged.prefill)} prefill, "
-          f"{len(merged.mixed)} mixed, {len(merged.overhead)} overhead")
+    print(
+        f"  rows: {len(merged.decode)} decode, {len(merged.prefill)} prefill, "
+        f"{len(merged.mixed)} mixed, {len(merged.overhead)} overhead"
+    )
     print("  each source's decode rows against the merged median (median, min, max %):")
     for src, profile in zip(sources, loaded, strict=True):
         dev = [100 * d for d in source_deviation(profile, merged)]
-        print(f"    {src} ({profile.metadata.date}): {median(dev):+.1f} "
-              f"{min(dev):+.1f} {max(dev):+.1f}")
+        print(
+            f"    {src} ({profile.metadata.date}): {median(dev):+.1f} "
+            f"{min(dev):+.1f} {max(dev):+.1f}"
+        )

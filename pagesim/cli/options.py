@@ -22,46 +22,90 @@ ENGINE = "Engine (vllm serve flags)"
 LOAD = "Load (vllm bench serve flags)"
 
 # ---- engine ----
-Model = Annotated[str | None, typer.Option(help="Model name, e.g. llama-2-7b.", rich_help_panel=ENGINE)]
+Model = Annotated[
+    str | None, typer.Option(help="Model name, e.g. llama-2-7b.", rich_help_panel=ENGINE)
+]
 Gpu = Annotated[str | None, typer.Option(help="GPU name, e.g. h200.", rich_help_panel=ENGINE)]
-BlockSize = Annotated[int | None, typer.Option(help="Tokens per KV block [16].", rich_help_panel=ENGINE)]
+BlockSize = Annotated[
+    int | None, typer.Option(help="Tokens per KV block [16].", rich_help_panel=ENGINE)
+]
 GpuMemUtil = Annotated[float | None, typer.Option(help="[0.92]", rich_help_panel=ENGINE)]
 NumBlocksOverride = Annotated[int | None, typer.Option(rich_help_panel=ENGINE)]
-MaxNumSeqs = Annotated[int | None, typer.Option(help="[GPU-dependent, as vLLM]", rich_help_panel=ENGINE)]
-MaxBatchedTokens = Annotated[int | None, typer.Option(help="[GPU-dependent, as vLLM]", rich_help_panel=ENGINE)]
+MaxNumSeqs = Annotated[
+    int | None, typer.Option(help="[GPU-dependent, as vLLM]", rich_help_panel=ENGINE)
+]
+MaxBatchedTokens = Annotated[
+    int | None, typer.Option(help="[GPU-dependent, as vLLM]", rich_help_panel=ENGINE)
+]
 MaxModelLen = Annotated[int | None, typer.Option(help="[the model's]", rich_help_panel=ENGINE)]
-PrefixCaching = Annotated[bool | None, typer.Option(
-    "--enable-prefix-caching/--no-enable-prefix-caching", help="[on]", rich_help_panel=ENGINE)]
-ChunkedPrefill = Annotated[bool | None, typer.Option(
-    "--enable-chunked-prefill/--no-enable-chunked-prefill", help="[on]", rich_help_panel=ENGINE)]
+PrefixCaching = Annotated[
+    bool | None,
+    typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching", help="[on]", rich_help_panel=ENGINE
+    ),
+]
+ChunkedPrefill = Annotated[
+    bool | None,
+    typer.Option(
+        "--enable-chunked-prefill/--no-enable-chunked-prefill", help="[on]", rich_help_panel=ENGINE
+    ),
+]
 LongPrefill = Annotated[int | None, typer.Option(rich_help_panel=ENGINE)]
-PreemptionMode = Annotated[str | None, typer.Option(
-    help="recompute (vLLM v1) | swap (legacy V0 model) [recompute]", rich_help_panel=ENGINE)]
-SwapSpace = Annotated[float | None, typer.Option(help="CPU swap GiB per GPU [4]", rich_help_panel=ENGINE)]
+PreemptionMode = Annotated[
+    str | None,
+    typer.Option(
+        help="recompute (vLLM v1) | swap (legacy V0 model) [recompute]", rich_help_panel=ENGINE
+    ),
+]
+SwapSpace = Annotated[
+    float | None, typer.Option(help="CPU swap GiB per GPU [4]", rich_help_panel=ENGINE)
+]
 Policy = Annotated[str | None, typer.Option(help="fcfs | priority [fcfs]", rich_help_panel=ENGINE)]
-AllocatorOpt = Annotated[str | None, typer.Option(
-    help="paged | reserve-max | pow2 | oracle [paged]", rich_help_panel=ENGINE)]
-Placement = Annotated[str | None, typer.Option(help="buddy | first-fit (contiguous only)",
-                                               rich_help_panel=ENGINE)]
+AllocatorOpt = Annotated[
+    str | None,
+    typer.Option(help="paged | reserve-max | pow2 | oracle [paged]", rich_help_panel=ENGINE),
+]
+Placement = Annotated[
+    str | None, typer.Option(help="buddy | first-fit (contiguous only)", rich_help_panel=ENGINE)
+]
 KVDtype = Annotated[str | None, typer.Option(help="auto | fp8 [auto]", rich_help_panel=ENGINE)]
 TP = Annotated[int | None, typer.Option(help="[1]", rich_help_panel=ENGINE)]
-VllmCompat = Annotated[str | None, typer.Option(
-    help="vLLM release whose KV/scheduler behaviour to follow: 0.33 | 0.23 [0.33]",
-    rich_help_panel=ENGINE)]
-ProfileOpt = Annotated[Path | None, typer.Option(
-    help="Calibration profile directory [the shipped H200 profile when it matches]",
-    rich_help_panel=ENGINE)]
-StepTimeScale = Annotated[float, typer.Option(
-    help="Price every step this many times the cost model's time: 1.03 plans for a GPU "
-         "session 3 % slower than the profile's (calibrations of one setup differ by a few "
-         "%) [1.0]", rich_help_panel=ENGINE)]
+VllmCompat = Annotated[
+    str | None,
+    typer.Option(
+        help="vLLM release whose KV/scheduler behaviour to follow: 0.33 | 0.23 [0.33]",
+        rich_help_panel=ENGINE,
+    ),
+]
+ProfileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Calibration profile directory [the shipped H200 profile when it matches]",
+        rich_help_panel=ENGINE,
+    ),
+]
+StepTimeScale = Annotated[
+    float,
+    typer.Option(
+        help="Price every step this many times the cost model's time: 1.03 plans for a GPU "
+        "session 3 % slower than the profile's (calibrations of one setup differ by a few "
+        "%) [1.0]",
+        rich_help_panel=ENGINE,
+    ),
+]
 
 # ---- load ----
-WorkloadOpt = Annotated[str | None, typer.Option(help="Shipped name, YAML spec or trace file [chat]",
-                                                 rich_help_panel=LOAD)]
+WorkloadOpt = Annotated[
+    str | None,
+    typer.Option(help="Shipped name, YAML spec or trace file [chat]", rich_help_panel=LOAD),
+]
 NumPrompts = Annotated[int | None, typer.Option(help="[1000]", rich_help_panel=LOAD)]
-RequestRate = Annotated[float | None, typer.Option(
-    help="req/s; inf = all at once [the workload's own arrivals]", rich_help_panel=LOAD)]
+RequestRate = Annotated[
+    float | None,
+    typer.Option(
+        help="req/s; inf = all at once [the workload's own arrivals]", rich_help_panel=LOAD
+    ),
+]
 Burstiness = Annotated[float | None, typer.Option(help="[1.0 = Poisson]", rich_help_panel=LOAD)]
 MaxConcurrency = Annotated[int | None, typer.Option(rich_help_panel=LOAD)]
 Seed = Annotated[int | None, typer.Option(help="[0]", rich_help_panel=LOAD)]
@@ -69,11 +113,18 @@ RandomInputLen = Annotated[int | None, typer.Option(rich_help_panel=LOAD)]
 RandomOutputLen = Annotated[int | None, typer.Option(rich_help_panel=LOAD)]
 RandomRangeRatio = Annotated[float | None, typer.Option(rich_help_panel=LOAD)]
 RandomPrefixLen = Annotated[int | None, typer.Option(rich_help_panel=LOAD)]
-Goodput = Annotated[list[str] | None, typer.Option(
-    help="SLO as KEY:MS (ttft, tpot, e2el), repeatable, as vllm bench", rich_help_panel=LOAD)]
-MetricPercentiles = Annotated[str | None, typer.Option(help="Comma list [99]", rich_help_panel=LOAD)]
-ConfigFile = Annotated[Path | None, typer.Option(
-    "--config", help="YAML with the same names; flags override it")]
+Goodput = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="SLO as KEY:MS (ttft, tpot, e2el), repeatable, as vllm bench", rich_help_panel=LOAD
+    ),
+]
+MetricPercentiles = Annotated[
+    str | None, typer.Option(help="Comma list [99]", rich_help_panel=LOAD)
+]
+ConfigFile = Annotated[
+    Path | None, typer.Option("--config", help="YAML with the same names; flags override it")
+]
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 LOAD_FIELDS = {f.name for f in dataclasses.fields(LoadSpec)}
@@ -110,8 +161,12 @@ def read_config_file(path: Path | None) -> dict[str, Any]:
 _KINDS: dict[str, type] = {
     f.name: kind
     for f in (*dataclasses.fields(EngineConfig), *dataclasses.fields(LoadSpec))
-    if (kind := {"int": int, "float": float, "bool": bool, "str": str}.get(
-        str(f.type).replace(" | None", "").strip())) is not None
+    if (
+        kind := {"int": int, "float": float, "bool": bool, "str": str}.get(
+            str(f.type).replace(" | None", "").strip()
+        )
+    )
+    is not None
 } | {"profile": str}
 _KIND_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
@@ -181,7 +236,9 @@ def parse_percentiles(text: str | list | None) -> tuple[float, ...]:
     try:
         return tuple(float(p) for p in parts if str(p).strip())
     except ValueError:
-        raise ConfigError(f"--metric-percentiles {text!r}: expected numbers like 50,90,99") from None
+        raise ConfigError(
+            f"--metric-percentiles {text!r}: expected numbers like 50,90,99"
+        ) from None
 
 
 def load_spec(values: dict[str, Any]) -> LoadSpec:

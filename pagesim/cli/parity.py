@@ -13,10 +13,12 @@ from pagesim.cli.app import app
 
 @app.command("parity")
 def parity_command(
-    golden: Annotated[list[Path] | None, typer.Argument(
-        help="Golden decision files [all shipped ones]")] = None,
-    block_ids: Annotated[str, typer.Option(
-        help="exact | renamed (allow one consistent renaming of block ids)")] = "exact",
+    golden: Annotated[
+        list[Path] | None, typer.Argument(help="Golden decision files [all shipped ones]")
+    ] = None,
+    block_ids: Annotated[
+        str, typer.Option(help="exact | renamed (allow one consistent renaming of block ids)")
+    ] = "exact",
 ) -> int:
     """Check pagesim's scheduler and KV cache against decisions recorded from vLLM."""
     from pagesim.errors import ConfigError

@@ -1,10 +1,10 @@
 """`pagesim plan`: max request rate within SLOs, replicas for a target rate, KV sizing.
 
-    pagesim plan --workload chat --slo p99_ttft_ms<=500 --slo p99_tpot_ms<=50
-    pagesim plan ... --target-rate 40 --router prefix-aware      # + replicas needed
-    pagesim plan ... --target-rate 6 --kv-sizing                 # smallest KV cache at 6 req/s
-    pagesim plan --model llama-3-70b ... --target-rate 20 --compare-tp 2,4,8
-                                              # a plan per TP size; the fewest GPUs wins
+pagesim plan --workload chat --slo p99_ttft_ms<=500 --slo p99_tpot_ms<=50
+pagesim plan ... --target-rate 40 --router prefix-aware      # + replicas needed
+pagesim plan ... --target-rate 6 --kv-sizing                 # smallest KV cache at 6 req/s
+pagesim plan --model llama-3-70b ... --target-rate 20 --compare-tp 2,4,8
+                                          # a plan per TP size; the fewest GPUs wins
 """
 
 from __future__ import annotations
@@ -39,63 +39,132 @@ from pagesim.specs import GiB
 
 PLAN = "Plan"
 DEFAULTS = {"workload": "chat", "num_prompts": 500}
-SHOWN = ("request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms",
-         "mean_tpot_ms", "p99_tpot_ms", "p99_e2el_ms", "kv_cache_usage_mean",
-         "prefix_cache_hit_rate", "num_preemptions")
+SHOWN = (
+    "request_throughput",
+    "output_throughput",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "p99_e2el_ms",
+    "kv_cache_usage_mean",
+    "prefix_cache_hit_rate",
+    "num_preemptions",
+)
 
 
 @app.command("plan")
 def plan_command(
-    slo: Annotated[list[str] | None, typer.Option(
-        help="Objective, repeatable: p99_ttft_ms<=500, mean_tpot_ms<50, or vllm bench goodput "
-             "items ttft:500 tpot:50", rich_help_panel=PLAN)] = None,
-    slo_attainment: Annotated[float, typer.Option(
-        help="Share of requests that must meet goodput items", rich_help_panel=PLAN)] = DEFAULT_ATTAINMENT,
-    target_rate: Annotated[float | None, typer.Option(
-        help="req/s the service must sustain: adds replicas needed", rich_help_panel=PLAN)] = None,
-    router: Annotated[str, typer.Option(help=" | ".join(ROUTERS), rich_help_panel=PLAN)] = "round-robin",
+    slo: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Objective, repeatable: p99_ttft_ms<=500, mean_tpot_ms<50, or vllm bench goodput "
+            "items ttft:500 tpot:50",
+            rich_help_panel=PLAN,
+        ),
+    ] = None,
+    slo_attainment: Annotated[
+        float,
+        typer.Option(help="Share of requests that must meet goodput items", rich_help_panel=PLAN),
+    ] = DEFAULT_ATTAINMENT,
+    target_rate: Annotated[
+        float | None,
+        typer.Option(
+            help="req/s the service must sustain: adds replicas needed", rich_help_panel=PLAN
+        ),
+    ] = None,
+    router: Annotated[
+        str, typer.Option(help=" | ".join(ROUTERS), rich_help_panel=PLAN)
+    ] = "round-robin",
     max_replicas: Annotated[int, typer.Option(rich_help_panel=PLAN)] = 64,
-    kv_sizing: Annotated[bool, typer.Option(
-        help="Smallest KV memory meeting the SLOs at --target-rate", rich_help_panel=PLAN)] = False,
-    rel_tol: Annotated[float, typer.Option(help="Bisection stops within this relative gap",
-                                           rich_help_panel=PLAN)] = 0.025,
-    min_duration: Annotated[float, typer.Option(
-        help="Each probe sends requests for at least this many seconds (steady state)",
-        rich_help_panel=PLAN)] = DEFAULT_MIN_DURATION_S,
-    save_result: Annotated[Path | None, typer.Option(help="Write the plan as JSON here",
-                                                     rich_help_panel=PLAN)] = None,
-    compare_tp: Annotated[str | None, typer.Option(
-        help="Comma list of tensor-parallel sizes, e.g. 2,4,8: a plan for each, then the "
-             "fewest GPUs for --target-rate (without it, the most req/s per GPU)",
-        rich_help_panel=PLAN)] = None,
-    analytical: Annotated[bool, typer.Option(
-        help="Price every plan with the analytical model, shipped profiles ignored (puts "
-             "--compare-tp sizes on one footing when only some have a profile)",
-        rich_help_panel=PLAN)] = False,
+    kv_sizing: Annotated[
+        bool,
+        typer.Option(
+            help="Smallest KV memory meeting the SLOs at --target-rate", rich_help_panel=PLAN
+        ),
+    ] = False,
+    rel_tol: Annotated[
+        float, typer.Option(help="Bisection stops within this relative gap", rich_help_panel=PLAN)
+    ] = 0.025,
+    min_duration: Annotated[
+        float,
+        typer.Option(
+            help="Each probe sends requests for at least this many seconds (steady state)",
+            rich_help_panel=PLAN,
+        ),
+    ] = DEFAULT_MIN_DURATION_S,
+    save_result: Annotated[
+        Path | None, typer.Option(help="Write the plan as JSON here", rich_help_panel=PLAN)
+    ] = None,
+    compare_tp: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma list of tensor-parallel sizes, e.g. 2,4,8: a plan for each, then the "
+            "fewest GPUs for --target-rate (without it, the most req/s per GPU)",
+            rich_help_panel=PLAN,
+        ),
+    ] = None,
+    analytical: Annotated[
+        bool,
+        typer.Option(
+            help="Price every plan with the analytical model, shipped profiles ignored (puts "
+            "--compare-tp sizes on one footing when only some have a profile)",
+            rich_help_panel=PLAN,
+        ),
+    ] = False,
     step_time_scale: o.StepTimeScale = 1.0,
     config: o.ConfigFile = None,
-    model: o.Model = None, gpu: o.Gpu = None, block_size: o.BlockSize = None,
-    gpu_memory_utilization: o.GpuMemUtil = None, num_gpu_blocks_override: o.NumBlocksOverride = None,
-    max_num_seqs: o.MaxNumSeqs = None, max_num_batched_tokens: o.MaxBatchedTokens = None,
-    max_model_len: o.MaxModelLen = None, enable_prefix_caching: o.PrefixCaching = None,
-    enable_chunked_prefill: o.ChunkedPrefill = None, long_prefill_token_threshold: o.LongPrefill = None,
-    preemption_mode: o.PreemptionMode = None, swap_space: o.SwapSpace = None,
-    scheduling_policy: o.Policy = None, allocator: o.AllocatorOpt = None,
-    contiguous_placement: o.Placement = None, kv_cache_dtype: o.KVDtype = None,
-    tensor_parallel_size: o.TP = None, vllm_compat: o.VllmCompat = None,
+    model: o.Model = None,
+    gpu: o.Gpu = None,
+    block_size: o.BlockSize = None,
+    gpu_memory_utilization: o.GpuMemUtil = None,
+    num_gpu_blocks_override: o.NumBlocksOverride = None,
+    max_num_seqs: o.MaxNumSeqs = None,
+    max_num_batched_tokens: o.MaxBatchedTokens = None,
+    max_model_len: o.MaxModelLen = None,
+    enable_prefix_caching: o.PrefixCaching = None,
+    enable_chunked_prefill: o.ChunkedPrefill = None,
+    long_prefill_token_threshold: o.LongPrefill = None,
+    preemption_mode: o.PreemptionMode = None,
+    swap_space: o.SwapSpace = None,
+    scheduling_policy: o.Policy = None,
+    allocator: o.AllocatorOpt = None,
+    contiguous_placement: o.Placement = None,
+    kv_cache_dtype: o.KVDtype = None,
+    tensor_parallel_size: o.TP = None,
+    vllm_compat: o.VllmCompat = None,
     profile: o.ProfileOpt = None,
-    workload: o.WorkloadOpt = None, num_prompts: Annotated[int | None, typer.Option(
-        help="Requests per replica per probe [500]", rich_help_panel=o.LOAD)] = None,
-    burstiness: o.Burstiness = None, max_concurrency: o.MaxConcurrency = None, seed: o.Seed = None,
-    random_input_len: o.RandomInputLen = None, random_output_len: o.RandomOutputLen = None,
-    random_range_ratio: o.RandomRangeRatio = None, random_prefix_len: o.RandomPrefixLen = None,
+    workload: o.WorkloadOpt = None,
+    num_prompts: Annotated[
+        int | None,
+        typer.Option(help="Requests per replica per probe [500]", rich_help_panel=o.LOAD),
+    ] = None,
+    burstiness: o.Burstiness = None,
+    max_concurrency: o.MaxConcurrency = None,
+    seed: o.Seed = None,
+    random_input_len: o.RandomInputLen = None,
+    random_output_len: o.RandomOutputLen = None,
+    random_range_ratio: o.RandomRangeRatio = None,
+    random_prefix_len: o.RandomPrefixLen = None,
     metric_percentiles: o.MetricPercentiles = None,
 ) -> None:
     """Find the highest request rate within SLOs; with --target-rate, the replicas it needs."""
     flags = dict(locals())
-    for key in ("slo", "slo_attainment", "target_rate", "router", "max_replicas", "kv_sizing",
-                "rel_tol", "min_duration", "save_result", "config", "compare_tp",
-                "analytical", "step_time_scale"):
+    for key in (
+        "slo",
+        "slo_attainment",
+        "target_rate",
+        "router",
+        "max_replicas",
+        "kv_sizing",
+        "rel_tol",
+        "min_duration",
+        "save_result",
+        "config",
+        "compare_tp",
+        "analytical",
+        "step_time_scale",
+    ):
         flags.pop(key)
     scale = check_step_time_scale(step_time_scale)
     values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
@@ -109,35 +178,74 @@ def plan_command(
         raise ConfigError("--analytical prices with the analytical model: drop --profile")
     sizes = _tp_sizes(compare_tp, values, kv_sizing)
     engine, load = o.engine_config(values), o.load_spec(values)
-    print(f"Plan for {engine.model} on {engine.gpu}, workload {load.workload}, "
-          f"probes of >= {load.num_prompts} requests and >= {min_duration:g} s of arrivals; "
-          f"SLO: {slos}")
-    doc: dict[str, Any] = {"model": engine.model, "gpu": engine.gpu, "workload": load.workload,
-                           "slo": str(slos)}
+    print(
+        f"Plan for {engine.model} on {engine.gpu}, workload {load.workload}, "
+        f"probes of >= {load.num_prompts} requests and >= {min_duration:g} s of arrivals; "
+        f"SLO: {slos}"
+    )
+    doc: dict[str, Any] = {
+        "model": engine.model,
+        "gpu": engine.gpu,
+        "workload": load.workload,
+        "slo": str(slos),
+    }
     if scale != 1.0:
         doc["step_time_scale"] = scale
     if sizes:
-        doc["compare_tp"] = [_plan_tp(values, tp, load, slos, target_rate, router,
-                                      max_replicas, rel_tol, min_duration, analytical, scale)
-                             for tp in sizes]
+        doc["compare_tp"] = [
+            _plan_tp(
+                values,
+                tp,
+                load,
+                slos,
+                target_rate,
+                router,
+                max_replicas,
+                rel_tol,
+                min_duration,
+                analytical,
+                scale,
+            )
+            for tp in sizes
+        ]
         if all("error" in e for e in doc["compare_tp"]):  # an impossible config, not a plan
-            raise ConfigError(f"--compare-tp {compare_tp}: no size can be built: "
-                              f"{doc['compare_tp'][0]['error']}")
+            raise ConfigError(
+                f"--compare-tp {compare_tp}: no size can be built: {doc['compare_tp'][0]['error']}"
+            )
         doc["best"] = _best(doc["compare_tp"], target_rate)
     else:
         prof = None if analytical else values.get("profile") or default_profile(engine)
         print(_cost_line(engine, prof, analytical, scale))
         cost = scaled_cost_model(engine, prof, scale)
         if kv_sizing:
-            doc["kv_sizing"] = _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration,
-                                   cost)
+            doc["kv_sizing"] = _kv(
+                engine, load, slos, target_rate, prof, rel_tol, min_duration, cost
+            )
         else:
-            cap = max_sustainable_rate(engine, load, slos, profile=prof, rel_tol=rel_tol,
-                                       min_duration_s=min_duration, cost_model=cost)
+            cap = max_sustainable_rate(
+                engine,
+                load,
+                slos,
+                profile=prof,
+                rel_tol=rel_tol,
+                min_duration_s=min_duration,
+                cost_model=cost,
+            )
             doc["capacity"] = _capacity(cap)
             if target_rate is not None:
-                doc["replicas"] = _replicas(engine, load, slos, target_rate, router, prof, cap,
-                                            max_replicas, rel_tol, min_duration, cost)
+                doc["replicas"] = _replicas(
+                    engine,
+                    load,
+                    slos,
+                    target_rate,
+                    router,
+                    prof,
+                    cap,
+                    max_replicas,
+                    rel_tol,
+                    min_duration,
+                    cost,
+                )
     if save_result is not None:
         save_result.parent.mkdir(parents=True, exist_ok=True)
         save_result.write_text(json.dumps(doc, indent=2, default=str) + "\n")
@@ -147,8 +255,9 @@ def plan_command(
 def _cost_line(engine, prof, analytical: bool = False, scale: float = 1.0) -> str:
     """What prices this plan's steps (`cost_model_line`), and the block-size note if any."""
     note = block_size_note(prof, engine.block_size) if prof is not None else None
-    return (cost_model_line(engine, prof, analytical=analytical, step_time_scale=scale)
-            + (f"\n{note}" if note else ""))
+    return cost_model_line(engine, prof, analytical=analytical, step_time_scale=scale) + (
+        f"\n{note}" if note else ""
+    )
 
 
 def _tp_sizes(compare_tp: str | None, values: dict[str, Any], kv_sizing: bool) -> list[int]:
@@ -158,20 +267,36 @@ def _tp_sizes(compare_tp: str | None, values: dict[str, Any], kv_sizing: bool) -
     try:
         sizes = [int(x) for x in compare_tp.split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"--compare-tp {compare_tp!r}: expected a comma list of integers, "
-                          "e.g. 2,4,8") from None
+        raise ConfigError(
+            f"--compare-tp {compare_tp!r}: expected a comma list of integers, e.g. 2,4,8"
+        ) from None
     if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
         raise ConfigError(f"--compare-tp {compare_tp!r}: give distinct sizes >= 1, e.g. 2,4,8")
-    for clash, given in (("--tensor-parallel-size", values.get("tensor_parallel_size")),
-                         ("--profile", values.get("profile")), ("--kv-sizing", kv_sizing or None)):
+    for clash, given in (
+        ("--tensor-parallel-size", values.get("tensor_parallel_size")),
+        ("--profile", values.get("profile")),
+        ("--kv-sizing", kv_sizing or None),
+    ):
         if given is not None:
-            raise ConfigError(f"--compare-tp sets each plan's TP size and picks its profile: "
-                              f"drop {clash}")
+            raise ConfigError(
+                f"--compare-tp sets each plan's TP size and picks its profile: drop {clash}"
+            )
     return sorted(sizes)
 
 
-def _plan_tp(values, tp, load, slos, target_rate, router, max_replicas, rel_tol,
-             min_duration, analytical: bool, scale: float) -> dict[str, Any]:
+def _plan_tp(
+    values,
+    tp,
+    load,
+    slos,
+    target_rate,
+    router,
+    max_replicas,
+    rel_tol,
+    min_duration,
+    analytical: bool,
+    scale: float,
+) -> dict[str, Any]:
     """One TP size's plan, printed as a single-size plan is; a size whose engine cannot be
     built (the weights do not fit, the heads do not divide) is reported and skipped."""
     print(f"\n=== tensor_parallel_size {tp} ===")
@@ -180,34 +305,64 @@ def _plan_tp(values, tp, load, slos, target_rate, router, max_replicas, rel_tol,
         prof = None if analytical else default_profile(engine)
         print(_cost_line(engine, prof, analytical, scale))
         cost = scaled_cost_model(engine, prof, scale)
-        cap = max_sustainable_rate(engine, load, slos, profile=prof, rel_tol=rel_tol,
-                                   min_duration_s=min_duration, cost_model=cost)
+        cap = max_sustainable_rate(
+            engine,
+            load,
+            slos,
+            profile=prof,
+            rel_tol=rel_tol,
+            min_duration_s=min_duration,
+            cost_model=cost,
+        )
     except ConfigError as e:
         print(f"Not possible: {e}")
         return {"tp": tp, "error": str(e)}
-    entry: dict[str, Any] = {"tp": tp, "cost_model": "analytical" if prof is None else str(prof),
-                             "capacity": _capacity(cap)}
+    entry: dict[str, Any] = {
+        "tp": tp,
+        "cost_model": "analytical" if prof is None else str(prof),
+        "capacity": _capacity(cap),
+    }
     if target_rate is not None and cap.max_rate is not None:
-        entry["replicas"] = _replicas(engine, load, slos, target_rate, router, prof, cap,
-                                      max_replicas, rel_tol, min_duration, cost)
+        entry["replicas"] = _replicas(
+            engine,
+            load,
+            slos,
+            target_rate,
+            router,
+            prof,
+            cap,
+            max_replicas,
+            rel_tol,
+            min_duration,
+            cost,
+        )
     return entry
 
 
 def _best(entries: list[dict[str, Any]], target_rate: float | None) -> dict[str, Any] | None:
     """The summary table, and the winner: the fewest GPUs for the target rate (ties: the
     higher rate per replica), or without a target the most req/s per GPU."""
-    print("\nTP  max req/s per replica  req/s per GPU" + ("  replicas  GPUs" if target_rate
-                                                        is not None else "") + "  costs")
+    print(
+        "\nTP  max req/s per replica  req/s per GPU"
+        + ("  replicas  GPUs" if target_rate is not None else "")
+        + "  costs"
+    )
     rows = []
     for e in entries:
         rate = None if "error" in e else e["capacity"]["max_rate"]
         if rate is None:
-            print(f"{e['tp']:2d}  {'-':>21}  {'-':>13}  " + (e.get("error", "no rate meets "
-                                                                      "the SLOs")))
+            print(
+                f"{e['tp']:2d}  {'-':>21}  {'-':>13}  " + (e.get("error", "no rate meets the SLOs"))
+            )
             continue
         n = (e.get("replicas") or {}).get("num_replicas")
-        row = {"tp": e["tp"], "max_rate": rate, "rate_per_gpu": rate / e["tp"],
-               "num_replicas": n, "gpus": None if n is None else n * e["tp"]}
+        row = {
+            "tp": e["tp"],
+            "max_rate": rate,
+            "rate_per_gpu": rate / e["tp"],
+            "num_replicas": n,
+            "gpus": None if n is None else n * e["tp"],
+        }
         rows.append(row)
         line = f"{e['tp']:2d}  {rate:21.3f}  {row['rate_per_gpu']:13.3f}"
         if target_rate is not None:
@@ -215,25 +370,31 @@ def _best(entries: list[dict[str, Any]], target_rate: float | None) -> dict[str,
         print(f"{line}  {_costs(e['cost_model'])}")
     kinds = {_costs(e["cost_model"]) for e in entries if "error" not in e}
     if len(kinds) > 1:
-        print("Note: the sizes are priced by different cost models; the analytical one, "
-              "fitted to measured H200 profiles, is within -7 to +14 % of their steps at the "
-              "median by model and kind, -32 to +23 % at worst "
-              "(results/analytical_vs_measured.csv). --analytical puts them on one footing")
+        print(
+            "Note: the sizes are priced by different cost models; the analytical one, "
+            "fitted to measured H200 profiles, is within -7 to +14 % of their steps at the "
+            "median by model and kind, -32 to +23 % at worst "
+            "(results/analytical_vs_measured.csv). --analytical puts them on one footing"
+        )
     if target_rate is not None:
         fit = [r for r in rows if r["gpus"] is not None]
         if not fit:
             print(f"No TP size meets the SLOs at {target_rate:g} req/s")
             return None
         best = min(fit, key=lambda r: (r["gpus"], -r["max_rate"]))
-        print(f"Fewest GPUs for {target_rate:g} req/s: tensor_parallel_size {best['tp']} x "
-              f"{best['num_replicas']} replicas = {best['gpus']} GPUs")
+        print(
+            f"Fewest GPUs for {target_rate:g} req/s: tensor_parallel_size {best['tp']} x "
+            f"{best['num_replicas']} replicas = {best['gpus']} GPUs"
+        )
         return best
     if not rows:
         print("No TP size meets the SLOs")
         return None
     best = max(rows, key=lambda r: (r["rate_per_gpu"], -r["tp"]))
-    print(f"Most req/s per GPU: tensor_parallel_size {best['tp']} "
-          f"({best['rate_per_gpu']:.3f} req/s per GPU)")
+    print(
+        f"Most req/s per GPU: tensor_parallel_size {best['tp']} "
+        f"({best['rate_per_gpu']:.3f} req/s per GPU)"
+    )
     return best
 
 
@@ -250,67 +411,120 @@ def _metrics_lines(result: dict[str, Any] | None) -> list[str]:
 def _capacity(cap: CapacityResult) -> dict[str, Any]:
     print(f"Saturated throughput (all requests at t=0): {cap.saturated_throughput:.3f} req/s")
     for p in cap.probes:
-        print(f"  rate {p.value:9.3f} req/s  {'pass' if p.passed else 'FAIL'}  "
-              + "; ".join(p.violations))
+        print(
+            f"  rate {p.value:9.3f} req/s  {'pass' if p.passed else 'FAIL'}  "
+            + "; ".join(p.violations)
+        )
     if cap.max_rate is None:
         print(f"No rate down to {cap.first_failing_rate:g} req/s meets the SLOs")
     else:
-        bound = (f"(fails at {cap.first_failing_rate:.3f})" if cap.first_failing_rate
-                 else "(the search's upper limit)")
+        bound = (
+            f"(fails at {cap.first_failing_rate:.3f})"
+            if cap.first_failing_rate
+            else "(the search's upper limit)"
+        )
         print(f"Max sustainable rate: {cap.max_rate:.3f} req/s {bound}")
         print("\n".join(_metrics_lines(cap.result)))
-    return {"max_rate": cap.max_rate, "first_failing_rate": cap.first_failing_rate,
-            "saturated_throughput": cap.saturated_throughput,
-            "probes": [{"rate": p.value, "passed": p.passed, "violations": list(p.violations)}
-                       for p in cap.probes], "result": _slim(cap.result)}
+    return {
+        "max_rate": cap.max_rate,
+        "first_failing_rate": cap.first_failing_rate,
+        "saturated_throughput": cap.saturated_throughput,
+        "probes": [
+            {"rate": p.value, "passed": p.passed, "violations": list(p.violations)}
+            for p in cap.probes
+        ],
+        "result": _slim(cap.result),
+    }
 
 
-def _replicas(engine, load, slos, target_rate, router, prof, cap, max_replicas, rel_tol,
-              min_duration, cost):
-    plan = replicas_for_rate(engine, load, slos, target_rate, router=router, profile=prof,
-                             per_replica=cap, max_replicas=max_replicas, rel_tol=rel_tol,
-                             min_duration_s=min_duration, cost_model=cost)
-    print(f"Replicas for {target_rate:g} req/s behind {router}: estimate {plan.estimate} "
-          "from per-replica capacity, checked by simulation:")
+def _replicas(
+    engine, load, slos, target_rate, router, prof, cap, max_replicas, rel_tol, min_duration, cost
+):
+    plan = replicas_for_rate(
+        engine,
+        load,
+        slos,
+        target_rate,
+        router=router,
+        profile=prof,
+        per_replica=cap,
+        max_replicas=max_replicas,
+        rel_tol=rel_tol,
+        min_duration_s=min_duration,
+        cost_model=cost,
+    )
+    print(
+        f"Replicas for {target_rate:g} req/s behind {router}: estimate {plan.estimate} "
+        "from per-replica capacity, checked by simulation:"
+    )
     for p in plan.probes:
         hit = p.result.get("prefix_cache_hit_rate", 0.0)
-        print(f"  {int(p.value):3d} replicas  {'pass' if p.passed else 'FAIL'}  prefix hit "
-              f"{hit:.3f}  " + "; ".join(p.violations))
+        print(
+            f"  {int(p.value):3d} replicas  {'pass' if p.passed else 'FAIL'}  prefix hit "
+            f"{hit:.3f}  " + "; ".join(p.violations)
+        )
     if plan.num_replicas is None:
         print(f"Even {max_replicas} replicas miss the SLOs")
     else:
         gpus = plan.num_replicas * engine.tensor_parallel_size
         print(f"Replicas needed: {plan.num_replicas} ({gpus} GPUs)")
-    return {"target_rate": target_rate, "router": router, "estimate": plan.estimate,
-            "num_replicas": plan.num_replicas,
-            "probes": [{"num_replicas": int(p.value), "passed": p.passed,
-                        "violations": list(p.violations)} for p in plan.probes],
-            "result": _slim(plan.result)}
+    return {
+        "target_rate": target_rate,
+        "router": router,
+        "estimate": plan.estimate,
+        "num_replicas": plan.num_replicas,
+        "probes": [
+            {"num_replicas": int(p.value), "passed": p.passed, "violations": list(p.violations)}
+            for p in plan.probes
+        ],
+        "result": _slim(plan.result),
+    }
 
 
 def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration, cost):
-    k = min_kv_memory(engine, load, slos, target_rate, profile=prof, rel_tol=rel_tol,
-                      min_duration_s=min_duration, cost_model=cost)
+    k = min_kv_memory(
+        engine,
+        load,
+        slos,
+        target_rate,
+        profile=prof,
+        rel_tol=rel_tol,
+        min_duration_s=min_duration,
+        cost_model=cost,
+    )
     for p in k.probes:
-        print(f"  {int(p.value):7d} blocks  {'pass' if p.passed else 'FAIL'}  "
-              + "; ".join(p.violations))
+        print(
+            f"  {int(p.value):7d} blocks  {'pass' if p.passed else 'FAIL'}  "
+            + "; ".join(p.violations)
+        )
     if k.num_gpu_blocks is None:
-        print(f"Even the largest KV cache ({k.max_num_gpu_blocks} blocks) misses the SLOs "
-              f"at {target_rate:g} req/s")
+        print(
+            f"Even the largest KV cache ({k.max_num_gpu_blocks} blocks) misses the SLOs "
+            f"at {target_rate:g} req/s"
+        )
     else:
         util = "n/a" if k.gpu_memory_utilization is None else f"{k.gpu_memory_utilization:.3f}"
-        print(f"Smallest KV cache at {target_rate:g} req/s: {k.num_gpu_blocks} blocks = "
-              f"{k.kv_cache_memory_bytes / GiB:.2f} GiB (--kv-cache-memory-bytes "
-              f"{k.kv_cache_memory_bytes}), --gpu-memory-utilization {util}")
+        print(
+            f"Smallest KV cache at {target_rate:g} req/s: {k.num_gpu_blocks} blocks = "
+            f"{k.kv_cache_memory_bytes / GiB:.2f} GiB (--kv-cache-memory-bytes "
+            f"{k.kv_cache_memory_bytes}), --gpu-memory-utilization {util}"
+        )
         print("\n".join(_metrics_lines(k.result)))
-    return {"target_rate": target_rate, "num_gpu_blocks": k.num_gpu_blocks,
-            "kv_cache_memory_bytes": k.kv_cache_memory_bytes,
-            "gpu_memory_utilization": k.gpu_memory_utilization,
-            "max_num_gpu_blocks": k.max_num_gpu_blocks, "result": _slim(k.result)}
+    return {
+        "target_rate": target_rate,
+        "num_gpu_blocks": k.num_gpu_blocks,
+        "kv_cache_memory_bytes": k.kv_cache_memory_bytes,
+        "gpu_memory_utilization": k.gpu_memory_utilization,
+        "max_num_gpu_blocks": k.max_num_gpu_blocks,
+        "result": _slim(k.result),
+    }
 
 
 def _slim(result: dict[str, Any] | None) -> dict[str, Any] | None:
     if result is None:
         return None
-    return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v)
-            for k, v in result.items() if k != "engine_config"}
+    return {
+        k: ("inf" if isinstance(v, float) and math.isinf(v) else v)
+        for k, v in result.items()
+        if k != "engine_config"
+    }

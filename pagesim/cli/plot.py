@@ -24,15 +24,23 @@ from pagesim.planning.summary import read_summary
 from pagesim.planning.waste import waste_timeline_from_steps
 
 KINDS = ("latency", "block-size", "prefix", "preemption", "waste", "timeline", "pareto")
-X_OF = {"latency": "request_rate", "block-size": "block_size", "preemption": "request_rate",
-        "waste": "allocator"}
+X_OF = {
+    "latency": "request_rate",
+    "block-size": "block_size",
+    "preemption": "request_rate",
+    "waste": "allocator",
+}
 
 
 @app.command("plot")
 def plot_command(
     directory: Annotated[Path, typer.Argument(help="A sweep directory (holds summary.csv)")],
-    kind: Annotated[list[str] | None, typer.Option(help=" | ".join(KINDS) + " [all that apply]")] = None,
-    curve_by: Annotated[str | None, typer.Option(help="Summary column that separates curves")] = None,
+    kind: Annotated[
+        list[str] | None, typer.Option(help=" | ".join(KINDS) + " [all that apply]")
+    ] = None,
+    curve_by: Annotated[
+        str | None, typer.Option(help="Summary column that separates curves")
+    ] = None,
     output_dir: Annotated[Path | None, typer.Option(help="[DIRECTORY/plots]")] = None,
     formats: Annotated[str, typer.Option("--format", help="Comma list")] = "png,svg",
 ) -> None:
@@ -61,8 +69,14 @@ def _varying(directory: Path, df: pd.DataFrame) -> list[str]:
 
 
 def _cache_x(varying: list[str]) -> str | None:
-    return next((c for c in ("num_gpu_blocks_override", "kv_cache_memory_bytes",
-                             "gpu_memory_utilization") if c in varying), None)
+    return next(
+        (
+            c
+            for c in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "gpu_memory_utilization")
+            if c in varying
+        ),
+        None,
+    )
 
 
 def _applies(kind: str, varying: list[str], directory: Path) -> bool:
@@ -81,24 +95,26 @@ def _pick_curve(varying: list[str], x: str, given: str | None) -> str | None:
     return next((c for c in varying if c not in (x, "seed")), None)
 
 
-def _figure(kind: str, df: pd.DataFrame, directory: Path, varying: list[str],
-            curve_by: str | None):
+def _figure(kind: str, df: pd.DataFrame, directory: Path, varying: list[str], curve_by: str | None):
     if kind == "latency":
-        return plots.plot_latency_vs_rate(df, curve_by=_pick_curve(varying, "request_rate",
-                                                                     curve_by))
+        return plots.plot_latency_vs_rate(
+            df, curve_by=_pick_curve(varying, "request_rate", curve_by)
+        )
     if kind == "block-size":
-        return plots.plot_block_size_curves(df, curve_by=_pick_curve(varying, "block_size",
-                                                                       curve_by))
+        return plots.plot_block_size_curves(
+            df, curve_by=_pick_curve(varying, "block_size", curve_by)
+        )
     if kind == "preemption":
-        return plots.plot_preemption_vs_load(df, curve_by=_pick_curve(varying, "request_rate",
-                                                                        curve_by))
+        return plots.plot_preemption_vs_load(
+            df, curve_by=_pick_curve(varying, "request_rate", curve_by)
+        )
     if kind == "prefix":
         x = _cache_x(varying) or "num_gpu_blocks_override"
-        return plots.plot_prefix_hit_vs_cache(df, x=x, xlabel=x,
-                                              curve_by=_pick_curve(varying, x, curve_by))
+        return plots.plot_prefix_hit_vs_cache(
+            df, x=x, xlabel=x, curve_by=_pick_curve(varying, x, curve_by)
+        )
     if kind == "waste":
-        table = (df[df["status"] == "ok"].groupby("allocator", sort=False)
-                 .mean(numeric_only=True))
+        table = df[df["status"] == "ok"].groupby("allocator", sort=False).mean(numeric_only=True)
         return plots.plot_waste_bars(table, plots.describe(df, "KV waste by allocator"))
     if kind == "timeline":
         timelines = {}

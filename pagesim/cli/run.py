@@ -29,34 +29,61 @@ DEFAULTS = {"workload": "chat", "num_prompts": 1000}
 @app.command("run")
 def run_command(
     config: o.ConfigFile = None,
-    model: o.Model = None, gpu: o.Gpu = None, block_size: o.BlockSize = None,
-    gpu_memory_utilization: o.GpuMemUtil = None, num_gpu_blocks_override: o.NumBlocksOverride = None,
-    max_num_seqs: o.MaxNumSeqs = None, max_num_batched_tokens: o.MaxBatchedTokens = None,
-    max_model_len: o.MaxModelLen = None, enable_prefix_caching: o.PrefixCaching = None,
-    enable_chunked_prefill: o.ChunkedPrefill = None, long_prefill_token_threshold: o.LongPrefill = None,
-    preemption_mode: o.PreemptionMode = None, swap_space: o.SwapSpace = None,
-    scheduling_policy: o.Policy = None, allocator: o.AllocatorOpt = None,
-    contiguous_placement: o.Placement = None, kv_cache_dtype: o.KVDtype = None,
-    tensor_parallel_size: o.TP = None, vllm_compat: o.VllmCompat = None,
-    profile: o.ProfileOpt = None, step_time_scale: o.StepTimeScale = 1.0,
-    workload: o.WorkloadOpt = None, num_prompts: o.NumPrompts = None,
-    request_rate: o.RequestRate = None, burstiness: o.Burstiness = None,
-    max_concurrency: o.MaxConcurrency = None, seed: o.Seed = None,
-    random_input_len: o.RandomInputLen = None, random_output_len: o.RandomOutputLen = None,
-    random_range_ratio: o.RandomRangeRatio = None, random_prefix_len: o.RandomPrefixLen = None,
-    goodput: o.Goodput = None, metric_percentiles: o.MetricPercentiles = None,
+    model: o.Model = None,
+    gpu: o.Gpu = None,
+    block_size: o.BlockSize = None,
+    gpu_memory_utilization: o.GpuMemUtil = None,
+    num_gpu_blocks_override: o.NumBlocksOverride = None,
+    max_num_seqs: o.MaxNumSeqs = None,
+    max_num_batched_tokens: o.MaxBatchedTokens = None,
+    max_model_len: o.MaxModelLen = None,
+    enable_prefix_caching: o.PrefixCaching = None,
+    enable_chunked_prefill: o.ChunkedPrefill = None,
+    long_prefill_token_threshold: o.LongPrefill = None,
+    preemption_mode: o.PreemptionMode = None,
+    swap_space: o.SwapSpace = None,
+    scheduling_policy: o.Policy = None,
+    allocator: o.AllocatorOpt = None,
+    contiguous_placement: o.Placement = None,
+    kv_cache_dtype: o.KVDtype = None,
+    tensor_parallel_size: o.TP = None,
+    vllm_compat: o.VllmCompat = None,
+    profile: o.ProfileOpt = None,
+    step_time_scale: o.StepTimeScale = 1.0,
+    workload: o.WorkloadOpt = None,
+    num_prompts: o.NumPrompts = None,
+    request_rate: o.RequestRate = None,
+    burstiness: o.Burstiness = None,
+    max_concurrency: o.MaxConcurrency = None,
+    seed: o.Seed = None,
+    random_input_len: o.RandomInputLen = None,
+    random_output_len: o.RandomOutputLen = None,
+    random_range_ratio: o.RandomRangeRatio = None,
+    random_prefix_len: o.RandomPrefixLen = None,
+    goodput: o.Goodput = None,
+    metric_percentiles: o.MetricPercentiles = None,
     save_result: Annotated[bool, typer.Option(help="Write the result JSON.")] = False,
-    result_dir: Annotated[Path | None, typer.Option(
-        help="Where results go; also writes per-request and per-step Parquet.")] = None,
+    result_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where results go; also writes per-request and per-step Parquet."),
+    ] = None,
     result_filename: Annotated[str | None, typer.Option()] = None,
-    check_invariants: Annotated[bool, typer.Option(
-        help="Check KV allocator invariants after every operation (slow).")] = False,
+    check_invariants: Annotated[
+        bool, typer.Option(help="Check KV allocator invariants after every operation (slow).")
+    ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Simulate one engine serving a workload; print vllm bench's result block and KV usage."""
     flags = dict(locals())
-    for key in ("config", "save_result", "result_dir", "result_filename", "check_invariants",
-                "quiet", "step_time_scale"):
+    for key in (
+        "config",
+        "save_result",
+        "result_dir",
+        "result_filename",
+        "check_invariants",
+        "quiet",
+        "step_time_scale",
+    ):
         flags.pop(key)
     values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
     engine = o.engine_config(values)
@@ -70,12 +97,23 @@ def run_command(
     if save_result or result_dir is not None:
         _make_dir(directory)  # before simulating: a bad --result-dir fails at once
     with _progress(load.num_prompts, quiet) as hook:
-        sim = simulate(engine, load, profile=prof, check_invariants=check_invariants,
-                       progress=hook, cost_model=cost)
+        sim = simulate(
+            engine,
+            load,
+            profile=prof,
+            check_invariants=check_invariants,
+            progress=hook,
+            cost_model=cost,
+        )
     rate = load.request_rate if load.request_rate is not None else math.inf
-    print(format_benchmark_block(sim.result, request_rate=rate,
-                                 max_concurrency=load.max_concurrency,
-                                 percentiles=load.percentiles))
+    print(
+        format_benchmark_block(
+            sim.result,
+            request_rate=rate,
+            max_concurrency=load.max_concurrency,
+            percentiles=load.percentiles,
+        )
+    )
     print(format_kv_block(sim.result))
     print(cost_model_line(engine, prof, step_time_scale=step_time_scale))
     if save_result or result_dir is not None:

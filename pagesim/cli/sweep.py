@@ -66,39 +66,79 @@ def sweep_command(
     random_range_ratio: _list("", L) = None,
     random_prefix_len: _list("", L) = None,
     time_scale: _list("", L) = None,
-    goodput: o.Goodput = None, metric_percentiles: o.MetricPercentiles = None,
-    engine_params: Annotated[Path | None, typer.Option(
-        "--engine-params", "--serve-params", help="JSON/YAML list of engine setting dicts",
-        rich_help_panel=SWEEP)] = None,
-    load_params: Annotated[Path | None, typer.Option(
-        "--load-params", "--bench-params", help="JSON/YAML list of load setting dicts",
-        rich_help_panel=SWEEP)] = None,
-    num_runs: Annotated[int, typer.Option(help="Runs (seeds) per point", rich_help_panel=SWEEP)] = 1,
-    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", rich_help_panel=SWEEP)] = Path("results"),
-    resume: Annotated[str | None, typer.Option(
-        help="Timestamp (under --output-dir) or directory of a sweep to complete",
-        rich_help_panel=SWEEP)] = None,
-    dry_run: Annotated[bool, typer.Option(help="List the points; run nothing",
-                                          rich_help_panel=SWEEP)] = False,
+    goodput: o.Goodput = None,
+    metric_percentiles: o.MetricPercentiles = None,
+    engine_params: Annotated[
+        Path | None,
+        typer.Option(
+            "--engine-params",
+            "--serve-params",
+            help="JSON/YAML list of engine setting dicts",
+            rich_help_panel=SWEEP,
+        ),
+    ] = None,
+    load_params: Annotated[
+        Path | None,
+        typer.Option(
+            "--load-params",
+            "--bench-params",
+            help="JSON/YAML list of load setting dicts",
+            rich_help_panel=SWEEP,
+        ),
+    ] = None,
+    num_runs: Annotated[
+        int, typer.Option(help="Runs (seeds) per point", rich_help_panel=SWEEP)
+    ] = 1,
+    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", rich_help_panel=SWEEP)] = Path(
+        "results"
+    ),
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            help="Timestamp (under --output-dir) or directory of a sweep to complete",
+            rich_help_panel=SWEEP,
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option(help="List the points; run nothing", rich_help_panel=SWEEP)
+    ] = False,
     backend: Annotated[str, typer.Option(help="local | ray", rich_help_panel=SWEEP)] = "local",
-    address: Annotated[str | None, typer.Option(help="Ray cluster to join (ray backend)",
-                                                rich_help_panel=SWEEP)] = None,
-    jobs: Annotated[int | None, typer.Option(help="Parallel runs [all cores]",
-                                             rich_help_panel=SWEEP)] = None,
-    save_records: Annotated[bool, typer.Option(help="Per-request and per-step Parquet per run",
-                                               rich_help_panel=SWEEP)] = False,
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster to join (ray backend)", rich_help_panel=SWEEP)
+    ] = None,
+    jobs: Annotated[
+        int | None, typer.Option(help="Parallel runs [all cores]", rich_help_panel=SWEEP)
+    ] = None,
+    save_records: Annotated[
+        bool, typer.Option(help="Per-request and per-step Parquet per run", rich_help_panel=SWEEP)
+    ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
 ) -> None:
     """Simulate every combination of the given settings; write run JSONs and summary.csv."""
     flags = dict(locals())
-    for key in ("config", "goodput", "metric_percentiles", "engine_params", "load_params",
-                "num_runs", "output_dir", "resume", "dry_run", "backend", "address", "jobs",
-                "save_records", "quiet"):
+    for key in (
+        "config",
+        "goodput",
+        "metric_percentiles",
+        "engine_params",
+        "load_params",
+        "num_runs",
+        "output_dir",
+        "resume",
+        "dry_run",
+        "backend",
+        "address",
+        "jobs",
+        "save_records",
+        "quiet",
+    ):
         flags.pop(key)
     if backend not in BACKENDS:
         raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     file_values, file_axes = _read_config(config)
-    percentiles = o.parse_percentiles(metric_percentiles or file_values.pop("metric_percentiles", None))
+    percentiles = o.parse_percentiles(
+        metric_percentiles or file_values.pop("metric_percentiles", None)
+    )
     slos = o.parse_goodput(goodput or file_values.pop("goodput", None))
     if profile:
         file_values.pop("profile", None)
@@ -106,21 +146,34 @@ def sweep_command(
     for key, values in file_axes.items():  # flags win over the file
         axes.setdefault(key, values)
     grid = build_grid(
-        axes, base={"workload": "chat", "num_prompts": 1000, **file_values},
+        axes,
+        base={"workload": "chat", "num_prompts": 1000, **file_values},
         engine_params=read_param_file(engine_params, "engine") if engine_params else None,
-        load_params=read_param_file(load_params, "load") if load_params else None)
+        load_params=read_param_file(load_params, "load") if load_params else None,
+    )
     if dry_run:
         _print_plan(grid, num_runs)
         return
     if backend == "ray":
         require_ray()
-    result = run_sweep(grid, num_runs=num_runs, output_dir=output_dir, resume=resume,
-                       backend=backend, n_jobs=jobs, address=address,
-                       save_records=save_records, percentiles=percentiles,
-                       goodput_slos_ms=slos, progress=not quiet and sys.stderr.isatty())
+    result = run_sweep(
+        grid,
+        num_runs=num_runs,
+        output_dir=output_dir,
+        resume=resume,
+        backend=backend,
+        n_jobs=jobs,
+        address=address,
+        save_records=save_records,
+        percentiles=percentiles,
+        goodput_slos_ms=slos,
+        progress=not quiet and sys.stderr.isatty(),
+    )
     ran = len(result.summary) - result.num_skipped
-    print(f"{len(grid)} points x {num_runs} runs: {ran} run, {result.num_skipped} already done, "
-          f"{len(result.failures)} failed")
+    print(
+        f"{len(grid)} points x {num_runs} runs: {ran} run, {result.num_skipped} already done, "
+        f"{len(result.failures)} failed"
+    )
     print(f"Results in {result.directory} (summary.csv, summary.parquet)")
     for f in result.failures:
         settings = ", ".join(f"{k}={v}" for k, v in f["settings"].items())

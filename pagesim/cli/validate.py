@@ -27,23 +27,35 @@ from pagesim.errors import ConfigError
 
 @app.command("validate")
 def validate_command(
-    real: Annotated[list[Path] | None, typer.Option(
-        help="Stored real run(s) to compare (no GPU needed); repeatable.")] = None,
+    real: Annotated[
+        list[Path] | None,
+        typer.Option(help="Stored real run(s) to compare (no GPU needed); repeatable."),
+    ] = None,
     profile: o.ProfileOpt = None,
     output_dir: Annotated[Path, typer.Option(help="Where the report goes.")] = Path(
-        "results/validation"),
+        "results/validation"
+    ),
     name: Annotated[str, typer.Option(help="Report file stem.")] = "validation",
-    model: o.Model = None, block_size: o.BlockSize = None,
-    gpu_memory_utilization: o.GpuMemUtil = None, max_num_seqs: o.MaxNumSeqs = None,
-    max_num_batched_tokens: o.MaxBatchedTokens = None, max_model_len: o.MaxModelLen = None,
+    model: o.Model = None,
+    block_size: o.BlockSize = None,
+    gpu_memory_utilization: o.GpuMemUtil = None,
+    max_num_seqs: o.MaxNumSeqs = None,
+    max_num_batched_tokens: o.MaxBatchedTokens = None,
+    max_model_len: o.MaxModelLen = None,
     enable_prefix_caching: o.PrefixCaching = None,
-    workload: o.WorkloadOpt = None, num_prompts: o.NumPrompts = None,
-    request_rate: o.RequestRate = None, burstiness: o.Burstiness = None, seed: o.Seed = None,
+    workload: o.WorkloadOpt = None,
+    num_prompts: o.NumPrompts = None,
+    request_rate: o.RequestRate = None,
+    burstiness: o.Burstiness = None,
+    seed: o.Seed = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 | float16 (GPU runs)")] = "bfloat16",
-    enforce_eager: Annotated[bool, typer.Option(
-        "--enforce-eager", help="GPU runs: no CUDA graphs (vLLM's flag).")] = False,
-    repeats: Annotated[int, typer.Option(
-        min=1, help="GPU runs: serve the load this many times, one after another.")] = 1,
+    enforce_eager: Annotated[
+        bool, typer.Option("--enforce-eager", help="GPU runs: no CUDA graphs (vLLM's flag).")
+    ] = False,
+    repeats: Annotated[
+        int,
+        typer.Option(min=1, help="GPU runs: serve the load this many times, one after another."),
+    ] = 1,
 ) -> None:
     """Run (or read) a real GPU run, simulate the same requests with the calibrated profile,
     and report per metric the real value, the prediction and the error in %."""
@@ -54,24 +66,39 @@ def validate_command(
         entries, skipped = [], []
         for p in real:
             try:
-                entries.append(validate_real_run(p, profile or _default_profile(p),
-                                                 predictions))
+                entries.append(validate_real_run(p, profile or _default_profile(p), predictions))
             except TruncatedRunError as e:  # the other runs are still worth a report
                 skipped.append(str(e))
         if not entries:
-            raise ConfigError(skipped[0] if len(skipped) == 1 else
-                              f"no real run to compare: all {len(skipped)} were cut at their "
-                              "wall-clock limit")
+            raise ConfigError(
+                skipped[0]
+                if len(skipped) == 1
+                else f"no real run to compare: all {len(skipped)} were cut at their "
+                "wall-clock limit"
+            )
         for note in skipped:
             typer.echo(f"skipped: {note}", err=True)
     else:
         skipped = []
-        paths = _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs,
-                           max_num_batched_tokens, max_model_len, enable_prefix_caching,
-                           workload, num_prompts, request_rate, burstiness, seed, dtype,
-                           output_dir, enforce_eager, repeats)
-        entries = [validate_real_run(p, profile or _default_profile(p), predictions)
-                   for p in paths]
+        paths = _serve_now(
+            model,
+            block_size,
+            gpu_memory_utilization,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            enable_prefix_caching,
+            workload,
+            num_prompts,
+            request_rate,
+            burstiness,
+            seed,
+            dtype,
+            output_dir,
+            enforce_eager,
+            repeats,
+        )
+        entries = [validate_real_run(p, profile or _default_profile(p), predictions) for p in paths]
     for e in entries:
         if "runner_note" in e:
             typer.echo(f"warning: {e['run']}: {e['runner_note']}", err=True)
@@ -91,10 +118,24 @@ def _default_profile(real_path: Path) -> Path | None:
     return default_profile(EngineConfig(**cfg))
 
 
-def _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
-               max_model_len, enable_prefix_caching, workload, num_prompts, request_rate,
-               burstiness, seed, dtype, output_dir: Path, enforce_eager: bool = False,
-               repeats: int = 1) -> list[Path]:
+def _serve_now(
+    model,
+    block_size,
+    gpu_memory_utilization,
+    max_num_seqs,
+    max_num_batched_tokens,
+    max_model_len,
+    enable_prefix_caching,
+    workload,
+    num_prompts,
+    request_rate,
+    burstiness,
+    seed,
+    dtype,
+    output_dir: Path,
+    enforce_eager: bool = False,
+    repeats: int = 1,
+) -> list[Path]:
     """Measure the KV cache, serve the load on this GPU `repeats` times, store each real run
     (the second as `<stem>-r2`, ...); returns their paths."""
     from pagesim.gpu.device import require_cuda, torch_dtype
@@ -109,28 +150,52 @@ def _serve_now(model, block_size, gpu_memory_utilization, max_num_seqs, max_num_
     from pagesim.validate import load_dict, save_real_run, serve_workload
 
     config = EngineConfig.create(
-        model=model or "llama-2-7b", gpu="h200", block_size=block_size,
-        gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
-        enable_prefix_caching=enable_prefix_caching)
+        model=model or "llama-2-7b",
+        gpu="h200",
+        block_size=block_size,
+        gpu_memory_utilization=gpu_memory_utilization,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_prefix_caching=enable_prefix_caching,
+    )
     if request_rate is not None and not (request_rate > 0):
         raise ConfigError(f"--request-rate {request_rate}: must be > 0 (or inf)")
     device = torch.device("cuda")
     before = MemorySnapshot.take(device)
-    weights = RandomWeightDecoder(config.model_spec, torch_dtype(dtype), device,
-                                  config.block_size, seed or 0)
+    weights = RandomWeightDecoder(
+        config.model_spec, torch_dtype(dtype), device, config.block_size, seed or 0
+    )
     capacity = measure_kv_capacity(config, weights, before, (config.block_size,))
     typer.echo(capacity.report())
-    load = load_dict(workload or "chat", num_prompts or 200, seed or 0,
-                     math.inf if request_rate is None else request_rate, burstiness or 1.0)
+    load = load_dict(
+        workload or "chat",
+        num_prompts or 200,
+        seed or 0,
+        math.inf if request_rate is None else request_rate,
+        burstiness or 1.0,
+    )
     stem = f"{config.model}-{load['workload']}-{load['request_rate']}-bs{config.block_size}"
     paths = []
     for k in range(1, repeats + 1):
-        result, records = serve_workload(config, weights,
-                                         capacity.num_gpu_blocks[config.block_size], load,
-                                         cuda_graphs=not enforce_eager, log=typer.echo)
+        result, records = serve_workload(
+            config,
+            weights,
+            capacity.num_gpu_blocks[config.block_size],
+            load,
+            cuda_graphs=not enforce_eager,
+            log=typer.echo,
+        )
         path = output_dir / "real" / (f"{stem}.json.xz" if k == 1 else f"{stem}-r{k}.json.xz")
-        paths.append(save_real_run(path, config=config, load=load, result=result,
-                                   records=records, device=device_info(device),
-                                   extra={"capacity": capacity.to_dict()}))
+        paths.append(
+            save_real_run(
+                path,
+                config=config,
+                load=load,
+                result=result,
+                records=records,
+                device=device_info(device),
+                extra={"capacity": capacity.to_dict()},
+            )
+        )
     return paths

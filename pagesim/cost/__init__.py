@@ -24,8 +24,22 @@ from pagesim.cost.profile import (
 )
 
 __all__ = [
-    "PROFILE_FORMAT_VERSION", "AllReduceRow", "AnalyticalConstants", "AnalyticalCostModel", "BatchShape",
-    "CalibratedCostModel", "CostModel", "DecodeRow", "FitReport", "FitRow", "MixedRow",
-    "OverheadRow", "PrefillRow", "Profile", "ProfileError", "ProfileMetadata", "fit_report",
+    "PROFILE_FORMAT_VERSION",
+    "AllReduceRow",
+    "AnalyticalConstants",
+    "AnalyticalCostModel",
+    "BatchShape",
+    "CalibratedCostModel",
+    "CostModel",
+    "DecodeRow",
+    "FitReport",
+    "FitRow",
+    "MixedRow",
+    "OverheadRow",
+    "PrefillRow",
+    "Profile",
+    "ProfileError",
+    "ProfileMetadata",
+    "fit_report",
     "profile_dir",
 ]

@@ -27,11 +27,14 @@ def allreduce_pricer(profile: Profile, model: ModelSpec | None, gpu: GPUSpec | N
         per_token = model.hidden_size * model.dtype_bytes
         return (lambda tokens: count * table(tokens * per_token)), "allreduce.csv"
     if model is not None and gpu is not None:
-        analytical = AnalyticalCostModel(model, gpu, tensor_parallel_size=tp,
-                                         kv_cache_dtype=meta.kv_cache_dtype)
+        analytical = AnalyticalCostModel(
+            model, gpu, tensor_parallel_size=tp, kv_cache_dtype=meta.kv_cache_dtype
+        )
         return analytical.allreduce_time, "analytical"
     if not meta.allreduce_in_step_times:
-        raise ConfigError(f"tensor_parallel_size={tp}: the profile timed one rank's shard "
-                          "without communication; pass model= (with an allreduce.csv for "
-                          f"tp {tp}, or gpu= for the analytical all-reduce term)")
+        raise ConfigError(
+            f"tensor_parallel_size={tp}: the profile timed one rank's shard "
+            "without communication; pass model= (with an allreduce.csv for "
+            f"tp {tp}, or gpu= for the analytical all-reduce term)"
+        )
     return None, None

@@ -25,7 +25,15 @@ from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
 BREAKDOWN_KEYS: tuple[str, ...] = (
-    "overhead", "layers", "linear", "attention", "paged_blocks", "allreduce", "swap", "copy")
+    "overhead",
+    "layers",
+    "linear",
+    "attention",
+    "paged_blocks",
+    "allreduce",
+    "swap",
+    "copy",
+)
 
 
 @dataclass(frozen=True)
@@ -93,14 +101,24 @@ class AnalyticalConstants:
     allreduce_bandwidth_efficiency: float = 0.72
 
     def __post_init__(self) -> None:
-        for name in ("weight_bandwidth_efficiency", "gemm_flops_efficiency",
-                     "attention_bandwidth_efficiency", "attention_flops_efficiency",
-                     "host_link_efficiency", "allreduce_bandwidth_efficiency"):
+        for name in (
+            "weight_bandwidth_efficiency",
+            "gemm_flops_efficiency",
+            "attention_bandwidth_efficiency",
+            "attention_flops_efficiency",
+            "host_link_efficiency",
+            "allreduce_bandwidth_efficiency",
+        ):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ConfigError(f"{name}={value!r}: must be in (0, 1]")
-        for name in ("paged_block_overhead_tokens", "per_layer_overhead_s", "step_overhead_s",
-                     "per_request_overhead_s", "allreduce_latency_s"):
+        for name in (
+            "paged_block_overhead_tokens",
+            "per_layer_overhead_s",
+            "step_overhead_s",
+            "per_request_overhead_s",
+            "allreduce_latency_s",
+        ):
             value = getattr(self, name)
             if not value >= 0.0:
                 raise ConfigError(f"{name}={value!r}: must be >= 0")
@@ -109,8 +127,9 @@ class AnalyticalConstants:
 def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str) -> int:
     """Bytes per KV element: the model's dtype for "auto", one byte for the fp8 formats."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise ConfigError(f"kv_cache_dtype={kv_cache_dtype!r}: choose one of "
-                          f"{', '.join(KV_CACHE_DTYPES)}")
+        raise ConfigError(
+            f"kv_cache_dtype={kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}"
+        )
     return model.dtype_bytes if kv_cache_dtype == "auto" else 1
 
 
@@ -143,17 +162,27 @@ class AnalyticalCostModel:
     all-gather of the logits (`num_reqs * vocab * 4` bytes).
     """
 
-    def __init__(self, model: ModelSpec, gpu: GPUSpec, tensor_parallel_size: int = 1,
-                 kv_cache_dtype: str = "auto", constants: AnalyticalConstants | None = None):
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tensor_parallel_size: int = 1,
+        kv_cache_dtype: str = "auto",
+        constants: AnalyticalConstants | None = None,
+    ):
         tp = tensor_parallel_size
         if tp < 1:
             raise ConfigError(f"tensor_parallel_size={tp!r}: must be >= 1")
         if model.num_attention_heads % tp:
-            raise ConfigError(f"tensor_parallel_size={tp}: must divide num_attention_heads="
-                              f"{model.num_attention_heads} of {model.name}")
+            raise ConfigError(
+                f"tensor_parallel_size={tp}: must divide num_attention_heads="
+                f"{model.num_attention_heads} of {model.name}"
+            )
         if model.num_kv_heads >= tp and model.num_kv_heads % tp:
-            raise ConfigError(f"tensor_parallel_size={tp}: must divide num_kv_heads="
-                              f"{model.num_kv_heads} of {model.name}")
+            raise ConfigError(
+                f"tensor_parallel_size={tp}: must divide num_kv_heads="
+                f"{model.num_kv_heads} of {model.name}"
+            )
         self.model, self.gpu, self.tensor_parallel_size = model, gpu, tp
         self.kv_cache_dtype = kv_cache_dtype
         c = self.constants = constants or AnalyticalConstants()
@@ -170,22 +199,26 @@ class AnalyticalCostModel:
         self._gemm_s_per_token = 2.0 * layer_params / gemm
         self._lm_head_s_per_req = 2.0 * lm_head_params / gemm  # vLLM: logits for 1 row per req
         kv_heads = max(1, model.num_kv_heads // tp)
-        kv_bytes_per_token = 2 * layers * kv_heads * model.head_size * kv_dtype_bytes(
-            model, kv_cache_dtype)  # K and V, all layers, this GPU
+        kv_bytes_per_token = (
+            2 * layers * kv_heads * model.head_size * kv_dtype_bytes(model, kv_cache_dtype)
+        )  # K and V, all layers, this GPU
         self.kv_bytes_per_token = kv_bytes_per_token
         self._kv_s_per_token = kv_bytes_per_token / mem_a
-        self._attn_s_per_qk = 4.0 * layers * (model.num_attention_heads / tp) * model.head_size \
-            / attn_flops  # per (query token, key token) pair
+        self._attn_s_per_qk = (
+            4.0 * layers * (model.num_attention_heads / tp) * model.head_size / attn_flops
+        )  # per (query token, key token) pair
         self._block_tokens = c.paged_block_overhead_tokens
         self._copy_s_per_token = 2.0 * kv_bytes_per_token / mem_w  # read + write
         self._swap_s_per_byte = 1.0 / (gpu.host_link_bytes_per_s * c.host_link_efficiency)
-        link = (gpu.nvlink_bytes_per_s or gpu.host_link_bytes_per_s) \
-            * c.allreduce_bandwidth_efficiency
+        link = (
+            gpu.nvlink_bytes_per_s or gpu.host_link_bytes_per_s
+        ) * c.allreduce_bandwidth_efficiency
         self.num_allreduces = num_allreduces_per_step(model, tp)
         self.allreduce_bytes_per_token = model.hidden_size * model.dtype_bytes
         self._ar_fixed_s = self.num_allreduces * c.allreduce_latency_s
-        self._ar_s_per_token = (self.num_allreduces * 2.0 * (tp - 1) / tp
-                                * self.allreduce_bytes_per_token / link)
+        self._ar_s_per_token = (
+            self.num_allreduces * 2.0 * (tp - 1) / tp * self.allreduce_bytes_per_token / link
+        )
         self._window = model.sliding_window
 
     # ---- public API ----
@@ -201,8 +234,9 @@ class AnalyticalCostModel:
         """Seconds for a decode step of `batch_size` sequences over `context_len` tokens each."""
         return self.step_time(BatchShape.decode(batch_size, context_len, block_size))
 
-    def prefill_time(self, num_new_tokens: int, num_cached_tokens: int = 0,
-                     block_size: int = 16) -> float:
+    def prefill_time(
+        self, num_new_tokens: int, num_cached_tokens: int = 0, block_size: int = 16
+    ) -> float:
         """Seconds for a step computing one prompt (or chunk) over a cached prefix."""
         return self.step_time(BatchShape.prefill(num_new_tokens, num_cached_tokens, block_size))
 
@@ -218,8 +252,9 @@ class AnalyticalCostModel:
         tokens = b.total_tokens
         layers = self._layers_s if tokens else 0.0
         if tokens:
-            linear = max(self._weights_s, self._gemm_s_per_token * tokens
-                         + self._lm_head_s_per_req * n_reqs)
+            linear = max(
+                self._weights_s, self._gemm_s_per_token * tokens + self._lm_head_s_per_req * n_reqs
+            )
         else:
             linear = 0.0
         attn, paged = self._attention(b)

@@ -89,8 +89,9 @@ class BatchShape:
         ctx = [s.num_computed_tokens for s in sched]
         n = len(ctx)
         if n and out.total_num_scheduled_tokens == n and min(ctx) > 0:
-            return cls(out.block_size, n, n, sum(ctx), ctx, [], [], out.swap_bytes,
-                       len(out.blocks_to_copy))
+            return cls(
+                out.block_size, n, n, sum(ctx), ctx, [], [], out.swap_bytes, len(out.blocks_to_copy)
+            )
         dctx: list[int] = []
         pnew: list[int] = []
         pctx: list[int] = []
@@ -103,8 +104,17 @@ class BatchShape:
             else:
                 pnew.append(k)
                 pctx.append(c)
-        return cls(out.block_size, total, len(dctx), sum(dctx), dctx, pnew, pctx,
-                   out.swap_bytes, len(out.blocks_to_copy))
+        return cls(
+            out.block_size,
+            total,
+            len(dctx),
+            sum(dctx),
+            dctx,
+            pnew,
+            pctx,
+            out.swap_bytes,
+            len(out.blocks_to_copy),
+        )
 
     @classmethod
     def decode(cls, batch_size: int, context_len: int, block_size: int = 16) -> BatchShape:
@@ -116,18 +126,29 @@ class BatchShape:
         return cls(block_size, batch_size, batch_size, context_len * batch_size, ctx)
 
     @classmethod
-    def prefill(cls, num_new_tokens: int, num_cached_tokens: int = 0,
-                block_size: int = 16) -> BatchShape:
+    def prefill(
+        cls, num_new_tokens: int, num_cached_tokens: int = 0, block_size: int = 16
+    ) -> BatchShape:
         """One request computing `num_new_tokens` over `num_cached_tokens` of cached prefix."""
         _require(block_size >= 1, "block_size", block_size)
         _require(num_new_tokens >= 1, "num_new_tokens", num_new_tokens)
         _require(num_cached_tokens >= 0, "num_cached_tokens", num_cached_tokens, "must be >= 0")
-        return cls(block_size, num_new_tokens, prefill_new_tokens=[num_new_tokens],
-                   prefill_context_tokens=[num_cached_tokens])
+        return cls(
+            block_size,
+            num_new_tokens,
+            prefill_new_tokens=[num_new_tokens],
+            prefill_context_tokens=[num_cached_tokens],
+        )
 
     @classmethod
-    def mixed(cls, num_new_tokens: int, num_cached_tokens: int, decode_batch_size: int,
-              decode_context_len: int, block_size: int = 16) -> BatchShape:
+    def mixed(
+        cls,
+        num_new_tokens: int,
+        num_cached_tokens: int,
+        decode_batch_size: int,
+        decode_context_len: int,
+        block_size: int = 16,
+    ) -> BatchShape:
         """One prefill chunk plus a decode batch of equal contexts (the chunked-prefill step)."""
         _require(num_new_tokens >= 1, "num_new_tokens", num_new_tokens)
         _require(num_cached_tokens >= 0, "num_cached_tokens", num_cached_tokens, "must be >= 0")

@@ -143,8 +143,14 @@ from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
 MS = 1e-3
-BREAKDOWN_KEYS: tuple[str, ...] = ("other", "attention", "allreduce", "host_overhead", "swap",
-                                   "copy")
+BREAKDOWN_KEYS: tuple[str, ...] = (
+    "other",
+    "attention",
+    "allreduce",
+    "host_overhead",
+    "swap",
+    "copy",
+)
 US = 1e-6
 
 
@@ -159,18 +165,23 @@ class CalibratedCostModel:
     All-reduces of a TP profile are priced only with `model` (see the module docstring).
     """
 
-    def __init__(self, profile: Profile, model: ModelSpec | None = None,
-                 gpu: GPUSpec | None = None, tensor_parallel_size: int | None = None):
+    def __init__(
+        self,
+        profile: Profile,
+        model: ModelSpec | None = None,
+        gpu: GPUSpec | None = None,
+        tensor_parallel_size: int | None = None,
+    ):
         meta = profile.metadata
         if model is not None and model.name != meta.model:
-            raise ConfigError(f"model={model.name!r}: the profile was measured on "
-                              f"{meta.model!r}")
+            raise ConfigError(f"model={model.name!r}: the profile was measured on {meta.model!r}")
         if gpu is not None and gpu.name != meta.gpu:
             raise ConfigError(f"gpu={gpu.name!r}: the profile was measured on {meta.gpu!r}")
-        if tensor_parallel_size is not None and tensor_parallel_size != \
-                meta.tensor_parallel_size:
-            raise ConfigError(f"tensor_parallel_size={tensor_parallel_size}: the profile was "
-                              f"measured at tensor_parallel_size={meta.tensor_parallel_size}")
+        if tensor_parallel_size is not None and tensor_parallel_size != meta.tensor_parallel_size:
+            raise ConfigError(
+                f"tensor_parallel_size={tensor_parallel_size}: the profile was "
+                f"measured at tensor_parallel_size={meta.tensor_parallel_size}"
+            )
         self.profile = profile
         self._allreduce, self.allreduce_source = allreduce_pricer(profile, model, gpu)
         self._allreduce_added = not meta.allreduce_in_step_times
@@ -178,13 +189,16 @@ class CalibratedCostModel:
         self._token_sizes = tuple(meta.cuda_graph_token_sizes)
         rows = row_shapes(profile)
         self._drift_ms = section_drift_ms(rows)  # row -> its block size's drift in `other`
-        other: dict[bool, dict[float, list[float]]] = {True: defaultdict(list),
-                                                       False: defaultdict(list)}
+        other: dict[bool, dict[float, list[float]]] = {
+            True: defaultdict(list),
+            False: defaultdict(list),
+        }
         for _, tokens, row in rows:
             # a graph row ran its graph at the padded size: that is the size it measured
             graph = self._is_graph_row(row, tokens)
-            size = (self.padded_tokens(tokens) if graph and not isinstance(row, DecodeRow)
-                    else tokens)
+            size = (
+                self.padded_tokens(tokens) if graph and not isinstance(row, DecodeRow) else tokens
+            )
             other[graph][size].append((row.other_ms - self._drift_ms[row]) * MS)
         if not self._token_sizes or not other[False] or not other[True]:
             merged: dict[float, list[float]] = defaultdict(list)
@@ -199,8 +213,7 @@ class CalibratedCostModel:
         for kind, tokens, r in rows:
             if kind not in ("decode", "prefill"):
                 continue
-            residual = self._measured_s(r) - self._other_for(self._is_graph_row(r, tokens),
-                                                             tokens)
+            residual = self._measured_s(r) - self._other_for(self._is_graph_row(r, tokens), tokens)
             if kind == "decode":
                 dec[r.block_size].append((r.batch_size, r.context_len, residual))
             else:
@@ -219,8 +232,7 @@ class CalibratedCostModel:
         # (the spread rows are priced uniform, the re-read fit's spread rows need the spread)
         self._spread: dict[int, float] = {}
         self._reread: dict[int, float] = {}
-        residuals = [z for s in (*self._decode.values(), *self._prefill.values())
-                     for z in s.values]
+        residuals = [z for s in (*self._decode.values(), *self._prefill.values()) for z in s.values]
         floor = max(min(residuals), 0.0)
         # `_parts` subtracts shared costs: zero while measuring the multi-part excess; the
         # variable-length fits come last (they need the `other` lines only)
@@ -236,7 +248,8 @@ class CalibratedCostModel:
                 parts = len(shape.prefill_new_tokens) + (shape.num_decode_seqs > 0)
                 total = self._parts(shape)[0]
                 excess[self._is_graph_row(r, tokens)].append(
-                    (total - self._measured_s(r)) / (parts - 1))
+                    (total - self._measured_s(r)) / (parts - 1)
+                )
         every = excess[True] + excess[False]
         for mode in (True, False):
             fit = excess[mode] if (excess[mode] and self._token_sizes) else every
@@ -249,25 +262,48 @@ class CalibratedCostModel:
         self._reread = fit_decode_reread(self, profile)  # its spread rows need `_spread`
         self._reread_varlen = fit_varlen_reread(self, profile)
         # last: the bias is what the finished fit leaves on its own rows
-        self._prefill_bias = single_prefill_bias(
-            rows, lambda tokens: self.padded_tokens(tokens) is None, self._measured_s,
-            lambda shape: self._parts(shape)[0]) if self._varlen else {}
-        self._host = (Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
-                      if profile.overhead else None)
+        self._prefill_bias = (
+            single_prefill_bias(
+                rows,
+                lambda tokens: self.padded_tokens(tokens) is None,
+                self._measured_s,
+                lambda shape: self._parts(shape)[0],
+            )
+            if self._varlen
+            else {}
+        )
+        self._host = (
+            Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
+            if profile.overhead
+            else None
+        )
         # host time of a step that admits prompts, beyond the decode-only line (format 6)
         self._admit_step_s = (meta.overhead_prefill_step_ms or 0.0) * MS
         self._admit_entry_s = (meta.overhead_per_prefill_ms or 0.0) * MS
         self._swap_s_per_byte = self._copy_s_per_token = None
         host = meta.host_link_bytes_per_s or (
             gpu.host_link_bytes_per_s * AnalyticalConstants().host_link_efficiency
-            if gpu is not None else None)
+            if gpu is not None
+            else None
+        )
         if host:
             self._swap_s_per_byte = 1.0 / host
         if model is not None and gpu is not None:
-            kv = (2 * model.num_layers * max(1, model.num_kv_heads // meta.tensor_parallel_size)
-                  * model.head_size * kv_dtype_bytes(model, meta.kv_cache_dtype))
-            self._copy_s_per_token = 2.0 * kv / (
-                gpu.hbm_bandwidth_bytes_per_s * AnalyticalConstants().weight_bandwidth_efficiency)
+            kv = (
+                2
+                * model.num_layers
+                * max(1, model.num_kv_heads // meta.tensor_parallel_size)
+                * model.head_size
+                * kv_dtype_bytes(model, meta.kv_cache_dtype)
+            )
+            self._copy_s_per_token = (
+                2.0
+                * kv
+                / (
+                    gpu.hbm_bandwidth_bytes_per_s
+                    * AnalyticalConstants().weight_bandwidth_efficiency
+                )
+            )
 
     # ---- public API ----
     def step_time(self, batch: BatchShape) -> float:
@@ -296,8 +332,9 @@ class CalibratedCostModel:
     def decode_time(self, batch_size: int, context_len: int, block_size: int = 16) -> float:
         return self.step_time(BatchShape.decode(batch_size, context_len, block_size))
 
-    def prefill_time(self, num_new_tokens: int, num_cached_tokens: int = 0,
-                     block_size: int = 16) -> float:
+    def prefill_time(
+        self, num_new_tokens: int, num_cached_tokens: int = 0, block_size: int = 16
+    ) -> float:
         return self.step_time(BatchShape.prefill(num_new_tokens, num_cached_tokens, block_size))
 
     # ---- the model ----
@@ -305,13 +342,16 @@ class CalibratedCostModel:
         swap = copy = 0.0
         if b.swap_bytes:
             if self._swap_s_per_byte is None:
-                raise ConfigError("swap_bytes>0: the profile has no host_link_bytes_per_s; "
-                                  "pass gpu= to price swaps")
+                raise ConfigError(
+                    "swap_bytes>0: the profile has no host_link_bytes_per_s; "
+                    "pass gpu= to price swaps"
+                )
             swap = b.swap_bytes * self._swap_s_per_byte
         if b.num_blocks_to_copy:
             if self._copy_s_per_token is None:
-                raise ConfigError("num_blocks_to_copy>0: pass model= and gpu= to price "
-                                  "copy-on-write copies")
+                raise ConfigError(
+                    "num_blocks_to_copy>0: pass model= and gpu= to price copy-on-write copies"
+                )
             copy = b.num_blocks_to_copy * b.block_size * self._copy_s_per_token
         if not b.total_tokens:
             return 0.0, 0.0, 0.0, 0.0, swap, copy
@@ -363,8 +403,9 @@ class CalibratedCostModel:
             return None, {}
         cap = (self._graph_sizes or self._token_sizes or (0,))[-1]
         # the grid's KV heads; one for a model pagesim does not know
-        kernel = VarlenKernel(meta.varlen_block_q, meta.varlen_tile_n, cap,
-                              meta.kv_heads_per_gpu or 1)
+        kernel = VarlenKernel(
+            meta.varlen_block_q, meta.varlen_tile_n, cap, meta.kv_heads_per_gpu or 1
+        )
         per_bs: dict[int, list] = defaultdict(list)
         for kind, tokens, r in rows:
             shape = row_batch(kind, r)
@@ -401,8 +442,11 @@ class CalibratedCostModel:
         """Seconds the decode step's unequal programs add (see `pagesim.cost.spread`)."""
         kappa = self._blended(self._spread_frac, self._spread, b.block_size)
         return kappa * self._decode_kernel.program_spread(
-            padded, graph, b.decode_context_sum / b.num_decode_seqs,
-            longest_context(b.decode_context_tokens))
+            padded,
+            graph,
+            b.decode_context_sum / b.num_decode_seqs,
+            longest_context(b.decode_context_tokens),
+        )
 
     @property
     def single_prefill_bias(self) -> dict[int, PrefillBias]:
@@ -464,7 +508,8 @@ class CalibratedCostModel:
         if weights is None:
             weights = self._weights[b.block_size] = (
                 blend_weights(self._decode, b.block_size),
-                blend_weights(self._prefill, b.block_size))
+                blend_weights(self._prefill, b.block_size),
+            )
         dec_w, pre_w = weights
         n = b.num_decode_seqs
         if b.prefill_new_tokens and self._varlen:
@@ -472,13 +517,19 @@ class CalibratedCostModel:
             graph = padded is not None
             other = self._other_for(graph, padded if graph else b.total_tokens)
             launch = self._varlen_launch(b, padded)
-            attention = sum(w * fit(launch, graph) for w, fit in self._memo_weights(
-                self._varlen_blend, self._varlen, b.block_size))
+            attention = sum(
+                w * fit(launch, graph)
+                for w, fit in self._memo_weights(self._varlen_blend, self._varlen, b.block_size)
+            )
             total = other + attention
             if not graph and len(b.prefill_new_tokens) == 1 and self._prefill_bias:
                 new = b.prefill_new_tokens[0]
-                total *= 1.0 + sum(w * bias(new) for w, bias in self._memo_weights(
-                    self._bias_blend, self._prefill_bias, b.block_size))
+                total *= 1.0 + sum(
+                    w * bias(new)
+                    for w, bias in self._memo_weights(
+                        self._bias_blend, self._prefill_bias, b.block_size
+                    )
+                )
             return total, other
         if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
             base = self._decode_base.get(n)
@@ -502,8 +553,11 @@ class CalibratedCostModel:
             work = b.decode_context_sum
             shared = b.shared_context_tokens
             if shared and (self._reread or reread is not None):
-                frac = reread if reread is not None else self._blended(
-                    self._reread_frac, self._reread, b.block_size)
+                frac = (
+                    reread
+                    if reread is not None
+                    else self._blended(self._reread_frac, self._reread, b.block_size)
+                )
                 work -= (1.0 - frac) * min(shared, b.decode_context_sum)
             c = work / rows
             for w, s in dec_w:

@@ -57,9 +57,16 @@ def partition_cuts(part: DecodePartition, seq_len: int) -> tuple[int, ...]:
     return tuple(range(part.partition_size, seq_len, part.partition_size))
 
 
-def split_rule(num_seqs: int, num_kv_heads: int, max_seq_len: int, tile_n: int,
-               programs_per_sm: int, num_sms: int, sliding_window: int | None = None,
-               min_partition_tokens: int = MIN_PARTITION_TOKENS) -> DecodePartition:
+def split_rule(
+    num_seqs: int,
+    num_kv_heads: int,
+    max_seq_len: int,
+    tile_n: int,
+    programs_per_sm: int,
+    num_sms: int,
+    sliding_window: int | None = None,
+    min_partition_tokens: int = MIN_PARTITION_TOKENS,
+) -> DecodePartition:
     """Split contexts so that `num_seqs * num_kv_heads * splits` programs fill the GPU evenly.
 
     Cost model (wave quantisation): with `slots = num_sms * programs_per_sm` programs

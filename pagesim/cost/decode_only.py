@@ -26,8 +26,13 @@ def decode_only_pricer(model) -> DecodePricer | None:
     if type(model) is not CalibratedCostModel:
         return None
 
-    def price(block_size: int, num_seqs: int, context_sum: int, contexts: Sequence[int],
-              shared: int | None) -> float:
+    def price(
+        block_size: int,
+        num_seqs: int,
+        context_sum: int,
+        contexts: Sequence[int],
+        shared: int | None,
+    ) -> float:
         """`model.step_time` of `num_seqs` decodes (>= 1) over `contexts` (their sum
         `context_sum`), reading `shared` context tokens from shared blocks (None: unknown)."""
         weights = model._weights.get(block_size)
@@ -38,9 +43,16 @@ def decode_only_pricer(model) -> DecodePricer | None:
         reread = shared and model._reread
         frac = model._reread_frac.get(block_size) if reread else 0.0
         if weights is None or base is None or host is None or kappa is None or frac is None:
-            return model.step_time(BatchShape(
-                block_size, num_seqs, num_seqs, context_sum, contexts,
-                shared_context_tokens=shared))  # fills the memos above
+            return model.step_time(
+                BatchShape(
+                    block_size,
+                    num_seqs,
+                    num_seqs,
+                    context_sum,
+                    contexts,
+                    shared_context_tokens=shared,
+                )
+            )  # fills the memos above
         # ---- `_parts`, decode-only branch
         graph, n, other = base
         total = other
@@ -52,7 +64,8 @@ def decode_only_pricer(model) -> DecodePricer | None:
             total += w * s(n, c)
         if spread:
             total += kappa * model._decode_kernel.program_spread(
-                n, graph, context_sum / num_seqs, longest_context(contexts))
+                n, graph, context_sum / num_seqs, longest_context(contexts)
+            )
         # ---- `_components`
         attention = total - other
         if total < 0.0:

@@ -40,13 +40,18 @@ class FitReport:
 
     def to_markdown(self) -> str:
         """A table for the README: one line per table plus "all"."""
-        lines = ["| table | fitted rows | held-out rows | MAPE % | max abs % | bias % |",
-                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        lines = [
+            "| table | fitted rows | held-out rows | MAPE % | max abs % | bias % |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for r in self.rows:
-            cells = [f"{v:.2f}" if v is not None else "n/a"
-                     for v in (r.mape_pct, r.max_abs_pct, r.bias_pct)]
-            lines.append(f"| {r.table} | {r.num_fit} | {r.num_holdout} | " + " | ".join(cells)
-                         + " |")
+            cells = [
+                f"{v:.2f}" if v is not None else "n/a"
+                for v in (r.mape_pct, r.max_abs_pct, r.bias_pct)
+            ]
+            lines.append(
+                f"| {r.table} | {r.num_fit} | {r.num_holdout} | " + " | ".join(cells) + " |"
+            )
         return "\n".join(lines)
 
 
@@ -62,13 +67,21 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
     if not 0.0 < holdout_fraction < 1.0:
         raise ConfigError(f"holdout_fraction={holdout_fraction!r}: must be in (0, 1)")
     if not profile.metadata.allreduce_in_step_times:  # compare device rows with device rows
-        profile = Profile(dataclasses.replace(profile.metadata, allreduce_in_step_times=True),
-                          **{name: getattr(profile, name) for name in TABLES})
+        profile = Profile(
+            dataclasses.replace(profile.metadata, allreduce_in_step_times=True),
+            **{name: getattr(profile, name) for name in TABLES},
+        )
     rng = np.random.default_rng(seed)
     fit_tables: dict[str, tuple] = {}
     held: dict[str, list] = {}
-    tables = ("decode", "prefill", "mixed", "multi_prefill", "decode_shared",
-              "decode_shared_spread")
+    tables = (
+        "decode",
+        "prefill",
+        "mixed",
+        "multi_prefill",
+        "decode_shared",
+        "decode_shared_spread",
+    )
     for name in tables:
         rows = getattr(profile, name)
         groups: dict[int, list[int]] = defaultdict(list)
@@ -87,26 +100,38 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
     model = CalibratedCostModel(profile.replace_tables(overhead=(), **fit_tables))
     shapes = {
         "decode": lambda r: BatchShape.decode(r.batch_size, r.context_len, r.block_size),
-        "prefill": lambda r: BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens,
-                                                r.block_size),
-        "mixed": lambda r: BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens,
-                                            r.decode_batch_size, r.decode_context_len,
-                                            r.block_size),
+        "prefill": lambda r: BatchShape.prefill(
+            r.num_new_tokens, r.num_cached_tokens, r.block_size
+        ),
+        "mixed": lambda r: BatchShape.mixed(
+            r.num_new_tokens,
+            r.num_cached_tokens,
+            r.decode_batch_size,
+            r.decode_context_len,
+            r.block_size,
+        ),
         "multi_prefill": lambda r: BatchShape(
-            r.block_size, r.num_entries * r.num_new_tokens,
+            r.block_size,
+            r.num_entries * r.num_new_tokens,
             prefill_new_tokens=[r.num_new_tokens] * r.num_entries,
-            prefill_context_tokens=[r.num_cached_tokens] * r.num_entries),
+            prefill_context_tokens=[r.num_cached_tokens] * r.num_entries,
+        ),
         "decode_shared": lambda r: dataclasses.replace(
             BatchShape.decode(r.batch_size, r.context_len, r.block_size),
-            shared_context_tokens=r.batch_size * r.shared_len),
-        "decode_shared_spread": shared_spread_shape}
+            shared_context_tokens=r.batch_size * r.shared_len,
+        ),
+        "decode_shared_spread": shared_spread_shape,
+    }
     report: list[FitRow] = []
     every: list[float] = []
     for name in tables:
         if not getattr(profile, name):
             continue
-        errors = [100.0 * (model.step_time(shapes[name](r)) - r.step_time_ms * MS)
-                  / (r.step_time_ms * MS) for r in held[name] if r.step_time_ms > 0]
+        errors = [
+            100.0 * (model.step_time(shapes[name](r)) - r.step_time_ms * MS) / (r.step_time_ms * MS)
+            for r in held[name]
+            if r.step_time_ms > 0
+        ]
         every += errors
         report.append(_fit_row(name, len(fit_tables[name]), errors))
     report.append(_fit_row("all", sum(len(t) for t in fit_tables.values()), every))
@@ -117,5 +142,11 @@ def _fit_row(table: str, num_fit: int, errors: list[float]) -> FitRow:
     if not errors:
         return FitRow(table, num_fit, 0, None, None, None)
     e = np.asarray(errors)
-    return FitRow(table, num_fit, len(errors), float(np.mean(np.abs(e))),
-                  float(np.max(np.abs(e))), float(np.mean(e)))
+    return FitRow(
+        table,
+        num_fit,
+        len(errors),
+        float(np.mean(np.abs(e))),
+        float(np.max(np.abs(e))),
+        float(np.mean(e)),
+    )

@@ -57,10 +57,12 @@ class PrefillBias:
         return self.intercept + self.slope * x
 
 
-def single_prefill_bias(rows: Iterable[tuple[str, int, object]],
-                        eager: Callable[[int], bool],
-                        measured_s: Callable[[object], float],
-                        priced_s: Callable[[BatchShape], float]) -> dict[int, PrefillBias]:
+def single_prefill_bias(
+    rows: Iterable[tuple[str, int, object]],
+    eager: Callable[[int], bool],
+    measured_s: Callable[[object], float],
+    priced_s: Callable[[BatchShape], float],
+) -> dict[int, PrefillBias]:
     """Block size -> `PrefillBias` over its eager rows with one prefill entry (prefill rows,
     one-entry multi-prefill rows, mixed rows); `rows` as `row_shapes` gives them,
     `eager(tokens)` says whether a step of that many tokens runs without a mixed graph."""
@@ -71,6 +73,5 @@ def single_prefill_bias(rows: Iterable[tuple[str, int, object]],
             continue
         priced = priced_s(shape)
         if priced > 0.0:
-            points[r.block_size].append((shape.prefill_new_tokens[0],
-                                         measured_s(r) / priced - 1.0))
+            points[r.block_size].append((shape.prefill_new_tokens[0], measured_s(r) / priced - 1.0))
     return {bs: PrefillBias.fit(p) for bs, p in sorted(points.items())}

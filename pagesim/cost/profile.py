@@ -100,11 +100,25 @@ from pagesim.cost.profile_rows import (
 from pagesim.errors import ConfigError
 from pagesim.specs import MODELS
 
-__all__ = ["PROFILE_FORMAT_VERSION", "SUPPORTED_FORMAT_VERSIONS", "TABLES", "AllReduceRow",
-           "DecodeRow", "DecodeSharedRow", "DecodeSharedSpreadRow", "DecodeSpreadRow",
-           "MixedRow", "MultiPrefillRow",
-           "OverheadRow", "PrefillRow", "Profile", "ProfileError", "ProfileMetadata",
-           "VarlenSharedRow", "profile_dir"]
+__all__ = [
+    "PROFILE_FORMAT_VERSION",
+    "SUPPORTED_FORMAT_VERSIONS",
+    "TABLES",
+    "AllReduceRow",
+    "DecodeRow",
+    "DecodeSharedRow",
+    "DecodeSharedSpreadRow",
+    "DecodeSpreadRow",
+    "MixedRow",
+    "MultiPrefillRow",
+    "OverheadRow",
+    "PrefillRow",
+    "Profile",
+    "ProfileError",
+    "ProfileMetadata",
+    "VarlenSharedRow",
+    "profile_dir",
+]
 
 PROFILE_FORMAT_VERSION = 6
 SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)  # what `Profile.load` reads
@@ -203,9 +217,11 @@ class ProfileMetadata:
             raise ProfileError(f"{where}: expected a JSON object")
         version = data.get("format_version")
         if type(version) is not int or version not in SUPPORTED_FORMAT_VERSIONS:
-            raise ProfileError(f"{where}: format_version={version!r} is not supported "
-                               f"(this pagesim reads "
-                               f"{', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})")
+            raise ProfileError(
+                f"{where}: format_version={version!r} is not supported "
+                f"(this pagesim reads "
+                f"{', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})"
+            )
         if version < 2 and "allreduce_in_step_times" in data:
             raise ProfileError(f"{where}: allreduce_in_step_times needs format_version 2")
         if version < 3 and "cuda_graph_sizes" in data:
@@ -223,20 +239,24 @@ class ProfileMetadata:
         for key in data:
             if key not in known:
                 raise ProfileError(f"{where}: unknown key {key!r}")
-        missing = [f.name for f in fields(cls) if f.name not in data
-                   and f.default is MISSING and f.default_factory is MISSING]
+        missing = [
+            f.name
+            for f in fields(cls)
+            if f.name not in data and f.default is MISSING and f.default_factory is MISSING
+        ]
         if missing:
             raise ProfileError(f"{where}: missing key {missing[0]!r}")
         kw = dict(data)
         try:
             kw["grid"] = {str(k): [int(v) for v in vs] for k, vs in kw.get("grid", {}).items()}
-            kw["num_gpu_blocks"] = {int(k): int(v)
-                                    for k, v in kw.get("num_gpu_blocks", {}).items()}
+            kw["num_gpu_blocks"] = {int(k): int(v) for k, v in kw.get("num_gpu_blocks", {}).items()}
             for key in ("cuda_graph_sizes", "cuda_graph_token_sizes"):
                 kw[key] = [int(v) for v in kw.get(key, [])]
         except (TypeError, ValueError, AttributeError) as e:
-            raise ProfileError(f"{where}: grid/num_gpu_blocks/cuda_graph_sizes/"
-                               f"cuda_graph_token_sizes must map to integers ({e})") from None
+            raise ProfileError(
+                f"{where}: grid/num_gpu_blocks/cuda_graph_sizes/"
+                f"cuda_graph_token_sizes must map to integers ({e})"
+            ) from None
         try:
             return cls(**kw)
         except ProfileError as e:  # re-anchor the message on the file's path
@@ -252,27 +272,39 @@ class ProfileMetadata:
             if not getattr(self, name):
                 raise ProfileError(f"{where}: {name} must not be empty")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ProfileError(f"{where}: tensor_parallel_size={self.tensor_parallel_size!r} "
-                               "must be an integer >= 1")
+            raise ProfileError(
+                f"{where}: tensor_parallel_size={self.tensor_parallel_size!r} "
+                "must be an integer >= 1"
+            )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ProfileError(f"{where}: kv_cache_dtype={self.kv_cache_dtype!r} is not one of "
-                               f"{', '.join(KV_CACHE_DTYPES)}")
+            raise ProfileError(
+                f"{where}: kv_cache_dtype={self.kv_cache_dtype!r} is not one of "
+                f"{', '.join(KV_CACHE_DTYPES)}"
+            )
         if not isinstance(self.device, dict):
             raise ProfileError(f"{where}: device={self.device!r} must be an object")
         if not isinstance(self.synthetic, bool):
             raise ProfileError(f"{where}: synthetic={self.synthetic!r} must be true or false")
         if not isinstance(self.allreduce_in_step_times, bool):
-            raise ProfileError(f"{where}: allreduce_in_step_times="
-                               f"{self.allreduce_in_step_times!r} must be true or false")
+            raise ProfileError(
+                f"{where}: allreduce_in_step_times="
+                f"{self.allreduce_in_step_times!r} must be true or false"
+            )
         if not self.allreduce_in_step_times and self.tensor_parallel_size == 1:
-            raise ProfileError(f"{where}: allreduce_in_step_times=false needs "
-                               "tensor_parallel_size > 1 (one GPU has no all-reduce)")
+            raise ProfileError(
+                f"{where}: allreduce_in_step_times=false needs "
+                "tensor_parallel_size > 1 (one GPU has no all-reduce)"
+            )
         for name in ("cuda_graph_sizes", "cuda_graph_token_sizes"):
             sizes = getattr(self, name)
-            if not isinstance(sizes, list) or any(not isinstance(v, int) or v < 1
-                                                  for v in sizes) or sizes != sorted(set(sizes)):
-                raise ProfileError(f"{where}: {name}={sizes!r} must be ascending distinct "
-                                   "integers >= 1")
+            if (
+                not isinstance(sizes, list)
+                or any(not isinstance(v, int) or v < 1 for v in sizes)
+                or sizes != sorted(set(sizes))
+            ):
+                raise ProfileError(
+                    f"{where}: {name}={sizes!r} must be ascending distinct integers >= 1"
+                )
         for name in ("varlen_block_q", "varlen_tile_n", *_DECODE_KERNEL_KEYS):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -393,10 +425,13 @@ def _read_table(path: Path, row_cls: type) -> tuple:
             if not raw or all(not x.strip() for x in raw):
                 continue
             if len(raw) != len(header):
-                raise ProfileError(f"{path} line {line_no}: {len(raw)} fields, "
-                                   f"header has {len(header)}")
-            values = [_parse(path, line_no, name, kind, raw[i].strip())
-                      for (name, kind), i in zip(cols, index, strict=True)]
+                raise ProfileError(
+                    f"{path} line {line_no}: {len(raw)} fields, header has {len(header)}"
+                )
+            values = [
+                _parse(path, line_no, name, kind, raw[i].strip())
+                for (name, kind), i in zip(cols, index, strict=True)
+            ]
             rows.append(row_cls(*values))
     return tuple(rows)
 
@@ -425,13 +460,15 @@ def _check_rows(table: str, row_cls: type, rows: tuple) -> None:
             # a decode context is never empty; a shared-prefix step may have no decodes
             low = 0 if n in ("num_cached_tokens", "num_decodes", "decode_context_len") else 1
             if not isinstance(v, int) or v < low:
-                raise ProfileError(f"{table}.csv row {i + 1}: {n}={v!r} must be an "
-                                   f"integer >= {low}")
+                raise ProfileError(
+                    f"{table}.csv row {i + 1}: {n}={v!r} must be an integer >= {low}"
+                )
         for n in names[n_keys:]:
             v = getattr(r, n)
             if not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-                raise ProfileError(f"{table}.csv row {i + 1}: {n}={v!r} must be a finite "
-                                   "number >= 0")
+                raise ProfileError(
+                    f"{table}.csv row {i + 1}: {n}={v!r} must be a finite number >= 0"
+                )
         if key in seen:
             point = ", ".join(f"{n}={v}" for n, v in zip(names[:n_keys], key, strict=True))
             raise ProfileError(f"{table}.csv row {i + 1}: duplicate grid point {point}")

@@ -37,12 +37,29 @@ from pagesim.cost.profile_rows import KEY_COLUMNS, TABLES
 __all__ = ["SAME_SETUP_KEYS", "merge_profiles", "source_deviation"]
 
 #: metadata every source must share: what was measured, on what, with which software
-SAME_SETUP_KEYS = ("gpu", "model", "gpu_name", "dtype", "kv_cache_dtype",
-                   "tensor_parallel_size", "allreduce_in_step_times", "attention_backend",
-                   "cuda_graph_sizes", "cuda_graph_token_sizes", "varlen_block_q",
-                   "varlen_tile_n", "decode_tile_n", "decode_programs_per_sm",
-                   "gpu_memory_utilization", "driver", "cuda", "torch", "triton",
-                   "synthetic", "format_version")
+SAME_SETUP_KEYS = (
+    "gpu",
+    "model",
+    "gpu_name",
+    "dtype",
+    "kv_cache_dtype",
+    "tensor_parallel_size",
+    "allreduce_in_step_times",
+    "attention_backend",
+    "cuda_graph_sizes",
+    "cuda_graph_token_sizes",
+    "varlen_block_q",
+    "varlen_tile_n",
+    "decode_tile_n",
+    "decode_programs_per_sm",
+    "gpu_memory_utilization",
+    "driver",
+    "cuda",
+    "torch",
+    "triton",
+    "synthetic",
+    "format_version",
+)
 
 
 def merge_profiles(profiles: Sequence[Profile]) -> Profile:
@@ -56,10 +73,11 @@ def merge_profiles(profiles: Sequence[Profile]) -> Profile:
         for key in SAME_SETUP_KEYS:
             a, b = getattr(first, key), getattr(p.metadata, key)
             if a != b:
-                raise ProfileError(f"merge: profile 1 and profile {i} differ in {key} "
-                                   f"({a!r} vs {b!r}); only calibrations of one setup merge")
-    tables = {name: _merge_table(name, [getattr(p, name) for p in profiles])
-              for name in TABLES}
+                raise ProfileError(
+                    f"merge: profile 1 and profile {i} differ in {key} "
+                    f"({a!r} vs {b!r}); only calibrations of one setup merge"
+                )
+    tables = {name: _merge_table(name, [getattr(p, name) for p in profiles]) for name in TABLES}
     return Profile(_merge_metadata([p.metadata for p in profiles]), **tables)
 
 
@@ -69,8 +87,11 @@ def source_deviation(source: Profile, merged: Profile, table: str = "decode") ->
     median)."""
     k = KEY_COLUMNS[table]
     merged_time = {dataclasses.astuple(r)[:k]: r.step_time_ms for r in getattr(merged, table)}
-    return [r.step_time_ms / merged_time[dataclasses.astuple(r)[:k]] - 1
-            for r in getattr(source, table) if r.step_time_ms > 0]
+    return [
+        r.step_time_ms / merged_time[dataclasses.astuple(r)[:k]] - 1
+        for r in getattr(source, table)
+        if r.step_time_ms > 0
+    ]
 
 
 def _merge_table(name: str, sources: list[tuple]) -> tuple:
@@ -83,8 +104,10 @@ def _merge_table(name: str, sources: list[tuple]) -> tuple:
         for row in rows:
             values = dataclasses.astuple(row)
             measured.setdefault(values[:k], []).append(values[k:])
-    return tuple(row_cls(*key, *(median(column) for column in zip(*values, strict=True)))
-                 for key, values in measured.items())
+    return tuple(
+        row_cls(*key, *(median(column) for column in zip(*values, strict=True)))
+        for key, values in measured.items()
+    )
 
 
 def _merge_metadata(sources: list[ProfileMetadata]) -> ProfileMetadata:
@@ -98,15 +121,20 @@ def _merge_metadata(sources: list[ProfileMetadata]) -> ProfileMetadata:
         for axis, values in meta.grid.items():
             grid.setdefault(axis, set()).update(values)
     dates = [meta.date for meta in sources]
-    notes = (f"the median of {len(sources)} calibrations (pagesim.cost.profile_merge), "
-             f"measured {', '.join(dates)}; the first's notes: {first.notes}")
+    notes = (
+        f"the median of {len(sources)} calibrations (pagesim.cost.profile_merge), "
+        f"measured {', '.join(dates)}; the first's notes: {first.notes}"
+    )
     return dataclasses.replace(
-        first, date=max(dates), notes=notes,
+        first,
+        date=max(dates),
+        notes=notes,
         num_gpu_blocks=dict(sorted(blocks.items())),
         grid={axis: sorted(values) for axis, values in grid.items()},
         overhead_prefill_step_ms=_median_of_known(s.overhead_prefill_step_ms for s in sources),
         overhead_per_prefill_ms=_median_of_known(s.overhead_per_prefill_ms for s in sources),
-        host_link_bytes_per_s=_median_of_known(s.host_link_bytes_per_s for s in sources))
+        host_link_bytes_per_s=_median_of_known(s.host_link_bytes_per_s for s in sources),
+    )
 
 
 def _median_of_known(values) -> float | None:

@@ -170,15 +170,29 @@ class AllReduceRow:
 
 # table name -> (row class, required?)
 TABLES: dict[str, tuple[type, bool]] = {
-    "decode": (DecodeRow, True), "prefill": (PrefillRow, True),
-    "mixed": (MixedRow, False), "multi_prefill": (MultiPrefillRow, False),
-    "overhead": (OverheadRow, False), "allreduce": (AllReduceRow, False),
-    "decode_shared": (DecodeSharedRow, False), "varlen_shared": (VarlenSharedRow, False),
+    "decode": (DecodeRow, True),
+    "prefill": (PrefillRow, True),
+    "mixed": (MixedRow, False),
+    "multi_prefill": (MultiPrefillRow, False),
+    "overhead": (OverheadRow, False),
+    "allreduce": (AllReduceRow, False),
+    "decode_shared": (DecodeSharedRow, False),
+    "varlen_shared": (VarlenSharedRow, False),
     "decode_spread": (DecodeSpreadRow, False),
-    "decode_shared_spread": (DecodeSharedSpreadRow, False)}
-KEY_COLUMNS = {"decode": 3, "prefill": 3, "mixed": 5, "multi_prefill": 4, "overhead": 1,
-               "allreduce": 2, "decode_shared": 4, "varlen_shared": 6,
-               "decode_spread": 4, "decode_shared_spread": 5}  # leading int columns
+    "decode_shared_spread": (DecodeSharedSpreadRow, False),
+}
+KEY_COLUMNS = {
+    "decode": 3,
+    "prefill": 3,
+    "mixed": 5,
+    "multi_prefill": 4,
+    "overhead": 1,
+    "allreduce": 2,
+    "decode_shared": 4,
+    "varlen_shared": 6,
+    "decode_spread": 4,
+    "decode_shared_spread": 5,
+}  # leading int columns
 
 
 def row_shapes(profile) -> list[tuple[str, int, object]]:
@@ -233,11 +247,19 @@ def row_batch(kind: str, r) -> BatchShape | None:
 def multi_part_shape(kind: str, r) -> BatchShape | None:
     """The batch of a row with several parts (a mixed or multi-prefill row), else None."""
     if kind == "mixed":
-        return BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens, r.decode_batch_size,
-                                r.decode_context_len, r.block_size)
+        return BatchShape.mixed(
+            r.num_new_tokens,
+            r.num_cached_tokens,
+            r.decode_batch_size,
+            r.decode_context_len,
+            r.block_size,
+        )
     if kind == "multi" and r.num_entries > 1:
         k = r.num_entries
-        return BatchShape(r.block_size, k * r.num_new_tokens,
-                          prefill_new_tokens=[r.num_new_tokens] * k,
-                          prefill_context_tokens=[r.num_cached_tokens] * k)
+        return BatchShape(
+            r.block_size,
+            k * r.num_new_tokens,
+            prefill_new_tokens=[r.num_new_tokens] * k,
+            prefill_context_tokens=[r.num_cached_tokens] * k,
+        )
     return None

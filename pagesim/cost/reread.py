@@ -48,16 +48,22 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
         for r in spread.get(bs, ()):
             shape = shared_spread_shape(r)
             plain = model._parts(shape, reread=1.0)[0]
-            cases.append((lambda f, shape=shape, plain=plain:
-                          model._parts(shape, reread=f)[0] / plain,
-                          r.step_time_ms / r.reference_step_time_ms))
+            cases.append(
+                (
+                    lambda f, shape=shape, plain=plain: model._parts(shape, reread=f)[0] / plain,
+                    r.step_time_ms / r.reference_step_time_ms,
+                )
+            )
         if not cases:  # no served-like rows at this block size: the uniform ones
             for r in uniform.get(bs, ()):
                 p = model._padded_decode(r.batch_size)
                 other = model._other_for(model._decode_graph(r.batch_size), p)
-                cases.append((_uniform_ratio(model._decode[bs], other, p, r.context_len,
-                                             r.shared_len),
-                              r.step_time_ms / r.reference_step_time_ms))
+                cases.append(
+                    (
+                        _uniform_ratio(model._decode[bs], other, p, r.context_len, r.shared_len),
+                        r.step_time_ms / r.reference_step_time_ms,
+                    )
+                )
 
         def error(frac: float, cases=cases) -> float:
             return sum((ratio(frac) - measured) ** 2 for ratio, measured in cases)
@@ -77,10 +83,17 @@ def shared_spread_shape(r) -> BatchShape:
     2 * mean - longest to longest, every one starting with the `shared_len` shared tokens."""
     b, mean, longest = r.batch_size, r.context_len, r.longest_context_len
     low = 2 * mean - longest
-    contexts = [round(low + i * (longest - low) / (b - 1)) if b > 1 else mean
-                for i in range(b)]
-    return BatchShape(r.block_size, b, b, sum(contexts), contexts, [], [],
-                      shared_context_tokens=b * r.shared_len if b > 1 else 0)
+    contexts = [round(low + i * (longest - low) / (b - 1)) if b > 1 else mean for i in range(b)]
+    return BatchShape(
+        r.block_size,
+        b,
+        b,
+        sum(contexts),
+        contexts,
+        [],
+        [],
+        shared_context_tokens=b * r.shared_len if b > 1 else 0,
+    )
 
 
 def _by_block_size(rows, fitted: dict) -> list[tuple[int, list]]:
@@ -106,21 +119,42 @@ def fit_varlen_reread(model, profile: Profile) -> dict[int, float]:
         fit = model._varlen[bs]
         cases = []
         for r in rs:
-            d, dc, k, n, sh = (r.num_decodes, r.decode_context_len, r.num_entries,
-                               r.num_new_tokens, r.shared_len)
-            shape = BatchShape(bs, d + k * n, d, d * dc, [dc] * d, [n] * k, [sh] * k,
-                               shared_context_tokens=(d + k) * sh if d + k > 1 else 0)
+            d, dc, k, n, sh = (
+                r.num_decodes,
+                r.decode_context_len,
+                r.num_entries,
+                r.num_new_tokens,
+                r.shared_len,
+            )
+            shape = BatchShape(
+                bs,
+                d + k * n,
+                d,
+                d * dc,
+                [dc] * d,
+                [n] * k,
+                [sh] * k,
+                shared_context_tokens=(d + k) * sh if d + k > 1 else 0,
+            )
             padded = model.padded_tokens(shape.total_tokens)
             other = model._other_for(padded is not None, padded or shape.total_tokens)
             launch = shape_launch(model._varlen_kernel, shape, padded)
             plain = other + fit(launch, padded is not None)
-            cases.append((shape, padded, other, plain,
-                          r.step_time_ms / r.reference_step_time_ms, launch))
+            cases.append(
+                (shape, padded, other, plain, r.step_time_ms / r.reference_step_time_ms, launch)
+            )
+
         # each fraction discounts the row's one launch (`model._varlen_launch` of the shape)
         def error(frac: float, fit=fit, cases=cases) -> float:
-            return sum(((other + fit(model._discounted(launch, shape, frac),
-                                     padded is not None)) / plain - ratio) ** 2
-                       for shape, padded, other, plain, ratio, launch in cases)
+            return sum(
+                (
+                    (other + fit(model._discounted(launch, shape, frac), padded is not None))
+                    / plain
+                    - ratio
+                )
+                ** 2
+                for shape, padded, other, plain, ratio, launch in cases
+            )
 
         out[bs] = best_fraction(error)
     return out

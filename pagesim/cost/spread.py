@@ -56,9 +56,14 @@ class DecodeKernel:
         spec = MODELS.get(meta.model)
         if not (meta.decode_tile_n and meta.decode_programs_per_sm and sms and spec):
             return None
-        return cls(meta.decode_tile_n, meta.decode_programs_per_sm, int(sms),
-                   meta.kv_heads_per_gpu,
-                   spec.max_position_embeddings, spec.sliding_window)
+        return cls(
+            meta.decode_tile_n,
+            meta.decode_programs_per_sm,
+            int(sms),
+            meta.kv_heads_per_gpu,
+            spec.max_position_embeddings,
+            spec.sliding_window,
+        )
 
     def partition_size(self, num_seqs: int, span: int) -> int:
         """Tokens per partition of a step of `num_seqs` sequences over `span` tokens
@@ -66,15 +71,21 @@ class DecodeKernel:
         key = (num_seqs, span)
         size = self._memo.get(key)
         if size is None:
-            part: DecodePartition = split_rule(num_seqs, self.num_kv_heads, span, self.tile_n,
-                                               self.programs_per_sm, self.num_sms,
-                                               self.sliding_window)
-            size = self._memo[key] = part.partition_size if part.num_partitions > 1 \
-                else NO_SPLIT
+            part: DecodePartition = split_rule(
+                num_seqs,
+                self.num_kv_heads,
+                span,
+                self.tile_n,
+                self.programs_per_sm,
+                self.num_sms,
+                self.sliding_window,
+            )
+            size = self._memo[key] = part.partition_size if part.num_partitions > 1 else NO_SPLIT
         return size
 
-    def program_spread(self, num_seqs: int, graph: bool, mean_context: float,
-                       longest_context: int) -> float:
+    def program_spread(
+        self, num_seqs: int, graph: bool, mean_context: float, longest_context: int
+    ) -> float:
         """Longest program minus the mean one (tokens) of a decode step of `num_seqs`
         (padded) sequences: a graph's partitions follow its span bucket, an eager step's its
         longest context. Contexts are before the step; each sequence reads one more token."""

@@ -31,8 +31,10 @@ class Pwl:
     def __init__(self, points: dict[float, list[float]], extrapolate: bool = True):
         self.xs = sorted(points)
         self.ys = [median(points[x]) for x in self.xs]
-        self.slopes = [(self.ys[i + 1] - self.ys[i]) / (self.xs[i + 1] - self.xs[i])
-                       for i in range(len(self.xs) - 1)]
+        self.slopes = [
+            (self.ys[i + 1] - self.ys[i]) / (self.xs[i + 1] - self.xs[i])
+            for i in range(len(self.xs) - 1)
+        ]
         self.tail = max(self.slopes[-1], 0.0) if self.slopes and extrapolate else 0.0
 
     def __call__(self, x: float) -> float:
@@ -60,7 +62,7 @@ class Surface:
         z = np.array([p[2] for p in points], dtype=float)
         self.coef = nonnegative_lstsq(self._terms(u, v), z)
         deviation: dict[int, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for (pu, pv, pz) in points:
+        for pu, pv, pz in points:
             deviation[pu][pv].append(pz - self._backbone(pu, pv))
         self.us = sorted(deviation)
         self.rows = [Pwl(deviation[x], extrapolate=False) for x in self.us]

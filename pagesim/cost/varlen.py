@@ -120,8 +120,12 @@ class Launch:
         read. The saving shortens every program alike (a share of the work)."""
         saved = (1.0 - reread_cost) * duplicate_fraction * self.context_work
         left = (self.work - saved) / self.work if self.work > 0 else 1.0
-        return replace(self, work=self.work - saved, context_work=self.context_work - saved,
-                       scale=self.scale * left)
+        return replace(
+            self,
+            work=self.work - saved,
+            context_work=self.context_work - saved,
+            scale=self.scale * left,
+        )
 
     def candidates(self) -> list[tuple[int, float]]:
         """(index, length) of the programs that end the launch, nearly always: the longest
@@ -233,8 +237,12 @@ def makespans(launch: Launch, slots: Sequence[int]) -> np.ndarray:
     return launch.scale * np.where(heads * n <= p, launch.longest, best)
 
 
-def launch_of(kernel: VarlenKernel, entries: list[tuple[int, int]],
-              decode_contexts: Sequence[float], padded_tokens: int | None) -> Launch:
+def launch_of(
+    kernel: VarlenKernel,
+    entries: list[tuple[int, int]],
+    decode_contexts: Sequence[float],
+    padded_tokens: int | None,
+) -> Launch:
     """The launch of a step of prefill `entries` (new, cached) plus decodes of the given
     contexts, in batch order; `padded_tokens` is the graph's size (None: eager)."""
     bq, tile, fixed = kernel.block_q, float(kernel.tile_n), kernel.program_overhead
@@ -264,9 +272,23 @@ def launch_of(kernel: VarlenKernel, entries: list[tuple[int, int]],
         launched = tokens // bq + seqs
     else:
         launched = padded_tokens // bq + min(padded_tokens, kernel.max_graph_seqs)
-    return Launch(work, longest, used, launched, context_work, num_decodes, decode_sum,
-                  at_most, most, last, tuple(entries), bq, kernel.tile_n, kernel.num_kv_heads,
-                  overhead=fixed)
+    return Launch(
+        work,
+        longest,
+        used,
+        launched,
+        context_work,
+        num_decodes,
+        decode_sum,
+        at_most,
+        most,
+        last,
+        tuple(entries),
+        bq,
+        kernel.tile_n,
+        kernel.num_kv_heads,
+        overhead=fixed,
+    )
 
 
 def shape_launch(kernel: VarlenKernel, b: BatchShape, padded_tokens: int | None) -> Launch:
@@ -275,8 +297,12 @@ def shape_launch(kernel: VarlenKernel, b: BatchShape, padded_tokens: int | None)
     ctx = b.decode_context_tokens
     if len(ctx) != n:
         ctx = [b.decode_context_sum / n] * n
-    return launch_of(kernel, list(zip(b.prefill_new_tokens, b.prefill_context_tokens,
-                                      strict=True)), ctx, padded_tokens)
+    return launch_of(
+        kernel,
+        list(zip(b.prefill_new_tokens, b.prefill_context_tokens, strict=True)),
+        ctx,
+        padded_tokens,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,9 +317,11 @@ class VarlenFit:
     rms: float  # root mean square of the fit's error over its rows, as a fraction of the step
 
     def __call__(self, launch: Launch, graph: bool) -> float:
-        return ((self.alpha_graph if graph else self.alpha_eager)
-                + self.beta * launch.makespan(self.slots)
-                + self.gamma * launch.surplus)
+        return (
+            (self.alpha_graph if graph else self.alpha_eager)
+            + self.beta * launch.makespan(self.slots)
+            + self.gamma * launch.surplus
+        )
 
 
 def fit_varlen(rows: list[tuple[Launch, bool, float, float]]) -> VarlenFit | None:
@@ -313,8 +341,12 @@ def fit_varlen(rows: list[tuple[Launch, bool, float, float]]) -> VarlenFit | Non
     best: tuple[float, int, list[float]] | None = None
     # the weighted columns that do not depend on the slot count, made once
     eager = 1.0 - graph
-    graph_w, eager_w, surplus_w, att_w = graph * weight, eager * weight, surplus * weight, \
-        att * weight
+    graph_w, eager_w, surplus_w, att_w = (
+        graph * weight,
+        eager * weight,
+        surplus * weight,
+        att * weight,
+    )
     for slots, span in zip(SLOTS_GRID, spans, strict=True):
         terms = [graph, eager, span, surplus]
         coef = nonnegative_lstsq([graph_w, eager_w, span * weight, surplus_w], att_w)
@@ -331,9 +363,9 @@ def fit_varlen(rows: list[tuple[Launch, bool, float, float]]) -> VarlenFit | Non
     return VarlenFit(a_graph, a_eager, coef[2], coef[3], slots, (sse / len(rows)) ** 0.5)
 
 
-def fit_varlen_overhead(kernel: VarlenKernel,
-                        rows: dict[int, list[tuple[BatchShape, int | None, float, float]]]
-                        ) -> tuple[VarlenKernel, dict[int, VarlenFit]]:
+def fit_varlen_overhead(
+    kernel: VarlenKernel, rows: dict[int, list[tuple[BatchShape, int | None, float, float]]]
+) -> tuple[VarlenKernel, dict[int, VarlenFit]]:
     """The kernel with its program overhead fitted, and one `VarlenFit` per block size.
 
     `rows`: block size -> `(shape, padded tokens or None, attention seconds, step seconds)`.
@@ -348,11 +380,15 @@ def fit_varlen_overhead(kernel: VarlenKernel,
         k = replace(kernel, program_overhead=overhead)
         fits, sse = {}, 0.0
         for bs, v in sorted(rows.items()):
-            fit = fit_varlen([(shape_launch(k, shape, padded), padded is not None, att, step)
-                              for shape, padded, att, step in v])
+            fit = fit_varlen(
+                [
+                    (shape_launch(k, shape, padded), padded is not None, att, step)
+                    for shape, padded, att, step in v
+                ]
+            )
             if fit is not None:
                 fits[bs] = fit
-                sse += fit.rms ** 2 * len(v)
+                sse += fit.rms**2 * len(v)
         if fits and (best is None or sse < best[0]):
             best = (sse, k, fits)
     return (best[1], best[2]) if best is not None else (kernel, {})
@@ -363,8 +399,9 @@ def nonnegative_lstsq(terms: list, z: np.ndarray) -> list[float]:
     which never saves time): refit without the most negative coefficient until none is left.
     Columns are scaled to unit max for conditioning; an all-zero column gets 0."""
     # scalar terms are broadcast; full columns go in as they are (the same values)
-    a = np.stack([t if np.shape(t) == z.shape else np.broadcast_to(t, z.shape)
-                  for t in terms], axis=1)
+    a = np.stack(
+        [t if np.shape(t) == z.shape else np.broadcast_to(t, z.shape) for t in terms], axis=1
+    )
     scale = np.max(np.abs(a), axis=0)
     scale[scale == 0] = 1.0
     scaled = a / scale  # every column scaled once: the quotients each refit would take

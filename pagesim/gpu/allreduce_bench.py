@@ -32,12 +32,14 @@ from pagesim.gpu.parallel import TPGroup
 #: of a 70B model.
 DEFAULT_MESSAGE_BYTES: tuple[int, ...] = tuple(1 << k for k in range(10, 29))
 
-METHOD = ("allreduce.csv: torch.distributed.all_reduce (sum) of {dtype} messages on the "
-          "{backend} device group, multicast off (NCCL_NVLS_ENABLE=0, "
-          "TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1); per size {warmup} "
-          "warm-up calls, then {repeats} samples of `inner` back-to-back calls between device "
-          "syncs divided by `inner` (20 below 1 MiB, 5 below 64 MiB, else 2), each the slowest "
-          "rank's; median, p10, p90.")
+METHOD = (
+    "allreduce.csv: torch.distributed.all_reduce (sum) of {dtype} messages on the "
+    "{backend} device group, multicast off (NCCL_NVLS_ENABLE=0, "
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1); per size {warmup} "
+    "warm-up calls, then {repeats} samples of `inner` back-to-back calls between device "
+    "syncs divided by `inner` (20 below 1 MiB, 5 below 64 MiB, else 2), each the slowest "
+    "rank's; median, p10, p90."
+)
 
 
 def default_inner(message_bytes: int) -> int:
@@ -55,13 +57,21 @@ def group_device(group: TPGroup) -> torch.device:
     return torch.device("cpu")
 
 
-def bench_allreduce(group: TPGroup, message_bytes: tuple[int, ...] = DEFAULT_MESSAGE_BYTES, *,
-                    dtype: torch.dtype = torch.bfloat16, warmup: int = 5, repeats: int = 20,
-                    inner: int | None = None) -> list[AllReduceRow]:
+def bench_allreduce(
+    group: TPGroup,
+    message_bytes: tuple[int, ...] = DEFAULT_MESSAGE_BYTES,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    warmup: int = 5,
+    repeats: int = 20,
+    inner: int | None = None,
+) -> list[AllReduceRow]:
     """One `AllReduceRow` per message size (bytes, rounded down to whole elements)."""
     if group.is_solo or group.world_size < 2:
-        raise ConfigError(f"tensor_parallel_size={group.world_size}: the all-reduce benchmark "
-                          "needs a group of at least 2 processes")
+        raise ConfigError(
+            f"tensor_parallel_size={group.world_size}: the all-reduce benchmark "
+            "needs a group of at least 2 processes"
+        )
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"repeats={repeats}, warmup={warmup}: need repeats >= 1, warmup >= 0")
     device = group_device(group)
@@ -77,8 +87,15 @@ def bench_allreduce(group: TPGroup, message_bytes: tuple[int, ...] = DEFAULT_MES
             dist.all_reduce(x, group=group.device_group)
         samples = [_sample(x, k, group, device) for _ in range(repeats)]
         us = np.asarray(samples) * 1e6
-        rows.append(AllReduceRow(group.world_size, n * itemsize, float(np.median(us)),
-                                 float(np.percentile(us, 10)), float(np.percentile(us, 90))))
+        rows.append(
+            AllReduceRow(
+                group.world_size,
+                n * itemsize,
+                float(np.median(us)),
+                float(np.percentile(us, 10)),
+                float(np.percentile(us, 90)),
+            )
+        )
         del x
     return rows
 

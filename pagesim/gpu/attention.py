@@ -133,11 +133,13 @@ class PagedAttentionBackend:
         if not (len(block_ids_per_seq) == len(num_computed_tokens) == len(num_new_tokens)):
             raise KernelInputError(
                 f"block_ids_per_seq, num_computed_tokens, num_new_tokens lengths differ: "
-                f"{len(block_ids_per_seq)}, {len(num_computed_tokens)}, {len(num_new_tokens)}")
+                f"{len(block_ids_per_seq)}, {len(num_computed_tokens)}, {len(num_new_tokens)}"
+            )
         device = torch.device(device)
         seq_lens = [c + n for c, n in zip(num_computed_tokens, num_new_tokens, strict=True)]
-        slots = build_slot_mapping(block_ids_per_seq, num_computed_tokens, num_new_tokens,
-                                   self.block_size, pad_to=pad_to)
+        slots = build_slot_mapping(
+            block_ids_per_seq, num_computed_tokens, num_new_tokens, self.block_size, pad_to=pad_to
+        )
         table = build_block_table(block_ids_per_seq, max_num_blocks_per_seq)
         qsl = build_query_start_loc(num_new_tokens)
         num_seqs = len(seq_lens)
@@ -154,25 +156,43 @@ class PagedAttentionBackend:
         )
         if num_seqs and all(n == 1 for n in num_new_tokens):
             if num_sms is None:
-                num_sms = (torch.cuda.get_device_properties(device).multi_processor_count
-                           if device.type == "cuda" else DEFAULT_NUM_SMS)
+                num_sms = (
+                    torch.cuda.get_device_properties(device).multi_processor_count
+                    if device.type == "cuda"
+                    else DEFAULT_NUM_SMS
+                )
             cfg = decode_config(self.head_size, self.num_queries_per_kv, device.type == "cuda")
-            md.decode_partition = decode_partition(num_seqs, self.num_kv_heads, max_seq_len,
-                                                   cfg, num_sms, self.sliding_window,
-                                                   self.min_partition_tokens)
+            md.decode_partition = decode_partition(
+                num_seqs,
+                self.num_kv_heads,
+                max_seq_len,
+                cfg,
+                num_sms,
+                self.sliding_window,
+                self.min_partition_tokens,
+            )
             if md.decode_partition.num_partitions > 1:
                 md.decode_workspace = DecodeWorkspace.allocate(
-                    num_seqs, self.num_heads, self.head_size,
-                    md.decode_partition.num_partitions, device)
+                    num_seqs,
+                    self.num_heads,
+                    self.head_size,
+                    md.decode_partition.num_partitions,
+                    device,
+                )
         return md
 
-    def build_metadata_for_step(self, scheduler_output: SchedulerOutput,
-                                device: torch.device | str, **kwargs) -> AttentionMetadata:
+    def build_metadata_for_step(
+        self, scheduler_output: SchedulerOutput, device: torch.device | str, **kwargs
+    ) -> AttentionMetadata:
         """`build_metadata` over a scheduler step's requests, in the step's running order."""
         sched = scheduler_output.scheduled
-        return self.build_metadata([r.block_ids for r in sched],
-                                   [r.num_computed_tokens for r in sched],
-                                   [r.num_new_tokens for r in sched], device, **kwargs)
+        return self.build_metadata(
+            [r.block_ids for r in sched],
+            [r.num_computed_tokens for r in sched],
+            [r.num_new_tokens for r in sched],
+            device,
+            **kwargs,
+        )
 
     def forward(
         self,
@@ -191,19 +211,36 @@ class PagedAttentionBackend:
         md = metadata
         num_tokens = md.slot_mapping.shape[0]
         check_shape("query", query, (num_tokens, self.num_heads, self.head_size))
-        check_shape("key_cache", key_cache, (None, self.block_size, self.num_kv_heads,
-                                             self.head_size))
+        check_shape(
+            "key_cache", key_cache, (None, self.block_size, self.num_kv_heads, self.head_size)
+        )
         if out is None:
             out = torch.empty_like(query)
         reshape_and_cache(key, value, key_cache, value_cache, md.slot_mapping)
         if md.decode_partition is not None:
             n = md.num_seqs
-            paged_attention_decode(query[:n], key_cache, value_cache, md.block_table,
-                                   md.seq_lens, md.decode_partition, self.scale,
-                                   self.sliding_window, out=out[:n],
-                                   workspace=md.decode_workspace)
+            paged_attention_decode(
+                query[:n],
+                key_cache,
+                value_cache,
+                md.block_table,
+                md.seq_lens,
+                md.decode_partition,
+                self.scale,
+                self.sliding_window,
+                out=out[:n],
+                workspace=md.decode_workspace,
+            )
         else:
-            paged_attention_prefill(query, key_cache, value_cache, md.block_table, md.seq_lens,
-                                    md.query_start_loc, self.scale, self.sliding_window,
-                                    out=out)
+            paged_attention_prefill(
+                query,
+                key_cache,
+                value_cache,
+                md.block_table,
+                md.seq_lens,
+                md.query_start_loc,
+                self.scale,
+                self.sliding_window,
+                out=out,
+            )
         return out

@@ -55,10 +55,23 @@ from pagesim.gpu.overhead import overhead_requests, overhead_rows
 from pagesim.request import Request
 from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
-__all__ = ["BlockSource", "CalibrationGrid", "CalibrationRows", "Progress", "Timing",
-           "calibrate_block_size", "decode_points", "grid_points", "measure_interleaved",
-           "overhead_requests", "overhead_rows", "prefill_points", "round_order_rng",
-           "spread_contexts", "synthetic_step"]
+__all__ = [
+    "BlockSource",
+    "CalibrationGrid",
+    "CalibrationRows",
+    "Progress",
+    "Timing",
+    "calibrate_block_size",
+    "decode_points",
+    "grid_points",
+    "measure_interleaved",
+    "overhead_requests",
+    "overhead_rows",
+    "prefill_points",
+    "round_order_rng",
+    "spread_contexts",
+    "synthetic_step",
+]
 
 Progress = Callable[[int, int, str], None]  # (done, total, label)
 
@@ -75,8 +88,12 @@ class Timing:
     @classmethod
     def of(cls, samples: list[float]) -> Timing:
         a = np.asarray(samples)
-        return cls(float(np.median(a)), float(np.percentile(a, 10)),
-                   float(np.percentile(a, 90)), list(samples))
+        return cls(
+            float(np.median(a)),
+            float(np.percentile(a, 10)),
+            float(np.percentile(a, 90)),
+            list(samples),
+        )
 
 
 class BlockSource:
@@ -97,7 +114,7 @@ class BlockSource:
             return None
         rows, at = [], 0
         for c in counts:
-            rows.append(self.ids[at:at + c])
+            rows.append(self.ids[at : at + c])
             at += c
         return rows
 
@@ -119,9 +136,14 @@ def _request(rid: str, context: int, num_new: int, prompts: dict[int, list[int]]
     return req
 
 
-def synthetic_step(entries: list[tuple[int, int]], block_size: int,
-                   blocks: BlockSource, step_id: int = 0,
-                   shared: int = 0, request_prefix: str = "cal") -> SchedulerOutput | None:
+def synthetic_step(
+    entries: list[tuple[int, int]],
+    block_size: int,
+    blocks: BlockSource,
+    step_id: int = 0,
+    shared: int = 0,
+    request_prefix: str = "cal",
+) -> SchedulerOutput | None:
     """A step of `(context, num_new)` entries (decodes first, as a running batch), or None if
     its K/V does not fit in the cache. With `shared` (tokens, a multiple of the block size, at
     most every context), every entry's first `shared // block_size` blocks are the same ones,
@@ -149,10 +171,15 @@ def round_order_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, 0xCA11])
 
 
-def measure_interleaved(runner, items: list[tuple[SchedulerOutput, bool]],
-                        grid: CalibrationGrid, *, seed: int = 0,
-                        deadline: float | None = None,
-                        tick: Callable[[], None] | None = None) -> list[Timing]:
+def measure_interleaved(
+    runner,
+    items: list[tuple[SchedulerOutput, bool]],
+    grid: CalibrationGrid,
+    *,
+    seed: int = 0,
+    deadline: float | None = None,
+    tick: Callable[[], None] | None = None,
+) -> list[Timing]:
     """Time `execute_model(out)` (with attention skipped where the flag says so) for every
     item, in interleaved rounds, on the host clock (the call ends with a device sync).
 
@@ -219,26 +246,42 @@ def fitted_spread(mean: int, half_width: int, max_model_len: int) -> tuple[int, 
     return int(mean * scale), int(half_width * scale)
 
 
-def decode_points(grid: CalibrationGrid, max_model_len: int, capacity_tokens: int,
-                  max_num_seqs: int) -> list[tuple[int, int]]:
+def decode_points(
+    grid: CalibrationGrid, max_model_len: int, capacity_tokens: int, max_num_seqs: int
+) -> list[tuple[int, int]]:
     """(batch, context) pairs that a server could run: context + 1 <= max_model_len, every
     sequence's blocks fit, batch <= max_num_seqs. The longest context is capped to
     max_model_len - 1 so that the row ends at the model's limit."""
     contexts = sorted({min(c, max_model_len - 1) for c in grid.decode_contexts})
-    return [(b, c) for b in grid.decode_batches for c in contexts
-            if b <= max_num_seqs and b * (c + 1) <= capacity_tokens]
+    return [
+        (b, c)
+        for b in grid.decode_batches
+        for c in contexts
+        if b <= max_num_seqs and b * (c + 1) <= capacity_tokens
+    ]
 
 
-def prefill_points(grid: CalibrationGrid, max_model_len: int,
-                   max_num_batched_tokens: int) -> list[tuple[int, int]]:
-    return [(n, k) for n in grid.prefill_tokens for k in grid.prefill_cached
-            if n <= max_num_batched_tokens and n + k <= max_model_len]
+def prefill_points(
+    grid: CalibrationGrid, max_model_len: int, max_num_batched_tokens: int
+) -> list[tuple[int, int]]:
+    return [
+        (n, k)
+        for n in grid.prefill_tokens
+        for k in grid.prefill_cached
+        if n <= max_num_batched_tokens and n + k <= max_model_len
+    ]
 
 
-def calibration_entries(grid: CalibrationGrid, block_size: int, *, max_model_len: int,
-                        max_num_batched_tokens: int, max_num_seqs: int, full: bool,
-                        capacity: int
-                        ) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], tuple]]:
+def calibration_entries(
+    grid: CalibrationGrid,
+    block_size: int,
+    *,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    full: bool,
+    capacity: int,
+) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], tuple]]:
     """The grid's points for one block size that a server with these limits could run, as
     (kind, key, (context, new tokens) entries, key of its attention-skipped twin): every
     entry's context plus new tokens within `max_model_len` (a block-table row never longer
@@ -250,17 +293,24 @@ def calibration_entries(grid: CalibrationGrid, block_size: int, *, max_model_len
         for n, k in prefill_points(grid, max_model_len, max_num_batched_tokens):
             entries.append(("prefill", (n, k), [(k, n)], ("prefill", n)))
         for n, k, b, c in grid.mixed:
-            if (n + k <= max_model_len and c + 1 <= max_model_len
-                    and n + b <= max_num_batched_tokens and b + 1 <= max_num_seqs):
-                entries.append(("mixed", (n, k, b, c), [(c, 1)] * b + [(k, n)],
-                                ("mixed", n, b)))
+            if (
+                n + k <= max_model_len
+                and c + 1 <= max_model_len
+                and n + b <= max_num_batched_tokens
+                and b + 1 <= max_num_seqs
+            ):
+                entries.append(("mixed", (n, k, b, c), [(c, 1)] * b + [(k, n)], ("mixed", n, b)))
         for k, n, c in grid.multi_prefill:
             if k * n <= max_num_batched_tokens and n + c <= max_model_len and k <= max_num_seqs:
                 entries.append(("multi", (k, n, c), [(c, n)] * k, ("multi", k, n)))
         plain = {key for kind, key, _, _ in entries if kind == "decode"}
         for b, c, sh in grid.decode_shared:
-            if (b <= max_num_seqs and c + 1 <= max_model_len and sh % block_size == 0
-                    and 0 < sh <= c):
+            if (
+                b <= max_num_seqs
+                and c + 1 <= max_model_len
+                and sh % block_size == 0
+                and 0 < sh <= c
+            ):
                 entries.append(("shared", (b, c, sh), [(c, 1)] * b, ("decode", b)))
                 if (b, c) not in plain:  # its reference: the same step over distinct blocks
                     plain.add((b, c))
@@ -269,32 +319,41 @@ def calibration_entries(grid: CalibrationGrid, block_size: int, *, max_model_len
             c, w = fitted_spread(c, w, max_model_len)
             spec = [(x, 1) for x in spread_contexts(b, c, w, seed=b * 7919 + w)]
             if b <= max_num_seqs and c + w + 1 <= max_model_len and 0 < w < c:
-                entries.append(("spread", (b, c, max(x for x, _ in spec)), spec,
-                                ("decode", b)))
+                entries.append(("spread", (b, c, max(x for x, _ in spec)), spec, ("decode", b)))
                 if (b, c) not in plain:  # its uniform twin
                     plain.add((b, c))
                     entries.append(("reference", (b, c), [(c, 1)] * b, ("decode", b)))
         for b, sh, own, w in grid.decode_shared_spread:
             contexts = [sh + x for x in spread_contexts(b, own, w, seed=b * 7919 + sh)]
-            if (b <= max_num_seqs and max(contexts) + 1 <= max_model_len
-                    and sh % block_size == 0 and 0 < sh and 0 < w < own):
+            if (
+                b <= max_num_seqs
+                and max(contexts) + 1 <= max_model_len
+                and sh % block_size == 0
+                and 0 < sh
+                and 0 < w < own
+            ):
                 key = (b, sh + own, max(contexts), sh)
                 spec = [(x, 1) for x in contexts]
                 entries.append(("sshared", key, spec, ("decode", b)))
                 entries.append(("sreference", key, spec, ("decode", b)))
         for d, dc, k, n, sh in grid.varlen_shared:
             spec = [(dc, 1)] * d + [(sh, n)] * k
-            if (d + k <= max_num_seqs and d + k * n <= max_num_batched_tokens
-                    and max(dc + 1, sh + n) <= max_model_len and sh % block_size == 0
-                    and (not d or sh <= dc)):
+            if (
+                d + k <= max_num_seqs
+                and d + k * n <= max_num_batched_tokens
+                and max(dc + 1, sh + n) <= max_model_len
+                and sh % block_size == 0
+                and (not d or sh <= dc)
+            ):
                 key = (d, dc, k, n, sh)
                 entries.append(("vshared", key, spec, ("vshared", d, k, n)))
                 entries.append(("vreference", key, spec, ("vshared", d, k, n)))
     return entries
 
 
-def grid_points(entries: list[tuple], block_size: int, blocks: BlockSource,
-                own_ids: bool = True) -> list[tuple[str, tuple, SchedulerOutput, tuple]]:
+def grid_points(
+    entries: list[tuple], block_size: int, blocks: BlockSource, own_ids: bool = True
+) -> list[tuple[str, tuple, SchedulerOutput, tuple]]:
     """(kind, key, step, other key) of every `calibration_entries` entry whose blocks fit.
 
     With `own_ids` each point names its requests apart (`cal<i>-<k>`): its block-table rows
@@ -307,18 +366,27 @@ def grid_points(entries: list[tuple], block_size: int, blocks: BlockSource,
     points = []
     for i, (kind, key, spec, other) in enumerate(entries):
         shared = key[-1] if kind in ("shared", "vshared", "sshared") else 0
-        out = synthetic_step(spec, block_size, blocks, shared=shared,
-                             request_prefix=f"cal{i}" if own_ids else "cal")
+        out = synthetic_step(
+            spec, block_size, blocks, shared=shared, request_prefix=f"cal{i}" if own_ids else "cal"
+        )
         if out is not None:
             points.append((kind, key, out, other))
     return points
 
 
-def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_model_len: int,
-                         max_num_batched_tokens: int, max_num_seqs: int, full: bool,
-                         progress: Progress | None = None, seed: int = 0,
-                         deadline: float | None = None
-                         ) -> CalibrationRows:
+def calibrate_block_size(
+    runner,
+    block_size: int,
+    grid: CalibrationGrid,
+    *,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    full: bool,
+    progress: Progress | None = None,
+    seed: int = 0,
+    deadline: float | None = None,
+) -> CalibrationRows:
     """All rows of one block size (the runner's cache must use `block_size`).
 
     `other_ms` (attention skipped) is timed once per decode batch, per prefill token count, per
@@ -327,9 +395,15 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
     """
     blocks = BlockSource(runner.num_gpu_blocks, seed)
     capacity = (runner.num_gpu_blocks - 1) * block_size
-    entries = calibration_entries(grid, block_size, max_model_len=max_model_len,
-                                  max_num_batched_tokens=max_num_batched_tokens,
-                                  max_num_seqs=max_num_seqs, full=full, capacity=capacity)
+    entries = calibration_entries(
+        grid,
+        block_size,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        full=full,
+        capacity=capacity,
+    )
     points = grid_points(entries, block_size, blocks)
     other_index: dict[tuple, int] = {}
     items: list[tuple[SchedulerOutput, bool]] = [(p[2], False) for p in points]
@@ -348,22 +422,33 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
 
     timings = measure_interleaved(runner, items, grid, seed=seed, deadline=deadline, tick=tick)
     if progress is not None:
-        progress(total, total, f"bs={block_size} {len(timings[0].samples) if timings else 0} "
-                               "rounds timed")
-    plain_ms = {key: timings[i].median * 1e3 for i, (kind, key, _, _) in enumerate(points)
-                if kind in ("decode", "reference")}
-    twin_ms = {(kind, key): timings[i].median * 1e3
-               for i, (kind, key, _, _) in enumerate(points)
-               if kind in ("vreference", "sreference")}
+        progress(
+            total,
+            total,
+            f"bs={block_size} {len(timings[0].samples) if timings else 0} rounds timed",
+        )
+    plain_ms = {
+        key: timings[i].median * 1e3
+        for i, (kind, key, _, _) in enumerate(points)
+        if kind in ("decode", "reference")
+    }
+    twin_ms = {
+        (kind, key): timings[i].median * 1e3
+        for i, (kind, key, _, _) in enumerate(points)
+        if kind in ("vreference", "sreference")
+    }
     # kind -> (row type, table); shared rows carry their unshared reference time
-    plain_kinds = {"decode": (DecodeRow, "decode"), "prefill": (PrefillRow, "prefill"),
-                   "mixed": (MixedRow, "mixed"), "multi": (MultiPrefillRow, "multi_prefill")}
+    plain_kinds = {
+        "decode": (DecodeRow, "decode"),
+        "prefill": (PrefillRow, "prefill"),
+        "mixed": (MixedRow, "mixed"),
+        "multi": (MultiPrefillRow, "multi_prefill"),
+    }
     rows = CalibrationRows.empty()
     for i, (kind, key, _, other) in enumerate(points):
         t = timings[i]
         o = timings[other_index[other]].median
-        fields = (block_size, *key, *_ms(t), max(0.0, t.median - o) * 1e3,
-                  min(o, t.median) * 1e3)
+        fields = (block_size, *key, *_ms(t), max(0.0, t.median - o) * 1e3, min(o, t.median) * 1e3)
         if kind in plain_kinds:
             row_type, table = plain_kinds[kind]
             getattr(rows, table).append(row_type(*fields))
@@ -373,7 +458,8 @@ def calibrate_block_size(runner, block_size: int, grid: CalibrationGrid, *, max_
             rows.varlen_shared.append(VarlenSharedRow(*fields, twin_ms["vreference", key]))
         elif kind == "sshared" and ("sreference", key) in twin_ms:
             rows.decode_shared_spread.append(
-                DecodeSharedSpreadRow(*fields, twin_ms["sreference", key]))
+                DecodeSharedSpreadRow(*fields, twin_ms["sreference", key])
+            )
         elif kind == "spread" and key[:2] in plain_ms:
             rows.decode_spread.append(DecodeSpreadRow(*fields, plain_ms[key[:2]]))
     return rows

@@ -69,8 +69,29 @@ from pagesim.kvcache.block_table import PAD_SLOT_ID
 
 #: Batch sizes captured (vLLM's list is 1, 2, 4 and multiples of 8 up to 512; coarser here so
 #: that capture stays short: a decode step's GEMMs cost nearly the same for 129 and 160 rows).
-CAPTURE_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192,
-                                  224, 256, 320, 384, 448, 512)
+CAPTURE_SIZES: tuple[int, ...] = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    24,
+    32,
+    48,
+    64,
+    80,
+    96,
+    112,
+    128,
+    160,
+    192,
+    224,
+    256,
+    320,
+    384,
+    448,
+    512,
+)
 #: Largest batch captured (vLLM's default max_cudagraph_capture_size).
 MAX_CAPTURE_SIZE = 512
 
@@ -107,8 +128,9 @@ def capture_sizes(max_num_seqs: int, max_size: int = MAX_CAPTURE_SIZE) -> tuple[
     return tuple(sizes)
 
 
-def token_capture_sizes(max_num_batched_tokens: int,
-                        max_size: int = MAX_CAPTURE_SIZE) -> tuple[int, ...]:
+def token_capture_sizes(
+    max_num_batched_tokens: int, max_size: int = MAX_CAPTURE_SIZE
+) -> tuple[int, ...]:
     """Token counts of the mixed graphs: the capture list up to the step's token budget."""
     return capture_sizes(max_num_batched_tokens, max_size)
 
@@ -134,10 +156,20 @@ class StepGraphs:
     decode-only graphs of the earlier runner). `log` receives one line per capture problem.
     """
 
-    def __init__(self, model, kv_caches, *, block_size: int, max_num_seqs: int,
-                 max_model_len: int, max_num_batched_tokens: int | None = None,
-                 capture: bool = True, max_size: int = MAX_CAPTURE_SIZE, mixed: bool = True,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        kv_caches,
+        *,
+        block_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int | None = None,
+        capture: bool = True,
+        max_size: int = MAX_CAPTURE_SIZE,
+        mixed: bool = True,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         from pagesim.gpu.runner import table_width
 
         self.model = model
@@ -147,15 +179,20 @@ class StepGraphs:
         self.max_model_len = max_model_len
         self.capture = capture and self.device.type == "cuda"
         self.sizes = capture_sizes(max_num_seqs, max_size)
-        self.token_sizes = (token_capture_sizes(max_num_batched_tokens or max_size, max_size)
-                            if mixed else ())
+        self.token_sizes = (
+            token_capture_sizes(max_num_batched_tokens or max_size, max_size) if mixed else ()
+        )
         self.width = table_width(-(-max_model_len // block_size))
         self.log = log or (lambda msg: None)
         self.failed: str | None = None  # first capture error; graphs are off after it
-        self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                        if self.device.type == "cuda" else DEFAULT_NUM_SMS)
-        self._decode_cfg = decode_config(model.head_size, model.num_heads // model.num_kv_heads,
-                                         self.device.type == "cuda")
+        self.num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count
+            if self.device.type == "cuda"
+            else DEFAULT_NUM_SMS
+        )
+        self._decode_cfg = decode_config(
+            model.head_size, model.num_heads // model.num_kv_heads, self.device.type == "cuda"
+        )
         self.max_seqs = self.sizes[-1]
         m = max(self.max_seqs, *self.token_sizes) if self.token_sizes else self.max_seqs
         dev = self.device
@@ -165,13 +202,16 @@ class StepGraphs:
         # 16-byte aligned. pack rows: input ids, positions, slot mapping (int64). The block
         # table comes last: a step copies only the rows it uses.
         s = self.max_seqs
-        self.staged = StagedBuffers([
-            ("pack", torch.int64, (3, -(-m // 16) * 16)),
-            ("seq_lens", torch.int32, (s,)),
-            ("mixed_query_start_loc", torch.int32, (s + 1,)),
-            ("mixed_logits_indices", torch.int64, (s,)),
-            ("block_table", torch.int32, (s, self.width)),
-        ], dev)
+        self.staged = StagedBuffers(
+            [
+                ("pack", torch.int64, (3, -(-m // 16) * 16)),
+                ("seq_lens", torch.int32, (s,)),
+                ("mixed_query_start_loc", torch.int32, (s + 1,)),
+                ("mixed_logits_indices", torch.int64, (s,)),
+                ("block_table", torch.int32, (s, self.width)),
+            ],
+            dev,
+        )
         staged = self.staged.device
         self.pack = staged["pack"]
         self.seq_lens = staged["seq_lens"]
@@ -228,25 +268,38 @@ class StepGraphs:
         key = self._keys.get((size, span))
         if key is None:
             part = self._partition(size, span)
-            key = (GraphKey(size, 1, 0, False) if part.num_partitions == 1 else
-                   GraphKey(size, part.num_partitions, part.partition_size, False))
+            key = (
+                GraphKey(size, 1, 0, False)
+                if part.num_partitions == 1
+                else GraphKey(size, part.num_partitions, part.partition_size, False)
+            )
             self._keys[(size, span)] = key
         return key
 
     def _partition(self, size: int, span: int) -> DecodePartition:
         m = self.model
-        return decode_partition(size, m.num_kv_heads, span, self._decode_cfg, self.num_sms,
-                                m.spec.sliding_window, m.attn.min_partition_tokens)
+        return decode_partition(
+            size,
+            m.num_kv_heads,
+            span,
+            self._decode_cfg,
+            self.num_sms,
+            m.spec.sliding_window,
+            m.attn.min_partition_tokens,
+        )
 
-    def decode_partitions(self, num_seqs: int, longest: int) -> tuple[DecodePartition,
-                                                                      DecodePartition]:
+    def decode_partitions(
+        self, num_seqs: int, longest: int
+    ) -> tuple[DecodePartition, DecodePartition]:
         """(eager, graph): how a decode-only step of `num_seqs` sequences, the longest of
         `longest` tokens (new one included), splits its contexts when run eagerly (for that
         context, as `build_metadata` does) and replayed as a graph (for its padded size and
         span bucket). Where their `partition_cuts` differ, the two sum in another order."""
         key = self._key(self.padded_size(num_seqs), span_bucket(longest, self.max_model_len))
-        return (self._partition(num_seqs, longest),
-                DecodePartition(key.num_partitions, key.partition_size))
+        return (
+            self._partition(num_seqs, longest),
+            DecodePartition(key.num_partitions, key.partition_size),
+        )
 
     def all_keys(self, max_batch: int | None = None) -> list[GraphKey]:
         """Every key a served run can meet: decode sizes x span buckets, largest size first
@@ -268,8 +321,13 @@ class StepGraphs:
     def _reset_buffers(self) -> None:
         """All rows padding: nothing is written to the cache, nothing attended."""
         h = self.staged.host
-        for name in ("pack", "seq_lens", "mixed_query_start_loc", "mixed_logits_indices",
-                     "block_table"):
+        for name in (
+            "pack",
+            "seq_lens",
+            "mixed_query_start_loc",
+            "mixed_logits_indices",
+            "block_table",
+        ):
             h[name][...] = 0
         self.gathered.reset()
         h["pack"][2] = PAD_SLOT_ID
@@ -330,13 +388,13 @@ class StepGraphs:
         pack[2, t:size] = PAD_SLOT_ID
         qsl = h["mixed_query_start_loc"]
         qsl[0] = 0
-        np.cumsum(news, out=qsl[1:n + 1], dtype=np.int32)
-        qsl[n + 1:seqs + 1] = t
+        np.cumsum(news, out=qsl[1 : n + 1], dtype=np.int32)
+        qsl[n + 1 : seqs + 1] = t
         seq_lens = h["seq_lens"]
         seq_lens[:n] = starts + news
         seq_lens[n:seqs] = 0
         last = h["mixed_logits_indices"]
-        last[:n] = qsl[1:n + 1]
+        last[:n] = qsl[1 : n + 1]
         last[:n] -= 1
         last[n:seqs] = 0
         self.staged.copy_to_device(self._table_offset + seqs * self._table_row_bytes)
@@ -348,34 +406,52 @@ class StepGraphs:
         if key.mixed:
             s = self.mixed_seqs(p)
             return AttentionMetadata(
-                num_seqs=s, num_actual_tokens=p, max_query_len=p, max_seq_len=self.max_model_len,
-                slot_mapping=self.pack[2, :p], block_table=self.block_table[:s],
-                seq_lens=self.seq_lens[:s], query_start_loc=self.mixed_query_start_loc[:s + 1])
+                num_seqs=s,
+                num_actual_tokens=p,
+                max_query_len=p,
+                max_seq_len=self.max_model_len,
+                slot_mapping=self.pack[2, :p],
+                block_table=self.block_table[:s],
+                seq_lens=self.seq_lens[:s],
+                query_start_loc=self.mixed_query_start_loc[: s + 1],
+            )
         if key.num_partitions == 1:
             part = DecodePartition(1, self._decode_cfg.tile_n)
             ws = None
         else:
             part = DecodePartition(key.num_partitions, key.partition_size)
-            ws = DecodeWorkspace.allocate(p, self.model.num_heads, self.model.head_size,
-                                          key.num_partitions, self.device)
+            ws = DecodeWorkspace.allocate(
+                p, self.model.num_heads, self.model.head_size, key.num_partitions, self.device
+            )
         return AttentionMetadata(
-            num_seqs=p, num_actual_tokens=p, max_query_len=1,
+            num_seqs=p,
+            num_actual_tokens=p,
+            max_query_len=1,
             max_seq_len=part.num_partitions * part.partition_size,
-            slot_mapping=self.pack[2, :p], block_table=self.block_table[:p],
-            seq_lens=self.seq_lens[:p], query_start_loc=self.query_start_loc[:p + 1],
-            decode_partition=part, decode_workspace=ws)
+            slot_mapping=self.pack[2, :p],
+            block_table=self.block_table[:p],
+            seq_lens=self.seq_lens[:p],
+            query_start_loc=self.query_start_loc[: p + 1],
+            decode_partition=part,
+            decode_workspace=ws,
+        )
 
     def _forward(self, entry: CapturedGraph) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The padded forward over the static buffers: final hidden rows and, for decode
         graphs, fp32 logits (mixed graphs: None, the LM head runs on the real rows)."""
         p, skip = entry.key.size, entry.key.skip_attention
         if entry.key.mixed:
-            last = self.mixed_logits_indices[:self.mixed_seqs(p)]
+            last = self.mixed_logits_indices[: self.mixed_seqs(p)]
         else:
             last = self.logits_indices[:p]
-        hidden = self.model.forward(self.pack[0, :p], self.pack[1, :p], entry.metadata,
-                                    None if skip else self.kv_caches, last,
-                                    skip_attention=skip)
+        hidden = self.model.forward(
+            self.pack[0, :p],
+            self.pack[1, :p],
+            entry.metadata,
+            None if skip else self.kv_caches,
+            last,
+            skip_attention=skip,
+        )
         return hidden, None if entry.key.mixed else self.model.compute_logits(hidden)
 
     # ---- capture and replay ---------------------------------------------------------------------
@@ -409,8 +485,10 @@ class StepGraphs:
                 entry.graph = graph
             except Exception as e:  # any capture error turns graphs off
                 self.failed = f"{type(e).__name__}: {e}".splitlines()[0]
-                self.log(f"CUDA graph capture of {tuple(key)} failed, running eagerly from "
-                         f"now on: {self.failed}")
+                self.log(
+                    f"CUDA graph capture of {tuple(key)} failed, running eagerly from "
+                    f"now on: {self.failed}"
+                )
                 raise
         entry.capture_s = time.perf_counter() - t0
         self.capture_s_total += entry.capture_s

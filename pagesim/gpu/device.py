@@ -17,22 +17,30 @@ from typing import Any
 from pagesim.errors import ConfigError, GPUUnavailableError
 
 #: dtype names accepted by `--dtype` (vLLM's spellings), mapped to torch attribute names.
-DTYPES: dict[str, str] = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16",
-                          "fp16": "float16", "half": "float16", "float32": "float32",
-                          "fp32": "float32"}
+DTYPES: dict[str, str] = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+}
 
 
 def require_cuda() -> None:
     """Raise `GPUUnavailableError` unless torch, triton and a CUDA device are present."""
     for module in ("torch", "triton"):
         if importlib.util.find_spec(module) is None:
-            raise GPUUnavailableError(f"this command needs a CUDA GPU with torch and triton; "
-                                      f"{module} is not installed")
+            raise GPUUnavailableError(
+                f"this command needs a CUDA GPU with torch and triton; {module} is not installed"
+            )
     import torch
 
     if not torch.cuda.is_available():
-        raise GPUUnavailableError("this command needs a CUDA GPU; torch.cuda.is_available() "
-                                  "is False on this machine")
+        raise GPUUnavailableError(
+            "this command needs a CUDA GPU; torch.cuda.is_available() is False on this machine"
+        )
 
 
 def torch_dtype(name: str):
@@ -51,19 +59,24 @@ def device_info(device: Any = None) -> dict[str, Any]:
     import triton
 
     info: dict[str, Any] = {
-        "torch": torch.__version__, "triton": triton.__version__,
-        "cuda": torch.version.cuda or "", "date": _dt.datetime.now(_dt.UTC).isoformat(
-            timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda or "",
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
     if torch.cuda.is_available():
         dev = torch.device(device or "cuda")
         props = torch.cuda.get_device_properties(dev)
         free, total = torch.cuda.mem_get_info(dev)
-        info.update(gpu_name=props.name, num_sms=props.multi_processor_count,
-                    memory_total_bytes=int(total), memory_free_bytes_at_start=int(free),
-                    compute_capability=f"{props.major}.{props.minor}",
-                    l2_cache_bytes=int(getattr(props, "L2_cache_size", 0)),
-                    driver=_driver_version())
+        info.update(
+            gpu_name=props.name,
+            num_sms=props.multi_processor_count,
+            memory_total_bytes=int(total),
+            memory_free_bytes_at_start=int(free),
+            compute_capability=f"{props.major}.{props.minor}",
+            l2_cache_bytes=int(getattr(props, "L2_cache_size", 0)),
+            driver=_driver_version(),
+        )
     else:
         info.update(gpu_name="cpu", num_sms=0, driver="")
     return info
@@ -75,8 +88,13 @@ def _driver_version() -> str:
     if exe is None:
         return ""
     try:
-        out = subprocess.run([exe, "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20, check=False)
+        out = subprocess.run(
+            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else ""
@@ -133,6 +151,10 @@ class ClockSampler:
         mhz = [m for _, m in self.samples]
         if not mhz:
             return {"num_samples": 0}
-        return {"num_samples": len(mhz), "mean_mhz": sum(mhz) / len(mhz), "min_mhz": min(mhz),
-                "max_mhz": max(mhz),
-                "frac_below_1500_mhz": sum(m < 1500 for m in mhz) / len(mhz)}
+        return {
+            "num_samples": len(mhz),
+            "mean_mhz": sum(mhz) / len(mhz),
+            "min_mhz": min(mhz),
+            "max_mhz": max(mhz),
+            "frac_below_1500_mhz": sum(m < 1500 for m in mhz) / len(mhz),
+        }

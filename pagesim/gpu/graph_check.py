@@ -29,19 +29,22 @@ from pagesim.gpu.calibrate import BlockSource, synthetic_step
 
 #: Shapes checked by default: (context, new tokens) per entry, decodes first.
 DEFAULT_SHAPES: dict[str, list[tuple[int, int]]] = {
-    "decode 1x512": [(512, 1)], "decode 8x512": [(512, 1)] * 8,
+    "decode 1x512": [(512, 1)],
+    "decode 8x512": [(512, 1)] * 8,
     "decode 64x512": [(512, 1)] * 64,
-    "decode 256x512": [(512, 1)] * 256, "prefill 128": [(0, 128)],
+    "decode 256x512": [(512, 1)] * 256,
+    "prefill 128": [(0, 128)],
     "prefill 500 over 1024 cached": [(1024, 500)],
     "32 decodes x512 + chunk 256": [(512, 1)] * 32 + [(0, 256)],
-    "4 prefills x 64 over 1024 cached": [(1024, 64)] * 4}
+    "4 prefills x 64 over 1024 cached": [(1024, 64)] * 4,
+}
 
 #: Warm-up calls per mode before timing (the first captures the graph and compiles).
 WARMUP = 2
 
 
 def split_label(part: DecodePartition) -> str:
-    """"2x320": partitions x tokens each; "1" when unsplit."""
+    """ "2x320": partitions x tokens each; "1" when unsplit."""
     return "1" if part.num_partitions == 1 else f"{part.num_partitions}x{part.partition_size}"
 
 
@@ -56,15 +59,23 @@ def decode_splits(graphs, spec: list[tuple[int, int]]) -> dict:
         return {}
     longest = max(ctx for ctx, _ in spec) + 1
     eager, graph = graphs.decode_partitions(len(spec), longest)
-    return {"graph_size": size, "eager_split": split_label(eager),
-            "graph_split": split_label(graph),
-            "same_split": partition_cuts(eager, longest) == partition_cuts(graph, longest)}
+    return {
+        "graph_size": size,
+        "eager_split": split_label(eager),
+        "graph_split": split_label(graph),
+        "same_split": partition_cuts(eager, longest) == partition_cuts(graph, longest),
+    }
 
 
-def graph_vs_eager_rows(runner, use_graphs: Callable[[bool], None],
-                        shapes: dict[str, list[tuple[int, int]]], *, reps: int = 10,
-                        modes: tuple[str, ...] = ("graph", "eager"),
-                        log: Callable[[str], None] | None = None) -> list[dict]:
+def graph_vs_eager_rows(
+    runner,
+    use_graphs: Callable[[bool], None],
+    shapes: dict[str, list[tuple[int, int]]],
+    *,
+    reps: int = 10,
+    modes: tuple[str, ...] = ("graph", "eager"),
+    log: Callable[[str], None] | None = None,
+) -> list[dict]:
     """One row per shape: median and p90 host ms of `execute_model` per mode and, with both
     modes, the relative difference of the final hidden rows. `modes=("graph",)` times the
     steps as a served run would run them (no eager twin). Graphs are left on at the end."""
@@ -87,25 +98,42 @@ def graph_vs_eager_rows(runner, use_graphs: Callable[[bool], None],
                 hidden[mode] = runner.last_hidden.float().clone()
         use_graphs(True)
         if len(modes) == 1:
-            rows.append({"shape": label, "reps": reps, "mode": modes[0],
-                         "ms": 1e3 * statistics.median(times[modes[0]])})
+            rows.append(
+                {
+                    "shape": label,
+                    "reps": reps,
+                    "mode": modes[0],
+                    "ms": 1e3 * statistics.median(times[modes[0]]),
+                }
+            )
             continue
         err = float((hidden["graph"] - hidden["eager"]).norm() / hidden["eager"].norm())
         p90 = min(reps - 1, int(0.9 * reps))
-        rows.append({"shape": label, "num_reqs": len(spec),
-                     "num_tokens": sum(n for _, n in spec), "reps": reps,
-                     "graph_ms": 1e3 * statistics.median(times["graph"]),
-                     "eager_ms": 1e3 * statistics.median(times["eager"]),
-                     "graph_ms_p90": 1e3 * sorted(times["graph"])[p90],
-                     "eager_ms_p90": 1e3 * sorted(times["eager"])[p90],
-                     "hidden_rel_diff": err,
-                     "graph_failed": graphs.failed if graphs is not None else None,
-                     **decode_splits(graphs, spec)})
+        rows.append(
+            {
+                "shape": label,
+                "num_reqs": len(spec),
+                "num_tokens": sum(n for _, n in spec),
+                "reps": reps,
+                "graph_ms": 1e3 * statistics.median(times["graph"]),
+                "eager_ms": 1e3 * statistics.median(times["eager"]),
+                "graph_ms_p90": 1e3 * sorted(times["graph"])[p90],
+                "eager_ms_p90": 1e3 * sorted(times["eager"])[p90],
+                "hidden_rel_diff": err,
+                "graph_failed": graphs.failed if graphs is not None else None,
+                **decode_splits(graphs, spec),
+            }
+        )
         if log is not None:
             r = rows[-1]
-            split = ("" if r.get("same_split", True) else
-                     f", decode split {r['eager_split']} eagerly, {r['graph_split']} as a graph")
-            log(f"  {label}: graph {r['graph_ms']:.2f} ms, eager {r['eager_ms']:.2f} ms, "
+            split = (
+                ""
+                if r.get("same_split", True)
+                else f", decode split {r['eager_split']} eagerly, {r['graph_split']} as a graph"
+            )
+            log(
+                f"  {label}: graph {r['graph_ms']:.2f} ms, eager {r['eager_ms']:.2f} ms, "
                 f"hidden rel diff {err:.1e}{split}"
-                + (f" (graphs FAILED: {r['graph_failed']})" if r["graph_failed"] else ""))
+                + (f" (graphs FAILED: {r['graph_failed']})" if r["graph_failed"] else "")
+            )
     return rows

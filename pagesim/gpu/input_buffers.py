@@ -104,7 +104,7 @@ class BlockTableRows:
         r = self.table[row]
         n = len(block_ids)
         r[:n] = block_ids
-        r[n:max(n, int(self.lengths[row]))] = NULL_BLOCK_ID  # past the old blocks: null already
+        r[n : max(n, int(self.lengths[row]))] = NULL_BLOCK_ID  # past the old blocks: null already
         self.lengths[row] = n
 
     def _take(self) -> int:
@@ -176,8 +176,9 @@ class StagedBuffers:
     writes come after the previous step's copy completed.
     """
 
-    def __init__(self, fields: list[tuple[str, torch.dtype, tuple[int, ...]]],
-                 device: torch.device) -> None:
+    def __init__(
+        self, fields: list[tuple[str, torch.dtype, tuple[int, ...]]], device: torch.device
+    ) -> None:
         self._offsets: dict[str, int] = {}
         self._row_bytes: dict[str, int] = {}
         spans: list[tuple[str, torch.dtype, tuple[int, ...], int, int]] = []
@@ -219,8 +220,9 @@ def decode_slots(table: np.ndarray, positions: np.ndarray, block_size: int) -> n
     return blocks * block_size + positions % block_size
 
 
-def token_slots(table: np.ndarray, starts: np.ndarray, num_new: np.ndarray,
-                block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def token_slots(
+    table: np.ndarray, starts: np.ndarray, num_new: np.ndarray, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(positions, slots) of every new token, sequences in order (`build_positions` and
     `build_slot_mapping` over a gathered table), both int64."""
     seq = np.repeat(np.arange(len(num_new)), num_new)

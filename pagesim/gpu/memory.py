@@ -57,17 +57,21 @@ class MeasuredKVCapacity:
         return d
 
     def report(self) -> str:
-        lines = [f"total GPU memory {self.total_memory_bytes / GiB:.2f} GiB, utilization "
-                 f"{self.gpu_memory_utilization}",
-                 f"weights {self.weights_bytes / GiB:.2f} GiB, activation peak "
-                 f"{self.activation_peak_bytes / GiB:.2f} GiB, non-torch "
-                 f"{self.non_torch_bytes / GiB:.2f} GiB",
-                 f"available KV cache memory: {self.available_kv_bytes / GiB:.2f} GiB measured, "
-                 f"{self.predicted_available_kv_bytes / GiB:.2f} GiB predicted"]
+        lines = [
+            f"total GPU memory {self.total_memory_bytes / GiB:.2f} GiB, utilization "
+            f"{self.gpu_memory_utilization}",
+            f"weights {self.weights_bytes / GiB:.2f} GiB, activation peak "
+            f"{self.activation_peak_bytes / GiB:.2f} GiB, non-torch "
+            f"{self.non_torch_bytes / GiB:.2f} GiB",
+            f"available KV cache memory: {self.available_kv_bytes / GiB:.2f} GiB measured, "
+            f"{self.predicted_available_kv_bytes / GiB:.2f} GiB predicted",
+        ]
         for bs in sorted(self.num_gpu_blocks):
-            lines.append(f"block_size {bs}: {self.num_gpu_blocks[bs]:,} blocks measured, "
-                         f"{self.predicted_num_gpu_blocks[bs]:,} predicted "
-                         f"({self.error_pct(bs):+.2f}%)")
+            lines.append(
+                f"block_size {bs}: {self.num_gpu_blocks[bs]:,} blocks measured, "
+                f"{self.predicted_num_gpu_blocks[bs]:,} predicted "
+                f"({self.error_pct(bs):+.2f}%)"
+            )
         return "\n".join(lines)
 
 
@@ -88,16 +92,21 @@ class MemorySnapshot:
     def take(cls, device: torch.device) -> MemorySnapshot:
         torch.cuda.synchronize(device)
         free, total = torch.cuda.mem_get_info(device)
-        return cls(int(free), int(total), int(torch.cuda.memory_allocated(device)),
-                   int(torch.cuda.memory_reserved(device)))
+        return cls(
+            int(free),
+            int(total),
+            int(torch.cuda.memory_allocated(device)),
+            int(torch.cuda.memory_reserved(device)),
+        )
 
 
 def profile_step(model: RandomWeightDecoder, num_tokens: int, num_reqs: int) -> None:
     """vLLM's dummy profile run: `num_tokens` tokens over `num_reqs` requests, no attention,
     then the LM head and the sampler over one row per request."""
     device = model.device
-    per = [num_tokens // num_reqs + (1 if i < num_tokens % num_reqs else 0)
-           for i in range(num_reqs)]
+    per = [
+        num_tokens // num_reqs + (1 if i < num_tokens % num_reqs else 0) for i in range(num_reqs)
+    ]
     positions = torch.cat([torch.arange(n, device=device) for n in per])
     input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
     ends = torch.tensor(per, device=device).cumsum(0) - 1
@@ -109,13 +118,16 @@ def release_cached(device: torch.device | None = None) -> None:
     """Hand the caching allocator's unused blocks back to the GPU, so that the next runner's
     KV cache (most of a GPU) can take them; a no-op on a CPU. Without `device`, whenever CUDA
     is there."""
-    if (torch.cuda.is_available() if device is None else device.type == "cuda"):
+    if torch.cuda.is_available() if device is None else device.type == "cuda":
         torch.cuda.empty_cache()
 
 
-def measure_kv_capacity(config: EngineConfig, model: RandomWeightDecoder,
-                        before_weights: MemorySnapshot,
-                        block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128)) -> MeasuredKVCapacity:
+def measure_kv_capacity(
+    config: EngineConfig,
+    model: RandomWeightDecoder,
+    before_weights: MemorySnapshot,
+    block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128),
+) -> MeasuredKVCapacity:
     """Measure non-KV memory as vLLM does and size the KV cache for each block size.
 
     `before_weights` is the snapshot taken before `model` was built (vLLM's init snapshot), so
@@ -138,19 +150,30 @@ def measure_kv_capacity(config: EngineConfig, model: RandomWeightDecoder,
     requested = math.ceil(total * config.gpu_memory_utilization)
     available = requested - (weights + peak + non_torch)
     spec = config.model_spec
-    pages = {bs: sizing.page_size_bytes(spec, bs, config.kv_cache_dtype,
-                                        config.tensor_parallel_size) for bs in block_sizes}
+    pages = {
+        bs: sizing.page_size_bytes(spec, bs, config.kv_cache_dtype, config.tensor_parallel_size)
+        for bs in block_sizes
+    }
     blocks = {bs: max(0, available // pages[bs]) for bs in block_sizes}
     predicted = {}
     predicted_available = 0
     for bs in block_sizes:
-        cap = sizing.kv_capacity(config.replace(block_size=bs, num_gpu_blocks_override=None,
-                                                kv_cache_memory_bytes=None))
+        cap = sizing.kv_capacity(
+            config.replace(block_size=bs, num_gpu_blocks_override=None, kv_cache_memory_bytes=None)
+        )
         predicted[bs] = cap.num_gpu_blocks
         predicted_available = cap.available_kv_cache_memory_bytes
     return MeasuredKVCapacity(
-        total_memory_bytes=total, gpu_memory_utilization=config.gpu_memory_utilization,
-        weights_bytes=weights, activation_peak_bytes=peak, non_torch_bytes=non_torch,
-        available_kv_bytes=available, page_size_bytes=pages, num_gpu_blocks=blocks,
-        predicted_num_gpu_blocks=predicted, predicted_available_kv_bytes=predicted_available,
-        profile_tokens=tokens, profile_reqs=reqs)
+        total_memory_bytes=total,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        weights_bytes=weights,
+        activation_peak_bytes=peak,
+        non_torch_bytes=non_torch,
+        available_kv_bytes=available,
+        page_size_bytes=pages,
+        num_gpu_blocks=blocks,
+        predicted_num_gpu_blocks=predicted,
+        predicted_available_kv_bytes=predicted_available,
+        profile_tokens=tokens,
+        profile_reqs=reqs,
+    )

@@ -50,8 +50,14 @@ class RandomWeightDecoder:
     are launch-bound), and nothing here trains. `attn` is swapped by `set_block_size`.
     """
 
-    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device | str,
-                 block_size: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        block_size: int,
+        seed: int = 0,
+    ) -> None:
         self.spec = spec
         self.dtype = dtype
         self.device = torch.device(device)
@@ -67,17 +73,24 @@ class RandomWeightDecoder:
         hidden = spec.hidden_size
         self.embed = self._rand((spec.vocab_size, hidden), gen)
         if spec.arch == "opt":
-            self.pos_embed = self._rand((spec.max_position_embeddings + OPT_POSITION_OFFSET,
-                                         hidden), gen)
+            self.pos_embed = self._rand(
+                (spec.max_position_embeddings + OPT_POSITION_OFFSET, hidden), gen
+            )
             self.final_norm = (self._ones(hidden), self._zeros(hidden))
             self.lm_head = self.embed  # tied
         else:
             self.final_norm = (self._ones(hidden), None)
             self.lm_head = self._rand((spec.vocab_size, hidden), gen)
-            self.cos, self.sin = _rope_tables(spec.max_position_embeddings, self.head_size,
-                                              dtype, self.device)
-        self.attn = PagedAttentionBackend(self.num_heads, self.num_kv_heads, self.head_size,
-                                          block_size, sliding_window=spec.sliding_window)
+            self.cos, self.sin = _rope_tables(
+                spec.max_position_embeddings, self.head_size, dtype, self.device
+            )
+        self.attn = PagedAttentionBackend(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_size,
+            block_size,
+            sliding_window=spec.sliding_window,
+        )
         self.sample_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
 
     # ---- weights ------------------------------------------------------------------------------
@@ -119,21 +132,33 @@ class RandomWeightDecoder:
 
     def set_block_size(self, block_size: int) -> None:
         """Use a backend for another KV block size (the caches must be rebuilt to match)."""
-        self.attn = PagedAttentionBackend(self.num_heads, self.num_kv_heads, self.head_size,
-                                          block_size, sliding_window=self.spec.sliding_window)
+        self.attn = PagedAttentionBackend(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_size,
+            block_size,
+            sliding_window=self.spec.sliding_window,
+        )
 
     # ---- forward ------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                metadata: AttentionMetadata | None, kv_caches: KVCache | None,
-                logits_indices: torch.Tensor, skip_attention: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata | None,
+        kv_caches: KVCache | None,
+        logits_indices: torch.Tensor,
+        skip_attention: bool = False,
+    ) -> torch.Tensor:
         """Hidden states of the rows at `logits_indices`, `[S, hidden]` after the final norm.
 
         input_ids, positions: int64 `[T]`. `metadata`/`kv_caches` may be None only with
         `skip_attention`.
         """
         if self.spec.arch == "opt":
-            return self._forward_opt(input_ids, positions, metadata, kv_caches, logits_indices,
-                                     skip_attention)
+            return self._forward_opt(
+                input_ids, positions, metadata, kv_caches, logits_indices, skip_attention
+            )
         hidden = self.spec.hidden_size
         h = self._embed(input_ids)
         cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
@@ -142,8 +167,9 @@ class RandomWeightDecoder:
         for i, layer in enumerate(self.layers):
             residual = h if residual is None else residual + h
             x = F.rms_norm(residual, (hidden,), layer["norm1"], RMS_EPS)
-            a = self._attention(i, F.linear(x, layer["qkv"]), cos, sin, metadata, kv_caches,
-                                skip_attention)
+            a = self._attention(
+                i, F.linear(x, layer["qkv"]), cos, sin, metadata, kv_caches, skip_attention
+            )
             residual = residual + self._row_linear(a, layer["o"])
             x = F.rms_norm(residual, (hidden,), layer["norm2"], RMS_EPS)
             gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
@@ -160,9 +186,16 @@ class RandomWeightDecoder:
         """The o and down projections (row-parallel, all-reduced, under tensor parallelism)."""
         return F.linear(x, weight)
 
-    def _attention(self, i: int, qkv: torch.Tensor, cos: torch.Tensor | None,
-                   sin: torch.Tensor | None, metadata: AttentionMetadata | None,
-                   kv_caches: KVCache | None, skip: bool) -> torch.Tensor:
+    def _attention(
+        self,
+        i: int,
+        qkv: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
+        metadata: AttentionMetadata | None,
+        kv_caches: KVCache | None,
+        skip: bool,
+    ) -> torch.Tensor:
         """`[T, q_size]` attention output of layer `i` from its fused `[T, qkv]` projection."""
         t = qkv.shape[0]
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_size
@@ -182,11 +215,13 @@ class RandomWeightDecoder:
     def _forward_opt(self, input_ids, positions, metadata, kv_caches, logits_indices, skip):
         hidden = self.spec.hidden_size
         h = F.embedding(input_ids, self.embed) + F.embedding(
-            positions + OPT_POSITION_OFFSET, self.pos_embed)
+            positions + OPT_POSITION_OFFSET, self.pos_embed
+        )
         for i, layer in enumerate(self.layers):
             x = F.layer_norm(h, (hidden,), layer["norm1"], layer["norm1_b"])
-            a = self._attention(i, F.linear(x, layer["qkv"], layer["qkv_b"]), None, None,
-                                metadata, kv_caches, skip)
+            a = self._attention(
+                i, F.linear(x, layer["qkv"], layer["qkv_b"]), None, None, metadata, kv_caches, skip
+            )
             h = h + F.linear(a, layer["o"], layer["o_b"])
             x = F.layer_norm(h, (hidden,), layer["norm2"], layer["norm2_b"])
             x = F.relu(F.linear(x, layer["fc1"], layer["fc1_b"]))
@@ -218,11 +253,23 @@ def layer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     hidden, inter = spec.hidden_size, spec.intermediate_size
     q = spec.num_attention_heads * spec.head_size
     qkv = q + 2 * spec.num_kv_heads * spec.head_size
-    shapes: dict[str, tuple[int, ...]] = {"qkv": (qkv, hidden), "o": (hidden, q),
-                                          "norm1": (hidden,), "norm2": (hidden,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "qkv": (qkv, hidden),
+        "o": (hidden, q),
+        "norm1": (hidden,),
+        "norm2": (hidden,),
+    }
     if spec.arch == "opt":
-        shapes.update(fc1=(inter, hidden), fc2=(hidden, inter), qkv_b=(qkv,), o_b=(hidden,),
-                      fc1_b=(inter,), fc2_b=(hidden,), norm1_b=(hidden,), norm2_b=(hidden,))
+        shapes.update(
+            fc1=(inter, hidden),
+            fc2=(hidden, inter),
+            qkv_b=(qkv,),
+            o_b=(hidden,),
+            fc1_b=(inter,),
+            fc2_b=(hidden,),
+            norm1_b=(hidden,),
+            norm2_b=(hidden,),
+        )
     else:
         shapes.update(gate_up=(2 * inter, hidden), down=(hidden, inter))
     return shapes
@@ -239,8 +286,9 @@ def num_weights(spec: ModelSpec) -> int:
     return total + hidden + spec.vocab_size * hidden
 
 
-def _rope_tables(max_pos: int, head_size: int, dtype: torch.dtype,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_tables(
+    max_pos: int, head_size: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin `[max_pos, head_size / 2]` of the rotary angles pos * theta^(-2i / D)."""
     half = head_size // 2
     inv_freq = ROPE_THETA ** (-torch.arange(half, dtype=torch.float64) * 2.0 / head_size)
@@ -254,10 +302,14 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def reference_attention_forward(model: RandomWeightDecoder, input_ids: torch.Tensor,
-                                positions: torch.Tensor, seq_ranges: list[tuple[int, int, int]],
-                                past_kv: list[dict[int, tuple[torch.Tensor, torch.Tensor]]],
-                                logits_indices: torch.Tensor) -> torch.Tensor:
+def reference_attention_forward(
+    model: RandomWeightDecoder,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    seq_ranges: list[tuple[int, int, int]],
+    past_kv: list[dict[int, tuple[torch.Tensor, torch.Tensor]]],
+    logits_indices: torch.Tensor,
+) -> torch.Tensor:
     """The same forward with attention done densely in fp32 over explicit per-sequence K/V.
 
     For tests: `seq_ranges[s] = (row_start, row_end, seq_key)` are sequence s's query rows;
@@ -271,23 +323,25 @@ def reference_attention_forward(model: RandomWeightDecoder, input_ids: torch.Ten
         t = qkv.shape[0]
         q = qkv[:, : model.q_size].view(t, model.num_heads, model.head_size)
         k = qkv[:, model.q_size : model.q_size + model.kv_size].view(
-            t, model.num_kv_heads, model.head_size)
+            t, model.num_kv_heads, model.head_size
+        )
         v = qkv[:, model.q_size + model.kv_size :].view(t, model.num_kv_heads, model.head_size)
         return q, k, v
 
     if spec.arch == "opt":
         h = F.embedding(input_ids, model.embed) + F.embedding(
-            positions + OPT_POSITION_OFFSET, model.pos_embed)
+            positions + OPT_POSITION_OFFSET, model.pos_embed
+        )
         for i, layer in enumerate(model.layers):
             x = F.layer_norm(h, (hidden,), layer["norm1"], layer["norm1_b"])
             q, k, v = split_qkv(F.linear(x, layer["qkv"], layer["qkv_b"]))
             out = _dense_attention(model, q, k, v, seq_ranges, past_kv[i])
             h = h + F.linear(out.view(-1, model.q_size), layer["o"], layer["o_b"])
             x = F.layer_norm(h, (hidden,), layer["norm2"], layer["norm2_b"])
-            h = h + F.linear(F.relu(F.linear(x, layer["fc1"], layer["fc1_b"])), layer["fc2"],
-                             layer["fc2_b"])
-        return F.layer_norm(h[logits_indices], (hidden,), model.final_norm[0],
-                            model.final_norm[1])
+            h = h + F.linear(
+                F.relu(F.linear(x, layer["fc1"], layer["fc1_b"])), layer["fc2"], layer["fc2_b"]
+            )
+        return F.layer_norm(h[logits_indices], (hidden,), model.final_norm[0], model.final_norm[1])
     h = F.embedding(input_ids, model.embed)
     cos = model.cos[positions].unsqueeze(1)
     sin = model.sin[positions].unsqueeze(1)
@@ -296,8 +350,9 @@ def reference_attention_forward(model: RandomWeightDecoder, input_ids: torch.Ten
         residual = h if residual is None else residual + h
         x = F.rms_norm(residual, (hidden,), layer["norm1"], RMS_EPS)
         q, k, v = split_qkv(F.linear(x, layer["qkv"]))
-        out = _dense_attention(model, _rope(q, cos, sin), _rope(k, cos, sin), v, seq_ranges,
-                               past_kv[i])
+        out = _dense_attention(
+            model, _rope(q, cos, sin), _rope(k, cos, sin), v, seq_ranges, past_kv[i]
+        )
         residual = residual + F.linear(out.view(-1, model.q_size), layer["o"])
         x = F.rms_norm(residual, (hidden,), layer["norm2"], RMS_EPS)
         gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
@@ -306,9 +361,14 @@ def reference_attention_forward(model: RandomWeightDecoder, input_ids: torch.Ten
     return F.rms_norm(residual[logits_indices], (hidden,), model.final_norm[0], RMS_EPS)
 
 
-def _dense_attention(model: RandomWeightDecoder, q: torch.Tensor, k: torch.Tensor,
-                     v: torch.Tensor, seq_ranges: list[tuple[int, int, int]],
-                     past: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def _dense_attention(
+    model: RandomWeightDecoder,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_ranges: list[tuple[int, int, int]],
+    past: dict[int, tuple[torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
     """Causal attention of each sequence's rows over its past and new K/V, in fp32 (`past`
     is one layer's and is extended in place)."""
     group = model.num_heads // model.num_kv_heads
@@ -318,11 +378,14 @@ def _dense_attention(model: RandomWeightDecoder, q: torch.Tensor, k: torch.Tenso
         kk, vv = torch.cat([pk, k[r0:r1]]), torch.cat([pv, v[r0:r1]])
         past[key] = (kk, vv)
         n, m = kk.shape[0], r1 - r0
-        logits = torch.einsum("qhd,khd->hqk", q[r0:r1].float(),
-                              kk.float().repeat_interleave(group, 1)) * model.attn.scale
+        logits = (
+            torch.einsum("qhd,khd->hqk", q[r0:r1].float(), kk.float().repeat_interleave(group, 1))
+            * model.attn.scale
+        )
         ar = torch.arange(n, device=q.device)
-        mask = ar[None, :] <= ar[n - m:, None]
+        mask = ar[None, :] <= ar[n - m :, None]
         probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
-        out[r0:r1] = torch.einsum("hqk,khd->qhd", probs,
-                                  vv.float().repeat_interleave(group, 1)).to(out.dtype)
+        out[r0:r1] = torch.einsum("hqk,khd->qhd", probs, vv.float().repeat_interleave(group, 1)).to(
+            out.dtype
+        )
     return out

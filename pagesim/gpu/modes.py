@@ -8,19 +8,26 @@ it timed. `pagesim validate` compares the two and says when they differ.
 
 from __future__ import annotations
 
-ATTENTION_BACKEND = ("pagesim Triton paged attention: reshape_and_cache, split-K decode, "
-                     "varlen prefill")
-_GRAPHS = ("CUDA graphs: decode-only steps padded to a captured batch (forward + LM head in "
-           "the graph), other steps of <= 512 tokens padded to a captured token count (forward "
-           "to the final norm in the graph, LM head eager); sampler eager; larger steps eager")
+ATTENTION_BACKEND = (
+    "pagesim Triton paged attention: reshape_and_cache, split-K decode, varlen prefill"
+)
+_GRAPHS = (
+    "CUDA graphs: decode-only steps padded to a captured batch (forward + LM head in "
+    "the graph), other steps of <= 512 tokens padded to a captured token count (forward "
+    "to the final norm in the graph, LM head eager); sampler eager; larger steps eager"
+)
 #: The runner's mode, by whether CUDA graphs are on.
-RUNNER_MODES = {True: f"{_GRAPHS}; graph-step inputs staged in one pinned buffer, block-table "
-                      "rows kept across steps",
-                False: "eager (no CUDA graphs, --enforce-eager)"}
+RUNNER_MODES = {
+    True: f"{_GRAPHS}; graph-step inputs staged in one pinned buffer, block-table "
+    "rows kept across steps",
+    False: "eager (no CUDA graphs, --enforce-eager)",
+}
 #: Short names of the modes profiles and runs have been measured with.
-RUNNER_LABELS = {RUNNER_MODES[True]: "CUDA graphs, staged inputs",
-                 _GRAPHS: "CUDA graphs, inputs rebuilt each step",
-                 RUNNER_MODES[False]: "eager"}
+RUNNER_LABELS = {
+    RUNNER_MODES[True]: "CUDA graphs, staged inputs",
+    _GRAPHS: "CUDA graphs, inputs rebuilt each step",
+    RUNNER_MODES[False]: "eager",
+}
 _SEPARATOR = "; runner: "
 
 

@@ -39,8 +39,9 @@ JOIN_GAP_S = 0.15
 JOIN_START_S = 0.5
 
 
-def overhead_rows(steps, grid_reqs: tuple[int, ...] | None = None,
-                  max_reqs: int = 256) -> list[OverheadRow]:
+def overhead_rows(
+    steps, grid_reqs: tuple[int, ...] | None = None, max_reqs: int = 256
+) -> list[OverheadRow]:
     """Host overhead per decode-only step by batch size, from the steps of a real run.
 
     `steps` are `ServeStep`s; steps with prefill entries are left out (their extra is
@@ -48,7 +49,7 @@ def overhead_rows(steps, grid_reqs: tuple[int, ...] | None = None,
     [g / sqrt(2), g * sqrt(2)) and keeps the median and 10th/90th percentiles of their host
     time outside execute_model. Grid values with fewer than 3 steps are left out.
     """
-    grid_reqs = grid_reqs or tuple(2 ** i for i in range(int(math.log2(max_reqs)) + 1))
+    grid_reqs = grid_reqs or tuple(2**i for i in range(int(math.log2(max_reqs)) + 1))
     by_n: dict[int, list[float]] = {}
     for s in steps:
         if not s.num_prefill_reqs:
@@ -59,8 +60,11 @@ def overhead_rows(steps, grid_reqs: tuple[int, ...] | None = None,
         vals = [v for n, vs in by_n.items() if lo <= n < hi for v in vs]
         if len(vals) >= 3:
             a = np.asarray(vals) * 1e3
-            rows.append(OverheadRow(g, float(np.median(a)), float(np.percentile(a, 10)),
-                                    float(np.percentile(a, 90))))
+            rows.append(
+                OverheadRow(
+                    g, float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
+                )
+            )
     return rows
 
 
@@ -94,8 +98,13 @@ def admission_overhead(steps, rows: list[OverheadRow]) -> tuple[float, float] | 
     return base, per_entry
 
 
-def overhead_requests(max_reqs: int, prompt_len: int = 64, block_size: int = 16,
-                      vocab: int = 32000, num_joining: int = 0) -> list[Request]:
+def overhead_requests(
+    max_reqs: int,
+    prompt_len: int = 64,
+    block_size: int = 16,
+    vocab: int = 32000,
+    num_joining: int = 0,
+) -> list[Request]:
     """`max_reqs` requests arriving together with output lengths 1 .. 2 * max_reqs (step 2):
     they all decode, then finish one by one, so the run visits every batch size once. With
     `num_joining`, that many more join the decoding batch in groups of `JOIN_GROUP_SIZES`
@@ -125,8 +134,9 @@ def join_times(num_joining: int) -> list[float]:
     return times
 
 
-def ramp_prompt_len(max_reqs: int, capacity_tokens: int, longest: int = 1024,
-                    shortest: int = 64) -> int:
+def ramp_prompt_len(
+    max_reqs: int, capacity_tokens: int, longest: int = 1024, shortest: int = 64
+) -> int:
     """The ramp's prompt length: as long as `longest` while the ramp's K/V (every prompt plus
     its mean output, `max_reqs` tokens) fits 80 % of the cache, never below `shortest`."""
     fit = int(0.8 * capacity_tokens) // max_reqs - max_reqs

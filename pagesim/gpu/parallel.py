@@ -45,11 +45,13 @@ import torch.nn.functional as F
 from pagesim.errors import ConfigError
 
 #: NVLink multicast off: NCCL's NVLS algorithms, torch symmetric-memory multicast, NVSHMEM NVLS.
-MULTICAST_OFF_ENV: Mapping[str, str] = MappingProxyType({
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-})
+MULTICAST_OFF_ENV: Mapping[str, str] = MappingProxyType(
+    {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
+)
 
 
 def multicast_off_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -132,9 +134,13 @@ class TPGroup:
             dist.barrier(group=self.cpu_group)
 
 
-def init_tensor_parallel(rank: int, world_size: int, init_method: str,
-                         device: torch.device | str = "cpu",
-                         timeout_s: float = 300.0) -> TPGroup:
+def init_tensor_parallel(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    device: torch.device | str = "cpu",
+    timeout_s: float = 300.0,
+) -> TPGroup:
     """Join the group of `world_size` processes at `init_method` (file:// or tcp://).
 
     NCCL for CUDA devices (the process's current device is set to `device` first), gloo for
@@ -151,8 +157,14 @@ def init_tensor_parallel(rank: int, world_size: int, init_method: str,
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
         kwargs["device_id"] = device  # binds the NCCL communicator to this device eagerly
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timeout, **kwargs)
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+        **kwargs,
+    )
     world = dist.group.WORLD
     cpu_group = world if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     return TPGroup(rank, world_size, world, cpu_group)
@@ -177,8 +189,9 @@ def tcp_init_method(host: str = "127.0.0.1") -> str:
     return f"tcp://{host}:{port}"
 
 
-def launch(fn: Callable[..., None], world_size: int, *args: Any,
-           init_method: str | None = None) -> None:
+def launch(
+    fn: Callable[..., None], world_size: int, *args: Any, init_method: str | None = None
+) -> None:
     """Run `fn(rank, world_size, init_method, *args)` in `world_size` spawned processes (no
     torchrun); raises if any rank raised. `fn` must be importable (a module-level function).
     Children start from this process's environment; each sets `MULTICAST_OFF_ENV` itself in
@@ -191,12 +204,17 @@ def launch(fn: Callable[..., None], world_size: int, *args: Any,
         mp.spawn(_entry, args=(fn, world_size, init_method, args), nprocs=world_size, join=True)
         return
     with tempfile.TemporaryDirectory(prefix="pagesim-tp-") as rendezvous:
-        mp.spawn(_entry, args=(fn, world_size, file_init_method(rendezvous), args),
-                 nprocs=world_size, join=True)
+        mp.spawn(
+            _entry,
+            args=(fn, world_size, file_init_method(rendezvous), args),
+            nprocs=world_size,
+            join=True,
+        )
 
 
-def _entry(rank: int, fn: Callable[..., None], world_size: int, init_method: str,
-           args: tuple) -> None:
+def _entry(
+    rank: int, fn: Callable[..., None], world_size: int, init_method: str, args: tuple
+) -> None:
     disable_multicast()
     fn(rank, world_size, init_method, *args)
 
@@ -224,8 +242,10 @@ def kv_head_range(num_kv_heads: int, rank: int, tp: int) -> tuple[int, int]:
         return split_range(num_kv_heads, rank, tp, "num_kv_heads")
     _check_rank(rank, tp)
     if tp % num_kv_heads:
-        raise ConfigError(f"tensor_parallel_size={tp}: must be a multiple of "
-                          f"num_kv_heads={num_kv_heads} when larger")
+        raise ConfigError(
+            f"tensor_parallel_size={tp}: must be a multiple of "
+            f"num_kv_heads={num_kv_heads} when larger"
+        )
     head = rank * num_kv_heads // tp
     return head, head + 1
 
@@ -239,8 +259,9 @@ def vocab_range(vocab_size: int, rank: int, tp: int) -> tuple[int, int, int]:
     return start, min(start + per, vocab_size), per
 
 
-def shard_rows(w: torch.Tensor, rank: int, tp: int, parts: tuple[int, ...] | None = None,
-               what: str = "rows") -> torch.Tensor:
+def shard_rows(
+    w: torch.Tensor, rank: int, tp: int, parts: tuple[int, ...] | None = None, what: str = "rows"
+) -> torch.Tensor:
     """Column-parallel shard of `[out, ...]` (a weight or a bias): each of `parts` (row counts
     of fused sub-matrices, default the whole) split evenly; a new contiguous tensor."""
     parts = parts or (w.shape[0],)
@@ -249,7 +270,7 @@ def shard_rows(w: torch.Tensor, rank: int, tp: int, parts: tuple[int, ...] | Non
     pieces, at = [], 0
     for n in parts:
         lo, hi = split_range(n, rank, tp, what)
-        pieces.append(w[at + lo:at + hi])
+        pieces.append(w[at + lo : at + hi])
         at += n
     return torch.cat(pieces).contiguous()
 
@@ -260,8 +281,9 @@ def shard_cols(w: torch.Tensor, rank: int, tp: int, what: str = "columns") -> to
     return w[:, lo:hi].contiguous()
 
 
-def shard_qkv(w: torch.Tensor, num_heads: int, num_kv_heads: int, head_size: int, rank: int,
-              tp: int) -> torch.Tensor:
+def shard_qkv(
+    w: torch.Tensor, num_heads: int, num_kv_heads: int, head_size: int, rank: int, tp: int
+) -> torch.Tensor:
     """Fused `[q + 2 kv, ...]` rows -> rank `rank`'s q heads, then its k heads, then its v
     heads (vLLM's QKVParallelLinear)."""
     q = num_heads * head_size
@@ -271,35 +293,39 @@ def shard_qkv(w: torch.Tensor, num_heads: int, num_kv_heads: int, head_size: int
     h0, h1 = split_range(num_heads, rank, tp, "num_attention_heads")
     k0, k1 = kv_head_range(num_kv_heads, rank, tp)
     d = head_size
-    return torch.cat([w[h0 * d:h1 * d], w[q + k0 * d:q + k1 * d],
-                      w[q + kv + k0 * d:q + kv + k1 * d]]).contiguous()
+    return torch.cat(
+        [w[h0 * d : h1 * d], w[q + k0 * d : q + k1 * d], w[q + kv + k0 * d : q + kv + k1 * d]]
+    ).contiguous()
 
 
 def shard_vocab(w: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
     """Vocab-parallel shard of `[vocab, hidden]`, zero-padded to `vocab_range`'s rows."""
     start, stop, per = vocab_range(w.shape[0], rank, tp)
     out = w.new_zeros((per, *w.shape[1:]))
-    out[:stop - start] = w[start:stop]
+    out[: stop - start] = w[start:stop]
     return out
 
 
 # ---- parallel layers (functional: the model keeps plain tensors) ----------------------------
-def column_parallel_linear(x: torch.Tensor, weight: torch.Tensor,
-                           bias: torch.Tensor | None = None) -> torch.Tensor:
+def column_parallel_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """`[T, in]` replicated input -> `[T, out / tp]`, this rank's slice; no communication."""
     return F.linear(x, weight, bias)
 
 
-def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, group: TPGroup,
-                        bias: torch.Tensor | None = None) -> torch.Tensor:
+def row_parallel_linear(
+    x: torch.Tensor, weight: torch.Tensor, group: TPGroup, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """`[T, in / tp]` sharded input -> `[T, out]` summed over ranks (one all-reduce); the bias
     is added once, after the reduction."""
     y = group.all_reduce(F.linear(x, weight))
     return y if bias is None else y + bias
 
 
-def vocab_parallel_embedding(input_ids: torch.Tensor, weight: torch.Tensor, vocab_start: int,
-                             group: TPGroup) -> torch.Tensor:
+def vocab_parallel_embedding(
+    input_ids: torch.Tensor, weight: torch.Tensor, vocab_start: int, group: TPGroup
+) -> torch.Tensor:
     """`[T]` ids -> `[T, hidden]`: rows this rank holds, zeros elsewhere, all-reduced."""
     if group.world_size == 1:
         return F.embedding(input_ids, weight)

@@ -52,19 +52,21 @@ from pagesim.gpu.runner import GPUModelRunner
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.kvcache.sizing import page_size_bytes
 
-METHOD = ("step_time_ms: host wall time of GPUModelRunner.execute_model (input preparation, "
-          "forward, LM head, random sampling, device sync) on a synthetic SchedulerOutput; "
-          "2 warm-up calls per point, then 3-5 interleaved rounds (every point timed once per "
-          "round, in a seeded random order); median and p10/p90 over the rounds. other_ms: "
-          "the same with attention replaced by the identity, timed once per (block size, "
-          "batch) for decode rows, per (block size, new tokens) for prefill rows and per "
-          "(new tokens, decodes) of the mixed points; attention_ms = "
-          "step - other. overhead_ms: host time per decode-only engine step outside "
-          "execute_model (schedule + update_from_output + metrics), from a real replay of a "
-          "decode ramp (prompts as long as the cache allows) at block size {bs}, median by "
-          "batch size; overhead_prefill_step_ms, overhead_per_prefill_ms: the extra host "
-          "time of the replay's steps with prefill entries (requests joining the ramp one at "
-          "a time), least squares.")
+METHOD = (
+    "step_time_ms: host wall time of GPUModelRunner.execute_model (input preparation, "
+    "forward, LM head, random sampling, device sync) on a synthetic SchedulerOutput; "
+    "2 warm-up calls per point, then 3-5 interleaved rounds (every point timed once per "
+    "round, in a seeded random order); median and p10/p90 over the rounds. other_ms: "
+    "the same with attention replaced by the identity, timed once per (block size, "
+    "batch) for decode rows, per (block size, new tokens) for prefill rows and per "
+    "(new tokens, decodes) of the mixed points; attention_ms = "
+    "step - other. overhead_ms: host time per decode-only engine step outside "
+    "execute_model (schedule + update_from_output + metrics), from a real replay of a "
+    "decode ramp (prompts as long as the cache allows) at block size {bs}, median by "
+    "batch size; overhead_prefill_step_ms, overhead_per_prefill_ms: the extra host "
+    "time of the replay's steps with prefill entries (requests joining the ramp one at "
+    "a time), least squares."
+)
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,19 @@ def measure_host_link(device: torch.device, nbytes: int = 1 << 30, repeats: int 
     return sorted(rates[1:])[len(rates[1:]) // 2]
 
 
-def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch.dtype,
-                    seed: int = 0, calibration_root: str | Path | None = "calibration",
-                    progress: Progress | None = None, time_budget_s: float | None = None,
-                    log: Callable[[str], None] = print,
-                    device: str = "cuda", cuda_graphs: bool = True) -> CalibrationResult:
+def run_calibration(
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    *,
+    dtype: torch.dtype,
+    seed: int = 0,
+    calibration_root: str | Path | None = "calibration",
+    progress: Progress | None = None,
+    time_budget_s: float | None = None,
+    log: Callable[[str], None] = print,
+    device: str = "cuda",
+    cuda_graphs: bool = True,
+) -> CalibrationResult:
     """Calibrate `config.model` on this GPU; save the profile if `calibration_root` is set.
 
     `cuda_graphs` is the runner's flag (decode steps replay graphs, captured lazily: each
@@ -132,8 +142,10 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
     deadline = None if time_budget_s is None else t_start + time_budget_s
     dev = torch.device(device)
     info = device_info(dev if dev.type == "cuda" else None)
-    order = sorted(set(grid.block_sizes) | {config.block_size},
-                   key=lambda b: (b not in grid.full_block_sizes, b))
+    order = sorted(
+        set(grid.block_sizes) | {config.block_size},
+        key=lambda b: (b not in grid.full_block_sizes, b),
+    )
     if dev.type == "cuda":
         before = MemorySnapshot.take(dev)
         model = RandomWeightDecoder(config.model_spec, dtype, dev, order[0], seed)
@@ -150,57 +162,105 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
             log(f"time budget spent: block size {bs} not measured")
             continue
         model.set_block_size(bs)
-        runner = GPUModelRunner(config.replace(block_size=bs), capacity.num_gpu_blocks[bs],
-                                device=dev, model=model, seed=seed, cuda_graphs=cuda_graphs,
-                                log=log)
+        runner = GPUModelRunner(
+            config.replace(block_size=bs),
+            capacity.num_gpu_blocks[bs],
+            device=dev,
+            model=model,
+            seed=seed,
+            cuda_graphs=cuda_graphs,
+            log=log,
+        )
         rows = calibrate_block_size(
-            runner, bs, grid, max_model_len=config.max_model_len,
+            runner,
+            bs,
+            grid,
+            max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
-            progress=progress, seed=seed, deadline=deadline)
+            max_num_seqs=config.max_num_seqs,
+            full=bs in grid.full_block_sizes,
+            progress=progress,
+            seed=seed,
+            deadline=deadline,
+        )
         measured.extend(rows)
         graphs = runner.graphs
-        log(f"block size {bs}: {rows.summary()}, {time.monotonic() - t_start:.0f} s so far"
-            + ("" if graphs is None else f"; {len(graphs.graphs)} CUDA graphs captured in "
-               f"{graphs.capture_s_total:.1f} s" + (f" (FAILED: {graphs.failed})"
-                                                     if graphs.failed else "")))
+        log(
+            f"block size {bs}: {rows.summary()}, {time.monotonic() - t_start:.0f} s so far"
+            + (
+                ""
+                if graphs is None
+                else f"; {len(graphs.graphs)} CUDA graphs captured in "
+                f"{graphs.capture_s_total:.1f} s"
+                + (f" (FAILED: {graphs.failed})" if graphs.failed else "")
+            )
+        )
         del graphs
         del runner
         release_cached(dev)
     model.set_block_size(config.block_size)
     overhead, admission = measure_overhead(
-        lambda cfg, blocks: GPUModelRunner(cfg, blocks, device=dev, model=model, seed=seed,
-                                           cuda_graphs=cuda_graphs),
-        config, capacity.num_gpu_blocks, grid)
+        lambda cfg, blocks: GPUModelRunner(
+            cfg, blocks, device=dev, model=model, seed=seed, cuda_graphs=cuda_graphs
+        ),
+        config,
+        capacity.num_gpu_blocks,
+        grid,
+    )
     release_cached(dev)
-    log(f"host overhead rows: {len(overhead)}; a step admitting prompts: "
-        + ("not measured" if admission is None else
-           f"+{admission[0]:.3f} ms + {admission[1]:.3f} ms per prefill entry"))
+    log(
+        f"host overhead rows: {len(overhead)}; a step admitting prompts: "
+        + (
+            "not measured"
+            if admission is None
+            else f"+{admission[0]:.3f} ms + {admission[1]:.3f} ms per prefill entry"
+        )
+    )
     host_link = measure_host_link(dev) if dev.type == "cuda" else None
     meta = ProfileMetadata(
-        gpu=gpu_key(info["gpu_name"]), model=config.model, gpu_name=info["gpu_name"],
-        driver=info.get("driver", ""), cuda=info["cuda"], torch=info["torch"],
-        triton=info["triton"], dtype=str(dtype).removeprefix("torch."), date=info["date"],
+        gpu=gpu_key(info["gpu_name"]),
+        model=config.model,
+        gpu_name=info["gpu_name"],
+        driver=info.get("driver", ""),
+        cuda=info["cuda"],
+        torch=info["torch"],
+        triton=info["triton"],
+        dtype=str(dtype).removeprefix("torch."),
+        date=info["date"],
         kv_cache_dtype=config.kv_cache_dtype,
         attention_backend=backend_description(cuda_graphs and dev.type == "cuda"),
-        grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
-        cuda_graph_sizes=(list(capture_sizes(config.max_num_seqs))
-                          if cuda_graphs and dev.type == "cuda" else []),
-        cuda_graph_token_sizes=(list(token_capture_sizes(config.max_num_batched_tokens))
-                                if cuda_graphs and dev.type == "cuda" else []),
+        grid=grid.to_json(),
+        num_gpu_blocks=dict(capacity.num_gpu_blocks),
+        cuda_graph_sizes=(
+            list(capture_sizes(config.max_num_seqs)) if cuda_graphs and dev.type == "cuda" else []
+        ),
+        cuda_graph_token_sizes=(
+            list(token_capture_sizes(config.max_num_batched_tokens))
+            if cuda_graphs and dev.type == "cuda"
+            else []
+        ),
         **varlen_tiles(model, dtype, dev),
         overhead_prefill_step_ms=admission[0] if admission else None,
         overhead_per_prefill_ms=admission[1] if admission else None,
-        gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
-        device={k: v for k, v in info.items() if k in (
-            "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
-        method=METHOD.format(bs=config.block_size), synthetic=dev.type != "cuda",
-        notes=(f"random-weight {config.model} (seed {seed}); max_num_seqs "
-               f"{config.max_num_seqs}, max_num_batched_tokens "
-               f"{config.max_num_batched_tokens}, max_model_len {config.max_model_len}; "
-               f"measured KV capacity vs sizing's estimate (blocks, %): "
-               + ", ".join(f"bs{b}: {capacity.error_pct(b):+.2f}"
-                           for b in sorted(capacity.num_gpu_blocks))))
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        host_link_bytes_per_s=host_link,
+        device={
+            k: v
+            for k, v in info.items()
+            if k in ("num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")
+        },
+        method=METHOD.format(bs=config.block_size),
+        synthetic=dev.type != "cuda",
+        notes=(
+            f"random-weight {config.model} (seed {seed}); max_num_seqs "
+            f"{config.max_num_seqs}, max_num_batched_tokens "
+            f"{config.max_num_batched_tokens}, max_model_len {config.max_model_len}; "
+            f"measured KV capacity vs sizing's estimate (blocks, %): "
+            + ", ".join(
+                f"bs{b}: {capacity.error_pct(b):+.2f}" for b in sorted(capacity.num_gpu_blocks)
+            )
+        ),
+    )
     profile = Profile(meta, overhead=tuple(overhead), **measured.tables())
     directory = None
     if calibration_root is not None:
@@ -208,8 +268,9 @@ def run_calibration(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
     return CalibrationResult(profile, capacity, directory, time.monotonic() - t_start, model)
 
 
-def varlen_tiles(model: RandomWeightDecoder, dtype: torch.dtype,
-                 device: torch.device) -> dict[str, int]:
+def varlen_tiles(
+    model: RandomWeightDecoder, dtype: torch.dtype, device: torch.device
+) -> dict[str, int]:
     """The attention kernels' launch parameters, as the runner launches them, for the
     profile's metadata: the variable-length kernel's query tokens per program and keys per
     tile (`prefill_config`), the decode kernel's keys per tile and programs per SM
@@ -218,27 +279,45 @@ def varlen_tiles(model: RandomWeightDecoder, dtype: torch.dtype,
     on_gpu = device.type == "cuda"
     cfg = prefill_config(model.head_size, group, on_gpu, dtype == torch.float32)
     dec = decode_config(model.head_size, group, on_gpu)
-    return {"varlen_block_q": cfg.block_m // group, "varlen_tile_n": cfg.tile_n,
-            "decode_tile_n": dec.tile_n, "decode_programs_per_sm": dec.programs_per_sm}
+    return {
+        "varlen_block_q": cfg.block_m // group,
+        "varlen_tile_n": cfg.tile_n,
+        "decode_tile_n": dec.tile_n,
+        "decode_programs_per_sm": dec.programs_per_sm,
+    }
 
 
 def override_capacity(config: EngineConfig, block_sizes: tuple[int, ...]) -> MeasuredKVCapacity:
     """A 'measurement' that is the override itself (CPU dry runs; nothing is measured)."""
     n = config.num_gpu_blocks_override
-    pages = {bs: page_size_bytes(config.model_spec, bs, config.kv_cache_dtype,
-                                 config.tensor_parallel_size) for bs in block_sizes}
+    pages = {
+        bs: page_size_bytes(
+            config.model_spec, bs, config.kv_cache_dtype, config.tensor_parallel_size
+        )
+        for bs in block_sizes
+    }
     return MeasuredKVCapacity(
-        total_memory_bytes=0, gpu_memory_utilization=config.gpu_memory_utilization,
-        weights_bytes=0, activation_peak_bytes=0, non_torch_bytes=0,
-        available_kv_bytes=n * pages[block_sizes[0]], page_size_bytes=pages,
+        total_memory_bytes=0,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        weights_bytes=0,
+        activation_peak_bytes=0,
+        non_torch_bytes=0,
+        available_kv_bytes=n * pages[block_sizes[0]],
+        page_size_bytes=pages,
         num_gpu_blocks={bs: n for bs in block_sizes},
         predicted_num_gpu_blocks={bs: n for bs in block_sizes},
-        predicted_available_kv_bytes=n * pages[block_sizes[0]], profile_tokens=0,
-        profile_reqs=0)
+        predicted_available_kv_bytes=n * pages[block_sizes[0]],
+        profile_tokens=0,
+        profile_reqs=0,
+    )
 
 
-def measure_overhead(make_runner: Callable[[EngineConfig, int], object], config: EngineConfig,
-                     num_gpu_blocks: dict[int, int], grid: CalibrationGrid):
+def measure_overhead(
+    make_runner: Callable[[EngineConfig, int], object],
+    config: EngineConfig,
+    num_gpu_blocks: dict[int, int],
+    grid: CalibrationGrid,
+):
     """Replay a decode ramp (all requests at t=0, staggered lengths, prompts as long as the
     cache allows) with requests joining it one at a time (`pagesim.gpu.overhead`) on the
     runner `make_runner(config, blocks)` builds (one GPU, or a TP group's driver); returns
@@ -249,9 +328,13 @@ def measure_overhead(make_runner: Callable[[EngineConfig, int], object], config:
     runner = make_runner(config, blocks)
     n = min(grid.overhead_max_reqs, config.max_num_seqs)
     prompt = min(ramp_prompt_len(n, (blocks - 1) * bs), config.max_model_len - 2 * n - 16)
-    requests = overhead_requests(n, prompt_len=max(prompt, 1), block_size=bs,
-                                 vocab=config.model_spec.vocab_size,
-                                 num_joining=min(NUM_JOINING, n))
+    requests = overhead_requests(
+        n,
+        prompt_len=max(prompt, 1),
+        block_size=bs,
+        vocab=config.model_spec.vocab_size,
+        num_joining=min(NUM_JOINING, n),
+    )
     run = replay(requests, make_engine(config, blocks), runner)
     del runner
     rows = overhead_rows(run.steps[1:], max_reqs=n)

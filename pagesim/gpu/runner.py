@@ -86,19 +86,30 @@ class GPUModelRunner:
     block); `num_cpu_blocks` pinned CPU blocks for swap preemption (0: no swap cache).
     """
 
-    def __init__(self, config: EngineConfig, num_gpu_blocks: int, *,
-                 device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16,
-                 seed: int = 0, num_cpu_blocks: int = 0, temperature: float = 1.0,
-                 model: RandomWeightDecoder | None = None, time_steps: bool = True,
-                 spec: ModelSpec | None = None, cuda_graphs: bool = True,
-                 mixed_graphs: bool = True,
-                 log: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_gpu_blocks: int,
+        *,
+        device: torch.device | str = "cuda",
+        dtype: torch.dtype = torch.bfloat16,
+        seed: int = 0,
+        num_cpu_blocks: int = 0,
+        temperature: float = 1.0,
+        model: RandomWeightDecoder | None = None,
+        time_steps: bool = True,
+        spec: ModelSpec | None = None,
+        cuda_graphs: bool = True,
+        mixed_graphs: bool = True,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
         self.config = config
         self.spec = spec or config.model_spec
         self.device = torch.device(device)
         self.block_size = config.block_size
-        self.model = model or RandomWeightDecoder(self.spec, dtype, self.device,
-                                                  config.block_size, seed)
+        self.model = model or RandomWeightDecoder(
+            self.spec, dtype, self.device, config.block_size, seed
+        )
         if self.model.attn.block_size != config.block_size:
             self.model.set_block_size(config.block_size)
         self.dtype = self.model.dtype
@@ -108,9 +119,11 @@ class GPUModelRunner:
         self.num_gpu_blocks = num_gpu_blocks
         self.kv_caches: KVCache = allocate_kv_cache(self.model, num_gpu_blocks, self.device)
         self.num_cpu_blocks = num_cpu_blocks
-        self.cpu_caches: KVCache = (allocate_kv_cache(self.model, num_cpu_blocks, "cpu",
-                                                      pin=self.device.type == "cuda")
-                                    if num_cpu_blocks else [])
+        self.cpu_caches: KVCache = (
+            allocate_kv_cache(self.model, num_cpu_blocks, "cpu", pin=self.device.type == "cuda")
+            if num_cpu_blocks
+            else []
+        )
         self.step_records: list[StepRecord] = []
         self.record_steps = True
         # Calibration only: run every layer with attention replaced by the identity.
@@ -118,13 +131,14 @@ class GPUModelRunner:
         # The last step's inputs and final hidden rows, kept for tests (references only).
         self.last_inputs: StepInputs | None = None
         self.last_hidden: torch.Tensor | None = None
-        self._events = ([torch.cuda.Event(enable_timing=True) for _ in range(5)]
-                        if self.time_steps else None)
+        self._events = (
+            [torch.cuda.Event(enable_timing=True) for _ in range(5)] if self.time_steps else None
+        )
         # How the host waits for a step's sampled ids (`_read_sampled`): False blocks in the
         # driver, True polls an event.
         self.spin_wait = False
         self._ids_host: torch.Tensor | None = None
-        self._ids_ready = (torch.cuda.Event() if self.device.type == "cuda" else None)
+        self._ids_ready = torch.cuda.Event() if self.device.type == "cuda" else None
         # CUDA graphs of decode and mixed steps (CUDA only; tests may attach a capture=False
         # one)
         self.mixed_graphs = mixed_graphs
@@ -136,14 +150,22 @@ class GPUModelRunner:
                 if log is not None:
                     log(f"CUDA graphs off for this runner: {type(e).__name__}: {e}")
 
-    def make_graphs(self, capture: bool = True,
-                    log: Callable[[str], None] | None = None) -> StepGraphs:
+    def make_graphs(
+        self, capture: bool = True, log: Callable[[str], None] | None = None
+    ) -> StepGraphs:
         """Static buffers (and graphs, if `capture`) for this runner's graph steps."""
         cfg = self.config
-        return StepGraphs(self.model, self.kv_caches, block_size=self.block_size,
-                          max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
-                          max_num_batched_tokens=cfg.max_num_batched_tokens,
-                          mixed=self.mixed_graphs, capture=capture, log=log)
+        return StepGraphs(
+            self.model,
+            self.kv_caches,
+            block_size=self.block_size,
+            max_num_seqs=cfg.max_num_seqs,
+            max_model_len=cfg.max_model_len,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            mixed=self.mixed_graphs,
+            capture=capture,
+            log=log,
+        )
 
     # ---- the protocol ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -186,9 +208,14 @@ class GPUModelRunner:
                 self.last_inputs, self.last_hidden = None, hidden
                 logits = None if logits is None else logits[:n]
         if inputs is not None:
-            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.metadata,
-                                        self.kv_caches, inputs.logits_indices,
-                                        skip_attention=self.skip_attention)
+            hidden = self.model.forward(
+                inputs.input_ids,
+                inputs.positions,
+                inputs.metadata,
+                self.kv_caches,
+                inputs.logits_indices,
+                skip_attention=self.skip_attention,
+            )
             self.last_inputs, self.last_hidden = inputs, hidden
         if out.scheduled:
             if ev is not None:
@@ -212,8 +239,9 @@ class GPUModelRunner:
         breakdown = self._breakdown(t_prep)
         if self.record_steps:
             self._record(out, breakdown, wall, key, captured)
-        return ModelRunnerOutput(step_time_s=wall, sampled_token_ids=sampled,
-                                 time_breakdown_s=breakdown)
+        return ModelRunnerOutput(
+            step_time_s=wall, sampled_token_ids=sampled, time_breakdown_s=breakdown
+        )
 
     def _read_sampled(self, ids: torch.Tensor, stream) -> list[int]:
         """The sampled ids on the host: a blocking read, or with `spin_wait` a copy into
@@ -249,14 +277,19 @@ class GPUModelRunner:
         positions = build_positions(starts, news)
         rows = [sr.block_ids for sr in sched]
         metadata = self.model.attn.build_metadata(
-            rows, starts, news, self.device,
-            max_num_blocks_per_seq=table_width(max(len(r) for r in rows)))
+            rows,
+            starts,
+            news,
+            self.device,
+            max_num_blocks_per_seq=table_width(max(len(r) for r in rows)),
+        )
         dev = self.device
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
             positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
             logits_indices=(metadata.query_start_loc[1:] - 1).to(torch.int64),
-            metadata=metadata)
+            metadata=metadata,
+        )
 
     def _input_ids(self, sched) -> list[int]:
         """Token ids of the step's new tokens, sequences in order (ids modulo the vocab)."""
@@ -277,8 +310,9 @@ class GPUModelRunner:
         if not (out.blocks_to_swap_out or out.blocks_to_swap_in):
             return
         if not self.cpu_caches:
-            raise RuntimeError("the scheduler asked for swaps but the runner has no CPU cache "
-                               "(num_cpu_blocks=0)")
+            raise RuntimeError(
+                "the scheduler asked for swaps but the runner has no CPU cache (num_cpu_blocks=0)"
+            )
         if out.blocks_to_swap_out:
             src, dst = _index_pair(out.blocks_to_swap_out)
             src_d = src.to(self.device)
@@ -289,10 +323,8 @@ class GPUModelRunner:
             src, dst = _index_pair(out.blocks_to_swap_in)
             dst_d = dst.to(self.device)
             for (gk, gv), (ck, cv) in zip(self.kv_caches, self.cpu_caches, strict=False):
-                gk.index_copy_(0, dst_d, ck.index_select(0, src).to(self.device,
-                                                                    non_blocking=True))
-                gv.index_copy_(0, dst_d, cv.index_select(0, src).to(self.device,
-                                                                    non_blocking=True))
+                gk.index_copy_(0, dst_d, ck.index_select(0, src).to(self.device, non_blocking=True))
+                gv.index_copy_(0, dst_d, cv.index_select(0, src).to(self.device, non_blocking=True))
 
     def _copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: block `src` -> block `dst` in every layer's K and V."""
@@ -310,11 +342,22 @@ class GPUModelRunner:
         if ev is None:
             return {"prepare": prepare_s}
         ms = [ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(4)]
-        return {"prepare": prepare_s, "swap": ms[0], "copy": ms[1], "forward": ms[2],
-                "sample": ms[3]}
+        return {
+            "prepare": prepare_s,
+            "swap": ms[0],
+            "copy": ms[1],
+            "forward": ms[2],
+            "sample": ms[3],
+        }
 
-    def _record(self, out: SchedulerOutput, b: dict[str, float], wall: float,
-                key: GraphKey | None, captured: bool) -> None:
+    def _record(
+        self,
+        out: SchedulerOutput,
+        b: dict[str, float],
+        wall: float,
+        key: GraphKey | None,
+        captured: bool,
+    ) -> None:
         num_decode = 0
         prefill = 0
         ctx = 0
@@ -324,14 +367,29 @@ class GPUModelRunner:
                 num_decode += 1
             else:
                 prefill += sr.num_new_tokens
-        self.step_records.append(StepRecord(
-            out.step_id, len(out.scheduled), out.total_num_scheduled_tokens, num_decode, prefill,
-            ctx, b["prepare"], b.get("swap", 0.0), b.get("copy", 0.0), b.get("forward", 0.0),
-            b.get("sample", 0.0), wall, key is not None,
-            len(out.scheduled) if key is None else (
-                self.graphs.mixed_seqs(key.size) if key.mixed else key.size), captured,
-            key.size if key is not None else out.total_num_scheduled_tokens,
-            key is not None and key.mixed))
+        self.step_records.append(
+            StepRecord(
+                out.step_id,
+                len(out.scheduled),
+                out.total_num_scheduled_tokens,
+                num_decode,
+                prefill,
+                ctx,
+                b["prepare"],
+                b.get("swap", 0.0),
+                b.get("copy", 0.0),
+                b.get("forward", 0.0),
+                b.get("sample", 0.0),
+                wall,
+                key is not None,
+                len(out.scheduled)
+                if key is None
+                else (self.graphs.mixed_seqs(key.size) if key.mixed else key.size),
+                captured,
+                key.size if key is not None else out.total_num_scheduled_tokens,
+                key is not None and key.mixed,
+            )
+        )
 
 
 #: Block-table rows are padded to a multiple of this many entries.
@@ -357,8 +415,9 @@ def table_width(longest_row: int) -> int:
     return max(m, -(-longest_row // m) * m)
 
 
-def allocate_kv_cache(model: RandomWeightDecoder, num_blocks: int, device: torch.device | str,
-                      pin: bool = False) -> KVCache:
+def allocate_kv_cache(
+    model: RandomWeightDecoder, num_blocks: int, device: torch.device | str, pin: bool = False
+) -> KVCache:
     """Per layer (key, value) caches `[num_blocks, block_size, num_kv_heads, head_size]`.
 
     One allocation for all layers (so the memory is contiguous and counted once); block 0 is
@@ -366,8 +425,7 @@ def allocate_kv_cache(model: RandomWeightDecoder, num_blocks: int, device: torch
     """
     shape = model.attn.kv_cache_shape(num_blocks)
     layers = model.spec.num_layers
-    whole = torch.empty((layers, 2, *shape), dtype=model.dtype, device=device,
-                        pin_memory=pin)
+    whole = torch.empty((layers, 2, *shape), dtype=model.dtype, device=device, pin_memory=pin)
     # Zeroed once (~40 ms for 115 GB on an H200): kernels read the unwritten tail of a
     # sequence's last block (masked, but 0 * NaN is NaN), so leftover bits must be finite.
     whole.zero_()

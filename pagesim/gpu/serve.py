@@ -80,10 +80,17 @@ def make_engine(config: EngineConfig, num_gpu_blocks: int) -> Scheduler:
     return make_scheduler(config, num_gpu_blocks)
 
 
-def replay(requests: Sequence[Request], scheduler, runner, *, kv_probe: KVProbe | None = None,
-           clock: Callable[[], float] = time.perf_counter,
-           sleep: Callable[[float], None] = time.sleep,
-           max_wall_s: float | None = None, disable_gc: bool = True) -> ServeRun:
+def replay(
+    requests: Sequence[Request],
+    scheduler,
+    runner,
+    *,
+    kv_probe: KVProbe | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+    max_wall_s: float | None = None,
+    disable_gc: bool = True,
+) -> ServeRun:
     """Serve `requests` (arrival_time = seconds from the start) in real time.
 
     `scheduler` is a `pagesim.scheduler.Scheduler`, `runner` any `ModelRunner` (the GPU runner
@@ -97,8 +104,10 @@ def replay(requests: Sequence[Request], scheduler, runner, *, kv_probe: KVProbe 
     pending = [requests[i] for i in order]
     for r in pending:
         if r.session_id is not None:
-            raise WorkloadError(f"request_id={r.request_id!r}: multi-turn sessions cannot be "
-                                "replayed on the GPU (single-turn workloads only)")
+            raise WorkloadError(
+                f"request_id={r.request_id!r}: multi-turn sessions cannot be "
+                "replayed on the GPU (single-turn workloads only)"
+            )
     metrics = MetricsCollector()
     run = ServeRun(metrics)
     records = metrics.records
@@ -129,8 +138,9 @@ def _admit(pending, i, now, scheduler, metrics) -> int:
     return i
 
 
-def _loop(pending, scheduler, runner, metrics, records, probe, run, clock, sleep,
-          max_wall_s) -> None:
+def _loop(
+    pending, scheduler, runner, metrics, records, probe, run, clock, sleep, max_wall_s
+) -> None:
     t0 = clock()
     i = 0
     n = len(pending)
@@ -169,9 +179,16 @@ def _loop(pending, scheduler, runner, metrics, records, probe, run, clock, sleep
             metrics.on_finish(req, visible)
         num_prefill_reqs = _on_step(metrics, out, scheduler, probe, start, visible - start)
         t_end = clock()
-        last = ServeStep(start, len(out.scheduled), out.total_num_scheduled_tokens,
-                         t_exec - t_sched, t_upd - t_exec, t_end - t_upd, t_end - t_sched,
-                         num_prefill_reqs)
+        last = ServeStep(
+            start,
+            len(out.scheduled),
+            out.total_num_scheduled_tokens,
+            t_exec - t_sched,
+            t_upd - t_exec,
+            t_end - t_upd,
+            t_end - t_sched,
+            num_prefill_reqs,
+        )
         run.steps.append(last)
     run.wall_s = clock() - t0
 
@@ -187,9 +204,25 @@ def _on_step(metrics, out, scheduler, probe, start: float, step_time: float) -> 
             num_prefill += sr.num_new_tokens
     num_running, num_waiting = scheduler.get_request_counts()
     usage, token_state, reserved, internal, external = probe()
-    metrics.on_step((start, step_time, len(out.scheduled), out.total_num_scheduled_tokens,
-                     num_prefill, num_decode, num_running, num_waiting, usage, token_state,
-                     reserved, internal, external, len(out.preempted_req_ids), out.swap_bytes))
+    metrics.on_step(
+        (
+            start,
+            step_time,
+            len(out.scheduled),
+            out.total_num_scheduled_tokens,
+            num_prefill,
+            num_decode,
+            num_running,
+            num_waiting,
+            usage,
+            token_state,
+            reserved,
+            internal,
+            external,
+            len(out.preempted_req_ids),
+            out.swap_bytes,
+        )
+    )
     return len(out.scheduled) - num_decode
 
 
@@ -214,23 +247,30 @@ def _abort_rest(pending, i, scheduler, metrics, now: float) -> None:
         rec.finish_time = now
 
 
-def serve_result(run: ServeRun, scheduler, config: EngineConfig,
-                 percentiles: tuple[float, ...] = (99,)) -> dict[str, Any]:
+def serve_result(
+    run: ServeRun, scheduler, config: EngineConfig, percentiles: tuple[float, ...] = (99,)
+) -> dict[str, Any]:
     """The result keys of `pagesim run` for a real run: `summarize` (vllm bench's keys) plus
     the scheduler and KV counters the simulator reports. The waste split is not measured on
     the GPU (None). Host and device time per step are added under `gpu_*` keys."""
     result = summarize(run.metrics, percentiles=percentiles)
-    result.update(engine_keys(run.metrics, scheduler.stats,
-                              scheduler.kv_cache_manager.num_usable_blocks + 1))
-    result.update({
-        "kv_token_state_frac": None, "kv_reserved_frac": None,
-        "kv_internal_frag_frac": None, "kv_external_frag_frac": None, "kv_free_frac": None,
-        "engine_config": asdict(config),
-        "gpu_wall_s": run.wall_s,
-        "gpu_schedule_s_mean": _mean([s.schedule_s for s in run.steps]),
-        "gpu_execute_s_mean": _mean([s.execute_s for s in run.steps]),
-        "gpu_host_overhead_s_mean": _mean([s.host_overhead_s for s in run.steps]),
-    })
+    result.update(
+        engine_keys(run.metrics, scheduler.stats, scheduler.kv_cache_manager.num_usable_blocks + 1)
+    )
+    result.update(
+        {
+            "kv_token_state_frac": None,
+            "kv_reserved_frac": None,
+            "kv_internal_frag_frac": None,
+            "kv_external_frag_frac": None,
+            "kv_free_frac": None,
+            "engine_config": asdict(config),
+            "gpu_wall_s": run.wall_s,
+            "gpu_schedule_s_mean": _mean([s.schedule_s for s in run.steps]),
+            "gpu_execute_s_mean": _mean([s.execute_s for s in run.steps]),
+            "gpu_host_overhead_s_mean": _mean([s.host_overhead_s for s in run.steps]),
+        }
+    )
     return result
 
 
@@ -239,9 +279,19 @@ def run_records(run: ServeRun) -> dict[str, Any]:
     return {
         "requests": [asdict(r) for r in run.metrics.records.values()],
         "itl_s": list(run.metrics.itl_s),
-        "steps": {name: [getattr(s, name) for s in run.steps] for name in (
-            "start_s", "num_reqs", "num_tokens", "schedule_s", "execute_s", "update_s",
-            "period_s", "num_prefill_reqs")},
+        "steps": {
+            name: [getattr(s, name) for s in run.steps]
+            for name in (
+                "start_s",
+                "num_reqs",
+                "num_tokens",
+                "schedule_s",
+                "execute_s",
+                "update_s",
+                "period_s",
+                "num_prefill_reqs",
+            )
+        },
     }
 
 
@@ -274,8 +324,12 @@ def warm_up(runner, config: EngineConfig) -> int:
     from pagesim.gpu.calibrate import BlockSource, synthetic_step
 
     budget = config.max_num_batched_tokens
-    shapes = [[(0, budget)], [(0, budget // 2)], [(64, budget // 16)] * 16,
-              [(128, 1)] * 8 + [(0, budget // 4)] * 2]
+    shapes = [
+        [(0, budget)],
+        [(0, budget // 2)],
+        [(64, budget // 16)] * 16,
+        [(128, 1)] * 8 + [(0, budget // 4)] * 2,
+    ]
     ran = 0
     records = len(runner.step_records)
     for spec in shapes:

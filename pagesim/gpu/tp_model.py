@@ -47,25 +47,33 @@ from pagesim.specs import ModelSpec
 def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
     """One-line `ConfigError` unless `spec` can be split `tp` ways (Llama family only)."""
     if spec.arch != "llama":
-        raise ConfigError(f"model={spec.name!r}: tensor parallelism supports the Llama family "
-                          f"only (arch {spec.arch!r})")
+        raise ConfigError(
+            f"model={spec.name!r}: tensor parallelism supports the Llama family "
+            f"only (arch {spec.arch!r})"
+        )
     split_range(spec.num_attention_heads, 0, tp, "num_attention_heads")
     split_range(spec.intermediate_size, 0, tp, "intermediate_size")
     kv_head_range(spec.num_kv_heads, 0, tp)
 
 
-def shard_layer(layer: dict[str, torch.Tensor], spec: ModelSpec, rank: int,
-                tp: int) -> dict[str, torch.Tensor]:
+def shard_layer(
+    layer: dict[str, torch.Tensor], spec: ModelSpec, rank: int, tp: int
+) -> dict[str, torch.Tensor]:
     """Rank `rank`'s shard of one unsharded Llama layer (`model.layer_shapes` names)."""
     return {
-        "qkv": shard_qkv(layer["qkv"], spec.num_attention_heads, spec.num_kv_heads,
-                         spec.head_size, rank, tp),
+        "qkv": shard_qkv(
+            layer["qkv"], spec.num_attention_heads, spec.num_kv_heads, spec.head_size, rank, tp
+        ),
         "o": shard_cols(layer["o"], rank, tp, "num_attention_heads * head_size"),
         "norm1": layer["norm1"],
         "norm2": layer["norm2"],
-        "gate_up": shard_rows(layer["gate_up"], rank, tp,
-                              (spec.intermediate_size, spec.intermediate_size),
-                              "intermediate_size"),
+        "gate_up": shard_rows(
+            layer["gate_up"],
+            rank,
+            tp,
+            (spec.intermediate_size, spec.intermediate_size),
+            "intermediate_size",
+        ),
         "down": shard_cols(layer["down"], rank, tp, "intermediate_size"),
     }
 
@@ -74,8 +82,15 @@ class TensorParallelDecoder(RandomWeightDecoder):
     """Rank `group.rank`'s shard of `spec`'s random-weight decoder; a drop-in model for
     `GPUModelRunner` (same `forward`, `compute_logits`, `sample`, `set_block_size`)."""
 
-    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: torch.device | str,
-                 block_size: int, group: TPGroup, seed: int = 0) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        block_size: int,
+        group: TPGroup,
+        seed: int = 0,
+    ) -> None:
         check_tensor_parallel(spec, group.world_size)
         self.group = group
         self.tp_rank, self.tp_size = group.rank, group.world_size
@@ -89,8 +104,13 @@ class TensorParallelDecoder(RandomWeightDecoder):
         self.vocab_start = vocab_range(spec.vocab_size, rank, tp)[0]
         self.embed = shard_vocab(self.embed, rank, tp)
         self.lm_head = shard_vocab(self.lm_head, rank, tp)
-        self.attn = PagedAttentionBackend(self.num_heads, self.num_kv_heads, self.head_size,
-                                          block_size, sliding_window=spec.sliding_window)
+        self.attn = PagedAttentionBackend(
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_size,
+            block_size,
+            sliding_window=spec.sliding_window,
+        )
 
     def _make_layer(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
         """Draw the whole layer as the unsharded model does, keep this rank's shard."""

@@ -80,13 +80,19 @@ class TPCalibrationResult:
 
 def block_order(config: EngineConfig, grid: CalibrationGrid) -> list[int]:
     """Fully measured block sizes first (a spent time budget leaves the useful rows)."""
-    return sorted(set(grid.block_sizes) | {config.block_size},
-                  key=lambda b: (b not in grid.full_block_sizes, b))
+    return sorted(
+        set(grid.block_sizes) | {config.block_size},
+        key=lambda b: (b not in grid.full_block_sizes, b),
+    )
 
 
-def group_capacity(config: EngineConfig, model: TensorParallelDecoder,
-                   before: MemorySnapshot | None, group: TPGroup,
-                   order: tuple[int, ...]) -> MeasuredKVCapacity:
+def group_capacity(
+    config: EngineConfig,
+    model: TensorParallelDecoder,
+    before: MemorySnapshot | None,
+    group: TPGroup,
+    order: tuple[int, ...],
+) -> MeasuredKVCapacity:
     """vLLM's start-up measurement on every rank (a collective forward) for the block sizes
     `order`, the smallest block count of the group kept; on a CPU the override is the
     capacity."""
@@ -98,9 +104,17 @@ def group_capacity(config: EngineConfig, model: TensorParallelDecoder,
     return dataclasses.replace(cap, num_gpu_blocks=smallest)
 
 
-def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGrid,
-              num_gpu_blocks: dict[int, int], *, seed: int, deadline: float | None,
-              progress: Progress | None, log: Callable[[str], None]):
+def grid_rows(
+    make_runner: MakeRunner,
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    num_gpu_blocks: dict[int, int],
+    *,
+    seed: int,
+    deadline: float | None,
+    progress: Progress | None,
+    log: Callable[[str], None],
+):
     """The grid's rows over its block sizes, one runner per size."""
     measured = CalibrationRows.empty()
     for bs in block_order(config, grid):
@@ -111,10 +125,17 @@ def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGr
             continue
         runner = make_runner(config.replace(block_size=bs), num_gpu_blocks[bs])
         rows = calibrate_block_size(
-            runner, bs, grid, max_model_len=config.max_model_len,
+            runner,
+            bs,
+            grid,
+            max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs, full=bs in grid.full_block_sizes,
-            progress=progress, seed=seed, deadline=deadline)
+            max_num_seqs=config.max_num_seqs,
+            full=bs in grid.full_block_sizes,
+            progress=progress,
+            seed=seed,
+            deadline=deadline,
+        )
         measured.extend(rows)
         log(f"block size {bs}: {rows.summary()}")
         del runner
@@ -122,46 +143,79 @@ def grid_rows(make_runner: MakeRunner, config: EngineConfig, grid: CalibrationGr
     return measured
 
 
-def _metadata(config: EngineConfig, grid: CalibrationGrid, model: TensorParallelDecoder,
-              capacity: MeasuredKVCapacity, *, seed: int, in_steps: bool,
-              host_link: float | None, method: str, notes: str, cuda_graphs: bool,
-              admission: tuple[float, float] | None) -> ProfileMetadata:
+def _metadata(
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    model: TensorParallelDecoder,
+    capacity: MeasuredKVCapacity,
+    *,
+    seed: int,
+    in_steps: bool,
+    host_link: float | None,
+    method: str,
+    notes: str,
+    cuda_graphs: bool,
+    admission: tuple[float, float] | None,
+) -> ProfileMetadata:
     info = device_info(model.device if model.device.type == "cuda" else None)
     graphs = cuda_graphs and model.device.type == "cuda"
     return ProfileMetadata(
-        gpu=gpu_key(info["gpu_name"]), model=config.model, gpu_name=info["gpu_name"],
-        driver=info.get("driver", ""), cuda=info["cuda"], torch=info["torch"],
-        triton=info["triton"], dtype=str(model.dtype).removeprefix("torch."), date=info["date"],
-        kv_cache_dtype=config.kv_cache_dtype, tensor_parallel_size=model.tp_size,
+        gpu=gpu_key(info["gpu_name"]),
+        model=config.model,
+        gpu_name=info["gpu_name"],
+        driver=info.get("driver", ""),
+        cuda=info["cuda"],
+        torch=info["torch"],
+        triton=info["triton"],
+        dtype=str(model.dtype).removeprefix("torch."),
+        date=info["date"],
+        kv_cache_dtype=config.kv_cache_dtype,
+        tensor_parallel_size=model.tp_size,
         allreduce_in_step_times=in_steps,
         attention_backend=backend_description(graphs),
-        grid=grid.to_json(), num_gpu_blocks=dict(capacity.num_gpu_blocks),
+        grid=grid.to_json(),
+        num_gpu_blocks=dict(capacity.num_gpu_blocks),
         cuda_graph_sizes=(list(capture_sizes(config.max_num_seqs)) if graphs else []),
-        cuda_graph_token_sizes=(list(token_capture_sizes(config.max_num_batched_tokens))
-                                if graphs else []),
+        cuda_graph_token_sizes=(
+            list(token_capture_sizes(config.max_num_batched_tokens)) if graphs else []
+        ),
         **varlen_tiles(model, model.dtype, model.device),
         overhead_prefill_step_ms=admission[0] if admission else None,
         overhead_per_prefill_ms=admission[1] if admission else None,
-        gpu_memory_utilization=config.gpu_memory_utilization, host_link_bytes_per_s=host_link,
-        device={k: v for k, v in info.items() if k in (
-            "num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")},
-        method=method, synthetic=model.device.type != "cuda",
-        notes=(f"random-weight {config.model} (seed {seed}), tensor_parallel_size "
-               f"{model.tp_size}: {notes}; max_num_seqs {config.max_num_seqs}, "
-               f"max_num_batched_tokens {config.max_num_batched_tokens}, max_model_len "
-               f"{config.max_model_len}"))
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        host_link_bytes_per_s=host_link,
+        device={
+            k: v
+            for k, v in info.items()
+            if k in ("num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")
+        },
+        method=method,
+        synthetic=model.device.type != "cuda",
+        notes=(
+            f"random-weight {config.model} (seed {seed}), tensor_parallel_size "
+            f"{model.tp_size}: {notes}; max_num_seqs {config.max_num_seqs}, "
+            f"max_num_batched_tokens {config.max_num_batched_tokens}, max_model_len "
+            f"{config.max_model_len}"
+        ),
+    )
 
 
-def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
-                              config: EngineConfig, grid: CalibrationGrid, *,
-                              before: MemorySnapshot | None = None, seed: int = 0,
-                              calibration_root: str | Path | None = None,
-                              progress: Progress | None = None,
-                              time_budget_s: float | None = None,
-                              log: Callable[[str], None] = print,
-                              allreduce_bytes: tuple[int, ...] = DEFAULT_MESSAGE_BYTES,
-                              allreduce_repeats: int = 20,
-                              cuda_graphs: bool = False) -> TPCalibrationResult | None:
+def calibrate_tensor_parallel(
+    group: TPGroup,
+    model: TensorParallelDecoder,
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    *,
+    before: MemorySnapshot | None = None,
+    seed: int = 0,
+    calibration_root: str | Path | None = None,
+    progress: Progress | None = None,
+    time_budget_s: float | None = None,
+    log: Callable[[str], None] = print,
+    allreduce_bytes: tuple[int, ...] = DEFAULT_MESSAGE_BYTES,
+    allreduce_repeats: int = 20,
+    cuda_graphs: bool = False,
+) -> TPCalibrationResult | None:
     """Every rank of the group calls this; rank 0 returns the result, the others None.
 
     `before`: the memory snapshot taken before `model` was built (CUDA); on a CPU,
@@ -176,47 +230,78 @@ def calibrate_tensor_parallel(group: TPGroup, model: TensorParallelDecoder,
     deadline = None if time_budget_s is None else t0 + time_budget_s
 
     def make_runner(cfg: EngineConfig, blocks: int) -> TPDriverRunner:
-        return TPDriverRunner(group, cfg, blocks, model=model, seed=seed,
-                              cuda_graphs=cuda_graphs)
+        return TPDriverRunner(group, cfg, blocks, model=model, seed=seed, cuda_graphs=cuda_graphs)
 
     try:
         # the all-reduce table first: a few seconds, and a collective that fails there fails
         # before the grid's minutes are spent
-        allreduce = run_collective(group, bench_allreduce, allreduce_bytes, dtype=model.dtype,
-                                   repeats=allreduce_repeats)
+        allreduce = run_collective(
+            group, bench_allreduce, allreduce_bytes, dtype=model.dtype, repeats=allreduce_repeats
+        )
         measured = grid_rows(
-            make_runner, config, grid, capacity.num_gpu_blocks, seed=seed, deadline=deadline,
-            progress=progress, log=log)
-        overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks,
-                                               grid)
+            make_runner,
+            config,
+            grid,
+            capacity.num_gpu_blocks,
+            seed=seed,
+            deadline=deadline,
+            progress=progress,
+            log=log,
+        )
+        overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks, grid)
         release_cached()
     finally:
         broadcast_stop(group)
     host_link = measure_host_link(model.device) if model.device.type == "cuda" else None
-    method = (METHOD.format(bs=config.block_size) + " Steps ran on all "
-              f"{group.world_size} ranks (rank 0 broadcasts each step; times are rank 0's "
-              "and include the all-reduces). "
-              + ALLREDUCE_METHOD.format(dtype=str(model.dtype).removeprefix("torch."),
-                                        backend="NCCL" if model.device.type == "cuda"
-                                        else "gloo", warmup=5, repeats=allreduce_repeats))
-    meta = _metadata(config, grid, model, capacity, seed=seed, in_steps=True,
-                     host_link=host_link, method=method,
-                     notes=f"{group.world_size} processes; smallest KV block count of the group",
-                     cuda_graphs=cuda_graphs, admission=admission)
-    profile = Profile(meta, overhead=tuple(overhead), allreduce=tuple(allreduce),
-                      **measured.tables())
+    method = (
+        METHOD.format(bs=config.block_size) + " Steps ran on all "
+        f"{group.world_size} ranks (rank 0 broadcasts each step; times are rank 0's "
+        "and include the all-reduces). "
+        + ALLREDUCE_METHOD.format(
+            dtype=str(model.dtype).removeprefix("torch."),
+            backend="NCCL" if model.device.type == "cuda" else "gloo",
+            warmup=5,
+            repeats=allreduce_repeats,
+        )
+    )
+    meta = _metadata(
+        config,
+        grid,
+        model,
+        capacity,
+        seed=seed,
+        in_steps=True,
+        host_link=host_link,
+        method=method,
+        notes=f"{group.world_size} processes; smallest KV block count of the group",
+        cuda_graphs=cuda_graphs,
+        admission=admission,
+    )
+    profile = Profile(
+        meta, overhead=tuple(overhead), allreduce=tuple(allreduce), **measured.tables()
+    )
     directory = None
     if calibration_root is not None:
-        directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model,
-                                             group.world_size))
+        directory = profile.save(
+            profile_dir(calibration_root, meta.gpu, config.model, group.world_size)
+        )
     return TPCalibrationResult(profile, capacity, directory, time.monotonic() - t0)
 
 
-def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch.dtype,
-                    seed: int = 0, calibration_root: str | Path | None = None,
-                    progress: Progress | None = None, time_budget_s: float | None = None,
-                    log: Callable[[str], None] = print, device: str = "cuda",
-                    rank: int = 0, cuda_graphs: bool = False) -> TPCalibrationResult:
+def calibrate_shard(
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    *,
+    dtype: torch.dtype,
+    seed: int = 0,
+    calibration_root: str | Path | None = None,
+    progress: Progress | None = None,
+    time_budget_s: float | None = None,
+    log: Callable[[str], None] = print,
+    device: str = "cuda",
+    rank: int = 0,
+    cuda_graphs: bool = False,
+) -> TPCalibrationResult:
     """Rank `rank`'s shard of an N-way model (N = `config.tensor_parallel_size`) on one GPU,
     no communication; saved under `<gpu>/<model>-tp<N>-shard/`. Eager by default, as the TP
     group runs (`TPDriverRunner`), so that both kinds of profile time the same code path."""
@@ -230,20 +315,40 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
     deadline = None if time_budget_s is None else t0 + time_budget_s
 
     def make_runner(cfg: EngineConfig, blocks: int) -> GPUModelRunner:
-        return GPUModelRunner(cfg, blocks, device=dev, model=model, seed=seed,
-                              cuda_graphs=cuda_graphs)
+        return GPUModelRunner(
+            cfg, blocks, device=dev, model=model, seed=seed, cuda_graphs=cuda_graphs
+        )
 
-    measured = grid_rows(make_runner, config, grid, capacity.num_gpu_blocks, seed=seed,
-                         deadline=deadline, progress=progress, log=log)
+    measured = grid_rows(
+        make_runner,
+        config,
+        grid,
+        capacity.num_gpu_blocks,
+        seed=seed,
+        deadline=deadline,
+        progress=progress,
+        log=log,
+    )
     overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks, grid)
     release_cached()
-    method = (METHOD.format(bs=config.block_size) + f" Rank {rank}'s shard of a "
-              f"{group.world_size}-way split alone on one GPU: no all-reduce, no logits "
-              "all-gather in the times.")
-    meta = _metadata(config, grid, model, capacity, seed=seed, in_steps=False,
-                     host_link=measure_host_link(dev) if dev.type == "cuda" else None,
-                     method=method, notes="one rank's shard alone, no communicator",
-                     cuda_graphs=cuda_graphs, admission=admission)
+    method = (
+        METHOD.format(bs=config.block_size) + f" Rank {rank}'s shard of a "
+        f"{group.world_size}-way split alone on one GPU: no all-reduce, no logits "
+        "all-gather in the times."
+    )
+    meta = _metadata(
+        config,
+        grid,
+        model,
+        capacity,
+        seed=seed,
+        in_steps=False,
+        host_link=measure_host_link(dev) if dev.type == "cuda" else None,
+        method=method,
+        notes="one rank's shard alone, no communicator",
+        cuda_graphs=cuda_graphs,
+        admission=admission,
+    )
     profile = Profile(meta, overhead=tuple(overhead), **measured.tables())
     directory = None
     if calibration_root is not None:
@@ -252,40 +357,68 @@ def calibrate_shard(config: EngineConfig, grid: CalibrationGrid, *, dtype: torch
     return TPCalibrationResult(profile, capacity, directory, time.monotonic() - t0)
 
 
-def calibration_main(rank: int, world_size: int, init_method: str, config: EngineConfig,
-                     grid: CalibrationGrid, dtype: torch.dtype, seed: int,
-                     calibration_root: str | None, time_budget_s: float | None,
-                     device_type: str = "cuda", cuda_graphs: bool = False) -> None:
+def calibration_main(
+    rank: int,
+    world_size: int,
+    init_method: str,
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    dtype: torch.dtype,
+    seed: int,
+    calibration_root: str | None,
+    time_budget_s: float | None,
+    device_type: str = "cuda",
+    cuda_graphs: bool = False,
+) -> None:
     """`launch(calibration_main, N, config, grid, ...)`: one process per GPU (rank r on
     cuda:r), or per CPU process over gloo with `device_type="cpu"` (a dry run)."""
     device = torch.device(f"cuda:{rank}" if device_type == "cuda" else "cpu")
     group = init_tensor_parallel(rank, world_size, init_method, device)
     try:
         before = MemorySnapshot.take(device) if device.type == "cuda" else None
-        model = TensorParallelDecoder(config.model_spec, dtype, device, config.block_size,
-                                      group, seed)
+        model = TensorParallelDecoder(
+            config.model_spec, dtype, device, config.block_size, group, seed
+        )
 
         def log(msg: str) -> None:
             if group.is_driver:
                 print(msg, flush=True)
 
-        result = calibrate_tensor_parallel(group, model, config, grid, before=before,
-                                           seed=seed, calibration_root=calibration_root,
-                                           time_budget_s=time_budget_s, log=log,
-                                           cuda_graphs=cuda_graphs)
+        result = calibrate_tensor_parallel(
+            group,
+            model,
+            config,
+            grid,
+            before=before,
+            seed=seed,
+            calibration_root=calibration_root,
+            time_budget_s=time_budget_s,
+            log=log,
+            cuda_graphs=cuda_graphs,
+        )
         if result is not None:
             p = result.profile
-            log(f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "
+            log(
+                f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "
                 f"prefill, {len(p.mixed)} mixed, {len(p.overhead)} overhead, "
-                f"{len(p.allreduce)} all-reduce rows) in {result.elapsed_s:.0f} s")
+                f"{len(p.allreduce)} all-reduce rows) in {result.elapsed_s:.0f} s"
+            )
     finally:
         destroy_tensor_parallel()
 
 
-def serve_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
-             num_gpu_blocks: int, requests: list | None = None, *,
-             max_wall_s: float | None = None, seed: int = 0, temperature: float = 1.0,
-             cuda_graphs: bool = False) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def serve_tp(
+    group: TPGroup,
+    model: TensorParallelDecoder,
+    config: EngineConfig,
+    num_gpu_blocks: int,
+    requests: list | None = None,
+    *,
+    max_wall_s: float | None = None,
+    seed: int = 0,
+    temperature: float = 1.0,
+    cuda_graphs: bool = False,
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """A real run of a TP engine. Rank 0 passes the requests and gets (result keys, raw
     records) as `validate.serve_workload` returns them, the runner's per-step records under
     `records["runner_steps"]`; other ranks pass None and get None. As on one GPU, with
@@ -297,11 +430,19 @@ def serve_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
     scheduler = make_engine(config, num_gpu_blocks)
     num_cpu = scheduler.swap_pool.num_blocks if scheduler.swap_pool is not None else 0
     try:
-        runner = TPDriverRunner(group, config, num_gpu_blocks, model=model, seed=seed,
-                                num_cpu_blocks=num_cpu, temperature=temperature,
-                                cuda_graphs=cuda_graphs)
-        captured, capture_s = (runner.capture_all(max_batch=len(requests or [])) if cuda_graphs
-                               else (0, 0.0))
+        runner = TPDriverRunner(
+            group,
+            config,
+            num_gpu_blocks,
+            model=model,
+            seed=seed,
+            num_cpu_blocks=num_cpu,
+            temperature=temperature,
+            cuda_graphs=cuda_graphs,
+        )
+        captured, capture_s = (
+            runner.capture_all(max_batch=len(requests or [])) if cuda_graphs else (0, 0.0)
+        )
         warm_up(runner, config)
         run = replay(requests or [], scheduler, runner, max_wall_s=max_wall_s)
     finally:
@@ -313,17 +454,25 @@ def serve_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
     result["gpu_graphs_captured"] = captured if replayed else 0
     result["gpu_graph_capture_s"] = capture_s if replayed else 0.0
     result["gpu_graph_error"] = graphs.failed if graphs is not None else None
-    result["truncated"] = any(r.reject_reason == "wall-clock limit"
-                              for r in run.metrics.records.values())
+    result["truncated"] = any(
+        r.reject_reason == "wall-clock limit" for r in run.metrics.records.values()
+    )
     records = run_records(run)
     records["runner_steps"] = step_record_columns(runner.step_records)
     return result, records
 
 
-def graph_vs_eager_tp(group: TPGroup, model: TensorParallelDecoder, config: EngineConfig,
-                      num_gpu_blocks: int, shapes: dict[str, list[tuple[int, int]]] | None = None,
-                      *, reps: int = 10, seed: int = 0,
-                      log: Callable[[str], None] | None = None) -> list[dict] | None:
+def graph_vs_eager_tp(
+    group: TPGroup,
+    model: TensorParallelDecoder,
+    config: EngineConfig,
+    num_gpu_blocks: int,
+    shapes: dict[str, list[tuple[int, int]]] | None = None,
+    *,
+    reps: int = 10,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> list[dict] | None:
     """`gpu.graph_check.graph_vs_eager_rows` on a TP engine: each step replayed as graphs and
     run eagerly, every rank switching together (`TPDriverRunner.use_graphs`). Rank 0 gets the
     rows (host ms per mode, and how far rank 0's final hidden rows part: after the last
@@ -332,10 +481,12 @@ def graph_vs_eager_tp(group: TPGroup, model: TensorParallelDecoder, config: Engi
         run_worker(group, model, seed=seed)
         return None
     try:
-        runner = TPDriverRunner(group, config, num_gpu_blocks, model=model, seed=seed,
-                                cuda_graphs=True)
-        rows = graph_vs_eager_rows(runner, runner.use_graphs, shapes or DEFAULT_SHAPES,
-                                   reps=reps, log=log)
+        runner = TPDriverRunner(
+            group, config, num_gpu_blocks, model=model, seed=seed, cuda_graphs=True
+        )
+        rows = graph_vs_eager_rows(
+            runner, runner.use_graphs, shapes or DEFAULT_SHAPES, reps=reps, log=log
+        )
     finally:
         broadcast_stop(group)
     del runner

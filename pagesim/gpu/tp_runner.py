@@ -163,14 +163,33 @@ class StepEncoder:
             ids = sr.block_ids
             k = len(h.blocks)
             keep_blocks = k if k <= len(ids) and ids[:k] == h.blocks else 0
-            entries.append(StepEntry(h.key, sr.num_new_tokens, sr.num_computed_tokens, keep_out,
-                                     output[keep_out:], keep_blocks, ids[keep_blocks:]))
+            entries.append(
+                StepEntry(
+                    h.key,
+                    sr.num_new_tokens,
+                    sr.num_computed_tokens,
+                    keep_out,
+                    output[keep_out:],
+                    keep_blocks,
+                    ids[keep_blocks:],
+                )
+            )
             h.num_outputs = len(output)
             h.blocks = list(ids)
-        return StepMessage(out.step_id, out.block_size, out.total_num_scheduled_tokens,
-                           skip_attention, new, entries, finished_keys,
-                           list(out.finished_req_ids), out.blocks_to_copy,
-                           out.blocks_to_swap_out, out.blocks_to_swap_in, out.swap_bytes)
+        return StepMessage(
+            out.step_id,
+            out.block_size,
+            out.total_num_scheduled_tokens,
+            skip_attention,
+            new,
+            entries,
+            finished_keys,
+            list(out.finished_req_ids),
+            out.blocks_to_copy,
+            out.blocks_to_swap_out,
+            out.blocks_to_swap_in,
+            out.swap_bytes,
+        )
 
 
 class StepDecoder:
@@ -187,25 +206,32 @@ class StepDecoder:
         for key, rid, prompt, max_tokens in msg.new_requests:
             self.requests[key] = Request(rid, prompt, max_tokens=max_tokens)
             self._blocks[key] = []
-        out = SchedulerOutput(step_id=msg.step_id, block_size=msg.block_size,
-                              total_num_scheduled_tokens=msg.total_num_scheduled_tokens,
-                              finished_req_ids=msg.finished_req_ids,
-                              blocks_to_copy=msg.blocks_to_copy,
-                              blocks_to_swap_out=msg.blocks_to_swap_out,
-                              blocks_to_swap_in=msg.blocks_to_swap_in, swap_bytes=msg.swap_bytes)
+        out = SchedulerOutput(
+            step_id=msg.step_id,
+            block_size=msg.block_size,
+            total_num_scheduled_tokens=msg.total_num_scheduled_tokens,
+            finished_req_ids=msg.finished_req_ids,
+            blocks_to_copy=msg.blocks_to_copy,
+            blocks_to_swap_out=msg.blocks_to_swap_out,
+            blocks_to_swap_in=msg.blocks_to_swap_in,
+            swap_bytes=msg.swap_bytes,
+        )
         for e in msg.entries:
             req = self.requests[e.key]
             output = req.output_token_ids
             if e.keep_output > len(output):
-                raise RuntimeError(f"request_id={req.request_id!r}: worker holds {len(output)} "
-                                   f"output tokens, rank 0 assumed {e.keep_output}")
-            del output[e.keep_output:]
+                raise RuntimeError(
+                    f"request_id={req.request_id!r}: worker holds {len(output)} "
+                    f"output tokens, rank 0 assumed {e.keep_output}"
+                )
+            del output[e.keep_output :]
             output.extend(e.new_output)
             blocks = self._blocks[e.key]
-            del blocks[e.keep_blocks:]
+            del blocks[e.keep_blocks :]
             blocks.extend(e.new_blocks)
-            out.scheduled.append(ScheduledRequest(req, e.num_new_tokens, e.num_computed_tokens,
-                                                  list(blocks)))
+            out.scheduled.append(
+                ScheduledRequest(req, e.num_new_tokens, e.num_computed_tokens, list(blocks))
+            )
         return out
 
 
@@ -214,12 +240,25 @@ def step_digest(out: SchedulerOutput, runner: GPUModelRunner) -> str:
     runner's input ids, positions, slot mapping and block table. Equal on every rank iff the
     ranks ran identical steps."""
     h = hashlib.blake2b(digest_size=16)
-    h.update(repr((out.step_id, [(s.request_id, s.num_new_tokens, s.num_computed_tokens,
-                                  tuple(s.block_ids)) for s in out.scheduled])).encode())
+    h.update(
+        repr(
+            (
+                out.step_id,
+                [
+                    (s.request_id, s.num_new_tokens, s.num_computed_tokens, tuple(s.block_ids))
+                    for s in out.scheduled
+                ],
+            )
+        ).encode()
+    )
     inputs = runner.last_inputs
     if out.scheduled and inputs is not None:
-        for t in (inputs.input_ids, inputs.positions, inputs.metadata.slot_mapping,
-                  inputs.metadata.block_table):
+        for t in (
+            inputs.input_ids,
+            inputs.positions,
+            inputs.metadata.slot_mapping,
+            inputs.metadata.block_table,
+        ):
             h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
@@ -238,9 +277,19 @@ class TPDriverRunner:
     the commands turn it on (`pagesim calibrate`, unless --enforce-eager).
     """
 
-    def __init__(self, group: TPGroup, config: EngineConfig, num_gpu_blocks: int, *,
-                 model, num_cpu_blocks: int = 0, temperature: float = 1.0,
-                 seed: int = 0, record_digests: bool = False, cuda_graphs: bool = False) -> None:
+    def __init__(
+        self,
+        group: TPGroup,
+        config: EngineConfig,
+        num_gpu_blocks: int,
+        *,
+        model,
+        num_cpu_blocks: int = 0,
+        temperature: float = 1.0,
+        seed: int = 0,
+        record_digests: bool = False,
+        cuda_graphs: bool = False,
+    ) -> None:
         if not group.is_driver:
             raise RuntimeError(f"rank {group.rank}: only rank 0 drives the engine")
         self.group = group
@@ -319,8 +368,9 @@ class WorkerReport:
     digests: list[str] = field(default_factory=list)
 
 
-def run_worker(group: TPGroup, model, *, seed: int = 0,
-               record_digests: bool = False) -> WorkerReport:
+def run_worker(
+    group: TPGroup, model, *, seed: int = 0, record_digests: bool = False
+) -> WorkerReport:
     """Ranks > 0: execute broadcast steps with `model` (this rank's shard) until `Stop`."""
     if group.is_driver:
         raise RuntimeError("rank 0 drives the engine; run_worker is for ranks > 0")
@@ -377,9 +427,16 @@ class LocalRunner:
         self.runner = self.graphs = None
         gc.collect()  # a captured graph's objects may sit in reference cycles
         release_cached(model.device)
-        runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, device=model.device,
-                                model=model, seed=seed, num_cpu_blocks=msg.num_cpu_blocks,
-                                temperature=msg.temperature, cuda_graphs=msg.cuda_graphs)
+        runner = GPUModelRunner(
+            msg.config,
+            msg.num_gpu_blocks,
+            device=model.device,
+            model=model,
+            seed=seed,
+            num_cpu_blocks=msg.num_cpu_blocks,
+            temperature=msg.temperature,
+            cuda_graphs=msg.cuda_graphs,
+        )
         if msg.cuda_graphs and runner.graphs is None and runner.device.type == "cpu":
             runner.graphs = runner.make_graphs(capture=False)
         self.runner, self.graphs = runner, runner.graphs

@@ -9,27 +9,39 @@ from pagesim.errors import AllocationError
 from pagesim.kvcache.block import KVCacheBlock
 
 
-def check_allocation_arguments(request_id: str, is_running: bool, num_new_tokens: int,
-                               num_new_computed_tokens: int, hit: Sequence[KVCacheBlock],
-                               num_lookahead_tokens: int, block_size: int) -> None:
+def check_allocation_arguments(
+    request_id: str,
+    is_running: bool,
+    num_new_tokens: int,
+    num_new_computed_tokens: int,
+    hit: Sequence[KVCacheBlock],
+    num_lookahead_tokens: int,
+    block_size: int,
+) -> None:
     if num_new_tokens < 1:
-        raise AllocationError(f"num_new_tokens={num_new_tokens}: must be >= 1 "
-                              f"(request {request_id!r})")
+        raise AllocationError(
+            f"num_new_tokens={num_new_tokens}: must be >= 1 (request {request_id!r})"
+        )
     if num_lookahead_tokens < 0:
         raise AllocationError(f"num_lookahead_tokens={num_lookahead_tokens}: must be >= 0")
     if num_new_computed_tokens != len(hit) * block_size:
         raise AllocationError(
             f"num_new_computed_tokens={num_new_computed_tokens}: the hit holds {len(hit)} "
-            f"blocks of {block_size} tokens (request {request_id!r})")
+            f"blocks of {block_size} tokens (request {request_id!r})"
+        )
     if hit and is_running:
-        raise AllocationError(f"new_computed_blocks: request {request_id!r} is running; only a "
-                              "new request takes a prefix hit")
+        raise AllocationError(
+            f"new_computed_blocks: request {request_id!r} is running; only a "
+            "new request takes a prefix hit"
+        )
 
 
-def check_ever_fits(request_id: str, num_new_tokens: int, num_live_blocks: int,
-                    num_usable_blocks: int) -> None:
+def check_ever_fits(
+    request_id: str, num_new_tokens: int, num_live_blocks: int, num_usable_blocks: int
+) -> None:
     """A request that would hold more blocks than the whole cache can never be served."""
     if num_live_blocks > num_usable_blocks:
         raise AllocationError(
             f"num_new_tokens={num_new_tokens}: request {request_id!r} would hold "
-            f"{num_live_blocks} blocks, the cache has {num_usable_blocks} usable blocks")
+            f"{num_live_blocks} blocks, the cache has {num_usable_blocks} usable blocks"
+        )

@@ -26,12 +26,24 @@ class KVCacheBlock:
     value that eager hashing gives. The pool's hot paths read `_block_hash` (None: not cached).
     """
 
-    __slots__ = ("block_id", "ref_cnt", "_block_hash", "prev_free_block", "next_free_block",
-                 "is_null")
+    __slots__ = (
+        "block_id",
+        "ref_cnt",
+        "_block_hash",
+        "prev_free_block",
+        "next_free_block",
+        "is_null",
+    )
 
-    def __init__(self, block_id: int, ref_cnt: int = 0, block_hash: bytes | None = None,
-                 prev_free_block: KVCacheBlock | None = None,
-                 next_free_block: KVCacheBlock | None = None, is_null: bool = False) -> None:
+    def __init__(
+        self,
+        block_id: int,
+        ref_cnt: int = 0,
+        block_hash: bytes | None = None,
+        prev_free_block: KVCacheBlock | None = None,
+        next_free_block: KVCacheBlock | None = None,
+        is_null: bool = False,
+    ) -> None:
         self.block_id = block_id  # index into the KV cache: slots block_id * block_size ...
         self.ref_cnt = ref_cnt  # requests whose block table holds this block (0: free queue)
         self._block_hash = block_hash  # bytes, a DeferredBlocks (hash pending) or None
@@ -53,8 +65,10 @@ class KVCacheBlock:
         self._block_hash = value
 
     def __repr__(self) -> str:  # links would recurse through the whole queue
-        return (f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
-                f"hashed={self._block_hash is not None}, is_null={self.is_null})")
+        return (
+            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+            f"hashed={self._block_hash is not None}, is_null={self.is_null})"
+        )
 
 
 class FreeKVCacheBlockQueue:
@@ -150,8 +164,9 @@ class FreeKVCacheBlockQueue:
             head = self.fake_free_list_head
             self._splice(head, blocks, head.next_free_block)
 
-    def _splice(self, prev: KVCacheBlock, blocks: Sequence[KVCacheBlock],
-                nxt: KVCacheBlock) -> None:
+    def _splice(
+        self, prev: KVCacheBlock, blocks: Sequence[KVCacheBlock], nxt: KVCacheBlock
+    ) -> None:
         """Link `blocks`, in order, between the adjacent nodes `prev` and `nxt`."""
         for block in blocks:
             prev.next_free_block = block

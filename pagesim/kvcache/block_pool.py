@@ -58,11 +58,18 @@ class BlockPool:
     A lookup returns the first-inserted block of a hash.
     """
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool = True,
-                 free_order: str = "lifo_unhashed", enable_kv_cache_events: bool = False) -> None:
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool = True,
+        free_order: str = "lifo_unhashed",
+        enable_kv_cache_events: bool = False,
+    ) -> None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:
-            raise ConfigError(f"num_gpu_blocks={num_gpu_blocks!r}: must be an int >= 2 "
-                              "(block 0 is the null block)")
+            raise ConfigError(
+                f"num_gpu_blocks={num_gpu_blocks!r}: must be an int >= 2 "
+                "(block 0 is the null block)"
+            )
         if free_order not in FREE_ORDERS:
             raise ConfigError(f"free_order={free_order!r}: choose one of {', '.join(FREE_ORDERS)}")
         self.num_gpu_blocks = num_gpu_blocks
@@ -116,8 +123,9 @@ class BlockPool:
         """
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
-            raise AllocationError(f"num_blocks={num_blocks}: only {queue.num_free_blocks} "
-                                  "blocks are free")
+            raise AllocationError(
+                f"num_blocks={num_blocks}: only {queue.num_free_blocks} blocks are free"
+            )
         if num_blocks <= 0:
             return []
         queue.num_free_blocks -= num_blocks
@@ -195,8 +203,13 @@ class BlockPool:
         self.num_shared_refs = shared
 
     # ---- caching -------------------------------------------------------------------------
-    def cache_full_blocks(self, blocks: Sequence[KVCacheBlock], block_hashes: Sequence[bytes],
-                          num_cached_blocks: int, num_full_blocks: int) -> None:
+    def cache_full_blocks(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        block_hashes: Sequence[bytes],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+    ) -> None:
         """Register `blocks[num_cached_blocks:num_full_blocks]` under their hashes.
 
         `block_hashes[i]` is the hash of block i of the request (`Request.block_hashes`).
@@ -208,9 +221,11 @@ class BlockPool:
         if not self.enable_kv_cache_events:  # the hot path: no event bookkeeping
             # `_register` inlined: a new hash (the common case) is one setdefault.
             setdefault = self._cached.setdefault
-            for block, block_hash in zip(blocks[num_cached_blocks:num_full_blocks],
-                                         block_hashes[num_cached_blocks:num_full_blocks],
-                                         strict=True):
+            for block, block_hash in zip(
+                blocks[num_cached_blocks:num_full_blocks],
+                block_hashes[num_cached_blocks:num_full_blocks],
+                strict=True,
+            ):
                 if block._block_hash is None and not block.is_null:
                     block._block_hash = block_hash
                     if setdefault(block_hash, block) is not block:

@@ -35,7 +35,8 @@ def build_block_table(
     if max_num_blocks_per_seq is not None:
         if max_num_blocks_per_seq < width:
             raise ValueError(
-                f"max_num_blocks_per_seq={max_num_blocks_per_seq} < longest row ({width})")
+                f"max_num_blocks_per_seq={max_num_blocks_per_seq} < longest row ({width})"
+            )
         width = max_num_blocks_per_seq
     return [list(r) + [pad_block_id] * (width - len(r)) for r in block_ids_per_seq]
 
@@ -59,8 +60,10 @@ def build_slot_mapping(
     for row, start, n in zip(block_ids_per_seq, start_positions, num_new_tokens, strict=True):
         end = start + n
         if n and (end - 1) // block_size >= len(row):
-            raise ValueError(f"position {end - 1} needs block {(end - 1) // block_size}, "
-                             f"row has {len(row)} blocks")
+            raise ValueError(
+                f"position {end - 1} needs block {(end - 1) // block_size}, "
+                f"row has {len(row)} blocks"
+            )
         for pos in range(start, end):
             slots.append(row[pos // block_size] * block_size + pos % block_size)
     if pad_to is not None:

@@ -66,8 +66,10 @@ class BuddyAllocator:
         self.num_free_units = capacity
         start = 0
         while start < capacity:  # greedy cover by aligned powers of two
-            order = min((start & -start).bit_length() - 1 if start else self.max_order,
-                        (capacity - start).bit_length() - 1)
+            order = min(
+                (start & -start).bit_length() - 1 if start else self.max_order,
+                (capacity - start).bit_length() - 1,
+            )
             self.free_lists[order].append(start)
             start += 1 << order
 
@@ -149,7 +151,9 @@ class BuddyAllocator:
             for s in lst:
                 parent = s & ~(1 << k)
                 if parent + (2 << k) <= self.capacity and k < self.max_order:
-                    _require((s ^ (1 << k)) not in members, f"free buddies ({s}, {1 << k}) unmerged")
+                    _require(
+                        (s ^ (1 << k)) not in members, f"free buddies ({s}, {1 << k}) unmerged"
+                    )
 
 
 class FirstFitAllocator:
@@ -235,4 +239,6 @@ class FirstFitAllocator:
 
 Allocator = BuddyAllocator | FirstFitAllocator
 PLACEMENTS: dict[str, type[BuddyAllocator] | type[FirstFitAllocator]] = {
-    "buddy": BuddyAllocator, "first-fit": FirstFitAllocator}
+    "buddy": BuddyAllocator,
+    "first-fit": FirstFitAllocator,
+}

@@ -57,9 +57,16 @@ class ContiguousKVCacheManager:
     `check_invariants`, every mutating call ends with `check_invariants()` (slow).
     """
 
-    def __init__(self, num_gpu_blocks: int, block_size: int, policy: str = "reserve-max",
-                 placement: str = "buddy", *, max_model_len: int,
-                 check_invariants: bool = False) -> None:
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        block_size: int,
+        policy: str = "reserve-max",
+        placement: str = "buddy",
+        *,
+        max_model_len: int,
+        check_invariants: bool = False,
+    ) -> None:
         if policy not in POLICIES:
             raise ConfigError(f"policy={policy!r}: choose one of {', '.join(POLICIES)}")
         if placement not in PLACEMENTS:
@@ -138,11 +145,15 @@ class ContiguousKVCacheManager:
         return self.empty_kv_cache_blocks, 0
 
     # ---- allocation ------------------------------------------------------------------------
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       num_new_computed_tokens: int = 0,
-                       new_computed_blocks: KVCacheBlocks | None = None,
-                       num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> KVCacheBlocks | None:
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+    ) -> KVCacheBlocks | None:
         """Reserve the request's region on its first call; later calls only extend the row.
 
         Returns the blocks newly added to the row, or None when no free run holds the region
@@ -153,12 +164,17 @@ class ContiguousKVCacheManager:
         """
         rid = request.request_id
         if num_new_tokens < 1:
-            raise AllocationError(f"num_new_tokens={num_new_tokens}: must be >= 1 (request {rid!r})")
+            raise AllocationError(
+                f"num_new_tokens={num_new_tokens}: must be >= 1 (request {rid!r})"
+            )
         if num_new_computed_tokens or new_computed_blocks:
-            raise AllocationError(f"num_new_computed_tokens={num_new_computed_tokens}: "
-                                  "contiguous allocation has no prefix cache")
-        need = min(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens,
-                   self.max_model_len)
+            raise AllocationError(
+                f"num_new_computed_tokens={num_new_computed_tokens}: "
+                "contiguous allocation has no prefix cache"
+            )
+        need = min(
+            request.num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
+        )
         res = self.reservations.get(rid)
         if res is None:
             res = self._reserve(request)
@@ -167,7 +183,8 @@ class ContiguousKVCacheManager:
         elif need > res.region.size * self.block_size:
             raise AllocationError(
                 f"num_new_tokens={num_new_tokens}: request {rid!r} needs {need} slots, its "
-                f"{self.policy} region holds {res.region.size * self.block_size}")
+                f"{self.policy} region holds {res.region.size * self.block_size}"
+            )
         new_len = -(-need // self.block_size)
         row = res.row
         if new_len <= len(row):
@@ -176,7 +193,7 @@ class ContiguousKVCacheManager:
             first = res.region.start + 1 + len(row)
             new_ids = range(first, first + new_len - len(row))
             row.extend(new_ids)
-            result = KVCacheBlocks(self._blocks[first:first + len(new_ids)])
+            result = KVCacheBlocks(self._blocks[first : first + len(new_ids)])
         if self.check_invariants_after_ops:
             self.check_invariants()
         return result
@@ -189,7 +206,8 @@ class ContiguousKVCacheManager:
             raise AllocationError(
                 f"request {rid!r}: its {self.policy} region of {self.region_units(final_len)} "
                 f"blocks can never be placed in {self.allocator.capacity} usable blocks "
-                f"({self.placement})")
+                f"({self.placement})"
+            )
         region = self.allocator.allocate(units)
         if region is None:
             return None
@@ -221,8 +239,10 @@ class ContiguousKVCacheManager:
         return []  # no sharing, so no copy-on-write
 
     def fork(self, parent: Request, child: Request) -> None:
-        raise AllocationError(f"parent={parent.request_id!r}: contiguous allocation cannot "
-                              "share regions (parallel sampling needs the paged manager)")
+        raise AllocationError(
+            f"parent={parent.request_id!r}: contiguous allocation cannot "
+            "share regions (parallel sampling needs the paged manager)"
+        )
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """No sliding-window release: the region is reserved whole."""
@@ -247,31 +267,43 @@ class ContiguousKVCacheManager:
         a = self.allocator
         a.check_invariants()
         bs = self.block_size
-        _require(len(a.allocated) == len(self.reservations),
-                 f"{len(a.allocated)} regions allocated, {len(self.reservations)} reservations")
+        _require(
+            len(a.allocated) == len(self.reservations),
+            f"{len(a.allocated)} regions allocated, {len(self.reservations)} reservations",
+        )
         reserved = fillable = 0
         for rid, res in self.reservations.items():
             start, size = res.region
             held = a.allocated.get(start)
             if held is not None and self.placement == "buddy":
                 held = 1 << held  # the buddy records orders
-            _require(held == size,
-                     f"request {rid!r}: region {res.region} is not allocated with that size")
-            _require(res.row == list(range(start + 1, start + 1 + len(res.row))),
-                     f"request {rid!r}: row is not a prefix of its region")
+            _require(
+                held == size,
+                f"request {rid!r}: region {res.region} is not allocated with that size",
+            )
+            _require(
+                res.row == list(range(start + 1, start + 1 + len(res.row))),
+                f"request {rid!r}: row is not a prefix of its region",
+            )
             _require(len(res.row) <= size, f"request {rid!r}: row longer than its region")
             reserved += size * bs
             fillable += min(size * bs, res.final_kv_len)
-        _require(reserved == self.num_reserved_slots,
-                 f"num_reserved_slots={self.num_reserved_slots}, regions hold {reserved}")
-        _require(fillable == self.num_fillable_slots,
-                 f"num_fillable_slots={self.num_fillable_slots}, regions allow {fillable}")
+        _require(
+            reserved == self.num_reserved_slots,
+            f"num_reserved_slots={self.num_reserved_slots}, regions hold {reserved}",
+        )
+        _require(
+            fillable == self.num_fillable_slots,
+            f"num_fillable_slots={self.num_fillable_slots}, regions allow {fillable}",
+        )
         _require(a.num_free_units * bs + reserved == a.capacity * bs, "free + used != total")
         if not self.reservations:
             _require(a.num_free_units == a.capacity, "blocks leaked after all frees")
             fresh = type(a)(a.capacity)
-            _require(a.free_regions() == fresh.free_regions(),
-                     "free space not merged back into the initial regions")
+            _require(
+                a.free_regions() == fresh.free_regions(),
+                "free space not merged back into the initial regions",
+            )
 
 
 def _require(ok: bool, message: str) -> None:

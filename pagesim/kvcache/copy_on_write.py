@@ -15,16 +15,22 @@ from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.block_pool import BlockPool
 
 
-def shared_write_indices(row: list[KVCacheBlock], num_computed_tokens: int,
-                         block_size: int) -> list[int]:
+def shared_write_indices(
+    row: list[KVCacheBlock], num_computed_tokens: int, block_size: int
+) -> list[int]:
     """Table indices, from the block the next token goes to, whose blocks another request
     also holds."""
     return [j for j in range(num_computed_tokens // block_size, len(row)) if row[j].ref_cnt > 1]
 
 
-def replace_shared_blocks(pool: BlockPool, row: list[KVCacheBlock], row_ids: list[int],
-                          indices: list[int], num_computed_tokens: int,
-                          block_size: int) -> list[tuple[int, int]]:
+def replace_shared_blocks(
+    pool: BlockPool,
+    row: list[KVCacheBlock],
+    row_ids: list[int],
+    indices: list[int],
+    num_computed_tokens: int,
+    block_size: int,
+) -> list[tuple[int, int]]:
     """Give the writer fresh blocks at `indices`; returns the (src, dst) block copies the GPU
     must make (only the block that already holds written tokens needs one). The caller has
     checked that `len(indices)` blocks are free."""

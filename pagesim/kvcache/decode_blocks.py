@@ -52,10 +52,15 @@ class DecodeBlockEvents:
         (`cache_decode_blocks`, `pagesim.sim.pending_blocks` says when that is exact).
         """
         row = self.req_to_blocks[request_id]
-        if (self.enable_caching and not late_blocks
-                and self.num_cached_block[request_id] != len(row)):
-            raise AllocationError(f"request_id={request_id!r}: full blocks of its row are not "
-                                  "cached; use allocate_slots")
+        if (
+            self.enable_caching
+            and not late_blocks
+            and self.num_cached_block[request_id] != len(row)
+        ):
+            raise AllocationError(
+                f"request_id={request_id!r}: full blocks of its row are not "
+                "cached; use allocate_slots"
+            )
         pool = self.block_pool
         queue = pool.free_block_queue
         if not queue.num_free_blocks:
@@ -97,8 +102,10 @@ class DecodeBlockEvents:
         index = num_cached[rid]
         row = self.req_to_blocks[rid]
         if not 0 < index < len(row):
-            raise AllocationError(f"request_id={rid!r}: block {index} of a row of {len(row)} "
-                                  "is not a decode block to cache")
+            raise AllocationError(
+                f"request_id={rid!r}: block {index} of a row of {len(row)} "
+                "is not a decode block to cache"
+            )
         lazy = self._lazy
         if lazy is not None:  # LazyHashes.defer_decode_block, its common case inlined
             if lazy.on_touch is not None:
@@ -109,9 +116,15 @@ class DecodeBlockEvents:
             tokens[index] = packed_tokens
             block = row[index]
             record = lazy.newest.get(rid)
-            if (block._block_hash is None and not block.is_null and record is not None
-                    and record.tail and record.live and record.end == index
-                    and record.row is row):
+            if (
+                block._block_hash is None
+                and not block.is_null
+                and record is not None
+                and record.tail
+                and record.live
+                and record.end == index
+                and record.row is row
+            ):
                 block._block_hash = record  # nothing of its root registered since: join it
                 record.end = index + 1
                 record.live += 1
@@ -120,8 +133,7 @@ class DecodeBlockEvents:
         else:
             hashes = request.block_hashes
             if len(hashes) == index:
-                hashes.append(self.hasher.next_hash(hashes[-1], packed_tokens,
-                                                    request.lora_name))
+                hashes.append(self.hasher.next_hash(hashes[-1], packed_tokens, request.lora_name))
             self.block_pool.cache_block(row[index], hashes[index])
         num_cached[rid] = index + 1
         if self.check_invariants:
@@ -135,11 +147,12 @@ class DecodeBlockEvents:
         rid = request.request_id
         row = self.req_to_blocks[rid]
         start = self.num_cached_block[rid]
-        if (not 0 < start < num_full <= len(row)
-                or num_full * self.block_size > request.num_tokens):
-            raise AllocationError(f"request_id={rid!r}: blocks {start}..{num_full - 1} of a row "
-                                  f"of {len(row)} ({request.num_tokens} tokens) are not decode "
-                                  "blocks to cache")
+        if not 0 < start < num_full <= len(row) or num_full * self.block_size > request.num_tokens:
+            raise AllocationError(
+                f"request_id={rid!r}: blocks {start}..{num_full - 1} of a row "
+                f"of {len(row)} ({request.num_tokens} tokens) are not decode "
+                "blocks to cache"
+            )
         self._cache_blocks(request, row, num_full)
         if self.check_invariants:
             check_kv_cache_manager(self)

@@ -37,7 +37,9 @@ _SALT_TAG = b"\x02"
 def none_hash(seed: int = 0) -> BlockHash:
     """The parent hash of every request's first block, derived from `seed` (vLLM's NONE_HASH)."""
     seed_bytes = seed.to_bytes(8, "little", signed=True)
-    return BlockHash(hashlib.blake2b(b"pagesim NONE_HASH" + seed_bytes).digest()[:HASH_DIGEST_BYTES])
+    return BlockHash(
+        hashlib.blake2b(b"pagesim NONE_HASH" + seed_bytes).digest()[:HASH_DIGEST_BYTES]
+    )
 
 
 NONE_HASH: BlockHash = none_hash(0)
@@ -59,8 +61,9 @@ def encode_extra_keys(lora_name: str | None = None, cache_salt: str | None = Non
     return out
 
 
-def hash_block_tokens(parent_block_hash: bytes | None, block_token_ids: Sequence[int],
-                      extra_keys: bytes = b"") -> BlockHash:
+def hash_block_tokens(
+    parent_block_hash: bytes | None, block_token_ids: Sequence[int], extra_keys: bytes = b""
+) -> BlockHash:
     """Hash of one block given its parent's hash (None: the first block), tokens and extra keys.
 
     `extra_keys` is `encode_extra_keys(...)` of this block (the salt only for the first block).
@@ -77,7 +80,7 @@ def _pack_tokens(n: int, token_ids: Sequence[int], where: str) -> bytes:
     try:
         return struct.pack(f"<{n}i", *token_ids)
     except struct.error:
-        bad = next((t for t in token_ids if not -2**31 <= t < 2**31), None)
+        bad = next((t for t in token_ids if not -(2**31) <= t < 2**31), None)
         raise WorkloadError(f"{where}: token id {bad!r} is not an int32") from None
 
 
@@ -97,16 +100,19 @@ class BlockHasher:
         self._pack_block = struct.Struct(f"<{block_size}i").pack  # one block's token ids
         self._packers: dict[int, Callable[..., bytes]] = {}  # token count -> its packing
 
-    def next_hash(self, parent_block_hash: bytes, packed_tokens: bytes,
-                  lora_name: str | None = None) -> BlockHash:
+    def next_hash(
+        self, parent_block_hash: bytes, packed_tokens: bytes, lora_name: str | None = None
+    ) -> BlockHash:
         """Hash of a full block after the first, from its parent's hash and its `block_size`
         token ids packed as little-endian int32 (`hash_block_tokens` without the packing)."""
         if lora_name is None:
-            return hashlib.blake2b(parent_block_hash + self._count_prefix
-                                   + packed_tokens).digest()[:16]  # type: ignore[return-value]
+            return hashlib.blake2b(parent_block_hash + self._count_prefix + packed_tokens).digest()[
+                :16
+            ]  # type: ignore[return-value]
         data = parent_block_hash + self._count_prefix + packed_tokens
-        return BlockHash(hashlib.blake2b(data + encode_extra_keys(lora_name, None))
-                         .digest()[:HASH_DIGEST_BYTES])
+        return BlockHash(
+            hashlib.blake2b(data + encode_extra_keys(lora_name, None)).digest()[:HASH_DIGEST_BYTES]
+        )
 
     def extend(self, request: Request, num_blocks: int | None = None) -> None:
         """Hash the request's full blocks that have no hash yet, up to `num_blocks` in total.
@@ -126,8 +132,11 @@ class BlockHasher:
             # bytes as below, packed with a precompiled format.
             n_prompt = len(request.prompt_token_ids)
             lo = start * bs
-            tokens = (request.output_token_ids[lo - n_prompt:lo - n_prompt + bs]
-                      if lo >= n_prompt else request.token_ids_slice(lo, lo + bs))
+            tokens = (
+                request.output_token_ids[lo - n_prompt : lo - n_prompt + bs]
+                if lo >= n_prompt
+                else request.token_ids_slice(lo, lo + bs)
+            )
             try:
                 data = self._pack_block(*tokens)
             except struct.error:
@@ -157,9 +166,9 @@ class BlockHasher:
         append = hashes.append
         if extra:
             for off in range(offset, len(data), nbytes):
-                parent = blake2b(parent + prefix + data[off:off + nbytes] + extra).digest()[:16]
+                parent = blake2b(parent + prefix + data[off : off + nbytes] + extra).digest()[:16]
                 append(parent)
         else:  # the common case, one concatenation less
             for off in range(offset, len(data), nbytes):
-                parent = blake2b(parent + prefix + data[off:off + nbytes]).digest()[:16]
+                parent = blake2b(parent + prefix + data[off : off + nbytes]).digest()[:16]
                 append(parent)

@@ -42,24 +42,34 @@ def check_block_pool(pool: BlockPool) -> None:
     """Raise `InvariantViolation` on the first broken pool invariant."""
     queue = pool.free_block_queue
     head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
-    _require(head.prev_free_block is None and tail.next_free_block is None,
-             "sentinels have outer links")
+    _require(
+        head.prev_free_block is None and tail.next_free_block is None, "sentinels have outer links"
+    )
     in_queue: set[int] = set()
     prev, block = head, head.next_free_block
     while block is not tail:
         _require(block is not None, "free queue is cut before its tail sentinel")
-        _require(block.prev_free_block is prev,
-                 f"block {block.block_id}: prev link does not point back")
+        _require(
+            block.prev_free_block is prev, f"block {block.block_id}: prev link does not point back"
+        )
         _require(block.block_id not in in_queue, f"block {block.block_id}: in the queue twice")
         _require(len(in_queue) <= pool.num_gpu_blocks, "free queue has a cycle")
         in_queue.add(block.block_id)
         prev, block = block, block.next_free_block
     _require(tail.prev_free_block is prev, "tail sentinel's prev link is wrong")
-    _require(len(in_queue) == queue.num_free_blocks,
-             f"num_free_blocks={queue.num_free_blocks} but the queue holds {len(in_queue)}")
+    _require(
+        len(in_queue) == queue.num_free_blocks,
+        f"num_free_blocks={queue.num_free_blocks} but the queue holds {len(in_queue)}",
+    )
     null = pool.null_block
-    _require(null.is_null and null.block_id == 0 and null.ref_cnt == 0
-             and null._block_hash is None and 0 not in in_queue, "null block misused")
+    _require(
+        null.is_null
+        and null.block_id == 0
+        and null.ref_cnt == 0
+        and null._block_hash is None
+        and 0 not in in_queue,
+        "null block misused",
+    )
     used = 0
     shared_refs = 0
     for block in pool.blocks:
@@ -68,18 +78,26 @@ def check_block_pool(pool: BlockPool) -> None:
         if block is null:
             continue
         free = block.block_id in in_queue
-        _require(free == (block.ref_cnt == 0),
-                 f"block {block.block_id}: ref_cnt={block.ref_cnt}, in free queue={free}")
+        _require(
+            free == (block.ref_cnt == 0),
+            f"block {block.block_id}: ref_cnt={block.ref_cnt}, in free queue={free}",
+        )
         if not free:
             used += 1
             if block.ref_cnt > 1:
                 shared_refs += block.ref_cnt
-            _require(block.prev_free_block is None and block.next_free_block is None,
-                     f"block {block.block_id}: used but linked into the queue")
-    _require(queue.num_free_blocks + used == pool.num_usable_blocks,
-             f"free {queue.num_free_blocks} + used {used} != usable {pool.num_usable_blocks}")
-    _require(pool.num_shared_refs == shared_refs,
-             f"num_shared_refs {pool.num_shared_refs} != {shared_refs} (sum of ref_cnt >= 2)")
+            _require(
+                block.prev_free_block is None and block.next_free_block is None,
+                f"block {block.block_id}: used but linked into the queue",
+            )
+    _require(
+        queue.num_free_blocks + used == pool.num_usable_blocks,
+        f"free {queue.num_free_blocks} + used {used} != usable {pool.num_usable_blocks}",
+    )
+    _require(
+        pool.num_shared_refs == shared_refs,
+        f"num_shared_refs {pool.num_shared_refs} != {shared_refs} (sum of ref_cnt >= 2)",
+    )
     _check_hash_map(pool)
 
 
@@ -89,12 +107,17 @@ def _check_hash_map(pool: BlockPool) -> None:
         blocks = found.values() if isinstance(found, dict) else (found,)
         _require(len(blocks) > 0, "empty duplicate set in the hash map")
         for block in blocks:
-            _require(block._block_hash == block_hash,
-                     f"block {block.block_id}: mapped under another hash")
+            _require(
+                block._block_hash == block_hash,
+                f"block {block.block_id}: mapped under another hash",
+            )
             _require(block.block_id not in mapped, f"block {block.block_id}: mapped twice")
             mapped.add(block.block_id)
-    hashed = {b.block_id for b in pool.blocks
-              if b._block_hash is not None and type(b._block_hash) is not DeferredBlocks}
+    hashed = {
+        b.block_id
+        for b in pool.blocks
+        if b._block_hash is not None and type(b._block_hash) is not DeferredBlocks
+    }
     _require(hashed == mapped, f"hashed blocks {sorted(hashed ^ mapped)} not in the map")
     deferred = Counter(b._block_hash for b in pool.blocks if type(b._block_hash) is DeferredBlocks)
     if not pool.enable_caching:
@@ -115,9 +138,13 @@ def _check_deferred(pool: BlockPool, deferred: Counter) -> None:
             grouped += 1
             _require(not record.tail or record is last, "a tail record is not its group's last")
             _require(record.root == root and record.owner is lazy, "record in a foreign group")
-            _require(record.live == deferred[record] > 0,
-                     f"deferred record counts {record.live} blocks, {deferred[record]} point to it")
-            inside = sum(1 for b in record.row[record.start:record.end] if b._block_hash is record)
+            _require(
+                record.live == deferred[record] > 0,
+                f"deferred record counts {record.live} blocks, {deferred[record]} point to it",
+            )
+            inside = sum(
+                1 for b in record.row[record.start : record.end] if b._block_hash is record
+            )
             _require(inside == record.live, "deferred block outside its record's range")
     _require(grouped == len(deferred), "deferred blocks of a record in no group")
 
@@ -126,8 +153,12 @@ def check_kv_cache_manager(manager: KVCacheManager) -> None:
     """The pool's invariants plus the manager's table bookkeeping."""
     pool = manager.block_pool
     check_block_pool(pool)
-    _require(manager.req_to_blocks.keys() == manager.req_to_block_ids.keys()
-             == manager.num_cached_block.keys(), "request maps disagree on the live requests")
+    _require(
+        manager.req_to_blocks.keys()
+        == manager.req_to_block_ids.keys()
+        == manager.num_cached_block.keys(),
+        "request maps disagree on the live requests",
+    )
     holders: Counter[int] = Counter()
     for rid, row in manager.req_to_blocks.items():
         ids = manager.req_to_block_ids[rid]
@@ -135,11 +166,15 @@ def check_kv_cache_manager(manager: KVCacheManager) -> None:
         num_cached = manager.num_cached_block[rid]
         _require(num_cached <= len(row), f"request {rid!r}: {num_cached} cached > {len(row)}")
         for block in row[:num_cached]:
-            _require(block.is_null or block._block_hash is not None or not manager.enable_caching,
-                     f"request {rid!r}: cached block {block.block_id} has no hash")
+            _require(
+                block.is_null or block._block_hash is not None or not manager.enable_caching,
+                f"request {rid!r}: cached block {block.block_id} has no hash",
+            )
         holders.update(b.block_id for b in row if not b.is_null)
     for block in pool.blocks:
         if not block.is_null:
-            _require(block.ref_cnt == holders[block.block_id],
-                     f"block {block.block_id}: ref_cnt={block.ref_cnt}, held by "
-                     f"{holders[block.block_id]} table entries")
+            _require(
+                block.ref_cnt == holders[block.block_id],
+                f"block {block.block_id}: ref_cnt={block.ref_cnt}, held by "
+                f"{holders[block.block_id]} table entries",
+            )

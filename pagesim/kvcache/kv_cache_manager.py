@@ -81,33 +81,52 @@ class KVCacheManager(DecodeBlockEvents):
     `lazy_hashing`: see the module docstring (ignored with a sliding window or KV events).
     """
 
-    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True,
-                 sliding_window: int | None = None, vllm_compat: str = "0.33",
-                 check_invariants: bool = False, *, max_model_len: int | None = None,
-                 max_num_batched_tokens: int | None = None,
-                 enable_kv_cache_events: bool = False, lazy_hashing: bool = False) -> None:
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        sliding_window: int | None = None,
+        vllm_compat: str = "0.33",
+        check_invariants: bool = False,
+        *,
+        max_model_len: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        enable_kv_cache_events: bool = False,
+        lazy_hashing: bool = False,
+    ) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ConfigError(f"block_size={block_size!r}: must be an int >= 1")
         if vllm_compat not in VLLM_COMPAT:
-            raise ConfigError(f"vllm_compat={vllm_compat!r}: choose one of {', '.join(VLLM_COMPAT)}")
+            raise ConfigError(
+                f"vllm_compat={vllm_compat!r}: choose one of {', '.join(VLLM_COMPAT)}"
+            )
         if max_model_len is not None and max_model_len < 1:
             raise ConfigError(f"max_model_len={max_model_len!r}: must be >= 1")
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.vllm_compat = vllm_compat
         self.max_model_len = max_model_len
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, _FREE_ORDER[vllm_compat],
-                                    enable_kv_cache_events)
+        self.block_pool = BlockPool(
+            num_gpu_blocks, enable_caching, _FREE_ORDER[vllm_compat], enable_kv_cache_events
+        )
         self.sliding_window = sliding_window
-        self._window = (None if sliding_window is None else
-                        SlidingWindow(sliding_window, block_size, max_num_batched_tokens,
-                                      max_model_len))
+        self._window = (
+            None
+            if sliding_window is None
+            else SlidingWindow(sliding_window, block_size, max_num_batched_tokens, max_model_len)
+        )
         self.hasher = BlockHasher(block_size)
         # Lazy hashing: same lookups, blocks hashed only when observable (see lazy_hashes).
         # Not with a sliding window (its lookups read the whole map) or with KV events.
-        self._lazy = (LazyHashes(self.block_pool, self.hasher)
-                      if lazy_hashing and enable_caching and sliding_window is None
-                      and not enable_kv_cache_events else None)
+        self._lazy = (
+            LazyHashes(self.block_pool, self.hasher)
+            if lazy_hashing
+            and enable_caching
+            and sliding_window is None
+            and not enable_kv_cache_events
+            else None
+        )
         self.block_pool.lazy = self._lazy
         self.check_invariants = check_invariants
         # request id -> blocks / block ids in table order (the same row, kept in step).
@@ -173,8 +192,10 @@ class KVCacheManager(DecodeBlockEvents):
                 return self.empty_kv_cache_blocks, 0
             return KVCacheBlocks(hit), len(hit) * self.block_size
         hashes = request.block_hashes
-        if len(hashes) < (len(request.prompt_token_ids) + len(request.output_token_ids)) \
-                // self.block_size:
+        if (
+            len(hashes)
+            < (len(request.prompt_token_ids) + len(request.output_token_ids)) // self.block_size
+        ):
             self.hasher.extend(request)
         max_num_blocks = (request.num_tokens - 1) // self.block_size
         if self._window is not None:
@@ -192,11 +213,15 @@ class KVCacheManager(DecodeBlockEvents):
         return KVCacheBlocks(hit), len(hit) * self.block_size
 
     # ---- allocation ------------------------------------------------------------------------
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       num_new_computed_tokens: int = 0,
-                       new_computed_blocks: KVCacheBlocks | None = None,
-                       num_lookahead_tokens: int = 0,
-                       full_sequence_must_fit: bool = False) -> KVCacheBlocks | None:
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+    ) -> KVCacheBlocks | None:
         """Give the request slots for `num_new_tokens` more tokens (plus lookahead).
 
         `num_new_computed_tokens` / `new_computed_blocks` are a prefix hit from
@@ -211,14 +236,29 @@ class KVCacheManager(DecodeBlockEvents):
         """
         rid = request.request_id
         row = self.req_to_blocks.get(rid)
-        if (row is None or num_new_computed_tokens or new_computed_blocks or full_sequence_must_fit
-                or self._window is not None or rid in self._cow_req_ids or num_new_tokens < 1
-                or num_lookahead_tokens
-                or (self.max_model_len is not None
-                    and request.num_computed_tokens + num_new_tokens > self.max_model_len)):
-            return self._allocate_slots_general(request, row, num_new_tokens,
-                                                num_new_computed_tokens, new_computed_blocks,
-                                                num_lookahead_tokens, full_sequence_must_fit)
+        if (
+            row is None
+            or num_new_computed_tokens
+            or new_computed_blocks
+            or full_sequence_must_fit
+            or self._window is not None
+            or rid in self._cow_req_ids
+            or num_new_tokens < 1
+            or num_lookahead_tokens
+            or (
+                self.max_model_len is not None
+                and request.num_computed_tokens + num_new_tokens > self.max_model_len
+            )
+        ):
+            return self._allocate_slots_general(
+                request,
+                row,
+                num_new_tokens,
+                num_new_computed_tokens,
+                new_computed_blocks,
+                num_lookahead_tokens,
+                full_sequence_must_fit,
+            )
         # Fast path: a running full-attention request growing by num_new_tokens (decode).
         bs = self.block_size
         main = request.num_computed_tokens + num_new_tokens
@@ -245,36 +285,58 @@ class KVCacheManager(DecodeBlockEvents):
             check_kv_cache_manager(self)
         return result
 
-    def _allocate_slots_general(self, request: Request, row: list[KVCacheBlock] | None,
-                                num_new_tokens: int, num_new_computed_tokens: int,
-                                new_computed_blocks: KVCacheBlocks | None,
-                                num_lookahead_tokens: int,
-                                full_sequence_must_fit: bool) -> KVCacheBlocks | None:
+    def _allocate_slots_general(
+        self,
+        request: Request,
+        row: list[KVCacheBlock] | None,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: KVCacheBlocks | None,
+        num_lookahead_tokens: int,
+        full_sequence_must_fit: bool,
+    ) -> KVCacheBlocks | None:
         rid = request.request_id
         hit = new_computed_blocks.blocks if new_computed_blocks is not None else ()
         bs, pool, window, cap = self.block_size, self.block_pool, self._window, self.max_model_len
-        check_allocation_arguments(rid, row is not None, num_new_tokens, num_new_computed_tokens,
-                                   hit, num_lookahead_tokens, bs)
+        check_allocation_arguments(
+            rid,
+            row is not None,
+            num_new_tokens,
+            num_new_computed_tokens,
+            hit,
+            num_lookahead_tokens,
+            bs,
+        )
         local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = local_computed if cap is None else min(local_computed, cap)
         if full_sequence_must_fit:
             full_tokens = request.num_tokens if cap is None else min(request.num_tokens, cap)
-            check_ever_fits(rid, num_new_tokens, self._num_live_blocks(full_tokens, 0, True),
-                            pool.num_usable_blocks)
-            needed = self.get_num_blocks_to_allocate(request, full_tokens, new_computed_blocks,
-                                                     num_new_computed_tokens, admission=True)
+            check_ever_fits(
+                rid,
+                num_new_tokens,
+                self._num_live_blocks(full_tokens, 0, True),
+                pool.num_usable_blocks,
+            )
+            needed = self.get_num_blocks_to_allocate(
+                request, full_tokens, new_computed_blocks, num_new_computed_tokens, admission=True
+            )
             if needed > pool.free_block_queue.num_free_blocks:
                 return None
         main = total_computed + num_new_tokens
         need_slots = main + num_lookahead_tokens
         if cap is not None and need_slots > cap:
             need_slots = cap
-        check_ever_fits(rid, num_new_tokens, self._num_live_blocks(need_slots, total_computed),
-                        pool.num_usable_blocks)
+        check_ever_fits(
+            rid,
+            num_new_tokens,
+            self._num_live_blocks(need_slots, total_computed),
+            pool.num_usable_blocks,
+        )
         if window is not None and row is not None:
             self.remove_skipped_blocks(rid, total_computed)
-        needed = self.get_num_blocks_to_allocate(request, need_slots, new_computed_blocks,
-                                                 num_new_computed_tokens)
+        needed = self.get_num_blocks_to_allocate(
+            request, need_slots, new_computed_blocks, num_new_computed_tokens
+        )
         cow: list[int] = []
         if row is not None and rid in self._cow_req_ids:
             cow = shared_write_indices(row, request.num_computed_tokens, bs)
@@ -292,7 +354,8 @@ class KVCacheManager(DecodeBlockEvents):
                 self._add_computed_blocks(rid, row, hit, local_computed)
         if cow:
             self._blocks_to_copy += replace_shared_blocks(
-                pool, row, self.req_to_block_ids[rid], cow, request.num_computed_tokens, bs)
+                pool, row, self.req_to_block_ids[rid], cow, request.num_computed_tokens, bs
+            )
         num_new_blocks = -(-need_slots // bs) - len(row)
         new_blocks = pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         if new_blocks:
@@ -304,17 +367,22 @@ class KVCacheManager(DecodeBlockEvents):
                 self._cache_blocks(request, row, num_full)
             if is_new:
                 preempted = request.num_preemptions > 0
-                self.prefix_cache_stats.record(request.num_tokens, num_new_computed_tokens,
-                                               preempted)
+                self.prefix_cache_stats.record(
+                    request.num_tokens, num_new_computed_tokens, preempted
+                )
                 self._interval_stats.record(request.num_tokens, num_new_computed_tokens, preempted)
         if self.check_invariants:
             check_kv_cache_manager(self)
         return KVCacheBlocks(new_blocks) if new_blocks else self.empty_kv_cache_blocks
 
-    def get_num_blocks_to_allocate(self, request: Request, num_tokens: int,
-                                   new_computed_blocks: KVCacheBlocks | None = None,
-                                   num_new_computed_tokens: int = 0,
-                                   admission: bool = False) -> int:
+    def get_num_blocks_to_allocate(
+        self,
+        request: Request,
+        num_tokens: int,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_new_computed_tokens: int = 0,
+        admission: bool = False,
+    ) -> int:
         """Free blocks that giving the request `num_tokens` slots would consume now: new blocks
         plus prefix-hit blocks that are eviction candidates (they leave the free queue).
         `admission` applies the sliding-window admission cap. Changes nothing."""
@@ -353,9 +421,9 @@ class KVCacheManager(DecodeBlockEvents):
         row = self.req_to_blocks.get(request_id)
         if self._window is None or not row:
             return
-        freed = self._window.remove_skipped_blocks(self.block_pool, row,
-                                                   self.req_to_block_ids[request_id],
-                                                   num_computed_tokens)
+        freed = self._window.remove_skipped_blocks(
+            self.block_pool, row, self.req_to_block_ids[request_id], num_computed_tokens
+        )
         if freed and self.check_invariants:
             check_kv_cache_manager(self)
 
@@ -375,7 +443,8 @@ class KVCacheManager(DecodeBlockEvents):
         self.block_pool.touch(prow)
         if not child.block_hashes:  # equal tokens: reuse the parent's hashes, never rehash
             child.block_hashes.extend(
-                parent.block_hashes[:parent.num_computed_tokens // self.block_size])
+                parent.block_hashes[: parent.num_computed_tokens // self.block_size]
+            )
         self.req_to_blocks[child.request_id] = list(prow)
         self.req_to_block_ids[child.request_id] = list(self.req_to_block_ids[parent.request_id])
         self.num_cached_block[child.request_id] = self.num_cached_block[parent.request_id]
@@ -395,11 +464,17 @@ class KVCacheManager(DecodeBlockEvents):
         return out
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _add_computed_blocks(self, rid: str, row: list[KVCacheBlock],
-                             hit: Sequence[KVCacheBlock], num_computed_tokens: int) -> None:
+    def _add_computed_blocks(
+        self,
+        rid: str,
+        row: list[KVCacheBlock],
+        hit: Sequence[KVCacheBlock],
+        num_computed_tokens: int,
+    ) -> None:
         """Append a new request's prefix hit: touch it, null-pad what a window skips."""
-        num_skipped = (0 if self._window is None
-                       else self._window.num_skipped_blocks(num_computed_tokens))
+        num_skipped = (
+            0 if self._window is None else self._window.num_skipped_blocks(num_computed_tokens)
+        )
         if num_skipped:
             hit = hit[num_skipped:]
         self.block_pool.touch(hit)
@@ -426,12 +501,14 @@ class KVCacheManager(DecodeBlockEvents):
             return
         if len(request.block_hashes) < num_full:
             self.hasher.extend(request)
-        self.block_pool.cache_full_blocks(row, request.block_hashes,
-                                          self.num_cached_block[rid], num_full)
+        self.block_pool.cache_full_blocks(
+            row, request.block_hashes, self.num_cached_block[rid], num_full
+        )
         self.num_cached_block[rid] = num_full
 
-    def _num_live_blocks(self, num_tokens: int, num_computed_tokens: int,
-                         admission: bool = False) -> int:
+    def _num_live_blocks(
+        self, num_tokens: int, num_computed_tokens: int, admission: bool = False
+    ) -> int:
         """Non-null blocks a request with `num_tokens` slots holds right after allocation."""
         blocks = -(-num_tokens // self.block_size)
         if self._window is None:

@@ -44,8 +44,9 @@ class DeferredBlocks:
 
     __slots__ = ("owner", "request", "row", "start", "end", "root", "live", "tail")
 
-    def __init__(self, owner: LazyHashes, request: Request, row: list[KVCacheBlock],
-                 start: int, root: bytes) -> None:
+    def __init__(
+        self, owner: LazyHashes, request: Request, row: list[KVCacheBlock], start: int, root: bytes
+    ) -> None:
         self.owner = owner
         self.request = request
         self.row = row
@@ -89,8 +90,9 @@ class LazyHashes:
         # simulator's decode fast path, which joins blocks late (`pagesim.sim.pending_blocks`).
         self.on_touch: Callable[[bytes | None], None] | None = None
 
-    def defer(self, request: Request, row: list[KVCacheBlock], start: int, end: int,
-              root: bytes) -> None:
+    def defer(
+        self, request: Request, row: list[KVCacheBlock], start: int, end: int, root: bytes
+    ) -> None:
         """Cache `row[start:end]` (blocks 1... of the request whose first block hashes to
         `root`), deferred: blocks already cached or null are skipped, as registration does."""
         if self.on_touch is not None:
@@ -99,8 +101,13 @@ class LazyHashes:
         groups = self.groups
         group = groups.get(root)
         record = self.newest.get(rid)
-        if (record is None or not record.live or not record.tail or record.end != start
-                or record.row is not row):
+        if (
+            record is None
+            or not record.live
+            or not record.tail
+            or record.end != start
+            or record.row is not row
+        ):
             record = DeferredBlocks(self, request, row, start, root)
         count = 0
         for block in row[start:end]:
@@ -119,8 +126,9 @@ class LazyHashes:
                 self.newest[rid] = record
             record.live += count
 
-    def defer_decode_block(self, request: Request, row: list[KVCacheBlock], index: int,
-                           packed_tokens: bytes) -> None:
+    def defer_decode_block(
+        self, request: Request, row: list[KVCacheBlock], index: int, packed_tokens: bytes
+    ) -> None:
         """`defer` of the one block `row[index]`, its tokens given packed (little-endian
         int32) because they may not be in the request yet."""
         if self.on_touch is not None:
@@ -134,8 +142,13 @@ class LazyHashes:
         if block._block_hash is not None or block.is_null:
             return
         record = self.newest.get(rid)
-        if (record is not None and record.tail and record.live and record.end == index
-                and record.row is row):  # nothing of its root registered since: join it
+        if (
+            record is not None
+            and record.tail
+            and record.live
+            and record.end == index
+            and record.row is row
+        ):  # nothing of its root registered since: join it
             block._block_hash = record
             record.end = index + 1
             record.live += 1
@@ -230,5 +243,7 @@ class LazyHashes:
                     stop = min(later)
             hasher.extend(request, stop)
             if len(hashes) < stop:
-                raise AllocationError(f"request_id={request.request_id!r}: block {len(hashes)} "
-                                      "is cached but its tokens are unknown")
+                raise AllocationError(
+                    f"request_id={request.request_id!r}: block {len(hashes)} "
+                    "is cached but its tokens are unknown"
+                )

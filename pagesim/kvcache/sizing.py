@@ -70,22 +70,30 @@ def num_kv_heads_per_gpu(model: ModelSpec, tensor_parallel_size: int = 1) -> int
     return max(1, model.num_kv_heads // tensor_parallel_size)
 
 
-def kv_bytes_per_token(model: ModelSpec, kv_cache_dtype: str = "auto",
-                       tensor_parallel_size: int = 1) -> int:
+def kv_bytes_per_token(
+    model: ModelSpec, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+) -> int:
     """K and V of one token over all layers, on one GPU:
     2 * num_layers * kv_heads_per_gpu * head_size * dtype_bytes."""
-    return (2 * model.num_layers * num_kv_heads_per_gpu(model, tensor_parallel_size)
-            * model.head_size * kv_cache_dtype_bytes(model, kv_cache_dtype))
+    return (
+        2
+        * model.num_layers
+        * num_kv_heads_per_gpu(model, tensor_parallel_size)
+        * model.head_size
+        * kv_cache_dtype_bytes(model, kv_cache_dtype)
+    )
 
 
-def page_size_bytes(model: ModelSpec, block_size: int, kv_cache_dtype: str = "auto",
-                    tensor_parallel_size: int = 1) -> int:
+def page_size_bytes(
+    model: ModelSpec, block_size: int, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+) -> int:
     """One KV block over all layers on one GPU (vLLM: per-layer page_size_bytes * layers)."""
     return block_size * kv_bytes_per_token(model, kv_cache_dtype, tensor_parallel_size)
 
 
-def blocks_per_request(model: ModelSpec, num_tokens: int, block_size: int,
-                       max_num_batched_tokens: int) -> int:
+def blocks_per_request(
+    model: ModelSpec, num_tokens: int, block_size: int, max_num_batched_tokens: int
+) -> int:
     """Most blocks one request of `num_tokens` holds at once (vLLM's max_memory_usage_bytes).
 
     Full attention: ceil(num_tokens / block_size). Sliding window W: the last W - 1 computed
@@ -117,11 +125,14 @@ class NonKVMemory:
         return self.weights_bytes + self.activation_peak_bytes + self.non_torch_bytes
 
 
-def estimate_activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int,
-                                   max_num_seqs: int, tensor_parallel_size: int = 1) -> int:
+def estimate_activation_peak_bytes(
+    model: ModelSpec, max_num_batched_tokens: int, max_num_seqs: int, tensor_parallel_size: int = 1
+) -> int:
     """Peak torch memory of vLLM's profile run, estimated (see the constants above)."""
     t, tp, act = max_num_batched_tokens, tensor_parallel_size, model.dtype_bytes
-    mlp_width = 3 * model.intermediate_size if model.arch == "llama" else 2 * model.intermediate_size
+    mlp_width = (
+        3 * model.intermediate_size if model.arch == "llama" else 2 * model.intermediate_size
+    )
     forward = t * (2 * model.hidden_size + mlp_width // tp) * act
     logits = min(max_num_seqs, t) * model.vocab_size * LOGITS_BYTES_PER_ELEMENT
     return forward + logits
@@ -133,8 +144,10 @@ def estimate_non_kv_memory(config: EngineConfig) -> NonKVMemory:
     return NonKVMemory(
         weights_bytes=-(-model.weight_bytes // tp),
         activation_peak_bytes=estimate_activation_peak_bytes(
-            model, config.max_num_batched_tokens, config.max_num_seqs, tp),
-        non_torch_bytes=NON_TORCH_BYTES)
+            model, config.max_num_batched_tokens, config.max_num_seqs, tp
+        ),
+        non_torch_bytes=NON_TORCH_BYTES,
+    )
 
 
 @dataclass(frozen=True)
@@ -166,16 +179,21 @@ class KVCapacity:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(num_tokens=self.num_tokens, max_concurrency=self.max_concurrency,
-                 available_kv_cache_memory_gib=self.available_kv_cache_memory_bytes / GiB)
+        d.update(
+            num_tokens=self.num_tokens,
+            max_concurrency=self.max_concurrency,
+            available_kv_cache_memory_gib=self.available_kv_cache_memory_bytes / GiB,
+        )
         return d
 
     def report(self) -> str:
         """The three lines of vLLM's startup log, in its format."""
-        return (f"Available KV cache memory: {self.available_kv_cache_memory_bytes / GiB:.2f} GiB\n"
-                f"GPU KV cache size: {self.num_tokens:,} tokens\n"
-                f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
-                f"{self.max_concurrency:.2f}x")
+        return (
+            f"Available KV cache memory: {self.available_kv_cache_memory_bytes / GiB:.2f} GiB\n"
+            f"GPU KV cache size: {self.num_tokens:,} tokens\n"
+            f"Maximum concurrency for {self.max_model_len:,} tokens per request: "
+            f"{self.max_concurrency:.2f}x"
+        )
 
 
 def kv_capacity(config: EngineConfig, non_kv: NonKVMemory | None = None) -> KVCapacity:
@@ -204,24 +222,36 @@ def kv_capacity(config: EngineConfig, non_kv: NonKVMemory | None = None) -> KVCa
         blocks = available // page
         _check_blocks(config, blocks, available, page, per_req)
     return KVCapacity(
-        model=model.name, gpu=gpu.name, tensor_parallel_size=tp, block_size=bs,
-        kv_cache_dtype=config.kv_cache_dtype, max_model_len=config.max_model_len,
-        kv_bytes_per_token=page // bs, page_size_bytes=page,
-        available_kv_cache_memory_bytes=available, num_gpu_blocks=blocks,
-        blocks_per_request=per_req, source=source, non_kv=non_kv)
+        model=model.name,
+        gpu=gpu.name,
+        tensor_parallel_size=tp,
+        block_size=bs,
+        kv_cache_dtype=config.kv_cache_dtype,
+        max_model_len=config.max_model_len,
+        kv_bytes_per_token=page // bs,
+        page_size_bytes=page,
+        available_kv_cache_memory_bytes=available,
+        num_gpu_blocks=blocks,
+        blocks_per_request=per_req,
+        source=source,
+        non_kv=non_kv,
+    )
 
 
 def _available_from_utilization(config: EngineConfig, non_kv: NonKVMemory) -> int:
     model, gpu, tp = config.model_spec, config.gpu_spec, config.tensor_parallel_size
     util = config.gpu_memory_utilization
     requested = math.ceil(gpu.memory_bytes * util)  # vLLM's request_memory
-    where = (f"gpu_memory_utilization={util} of {gpu.name} "
-             f"({requested / GiB:.1f} GiB per GPU, tensor_parallel_size={tp})")
+    where = (
+        f"gpu_memory_utilization={util} of {gpu.name} "
+        f"({requested / GiB:.1f} GiB per GPU, tensor_parallel_size={tp})"
+    )
     if non_kv.weights_bytes >= requested:
         raise ConfigError(
             f"weights of {model.name} ({model.weight_bytes / 1e9:.1f} GB, "
             f"{non_kv.weights_bytes / 1e9:.1f} GB per GPU) do not fit in {where}; "
-            f"raise tensor_parallel_size or pick a larger GPU")
+            f"raise tensor_parallel_size or pick a larger GPU"
+        )
     available = requested - non_kv.total_bytes
     if available <= 0:
         raise ConfigError(
@@ -229,23 +259,27 @@ def _available_from_utilization(config: EngineConfig, non_kv: NonKVMemory) -> in
             f"memory in {where}: weights {non_kv.weights_bytes / GiB:.2f} GiB + activations "
             f"{non_kv.activation_peak_bytes / GiB:.2f} GiB + non-torch "
             f"{non_kv.non_torch_bytes / GiB:.2f} GiB per GPU; raise tensor_parallel_size or "
-            f"gpu_memory_utilization")
+            f"gpu_memory_utilization"
+        )
     return available
 
 
-def _check_blocks(config: EngineConfig, blocks: int, available: int, page: int,
-                  per_req: int) -> None:
+def _check_blocks(
+    config: EngineConfig, blocks: int, available: int, page: int, per_req: int
+) -> None:
     if blocks <= 0:
         raise ConfigError(
             f"KV cache memory of {available / GiB:.3f} GiB holds no block of {page:,} bytes "
-            f"({config.model} block_size={config.block_size}); give the KV cache more memory")
+            f"({config.model} block_size={config.block_size}); give the KV cache more memory"
+        )
     if blocks < per_req:
         fits = blocks * config.block_size
         raise ConfigError(
             f"max_model_len={config.max_model_len} needs {per_req * page / GiB:.2f} GiB of KV "
             f"cache per request but {config.model} on {config.gpu} has "
             f"{available / GiB:.2f} GiB ({fits:,} tokens); lower max_model_len or give the "
-            f"KV cache more memory")
+            f"KV cache more memory"
+        )
 
 
 def num_gpu_blocks(config: EngineConfig) -> int:
@@ -253,15 +287,20 @@ def num_gpu_blocks(config: EngineConfig) -> int:
     return kv_capacity(config).num_gpu_blocks
 
 
-def max_concurrency_at(config: EngineConfig, num_tokens: int,
-                       capacity: KVCapacity | None = None) -> float:
+def max_concurrency_at(
+    config: EngineConfig, num_tokens: int, capacity: KVCapacity | None = None
+) -> float:
     """Requests of `num_tokens` tokens each that fit at once in the KV cache of `config`
     (blocks per request rounded up; sliding window as in `blocks_per_request`)."""
     if num_tokens < 1:
         raise ConfigError(f"num_tokens={num_tokens}: must be >= 1")
     cap = capacity if capacity is not None else kv_capacity(config)
-    return max_concurrency(cap.num_gpu_blocks, blocks_per_request(
-        config.model_spec, num_tokens, config.block_size, config.max_num_batched_tokens))
+    return max_concurrency(
+        cap.num_gpu_blocks,
+        blocks_per_request(
+            config.model_spec, num_tokens, config.block_size, config.max_num_batched_tokens
+        ),
+    )
 
 
 def kv_capacity_report(config: EngineConfig) -> str:

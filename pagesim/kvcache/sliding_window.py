@@ -21,9 +21,13 @@ from pagesim.kvcache.block_pool import BlockPool
 class SlidingWindow:
     """Window arithmetic and the two window-specific operations (lookup, freeing)."""
 
-    def __init__(self, sliding_window: int, block_size: int,
-                 max_num_batched_tokens: int | None = None,
-                 max_model_len: int | None = None) -> None:
+    def __init__(
+        self,
+        sliding_window: int,
+        block_size: int,
+        max_num_batched_tokens: int | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
         if not isinstance(sliding_window, int) or sliding_window < 1:
             raise ConfigError(f"sliding_window={sliding_window!r}: must be an int >= 1")
         if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
@@ -45,7 +49,8 @@ class SlidingWindow:
         # freed prefix, maximised over where the window boundary falls in a block).
         self.peak_decode_blocks = max(
             -(-t // block_size) - max(0, t - sliding_window) // block_size
-            for t in range(1, sliding_window + block_size + 1))
+            for t in range(1, sliding_window + block_size + 1)
+        )
 
     @property
     def peak_blocks(self) -> int:
@@ -69,8 +74,9 @@ class SlidingWindow:
         cap = self.admission_cap_blocks
         return num_blocks if cap is None or num_blocks <= cap else cap
 
-    def find_longest_cache_hit(self, pool: BlockPool, block_hashes: Sequence[bytes],
-                               max_num_blocks: int) -> list[KVCacheBlock]:
+    def find_longest_cache_hit(
+        self, pool: BlockPool, block_hashes: Sequence[bytes], max_num_blocks: int
+    ) -> list[KVCacheBlock]:
         """The hit as a table prefix: null blocks where the window needs nothing, then cached
         blocks. Searches right to left for `contiguous_blocks` cached blocks in a row; with none,
         falls back to the cached blocks at the very start."""
@@ -84,13 +90,14 @@ class SlidingWindow:
             computed[i] = block
             num_contiguous += 1
             if num_contiguous >= self.contiguous_blocks:
-                del computed[i + num_contiguous:]  # [NULL, NULL, 8, 3, NULL, 9] -> [.., 8, 3]
+                del computed[i + num_contiguous :]  # [NULL, NULL, 8, 3, NULL, 9] -> [.., 8, 3]
                 return computed
         del computed[num_contiguous:]
         return computed
 
-    def remove_skipped_blocks(self, pool: BlockPool, row: list[KVCacheBlock],
-                              row_ids: list[int], num_computed_tokens: int) -> int:
+    def remove_skipped_blocks(
+        self, pool: BlockPool, row: list[KVCacheBlock], row_ids: list[int], num_computed_tokens: int
+    ) -> int:
         """Free the dead blocks of a table row (latest first) and null them. Returns how many.
 
         Walks back from the last dead block and stops at the first null one: everything before

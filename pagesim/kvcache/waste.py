@@ -68,12 +68,20 @@ class KVSlots:
 
     def fractions(self) -> KVWaste:
         t = self.total
-        return KVWaste(self.token_states / t, self.reserved / t, self.internal_fragmentation / t,
-                       self.external_fragmentation / t, self.free / t)
+        return KVWaste(
+            self.token_states / t,
+            self.reserved / t,
+            self.internal_fragmentation / t,
+            self.external_fragmentation / t,
+            self.free / t,
+        )
 
 
-def contiguous_slots(manager: ContiguousKVCacheManager,
-                     next_request: Request | None = None, tokens: int | None = None) -> KVSlots:
+def contiguous_slots(
+    manager: ContiguousKVCacheManager,
+    next_request: Request | None = None,
+    tokens: int | None = None,
+) -> KVSlots:
     """The split for a contiguous manager; `next_request` is the head of the waiting queue.
 
     `tokens`: the sum of `num_computed_tokens` over the requests holding regions, when the
@@ -92,9 +100,14 @@ def contiguous_slots(manager: ContiguousKVCacheManager,
         need = manager.region_units(next_request.max_num_tokens)
         external = (free_units - alloc.usable_free(need)) * bs
     free = free_units * bs
-    return KVSlots(total=alloc.capacity * bs, token_states=tokens, reserved=fillable - tokens,
-                   internal_fragmentation=manager.num_reserved_slots - fillable,
-                   external_fragmentation=external, free=free - external)
+    return KVSlots(
+        total=alloc.capacity * bs,
+        token_states=tokens,
+        reserved=fillable - tokens,
+        internal_fragmentation=manager.num_reserved_slots - fillable,
+        external_fragmentation=external,
+        free=free - external,
+    )
 
 
 def paged_slots(manager, running: Iterable[Request]) -> KVSlots:
@@ -130,8 +143,14 @@ def paged_slots_from_tails(manager, reserved: int, internal: int) -> KVSlots:
     """The paged split from the running requests' summed tails (see `paged_slots`): `reserved`
     and `internal` slots, in tokens. For callers that keep those sums up to date themselves."""
     total, tokens, reserved, internal, free = _paged_split(manager, reserved, internal)
-    return KVSlots(total=total, token_states=tokens, reserved=reserved,
-                   internal_fragmentation=internal, external_fragmentation=0, free=free)
+    return KVSlots(
+        total=total,
+        token_states=tokens,
+        reserved=reserved,
+        internal_fragmentation=internal,
+        external_fragmentation=0,
+        free=free,
+    )
 
 
 def paged_waste_from_tails(manager, reserved: int, internal: int) -> KVWaste:
@@ -153,8 +172,9 @@ def _paged_split(manager, reserved: int, internal: int) -> tuple[int, int, int, 
     return total, tokens, reserved, internal, total - used
 
 
-def kv_slots(manager, running: Iterable[Request] | None = None,
-             next_request: Request | None = None) -> KVSlots:
+def kv_slots(
+    manager, running: Iterable[Request] | None = None, next_request: Request | None = None
+) -> KVSlots:
     """The split for either manager. The paged one needs `running`; the contiguous one knows
     its holders and uses `next_request` (head of the waiting queue) for external fragmentation."""
     if isinstance(manager, ContiguousKVCacheManager):
@@ -164,8 +184,9 @@ def kv_slots(manager, running: Iterable[Request] | None = None,
     return paged_slots(manager, running)
 
 
-def kv_waste(manager, running: Iterable[Request] | None = None,
-             next_request: Request | None = None) -> KVWaste:
+def kv_waste(
+    manager, running: Iterable[Request] | None = None, next_request: Request | None = None
+) -> KVWaste:
     """`kv_slots(...)` as fractions of the usable KV slots."""
     return kv_slots(manager, running, next_request).fractions()
 

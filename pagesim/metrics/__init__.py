@@ -4,5 +4,11 @@
 from pagesim.metrics.collector import STEP_COLUMNS, MetricsCollector, RequestRecord
 from pagesim.metrics.report import format_benchmark_block, latency_arrays, summarize
 
-__all__ = ["STEP_COLUMNS", "MetricsCollector", "RequestRecord", "format_benchmark_block",
-           "latency_arrays", "summarize"]
+__all__ = [
+    "STEP_COLUMNS",
+    "MetricsCollector",
+    "RequestRecord",
+    "format_benchmark_block",
+    "latency_arrays",
+    "summarize",
+]

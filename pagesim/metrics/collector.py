@@ -117,8 +117,13 @@ class MetricsCollector:
     @property
     def itl_s(self) -> array:
         """Every pooled inter-token gap in order (seconds; a new array of the expanded runs)."""
-        return array("d", expand(np.frombuffer(self.itl_run_s, dtype=np.float64),
-                                 np.frombuffer(self.itl_run_counts, dtype=np.int64)).tobytes())
+        return array(
+            "d",
+            expand(
+                np.frombuffer(self.itl_run_s, dtype=np.float64),
+                np.frombuffer(self.itl_run_counts, dtype=np.int64),
+            ).tobytes(),
+        )
 
     def on_tokens_visible(self, now: float, count: int) -> None:
         """`count` output tokens (of any requests) became visible at `now` (non-decreasing)."""
@@ -151,8 +156,9 @@ class MetricsCollector:
     def _step_table(self) -> np.ndarray:
         flat = np.frombuffer(self.step_values, dtype=np.float64)
         if flat.size % len(STEP_COLUMNS):
-            raise PagesimError(f"step_values: {flat.size} values are not whole steps of "
-                               f"{len(STEP_COLUMNS)}")
+            raise PagesimError(
+                f"step_values: {flat.size} values are not whole steps of {len(STEP_COLUMNS)}"
+            )
         return flat.reshape(-1, len(STEP_COLUMNS))
 
     @property

@@ -64,8 +64,12 @@ def request_arrays(records: list[RequestRecord]) -> dict[str, np.ndarray]:
     multi = n_out > 1
     tpot_per_request = np.zeros_like(e2el)
     tpot_per_request[multi] = (e2el[multi] - ttft[multi]) / (n_out[multi] - 1)
-    return {"ttft": ttft, "tpot": tpot_per_request[multi], "e2el": e2el,
-            "tpot_per_request": tpot_per_request}
+    return {
+        "ttft": ttft,
+        "tpot": tpot_per_request[multi],
+        "e2el": e2el,
+        "tpot_per_request": tpot_per_request,
+    }
 
 
 def _peaks(records: list[RequestRecord], metrics: MetricsCollector) -> tuple[float, int]:
@@ -84,8 +88,9 @@ def _peaks(records: list[RequestRecord], metrics: MetricsCollector) -> tuple[flo
     # +1 at each start's bucket, -1 after each finish's (truncation, as int(); both >= 0)
     arrival = np.array([r.arrival_time for r in done], dtype=np.float64)
     finish = np.array([r.finish_time for r in done], dtype=np.float64)
-    concurrent = (np.bincount((arrival - start).astype(np.int64), minlength=n + 1)
-                  - np.bincount((finish - start).astype(np.int64) + 1, minlength=n + 1))
+    concurrent = np.bincount((arrival - start).astype(np.int64), minlength=n + 1) - np.bincount(
+        (finish - start).astype(np.int64) + 1, minlength=n + 1
+    )
     times = np.frombuffer(metrics.token_times_s, dtype=np.float64)
     counts = np.frombuffer(metrics.token_counts, dtype=np.int64)
     buckets = (times - start).astype(np.int64)  # truncation, as int()
@@ -128,9 +133,14 @@ def summarize(
     percentiles = tuple(percentiles)
     for name in LATENCY_METRICS:
         if name == "itl":  # the pooled gaps, as the collector's runs (`pagesim.metrics.runs`)
-            out.update(run_stats(name, np.frombuffer(metrics.itl_run_s, dtype=np.float64),
-                                 np.frombuffer(metrics.itl_run_counts, dtype=np.int64),
-                                 percentiles))
+            out.update(
+                run_stats(
+                    name,
+                    np.frombuffer(metrics.itl_run_s, dtype=np.float64),
+                    np.frombuffer(metrics.itl_run_counts, dtype=np.int64),
+                    percentiles,
+                )
+            )
         else:
             out.update(_stats(name, arrays[name], percentiles))
     return out
@@ -148,9 +158,13 @@ def _goodput(arrays: dict[str, np.ndarray], slos_ms: Mapping[str, float]) -> int
     return int(ok.sum())
 
 
-def format_benchmark_block(result: Mapping[str, Any], *, request_rate: float,
-                           max_concurrency: int | None,
-                           percentiles: Iterable[float] = (99,)) -> str:
+def format_benchmark_block(
+    result: Mapping[str, Any],
+    *,
+    request_rate: float,
+    max_concurrency: int | None,
+    percentiles: Iterable[float] = (99,),
+) -> str:
     """The `Serving Benchmark Result` block, line for line as vllm bench prints it."""
     lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
     row_i = "{:<40} {:<10}"
@@ -168,11 +182,11 @@ def format_benchmark_block(result: Mapping[str, Any], *, request_rate: float,
     if result.get("request_goodput") is not None:
         lines.append(row_f.format("Request goodput (req/s):", result["request_goodput"]))
     lines.append(row_f.format("Output token throughput (tok/s):", result["output_throughput"]))
-    lines.append(row_f.format("Peak output token throughput (tok/s):",
-                              result["max_output_tokens_per_s"]))
+    lines.append(
+        row_f.format("Peak output token throughput (tok/s):", result["max_output_tokens_per_s"])
+    )
     lines.append(row_f.format("Peak concurrent requests:", result["max_concurrent_requests"]))
-    lines.append(row_f.format("Total token throughput (tok/s):",
-                              result["total_token_throughput"]))
+    lines.append(row_f.format("Total token throughput (tok/s):", result["total_token_throughput"]))
     for name in LATENCY_METRICS:
         title, short = METRIC_TITLES[name]
         lines.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))

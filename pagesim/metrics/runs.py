@@ -33,8 +33,14 @@ def expand(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.repeat(values, counts)
 
 
-def run_stats(name: str, values_s: np.ndarray, counts: np.ndarray,
-              percentiles: Iterable[float], *, leaf: int = LEAF_SAMPLES) -> dict[str, float]:
+def run_stats(
+    name: str,
+    values_s: np.ndarray,
+    counts: np.ndarray,
+    percentiles: Iterable[float],
+    *,
+    leaf: int = LEAF_SAMPLES,
+) -> dict[str, float]:
     """`_stats(name, expand(values_s, counts), percentiles)` of `pagesim.metrics.report`: mean,
     median, std and percentiles in ms of the samples (seconds) given as runs; counts >= 0.
     At most `leaf` samples are expanded at a time."""
@@ -48,25 +54,29 @@ def run_stats(name: str, values_s: np.ndarray, counts: np.ndarray,
     mean = _pairwise_sum(n, chunk.sum, leaf) / n  # np.mean: the sum over the count
     std = float(np.sqrt(_pairwise_sum(n, partial(chunk.squared_deviation_sum, mean), leaf) / n))
     kth = _order_statistics(run_ms, counts)
-    out = {f"mean_{name}_ms": float(mean), f"median_{name}_ms": _median(kth, n),
-           f"std_{name}_ms": std}
+    out = {
+        f"mean_{name}_ms": float(mean),
+        f"median_{name}_ms": _median(kth, n),
+        f"std_{name}_ms": std,
+    }
     for p in percentiles:
         key = f"p{int(p)}" if float(p).is_integer() else f"p{p}"
         out[f"{key}_{name}_ms"] = _percentile_linear(kth, n, p)
     return out
 
 
-def _pairwise_sum(n: int, leaf_sum: Callable[[int, int], np.float64],
-                  leaf: int) -> np.float64:
+def _pairwise_sum(n: int, leaf_sum: Callable[[int, int], np.float64], leaf: int) -> np.float64:
     """numpy's float64 sum of n samples (`np.add.reduce`: its `pairwise_sum` over the whole
     array), split as that function splits, each part of at most `leaf` samples summed by numpy
     itself (`leaf_sum(lo, hi)` over samples lo..hi-1): the same float."""
+
     def rec(lo: int, size: int) -> np.float64:
         if size <= leaf:
             return leaf_sum(lo, lo + size)
         half = size // 2
         half -= half % 8  # pairwise_sum: halves, rounded down to the unroll factor 8
         return rec(lo, half) + rec(lo + half, size - half)
+
     return rec(0, n)
 
 
@@ -107,6 +117,7 @@ def _order_statistics(values: np.ndarray, counts: np.ndarray) -> Callable[[int],
 
     def kth(k: int) -> np.float64:
         return sorted_values[int(np.searchsorted(ends, k, side="right"))]
+
     return kth
 
 

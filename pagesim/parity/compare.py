@@ -55,18 +55,24 @@ class ParityReport:
 
     def format(self) -> str:
         ref, cand = _label(self.reference), _label(self.candidate)
-        head = (f"{self.workload}: {cand} vs {ref} (vllm_compat {self.vllm_compat}, "
-                f"block ids {self.block_ids})")
+        head = (
+            f"{self.workload}: {cand} vs {ref} (vllm_compat {self.vllm_compat}, "
+            f"block ids {self.block_ids})"
+        )
         if self.divergence is None:
             s = self.summary
-            return (f"{head}\n  MATCH: {self.steps_compared} steps, {s.get('scheduled_tokens', 0)}"
-                    f" scheduled tokens, {s.get('hit_tokens', 0)} hit tokens, "
-                    f"{s.get('preemptions', 0)} preemptions, {s.get('evictions', 0)} evictions")
+            return (
+                f"{head}\n  MATCH: {self.steps_compared} steps, {s.get('scheduled_tokens', 0)}"
+                f" scheduled tokens, {s.get('hit_tokens', 0)} hit tokens, "
+                f"{s.get('preemptions', 0)} preemptions, {s.get('evictions', 0)} evictions"
+            )
         d = self.divergence
         who = f" of {d.request_id}" if d.request_id else ""
-        return (f"{head}\n  DIVERGED at step t={d.t} (record #{d.step_index}): {d.what}{who}\n"
-                f"    {ref:<14}: {_short(d.expected)}\n    {cand:<14}: {_short(d.actual)}\n"
-                f"{d.context}")
+        return (
+            f"{head}\n  DIVERGED at step t={d.t} (record #{d.step_index}): {d.what}{who}\n"
+            f"    {ref:<14}: {_short(d.expected)}\n    {cand:<14}: {_short(d.actual)}\n"
+            f"{d.context}"
+        )
 
 
 class _BlockMap:
@@ -95,8 +101,11 @@ class _BlockMap:
         if not self.renamed:
             return sorted(ref) == sorted(cand)
         rs, cs = set(ref), set(cand)
-        return (len(rs) == len(cs) and all(self.fwd[a] in cs for a in rs if a in self.fwd)
-                and all(self.back[b] in rs for b in cs if b in self.back))
+        return (
+            len(rs) == len(cs)
+            and all(self.fwd[a] in cs for a in rs if a in self.fwd)
+            and all(self.back[b] in rs for b in cs if b in self.back)
+        )
 
 
 @dataclass
@@ -123,44 +132,69 @@ class _Side:
         self.queue = queue
 
 
-def compare_logs(reference: DecisionLog, candidate: DecisionLog,
-                 block_ids: str = "exact") -> ParityReport:
+def compare_logs(
+    reference: DecisionLog, candidate: DecisionLog, block_ids: str = "exact"
+) -> ParityReport:
     """Walk both logs step by step; stop at the first difference."""
     bmap = _BlockMap(block_ids)
-    ref_side, cand_side = _Side(queue=list(reference.initial_free_queue)), _Side(
-        queue=list(candidate.initial_free_queue))
-    report = dict(reference=reference.recorded_with, candidate=candidate.recorded_with,
-                  workload=reference.workload.get("name", "?"),
-                  vllm_compat=reference.vllm_compat, block_ids=block_ids,
-                  summary=reference.summary())
+    ref_side, cand_side = (
+        _Side(queue=list(reference.initial_free_queue)),
+        _Side(queue=list(candidate.initial_free_queue)),
+    )
+    report = dict(
+        reference=reference.recorded_with,
+        candidate=candidate.recorded_with,
+        workload=reference.workload.get("name", "?"),
+        vllm_compat=reference.vllm_compat,
+        block_ids=block_ids,
+        summary=reference.summary(),
+    )
     if not bmap.same(reference.initial_free_queue, candidate.initial_free_queue):
-        div = Divergence(0, 0, "initial free queue", None,
-                         reference.initial_free_queue[:QUEUE_SHOWN],
-                         candidate.initial_free_queue[:QUEUE_SHOWN], "")
+        div = Divergence(
+            0,
+            0,
+            "initial free queue",
+            None,
+            reference.initial_free_queue[:QUEUE_SHOWN],
+            candidate.initial_free_queue[:QUEUE_SHOWN],
+            "",
+        )
         return ParityReport(steps_compared=0, divergence=div, **report)
     ref_q, cand_q = decode_free_queues(reference), decode_free_queues(candidate)
     for i in range(max(len(reference.steps), len(candidate.steps))):
         if i >= len(reference.steps) or i >= len(candidate.steps):
             missing = "reference" if i >= len(reference.steps) else "candidate"
             extra = candidate.steps[i] if missing == "reference" else reference.steps[i]
-            div = _divergence(i, extra, "number of steps", None, len(reference.steps),
-                              len(candidate.steps), reference, candidate, ref_side, cand_side)
+            div = _divergence(
+                i,
+                extra,
+                "number of steps",
+                None,
+                len(reference.steps),
+                len(candidate.steps),
+                reference,
+                candidate,
+                ref_side,
+                cand_side,
+            )
             return ParityReport(steps_compared=i, divergence=div, **report)
         rs, cs = reference.steps[i], candidate.steps[i]
         rq, cq = next(ref_q), next(cand_q)
         found = _first_difference(rs, cs, rq, cq, bmap)
         if found is not None:
             what, rid, exp, act = found
-            div = _divergence(i, rs, what, rid, exp, act, reference, candidate, ref_side,
-                              cand_side, cs, (rq, cq))
+            div = _divergence(
+                i, rs, what, rid, exp, act, reference, candidate, ref_side, cand_side, cs, (rq, cq)
+            )
             return ParityReport(steps_compared=i, divergence=div, **report)
         ref_side.apply(rs, rq)
         cand_side.apply(cs, cq)
     return ParityReport(steps_compared=len(reference.steps), **report)
 
 
-def _first_difference(rs: StepRecord, cs: StepRecord, rq: list[int], cq: list[int],
-                      bmap: _BlockMap) -> tuple[str, str | None, Any, Any] | None:
+def _first_difference(
+    rs: StepRecord, cs: StepRecord, rq: list[int], cq: list[int], bmap: _BlockMap
+) -> tuple[str, str | None, Any, Any] | None:
     if rs.t != cs.t:
         return "step clock", None, rs.t, cs.t
     if rs.added != cs.added:
@@ -174,8 +208,12 @@ def _first_difference(rs: StepRecord, cs: StepRecord, rq: list[int], cq: list[in
     if rs.preempted != cs.preempted:
         return "preemption victims", None, rs.preempted, cs.preempted
     if [r for r, _ in rs.new_blocks] != [r for r, _ in cs.new_blocks]:
-        return "requests given blocks", None, [r for r, _ in rs.new_blocks], [
-            r for r, _ in cs.new_blocks]
+        return (
+            "requests given blocks",
+            None,
+            [r for r, _ in rs.new_blocks],
+            [r for r, _ in cs.new_blocks],
+        )
     for (rid, a), (_, b) in zip(rs.new_blocks, cs.new_blocks, strict=True):
         if not bmap.same(a, b):
             return "block ids", rid, a, b
@@ -188,38 +226,56 @@ def _first_difference(rs: StepRecord, cs: StepRecord, rq: list[int], cq: list[in
     return None
 
 
-def _divergence(i: int, step: StepRecord, what: str, rid: str | None, exp: Any, act: Any,
-                reference: DecisionLog, candidate: DecisionLog, ref_side: _Side,
-                cand_side: _Side, cand_step: StepRecord | None = None,
-                queues: tuple[list[int], list[int]] | None = None) -> Divergence:
+def _divergence(
+    i: int,
+    step: StepRecord,
+    what: str,
+    rid: str | None,
+    exp: Any,
+    act: Any,
+    reference: DecisionLog,
+    candidate: DecisionLog,
+    ref_side: _Side,
+    cand_side: _Side,
+    cand_step: StepRecord | None = None,
+    queues: tuple[list[int], list[int]] | None = None,
+) -> Divergence:
     ref, cand = _label(reference.recorded_with), _label(candidate.recorded_with)
     lines = [f"  step t={step.t}:", f"    {ref:<14}: {_step_line(step)}"]
     if cand_step is not None:
         lines.append(f"    {cand:<14}: {_step_line(cand_step)}")
     lines.append(f"  previous {CONTEXT_STEPS} steps (identical in both):")
-    lines += [f"    {_step_line(s)}" for s in reference.steps[max(0, i - CONTEXT_STEPS):i]]
-    rids = [rid] if rid else (step.preempted + step.finished
-                              or [r for r, _ in step.scheduled])[:4]
+    lines += [f"    {_step_line(s)}" for s in reference.steps[max(0, i - CONTEXT_STEPS) : i]]
+    rids = [rid] if rid else (step.preempted + step.finished or [r for r, _ in step.scheduled])[:4]
     for r in rids:
         lines.append(f"  request {r}: {', '.join(ref_side.events.get(r, ['not seen']))}")
-        lines.append(f"    table before the step: {ref}={_short(ref_side.tables.get(r))}"
-                     f" {cand}={_short(cand_side.tables.get(r))}")
+        lines.append(
+            f"    table before the step: {ref}={_short(ref_side.tables.get(r))}"
+            f" {cand}={_short(cand_side.tables.get(r))}"
+        )
     lines.append(f"  free queue before the step (head first): {_short(ref_side.queue)}")
     if queues is not None and what.startswith("free-queue"):
-        k = next((j for j, (a, b) in enumerate(zip(*queues, strict=False)) if a != b),
-                 min(map(len, queues)))
+        k = next(
+            (j for j, (a, b) in enumerate(zip(*queues, strict=False)) if a != b),
+            min(map(len, queues)),
+        )
         lo = max(0, k - 4)
-        lines.append(f"  free queues first differ at position {k} (of {len(queues[0])} / "
-                     f"{len(queues[1])}); entries {lo}..{lo + QUEUE_SHOWN - 1}:")
-        lines.append(f"    {ref:<14}: {queues[0][lo:lo + QUEUE_SHOWN]}")
-        lines.append(f"    {cand:<14}: {queues[1][lo:lo + QUEUE_SHOWN]}")
+        lines.append(
+            f"  free queues first differ at position {k} (of {len(queues[0])} / "
+            f"{len(queues[1])}); entries {lo}..{lo + QUEUE_SHOWN - 1}:"
+        )
+        lines.append(f"    {ref:<14}: {queues[0][lo : lo + QUEUE_SHOWN]}")
+        lines.append(f"    {cand:<14}: {queues[1][lo : lo + QUEUE_SHOWN]}")
     return Divergence(i, step.t, what, rid, exp, act, "\n".join(lines))
 
 
 def _step_line(s: StepRecord) -> str:
     parts = ["s=[" + " ".join(f"{r}:{n}" for r, n in s.scheduled) + "]"]
-    for name, items in (("hit", [f"{r}:{n}" for r, n in s.hits]), ("pre", s.preempted),
-                        ("fin", s.finished)):
+    for name, items in (
+        ("hit", [f"{r}:{n}" for r, n in s.hits]),
+        ("pre", s.preempted),
+        ("fin", s.finished),
+    ):
         if items:
             parts.append(f"{name}=[{' '.join(items)}]")
     if s.evicted:

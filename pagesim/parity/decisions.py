@@ -58,9 +58,13 @@ class StepRecord:
         if self.added:
             d["add"] = self.added
         d["s"] = [list(x) for x in self.scheduled]
-        for key, value in (("hit", [list(x) for x in self.hits]), ("pre", self.preempted),
-                           ("blk", [[r, ids_to_text(b)] for r, b in self.new_blocks]),
-                           ("fin", self.finished), ("ev", self._evicted_text())):
+        for key, value in (
+            ("hit", [list(x) for x in self.hits]),
+            ("pre", self.preempted),
+            ("blk", [[r, ids_to_text(b)] for r, b in self.new_blocks]),
+            ("fin", self.finished),
+            ("ev", self._evicted_text()),
+        ):
             if value:
                 d[key] = value
         if self.free_queue_edit is not None:
@@ -71,14 +75,21 @@ class StepRecord:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepRecord:
         fq = d.get("fq")
-        edit = None if fq is None else (
-            text_to_ids(fq[0]), fq[1], text_to_ids(fq[2]), text_to_ids(fq[3]))
-        rec = cls(t=d["t"], added=list(d.get("add", [])),
-                  scheduled=[(r, n) for r, n in d.get("s", [])],
-                  hits=[(r, n) for r, n in d.get("hit", [])],
-                  preempted=list(d.get("pre", [])),
-                  new_blocks=[(r, text_to_ids(b)) for r, b in d.get("blk", [])],
-                  finished=list(d.get("fin", [])), free_queue_edit=edit)
+        edit = (
+            None
+            if fq is None
+            else (text_to_ids(fq[0]), fq[1], text_to_ids(fq[2]), text_to_ids(fq[3]))
+        )
+        rec = cls(
+            t=d["t"],
+            added=list(d.get("add", [])),
+            scheduled=[(r, n) for r, n in d.get("s", [])],
+            hits=[(r, n) for r, n in d.get("hit", [])],
+            preempted=list(d.get("pre", [])),
+            new_blocks=[(r, text_to_ids(b)) for r, b in d.get("blk", [])],
+            finished=list(d.get("fin", [])),
+            free_queue_edit=edit,
+        )
         ev = d.get("ev", "")
         if ev.startswith("@"):
             given = [b for _, blocks in rec.new_blocks for b in blocks]
@@ -114,18 +125,24 @@ class DecisionLog:
     steps: list[StepRecord]
 
     def summary(self) -> dict[str, int]:
-        return {"steps": len(self.steps),
-                "scheduled_tokens": sum(n for s in self.steps for _, n in s.scheduled),
-                "hit_tokens": sum(n for s in self.steps for _, n in s.hits),
-                "preemptions": sum(len(s.preempted) for s in self.steps),
-                "evictions": sum(len(s.evicted) for s in self.steps),
-                "finished": sum(len(s.finished) for s in self.steps)}
+        return {
+            "steps": len(self.steps),
+            "scheduled_tokens": sum(n for s in self.steps for _, n in s.scheduled),
+            "hit_tokens": sum(n for s in self.steps for _, n in s.hits),
+            "preemptions": sum(len(s.preempted) for s in self.steps),
+            "evictions": sum(len(s.evicted) for s in self.steps),
+            "finished": sum(len(s.finished) for s in self.steps),
+        }
 
     def dumps(self) -> str:
-        head = {"format": FORMAT, "recorded_with": self.recorded_with,
-                "vllm_compat": self.vllm_compat, "summary": self.summary(),
-                "workload": self.workload,
-                "initial_free_queue": ids_to_text(self.initial_free_queue)}
+        head = {
+            "format": FORMAT,
+            "recorded_with": self.recorded_with,
+            "vllm_compat": self.vllm_compat,
+            "summary": self.summary(),
+            "workload": self.workload,
+            "initial_free_queue": ids_to_text(self.initial_free_queue),
+        }
         out = io.StringIO()
         out.write(json.dumps(head, separators=(",", ":"))[:-1])
         out.write(',"steps":[\n')
@@ -148,10 +165,13 @@ class DecisionLog:
         d = json.loads(text)
         if d.get("format") != FORMAT:
             raise ValueError(f"format={d.get('format')!r}: expected {FORMAT!r}")
-        return cls(recorded_with=d["recorded_with"], vllm_compat=d["vllm_compat"],
-                   workload=d["workload"],
-                   initial_free_queue=text_to_ids(d["initial_free_queue"]),
-                   steps=[StepRecord.from_json(s) for s in d["steps"]])
+        return cls(
+            recorded_with=d["recorded_with"],
+            vllm_compat=d["vllm_compat"],
+            workload=d["workload"],
+            initial_free_queue=text_to_ids(d["initial_free_queue"]),
+            steps=[StepRecord.from_json(s) for s in d["steps"]],
+        )
 
     @classmethod
     def read(cls, path: str | Path) -> DecisionLog:
@@ -189,8 +209,9 @@ def text_to_ids(text: str) -> list[int]:
     return out
 
 
-def free_queue_edit(prev: Sequence[int], cur: Sequence[int]
-                    ) -> tuple[list[int], int, list[int], list[int]] | None:
+def free_queue_edit(
+    prev: Sequence[int], cur: Sequence[int]
+) -> tuple[list[int], int, list[int], list[int]] | None:
     """Encode `cur` as (head, pop, drop, tail) against `prev`; None when equal.
 
     The kept middle is the longest run of `cur` that appears in `prev` in the same order
@@ -226,8 +247,9 @@ def free_queue_edit(prev: Sequence[int], cur: Sequence[int]
     return edit
 
 
-def apply_free_queue_edit(prev: Sequence[int],
-                          edit: tuple[list[int], int, list[int], list[int]] | None) -> list[int]:
+def apply_free_queue_edit(
+    prev: Sequence[int], edit: tuple[list[int], int, list[int], list[int]] | None
+) -> list[int]:
     if edit is None:
         return list(prev)
     head, pop, drop, tail = edit

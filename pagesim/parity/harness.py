@@ -12,8 +12,9 @@ from pagesim.parity.workloads import ParityWorkload
 GOLDEN_DIR = Path(__file__).resolve().parents[2] / "tests" / "parity" / "golden"
 
 
-def run_parity(golden_path: str | Path, block_ids: str = "exact",
-               vllm_compat: str | None = None) -> ParityReport:
+def run_parity(
+    golden_path: str | Path, block_ids: str = "exact", vllm_compat: str | None = None
+) -> ParityReport:
     """Replay the workload stored in `golden_path` through pagesim's Scheduler and
     KVCacheManager, following the vLLM release the file was recorded with (or `vllm_compat`),
     and compare step by step. `report.ok` is True on an exact match; `report.format()` says

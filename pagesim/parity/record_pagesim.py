@@ -23,7 +23,8 @@ from pagesim.scheduler.scheduler import Scheduler
 def engine_config(engine: dict[str, Any], vllm_compat: str) -> EngineConfig:
     """pagesim's `EngineConfig` for a workload's engine settings (vLLM names)."""
     return EngineConfig(
-        block_size=engine["block_size"], num_gpu_blocks_override=engine["num_gpu_blocks"],
+        block_size=engine["block_size"],
+        num_gpu_blocks_override=engine["num_gpu_blocks"],
         max_num_seqs=engine["max_num_seqs"],
         max_num_batched_tokens=engine["max_num_batched_tokens"],
         max_model_len=engine["max_model_len"],
@@ -32,7 +33,8 @@ def engine_config(engine: dict[str, Any], vllm_compat: str) -> EngineConfig:
         long_prefill_token_threshold=engine["long_prefill_token_threshold"],
         scheduling_policy=engine["scheduling_policy"],
         scheduler_reserve_full_isl=engine.get("scheduler_reserve_full_isl", True),
-        vllm_compat=vllm_compat)
+        vllm_compat=vllm_compat,
+    )
 
 
 class PagesimEngine:
@@ -40,21 +42,30 @@ class PagesimEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         assert config.num_gpu_blocks_override is not None
-        self.kv = KVCacheManager(config.num_gpu_blocks_override, config.block_size,
-                                 enable_caching=config.enable_prefix_caching,
-                                 vllm_compat=config.vllm_compat,
-                                 max_model_len=config.max_model_len,
-                                 max_num_batched_tokens=config.max_num_batched_tokens,
-                                 enable_kv_cache_events=True)
+        self.kv = KVCacheManager(
+            config.num_gpu_blocks_override,
+            config.block_size,
+            enable_caching=config.enable_prefix_caching,
+            vllm_compat=config.vllm_compat,
+            max_model_len=config.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_kv_cache_events=True,
+        )
         # vLLM's literal victim rule: the harness gives both sides the same tied times
         self.scheduler = Scheduler(config, self.kv, literal_victim_ties=True)
         self._pool = self.kv.block_pool
 
-    def add_request(self, request: ParityRequest, prompt_token_ids: list[int],
-                    arrival_step: int) -> None:
-        req = Request(request_id=request.request_id, prompt_token_ids=prompt_token_ids,
-                      max_tokens=request.max_tokens, cache_salt=request.cache_salt,
-                      arrival_time=float(arrival_step), priority=request.priority)
+    def add_request(
+        self, request: ParityRequest, prompt_token_ids: list[int], arrival_step: int
+    ) -> None:
+        req = Request(
+            request_id=request.request_id,
+            prompt_token_ids=prompt_token_ids,
+            max_tokens=request.max_tokens,
+            cache_salt=request.cache_salt,
+            arrival_time=float(arrival_step),
+            priority=request.priority,
+        )
         if not self.scheduler.add_request(req):
             raise ValueError(f"request {request.request_id} rejected: {req.reject_reason}")
 
@@ -72,24 +83,34 @@ class PagesimEngine:
         admitting = {r.request_id for r in s.waiting}
         out = s.schedule()
         scheduled = [(sr.request_id, sr.num_new_tokens) for sr in out.scheduled]
-        hits = [(sr.request_id, sr.num_computed_tokens) for sr in out.scheduled
-                if sr.request_id in admitting]
+        hits = [
+            (sr.request_id, sr.num_computed_tokens)
+            for sr in out.scheduled
+            if sr.request_id in admitting
+        ]
         tables = {sr.request_id: list(sr.block_ids) for sr in out.scheduled}
         sampled = {}
         for sr in out.scheduled:
             req = sr.request
             if req.num_computed_tokens >= req.num_tokens:
                 sampled[sr.request_id] = synthetic_token(req, req.num_output_tokens)
-        finished = s.update_from_output(out, ModelRunnerOutput(step_time_s=0.0,
-                                                               sampled_token_ids=sampled))
-        return StepObservation(scheduled=scheduled, hits=hits,
-                               preempted=list(out.preempted_req_ids), block_tables=tables,
-                               finished=[r.request_id for r in finished],
-                               evicted=self._evicted(), free_queue=self.free_queue())
+        finished = s.update_from_output(
+            out, ModelRunnerOutput(step_time_s=0.0, sampled_token_ids=sampled)
+        )
+        return StepObservation(
+            scheduled=scheduled,
+            hits=hits,
+            preempted=list(out.preempted_req_ids),
+            block_tables=tables,
+            finished=[r.request_id for r in finished],
+            evicted=self._evicted(),
+            free_queue=self.free_queue(),
+        )
 
 
 def record(workload: ParityWorkload, vllm_compat: str = "0.33") -> DecisionLog:
     """Replay `workload` through pagesim's Scheduler and return its `DecisionLog`."""
     eng = PagesimEngine(engine_config(workload.engine, vllm_compat))
-    return replay(workload, eng, {"engine": "pagesim", "version": __version__},
-                  vllm_compat=vllm_compat)
+    return replay(
+        workload, eng, {"engine": "pagesim", "version": __version__}, vllm_compat=vllm_compat
+    )

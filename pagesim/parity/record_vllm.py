@@ -72,35 +72,68 @@ class VllmEngine:
         max_len = engine["max_model_len"]
         model_dir = Path(workdir) / "tiny-llama"
         model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "config.json").write_text(json.dumps({
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "vocab_size": 32000, "max_position_embeddings": max_len,
-            "rms_norm_eps": 1e-5, "torch_dtype": "float16"}))
-        model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True,
-                                   dtype="float16", max_model_len=max_len, seed=0)
+        (model_dir / "config.json").write_text(
+            json.dumps(
+                {
+                    "architectures": ["LlamaForCausalLM"],
+                    "model_type": "llama",
+                    "hidden_size": 64,
+                    "intermediate_size": 128,
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 4,
+                    "num_key_value_heads": 2,
+                    "vocab_size": 32000,
+                    "max_position_embeddings": max_len,
+                    "rms_norm_eps": 1e-5,
+                    "torch_dtype": "float16",
+                }
+            )
+        )
+        model_config = ModelConfig(
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            dtype="float16",
+            max_model_len=max_len,
+            seed=0,
+        )
         sched_kwargs = dict(
             max_num_seqs=engine["max_num_seqs"],
-            max_num_batched_tokens=engine["max_num_batched_tokens"], max_model_len=max_len,
+            max_num_batched_tokens=engine["max_num_batched_tokens"],
+            max_model_len=max_len,
             enable_chunked_prefill=engine["enable_chunked_prefill"],
             long_prefill_token_threshold=engine["long_prefill_token_threshold"],
-            policy=engine["scheduling_policy"], is_encoder_decoder=False,
+            policy=engine["scheduling_policy"],
+            is_encoder_decoder=False,
             async_scheduling=False,
-            scheduler_reserve_full_isl=engine.get("scheduler_reserve_full_isl", True))
+            scheduler_reserve_full_isl=engine.get("scheduler_reserve_full_isl", True),
+        )
         sched_config = SchedulerConfig(**_kwargs(SchedulerConfig, **sched_kwargs))
-        cache_config = CacheConfig(block_size=bs, num_gpu_blocks_override=n_blocks,
-                                   enable_prefix_caching=engine["enable_prefix_caching"])
-        vc = VllmConfig(model_config=model_config, scheduler_config=sched_config,
-                        cache_config=cache_config)
+        cache_config = CacheConfig(
+            block_size=bs,
+            num_gpu_blocks_override=n_blocks,
+            enable_prefix_caching=engine["enable_prefix_caching"],
+        )
+        vc = VllmConfig(
+            model_config=model_config, scheduler_config=sched_config, cache_config=cache_config
+        )
         vc.cache_config.num_gpu_blocks = n_blocks
-        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1,
-                                 dtype=torch.float32)
-        kv_config = KVCacheConfig(num_blocks=n_blocks, kv_cache_tensors=[],
-                                  kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)])
-        self.scheduler = Scheduler(**_kwargs(
-            Scheduler.__init__, vllm_config=vc, kv_cache_config=kv_config,
-            structured_output_manager=StructuredOutputManager(vc), block_size=bs,
-            hash_block_size=bs, log_stats=False))
+        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        kv_config = KVCacheConfig(
+            num_blocks=n_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)],
+        )
+        self.scheduler = Scheduler(
+            **_kwargs(
+                Scheduler.__init__,
+                vllm_config=vc,
+                kv_cache_config=kv_config,
+                structured_output_manager=StructuredOutputManager(vc),
+                block_size=bs,
+                hash_block_size=bs,
+                log_stats=False,
+            )
+        )
         init_none_hash(sha256)
         self._hasher = get_request_block_hasher(bs, sha256)
         self._pool = self.scheduler.kv_cache_manager.block_pool
@@ -122,23 +155,31 @@ class VllmEngine:
             return evicted
 
         self._pool._maybe_evict_cached_block = _logged_evict  # observe evictions only
-        self.settings = {"max_num_batched_tokens": sched_config.max_num_batched_tokens,
-                         "max_num_seqs": sched_config.max_num_seqs,
-                         "scheduler_reserve_full_isl":
-                             getattr(sched_config, "scheduler_reserve_full_isl", None),
-                         "enable_chunked_prefill": sched_config.enable_chunked_prefill,
-                         "policy": str(sched_config.policy)}
+        self.settings = {
+            "max_num_batched_tokens": sched_config.max_num_batched_tokens,
+            "max_num_seqs": sched_config.max_num_seqs,
+            "scheduler_reserve_full_isl": getattr(sched_config, "scheduler_reserve_full_isl", None),
+            "enable_chunked_prefill": sched_config.enable_chunked_prefill,
+            "policy": str(sched_config.policy),
+        }
 
-    def add_request(self, request: ParityRequest, prompt_token_ids: list[int],
-                    arrival_step: int) -> None:
+    def add_request(
+        self, request: ParityRequest, prompt_token_ids: list[int], arrival_step: int
+    ) -> None:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
         params = SamplingParams(max_tokens=request.max_tokens, ignore_eos=True)
-        req = Request(request_id=request.request_id, prompt_token_ids=list(prompt_token_ids),
-                      sampling_params=params, pooling_params=None,
-                      cache_salt=request.cache_salt, block_hasher=self._hasher,
-                      arrival_time=float(arrival_step), priority=request.priority)
+        req = Request(
+            request_id=request.request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            sampling_params=params,
+            pooling_params=None,
+            cache_salt=request.cache_salt,
+            block_hasher=self._hasher,
+            arrival_time=float(arrival_step),
+            priority=request.priority,
+        )
         self.scheduler.add_request(req)
 
     def has_unfinished_requests(self) -> bool:
@@ -159,13 +200,17 @@ class VllmEngine:
 
         s = self.scheduler
         admitting = {r.request_id for r in s.waiting} | {
-            r.request_id for r in getattr(s, "kv_holding_waiting", ())}
+            r.request_id for r in getattr(s, "kv_holding_waiting", ())
+        }
         self._preempt_order.clear()
         self._evicted.clear()
         so = s.schedule()
         scheduled = list(so.num_scheduled_tokens.items())
-        hits = [(rid, s.requests[rid].num_computed_tokens - n) for rid, n in scheduled
-                if rid in admitting]
+        hits = [
+            (rid, s.requests[rid].num_computed_tokens - n)
+            for rid, n in scheduled
+            if rid in admitting
+        ]
         tables = {rid: list(s.kv_cache_manager.get_block_ids(rid)[0]) for rid, _ in scheduled}
         preempted = list(self._preempt_order)
         ids = [rid for rid, _ in scheduled]
@@ -174,16 +219,32 @@ class VllmEngine:
             req = s.requests[rid]
             done = req.num_computed_tokens >= req.num_tokens
             sampled.append([_next_token(req)] if done else [])
-        out = ModelRunnerOutput(**_kwargs(
-            ModelRunnerOutput, req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-            pooler_output=[]))
+        out = ModelRunnerOutput(
+            **_kwargs(
+                ModelRunnerOutput,
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=sampled,
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=[],
+            )
+        )
         s.update_from_output(so, out)
-        finished = [rid for rid in ids if rid not in s.requests
-                    or RequestStatus.is_finished(s.requests[rid].status)]
-        return StepObservation(scheduled=scheduled, hits=hits, preempted=preempted,
-                               block_tables=tables, finished=finished,
-                               evicted=list(self._evicted), free_queue=self.free_queue())
+        finished = [
+            rid
+            for rid in ids
+            if rid not in s.requests or RequestStatus.is_finished(s.requests[rid].status)
+        ]
+        return StepObservation(
+            scheduled=scheduled,
+            hits=hits,
+            preempted=preempted,
+            block_tables=tables,
+            finished=finished,
+            evicted=list(self._evicted),
+            free_queue=self.free_queue(),
+        )
 
 
 def _next_token(req: Any) -> int:
@@ -192,8 +253,12 @@ def _next_token(req: Any) -> int:
     return synthetic_token(req, req.num_output_tokens)
 
 
-def record(workload: ParityWorkload, workdir: str | None = None,
-           engine_overrides: dict[str, Any] | None = None, vllm_compat: str = "0.33"):
+def record(
+    workload: ParityWorkload,
+    workdir: str | None = None,
+    engine_overrides: dict[str, Any] | None = None,
+    vllm_compat: str = "0.33",
+):
     """Replay `workload` through vLLM's Scheduler and return the `DecisionLog`."""
     if engine_overrides:
         workload = dataclasses.replace(workload, engine=dict(workload.engine, **engine_overrides))
@@ -216,8 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         log = record(case_workload(case), vllm_compat=compat)
         path = log.write(Path(argv[0]) / golden_name(case, vllm.__version__))
-        print(f"{path} ({path.stat().st_size} B, {time.perf_counter() - t0:.1f} s): "
-              f"{json.dumps(log.summary())}", flush=True)
+        print(
+            f"{path} ({path.stat().st_size} B, {time.perf_counter() - t0:.1f} s): "
+            f"{json.dumps(log.summary())}",
+            flush=True,
+        )
     return 0
 
 

@@ -45,8 +45,9 @@ class StepObservation:
 class EngineAdapter(Protocol):
     """One engine, wrapped so that `replay` can drive it."""
 
-    def add_request(self, request: ParityRequest, prompt_token_ids: list[int],
-                    arrival_step: int) -> None: ...
+    def add_request(
+        self, request: ParityRequest, prompt_token_ids: list[int], arrival_step: int
+    ) -> None: ...
 
     def step(self) -> StepObservation: ...
 
@@ -55,15 +56,25 @@ class EngineAdapter(Protocol):
     def free_queue(self) -> list[int]: ...
 
 
-def replay(workload: ParityWorkload, engine: EngineAdapter, recorded_with: dict,
-           vllm_compat: str, max_steps: int = 200_000) -> DecisionLog:
+def replay(
+    workload: ParityWorkload,
+    engine: EngineAdapter,
+    recorded_with: dict,
+    vllm_compat: str,
+    max_steps: int = 200_000,
+) -> DecisionLog:
     """Run the workload to completion through `engine`; return its decision log."""
     pending: list[ParityRequest] = list(workload.requests)
     finished_at: dict[str, int] = {}
     tables: dict[str, list[int]] = {}
     queue = engine.free_queue()
-    log = DecisionLog(recorded_with=recorded_with, vllm_compat=vllm_compat,
-                      workload=workload.to_json(), initial_free_queue=list(queue), steps=[])
+    log = DecisionLog(
+        recorded_with=recorded_with,
+        vllm_compat=vllm_compat,
+        workload=workload.to_json(),
+        initial_free_queue=list(queue),
+        steps=[],
+    )
     t = 0
     while pending or engine.has_unfinished_requests():
         ready = [r for r in pending if (a := _arrival(r, finished_at)) is not None and a <= t]
@@ -74,9 +85,15 @@ def replay(workload: ParityWorkload, engine: EngineAdapter, recorded_with: dict,
             t = _next_arrival(pending, finished_at, t)
             continue
         obs = engine.step()
-        rec = StepRecord(t=t, added=[r.request_id for r in ready], scheduled=obs.scheduled,
-                         hits=obs.hits, preempted=obs.preempted, finished=obs.finished,
-                         evicted=obs.evicted)
+        rec = StepRecord(
+            t=t,
+            added=[r.request_id for r in ready],
+            scheduled=obs.scheduled,
+            hits=obs.hits,
+            preempted=obs.preempted,
+            finished=obs.finished,
+            evicted=obs.evicted,
+        )
         for rid in obs.preempted:
             tables.pop(rid, None)
         for rid, _ in obs.scheduled:
@@ -96,15 +113,16 @@ def replay(workload: ParityWorkload, engine: EngineAdapter, recorded_with: dict,
     return log
 
 
-def _table_growth(rid: str, tables: dict[str, list[int]], table: list[int]
-                  ) -> list[tuple[str, list[int]]]:
+def _table_growth(
+    rid: str, tables: dict[str, list[int]], table: list[int]
+) -> list[tuple[str, list[int]]]:
     old = tables.get(rid)
     tables[rid] = list(table)
     if old is None:
         return [(rid, list(table))]
     if table[: len(old)] != old:
         raise ReplayError(f"request {rid}: block table {old} changed to {table} while running")
-    return [(rid, list(table[len(old):]))] if len(table) > len(old) else []
+    return [(rid, list(table[len(old) :]))] if len(table) > len(old) else []
 
 
 def _arrival(r: ParityRequest, finished_at: dict[str, int]) -> int | None:
@@ -114,8 +132,9 @@ def _arrival(r: ParityRequest, finished_at: dict[str, int]) -> int | None:
     return None if done is None else done + 1 + r.delay
 
 
-def _next_arrival(pending: list[ParityRequest], finished_at: dict[str, int], t: int,
-                  stalled: bool = False) -> int:
+def _next_arrival(
+    pending: list[ParityRequest], finished_at: dict[str, int], t: int, stalled: bool = False
+) -> int:
     times = [a for r in pending if (a := _arrival(r, finished_at)) is not None]
     if not times:
         what = "requests wait but nothing can be scheduled" if stalled else "no request can arrive"

@@ -50,8 +50,12 @@ class ParityRequest:
     priority: int = 0  # lower is served first under scheduling_policy="priority"
 
     def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"id": self.request_id, "seg": [list(s) for s in self.segments],
-                             "max_tokens": self.max_tokens, "arrive": self.arrival_step}
+        d: dict[str, Any] = {
+            "id": self.request_id,
+            "seg": [list(s) for s in self.segments],
+            "max_tokens": self.max_tokens,
+            "arrive": self.arrival_step,
+        }
         if self.after is not None:
             d["after"], d["delay"] = self.after, self.delay
         if self.cache_salt is not None:
@@ -62,10 +66,16 @@ class ParityRequest:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ParityRequest:
-        return cls(request_id=d["id"], segments=tuple(tuple(s) for s in d["seg"]),
-                   max_tokens=d["max_tokens"], arrival_step=d.get("arrive", 0),
-                   after=d.get("after"), delay=d.get("delay", 0), cache_salt=d.get("salt"),
-                   priority=d.get("prio", 0))
+        return cls(
+            request_id=d["id"],
+            segments=tuple(tuple(s) for s in d["seg"]),
+            max_tokens=d["max_tokens"],
+            arrival_step=d.get("arrive", 0),
+            after=d.get("after"),
+            delay=d.get("delay", 0),
+            cache_salt=d.get("salt"),
+            priority=d.get("prio", 0),
+        )
 
 
 @dataclass(frozen=True)
@@ -82,24 +92,32 @@ class ParityWorkload:
     _prompts: dict[str, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "seed": self.seed, "description": self.description,
-                "engine": dict(self.engine),
-                "requests": [r.to_json() for r in self.requests],
-                "prompt_digests": [prompt_digest(self.prompt(r.request_id))
-                                   for r in self.requests]}
+        return {
+            "name": self.name,
+            "seed": self.seed,
+            "description": self.description,
+            "engine": dict(self.engine),
+            "requests": [r.to_json() for r in self.requests],
+            "prompt_digests": [prompt_digest(self.prompt(r.request_id)) for r in self.requests],
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any], verify: bool = True) -> ParityWorkload:
-        wl = cls(name=d["name"], seed=d["seed"], description=d.get("description", ""),
-                 engine=dict(d["engine"]),
-                 requests=tuple(ParityRequest.from_json(r) for r in d["requests"]))
+        wl = cls(
+            name=d["name"],
+            seed=d["seed"],
+            description=d.get("description", ""),
+            engine=dict(d["engine"]),
+            requests=tuple(ParityRequest.from_json(r) for r in d["requests"]),
+        )
         if verify and "prompt_digests" in d:
             for req, want in zip(wl.requests, d["prompt_digests"], strict=True):
                 got = prompt_digest(wl.prompt(req.request_id))
                 if got != want:
                     raise WorkloadError(
                         f"prompt of {req.request_id}={got}: differs from the recorded {want} "
-                        "(token synthesis changed; re-record the golden files)")
+                        "(token synthesis changed; re-record the golden files)"
+                    )
         return wl
 
     def request(self, request_id: str) -> ParityRequest:
@@ -146,13 +164,22 @@ def prompt_digest(tokens: Sequence[int]) -> str:
 
 # ---------------------------------------------------------------- the named workloads
 
-def _engine(num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int,
-            max_model_len: int = 4096) -> dict[str, Any]:
-    return {"block_size": 16, "num_gpu_blocks": num_gpu_blocks,
-            "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
-            "max_model_len": max_model_len, "enable_chunked_prefill": True,
-            "enable_prefix_caching": True, "long_prefill_token_threshold": 0,
-            "scheduling_policy": "fcfs", "scheduler_reserve_full_isl": True}
+
+def _engine(
+    num_gpu_blocks: int, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int = 4096
+) -> dict[str, Any]:
+    return {
+        "block_size": 16,
+        "num_gpu_blocks": num_gpu_blocks,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_num_seqs": max_num_seqs,
+        "max_model_len": max_model_len,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+        "long_prefill_token_threshold": 0,
+        "scheduling_policy": "fcfs",
+        "scheduler_reserve_full_isl": True,
+    }
 
 
 def shared_prefix(seed: int = 1) -> ParityWorkload:
@@ -174,8 +201,9 @@ def shared_prefix(seed: int = 1) -> ParityWorkload:
         else:
             segs = (("k", s, sys_len[s]), ("k", 1000 + i, int(rng.integers(8, 257))))
         reqs.append(ParityRequest(f"r{i}", segs, max_tokens, arrival_step=step, cache_salt=salt))
-    return ParityWorkload("shared_prefix", seed, tuple(reqs), _engine(400, 1024, 32),
-                          shared_prefix.__doc__ or "")
+    return ParityWorkload(
+        "shared_prefix", seed, tuple(reqs), _engine(400, 1024, 32), shared_prefix.__doc__ or ""
+    )
 
 
 def multi_turn(seed: int = 2) -> ParityWorkload:
@@ -197,12 +225,14 @@ def multi_turn(seed: int = 2) -> ParityWorkload:
                 req = ParityRequest(rid, (user,), max_tokens, arrival_step=start)
             else:
                 segs = prev.segments + (("o", prev.request_id), user)
-                req = ParityRequest(rid, segs, max_tokens, after=prev.request_id,
-                                    delay=int(rng.integers(0, 9)))
+                req = ParityRequest(
+                    rid, segs, max_tokens, after=prev.request_id, delay=int(rng.integers(0, 9))
+                )
             reqs.append(req)
             prev = req
-    return ParityWorkload("multi_turn", seed, tuple(reqs), _engine(1024, 1024, 32),
-                          multi_turn.__doc__ or "")
+    return ParityWorkload(
+        "multi_turn", seed, tuple(reqs), _engine(1024, 1024, 32), multi_turn.__doc__ or ""
+    )
 
 
 def random_pressure(seed: int = 3) -> ParityWorkload:
@@ -216,10 +246,14 @@ def random_pressure(seed: int = 3) -> ParityWorkload:
         if rng.random() < 0.3:
             p = int(rng.integers(0, 8))
             segs = (("k", p, 40 + 37 * p),) + segs
-        reqs.append(ParityRequest(f"r{i}", segs, int(rng.integers(16, 401)),
-                                  arrival_step=int(rng.integers(0, 21))))
-    return ParityWorkload("random_pressure", seed, tuple(reqs), _engine(256, 512, 64),
-                          random_pressure.__doc__ or "")
+        reqs.append(
+            ParityRequest(
+                f"r{i}", segs, int(rng.integers(16, 401)), arrival_step=int(rng.integers(0, 21))
+            )
+        )
+    return ParityWorkload(
+        "random_pressure", seed, tuple(reqs), _engine(256, 512, 64), random_pressure.__doc__ or ""
+    )
 
 
 def priority_pressure(seed: int = 5) -> ParityWorkload:
@@ -229,17 +263,29 @@ def priority_pressure(seed: int = 5) -> ParityWorkload:
     reqs = []
     for i in range(120):
         n = int(rng.integers(32, 901))
-        reqs.append(ParityRequest(f"r{i}", (("k", 100 + i, n),), int(rng.integers(16, 301)),
-                                  arrival_step=int(rng.integers(0, 31)),
-                                  priority=int(rng.integers(0, 3))))
+        reqs.append(
+            ParityRequest(
+                f"r{i}",
+                (("k", 100 + i, n),),
+                int(rng.integers(16, 301)),
+                arrival_step=int(rng.integers(0, 31)),
+                priority=int(rng.integers(0, 3)),
+            )
+        )
     reqs.sort(key=lambda r: r.arrival_step)  # the order requests are added within a step
     engine = dict(_engine(256, 512, 64), scheduling_policy="priority")
-    return ParityWorkload("priority_pressure", seed, tuple(reqs), engine,
-                          priority_pressure.__doc__ or "")
+    return ParityWorkload(
+        "priority_pressure", seed, tuple(reqs), engine, priority_pressure.__doc__ or ""
+    )
 
 
-def mooncake_slice(trace_path: str | Path, num_requests: int = 200, max_model_len: int = 16384,
-                   step_ms: int = 50, seed: int = 4) -> ParityWorkload:
+def mooncake_slice(
+    trace_path: str | Path,
+    num_requests: int = 200,
+    max_model_len: int = 16384,
+    step_ms: int = 50,
+    seed: int = 4,
+) -> ParityWorkload:
     """The first `num_requests` rows of Mooncake's conversation trace whose prompt + output fit
     in `max_model_len`; hash id h becomes 512 tokens of chunk h (the last block of a prompt
     takes the first input_length mod 512 of them); arrival step = timestamp_ms // step_ms."""
@@ -254,13 +300,23 @@ def mooncake_slice(trace_path: str | Path, num_requests: int = 200, max_model_le
             for j, h in enumerate(hashes):
                 n = min(MOONCAKE_BLOCK_TOKENS, n_in - j * MOONCAKE_BLOCK_TOKENS)
                 segs.append(("k", int(h), n))
-            reqs.append(ParityRequest(f"m{len(reqs)}", tuple(segs), int(n_out),
-                                      arrival_step=int(row["timestamp"]) // step_ms))
+            reqs.append(
+                ParityRequest(
+                    f"m{len(reqs)}",
+                    tuple(segs),
+                    int(n_out),
+                    arrival_step=int(row["timestamp"]) // step_ms,
+                )
+            )
             if len(reqs) == num_requests:
                 break
-    return ParityWorkload("mooncake", seed, tuple(reqs),
-                          _engine(4096, 2048, 64, max_model_len=max_model_len),
-                          mooncake_slice.__doc__ or "")
+    return ParityWorkload(
+        "mooncake",
+        seed,
+        tuple(reqs),
+        _engine(4096, 2048, 64, max_model_len=max_model_len),
+        mooncake_slice.__doc__ or "",
+    )
 
 
 def default_trace_path() -> Path:
@@ -295,8 +351,7 @@ def case_workload(case: str) -> ParityWorkload:
         raise WorkloadError(f"case={case!r}: choose one of {', '.join(CASES)}")
     name, overrides = CASES[case]
     wl = WORKLOADS[name]()
-    return ParityWorkload(case, wl.seed, wl.requests, dict(wl.engine, **overrides),
-                          wl.description)
+    return ParityWorkload(case, wl.seed, wl.requests, dict(wl.engine, **overrides), wl.description)
 
 
 def golden_name(case: str, version: str) -> str:

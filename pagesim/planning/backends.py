@@ -29,8 +29,14 @@ def _indexed(fn: Callable[[T], R], index: int, task: T) -> tuple[int, R]:
     return index, fn(task)
 
 
-def execute(fn: Callable[[T], R], tasks: list[T], *, backend: str = "local",
-            n_jobs: int | None = None, address: str | None = None) -> Iterator[tuple[int, R]]:
+def execute(
+    fn: Callable[[T], R],
+    tasks: list[T],
+    *,
+    backend: str = "local",
+    n_jobs: int | None = None,
+    address: str | None = None,
+) -> Iterator[tuple[int, R]]:
     """Run fn over tasks; yield (index, fn(tasks[index])) as each finishes."""
     if backend == "local":
         return _local(fn, tasks, n_jobs)
@@ -51,8 +57,13 @@ def _local(fn, tasks, n_jobs) -> Iterator[tuple[int, Any]]:
         return (_indexed(fn, i, t) for i, t in enumerate(tasks))
     from joblib import Parallel, delayed
 
-    parallel = Parallel(n_jobs=jobs, backend="loky", return_as="generator_unordered",
-                        batch_size=1, pre_dispatch="2*n_jobs")
+    parallel = Parallel(
+        n_jobs=jobs,
+        backend="loky",
+        return_as="generator_unordered",
+        batch_size=1,
+        pre_dispatch="2*n_jobs",
+    )
     return parallel(delayed(_indexed)(fn, i, t) for i, t in enumerate(tasks))
 
 
@@ -61,8 +72,9 @@ def require_ray() -> None:
     try:
         import ray  # noqa: F401
     except ImportError:
-        raise ConfigError("--backend ray: ray is not installed (pip install 'pagesim[ray]')"
-                          ) from None
+        raise ConfigError(
+            "--backend ray: ray is not installed (pip install 'pagesim[ray]')"
+        ) from None
 
 
 def _ray(fn, tasks, n_jobs, address) -> Iterator[tuple[int, Any]]:
@@ -78,8 +90,7 @@ def _ray(fn, tasks, n_jobs, address) -> Iterator[tuple[int, Any]]:
         try:
             ray.init(**kwargs)
         except ConnectionError as exc:
-            raise ConfigError(f"--address {address}: cannot join the Ray cluster ({exc})"
-                              ) from None
+            raise ConfigError(f"--address {address}: cannot join the Ray cluster ({exc})") from None
         started = True
     remote = ray.remote(num_cpus=1)(_indexed)
     try:

@@ -27,10 +27,15 @@ def cost_source(config: EngineConfig, profile: str | Path | None = None) -> str:
     return f"calibrated ({os.path.relpath(found)})" if found else "analytical"
 
 
-def step_time_by_block_size(config: EngineConfig, block_sizes: Sequence[int], *,
-                            batch_sizes: Sequence[int] = (1, 32, 128),
-                            context_len: int = 2048, prefill_tokens: int = 2048,
-                            profile: str | Path | None = None) -> pd.DataFrame:
+def step_time_by_block_size(
+    config: EngineConfig,
+    block_sizes: Sequence[int],
+    *,
+    batch_sizes: Sequence[int] = (1, 32, 128),
+    context_len: int = 2048,
+    prefill_tokens: int = 2048,
+    profile: str | Path | None = None,
+) -> pd.DataFrame:
     """Decode steps (batch x context) and one prefill of `prefill_tokens` per block size.
 
     Columns: block_size, shape ("decode bs=32 ctx=2048" ...), step_time_ms, relative (to the
@@ -39,20 +44,29 @@ def step_time_by_block_size(config: EngineConfig, block_sizes: Sequence[int], *,
     rows = []
     for bs in block_sizes:
         for b in batch_sizes:
-            rows.append({"block_size": bs, "shape": f"decode bs={b} ctx={context_len}",
-                         "step_time_ms": 1000.0 * model.step_time(
-                             BatchShape.decode(b, context_len, bs))})
-        rows.append({"block_size": bs, "shape": f"prefill {prefill_tokens} tokens",
-                     "step_time_ms": 1000.0 * model.step_time(
-                         BatchShape.prefill(prefill_tokens, 0, bs))})
+            rows.append(
+                {
+                    "block_size": bs,
+                    "shape": f"decode bs={b} ctx={context_len}",
+                    "step_time_ms": 1000.0 * model.step_time(BatchShape.decode(b, context_len, bs)),
+                }
+            )
+        rows.append(
+            {
+                "block_size": bs,
+                "shape": f"prefill {prefill_tokens} tokens",
+                "step_time_ms": 1000.0 * model.step_time(BatchShape.prefill(prefill_tokens, 0, bs)),
+            }
+        )
     df = pd.DataFrame(rows)
     first = df.groupby("shape")["step_time_ms"].transform("first")
     df["relative"] = df["step_time_ms"] / first
     return df
 
 
-def measured_block_sizes(config: EngineConfig, profile: str | Path | None = None
-                         ) -> list[int] | None:
+def measured_block_sizes(
+    config: EngineConfig, profile: str | Path | None = None
+) -> list[int] | None:
     """Block sizes the calibration profile measured (None: no profile for this config)."""
     found = profile or default_profile(config)
     if not found:

@@ -80,16 +80,26 @@ class ReplicaPlan:
 DEFAULT_MIN_DURATION_S = 60.0
 
 
-def plan_load(load: LoadSpec, slos: SLOSpec, rate: float, *, num_prompts: int | None = None,
-              min_duration_s: float = DEFAULT_MIN_DURATION_S) -> LoadSpec:
+def plan_load(
+    load: LoadSpec,
+    slos: SLOSpec,
+    rate: float,
+    *,
+    num_prompts: int | None = None,
+    min_duration_s: float = DEFAULT_MIN_DURATION_S,
+) -> LoadSpec:
     """`load` at `rate` req/s, with enough requests for `min_duration_s` of arrivals and the
     percentiles and goodput thresholds that `slos` needs."""
     n = num_prompts or load.num_prompts
     if not math.isinf(rate):
         n = max(n, math.ceil(rate * min_duration_s))
-    return dataclasses.replace(load, request_rate=rate, num_prompts=n,
-                               percentiles=slos.percentiles(load.percentiles),
-                               goodput_slos_ms=slos.goodput_ms or load.goodput_slos_ms)
+    return dataclasses.replace(
+        load,
+        request_rate=rate,
+        num_prompts=n,
+        percentiles=slos.percentiles(load.percentiles),
+        goodput_slos_ms=slos.goodput_ms or load.goodput_slos_ms,
+    )
 
 
 def _probe(value: float, slos: SLOSpec, result: dict[str, Any]) -> Probe:
@@ -97,25 +107,37 @@ def _probe(value: float, slos: SLOSpec, result: dict[str, Any]) -> Probe:
     return Probe(value, passed, violations, result)
 
 
-def max_sustainable_rate(config: EngineConfig, load: LoadSpec, slos: SLOSpec, *,
-                         profile: str | Path | None = None, rel_tol: float = 0.025,
-                         min_rate: float = 0.01, max_rate_limit: float | None = None,
-                         min_duration_s: float = DEFAULT_MIN_DURATION_S,
-                         cost_model: CostModel | None = None) -> CapacityResult:
+def max_sustainable_rate(
+    config: EngineConfig,
+    load: LoadSpec,
+    slos: SLOSpec,
+    *,
+    profile: str | Path | None = None,
+    rel_tol: float = 0.025,
+    min_rate: float = 0.01,
+    max_rate_limit: float | None = None,
+    min_duration_s: float = DEFAULT_MIN_DURATION_S,
+    cost_model: CostModel | None = None,
+) -> CapacityResult:
     """Highest request rate (req/s) at which one replica meets `slos` on `load`
     (`cost_model`: prices the steps in place of `profile`'s model)."""
     if slos.empty:
         raise ConfigError("--slo: give at least one objective, e.g. p99_ttft_ms<=500")
-    saturated = simulate(config, plan_load(load, slos, math.inf), profile=profile,
-                         cost_model=cost_model)
+    saturated = simulate(
+        config, plan_load(load, slos, math.inf), profile=profile, cost_model=cost_model
+    )
     throughput = float(saturated.result["request_throughput"])
     ceiling = max_rate_limit if max_rate_limit is not None else max(2.0 * throughput, min_rate)
     start = min(max(0.5 * throughput, min_rate), ceiling)
     probes: list[Probe] = []
 
     def passes(rate: float) -> bool:
-        run = simulate(config, plan_load(load, slos, rate, min_duration_s=min_duration_s),
-                       profile=profile, cost_model=cost_model)
+        run = simulate(
+            config,
+            plan_load(load, slos, rate, min_duration_s=min_duration_s),
+            profile=profile,
+            cost_model=cost_model,
+        )
         probes.append(_probe(rate, slos, run.result))
         return probes[-1].passed
 
@@ -124,28 +146,48 @@ def max_sustainable_rate(config: EngineConfig, load: LoadSpec, slos: SLOSpec, *,
     return CapacityResult(b.best, b.failed, at, throughput, tuple(probes), slos)
 
 
-def replicas_for_rate(config: EngineConfig, load: LoadSpec, slos: SLOSpec, target_rate: float,
-                      *, router: str = "round-robin", profile: str | Path | None = None,
-                      per_replica: CapacityResult | None = None, max_replicas: int = 64,
-                      rel_tol: float = 0.025,
-                      min_duration_s: float = DEFAULT_MIN_DURATION_S,
-                      cost_model: CostModel | None = None) -> ReplicaPlan:
+def replicas_for_rate(
+    config: EngineConfig,
+    load: LoadSpec,
+    slos: SLOSpec,
+    target_rate: float,
+    *,
+    router: str = "round-robin",
+    profile: str | Path | None = None,
+    per_replica: CapacityResult | None = None,
+    max_replicas: int = 64,
+    rel_tol: float = 0.025,
+    min_duration_s: float = DEFAULT_MIN_DURATION_S,
+    cost_model: CostModel | None = None,
+) -> ReplicaPlan:
     """Fewest replicas of `config` behind `router` that meet `slos` at `target_rate` req/s."""
     if not target_rate > 0 or math.isinf(target_rate):
         raise ConfigError(f"--target-rate {target_rate!r}: must be a finite rate > 0")
     make_router(router)  # an unknown name fails before any simulation
-    cap = per_replica or max_sustainable_rate(config, load, slos, profile=profile,
-                                              rel_tol=rel_tol, min_duration_s=min_duration_s,
-                                              cost_model=cost_model)
+    cap = per_replica or max_sustainable_rate(
+        config,
+        load,
+        slos,
+        profile=profile,
+        rel_tol=rel_tol,
+        min_duration_s=min_duration_s,
+        cost_model=cost_model,
+    )
     estimate = math.ceil(target_rate / cap.max_rate - 1e-9) if cap.max_rate else None
     tried: dict[int, Probe] = {}
 
     def check(n: int) -> bool:
         if n not in tried:
-            cluster_load = plan_load(load, slos, target_rate, num_prompts=load.num_prompts * n,
-                                     min_duration_s=min_duration_s)
-            run = simulate_cluster(config, cluster_load, n, make_router(router),
-                                   profile=profile, cost_model=cost_model)
+            cluster_load = plan_load(
+                load,
+                slos,
+                target_rate,
+                num_prompts=load.num_prompts * n,
+                min_duration_s=min_duration_s,
+            )
+            run = simulate_cluster(
+                config, cluster_load, n, make_router(router), profile=profile, cost_model=cost_model
+            )
             tried[n] = _probe(n, slos, run.result)
         return tried[n].passed
 

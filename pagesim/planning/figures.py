@@ -73,10 +73,16 @@ def plot_probe_attack(df: pd.DataFrame, title: str) -> Figure:
     fig, axes = new_figure(1, 2, width=5.0, sharex=True)
     for ax, (salted, g) in zip(axes, df.groupby("salted", sort=True), strict=True):
         ax.plot(g["prefix_len"], g["wrong_guess_ttft_ms"], "-s", ms=4, label="wrong guess (miss)")
-        ax.plot(g["prefix_len"], g["right_guess_ttft_ms"], "--o", ms=4,
-                label="right guess (victim's prefix)")
-        ax.set_title("per-tenant cache_salt" if salted else "shared prefix cache (no salt)",
-                     fontsize=10)
+        ax.plot(
+            g["prefix_len"],
+            g["right_guess_ttft_ms"],
+            "--o",
+            ms=4,
+            label="right guess (victim's prefix)",
+        )
+        ax.set_title(
+            "per-tenant cache_salt" if salted else "shared prefix cache (no salt)", fontsize=10
+        )
         _finish(ax, "Victim's prefix length (tokens)", "Attacker's TTFT (ms)")
     fig.suptitle(title)
     return fig
@@ -89,8 +95,15 @@ def plot_hit_miss_ttft(records: Mapping[str, pd.DataFrame], title: str) -> Figur
         for hit, marker, color in ((False, "x", "C3"), (True, "o", "C0")):
             g = df[df["hit"] == hit]
             share = 100.0 * len(g) / max(len(df), 1)
-            ax.scatter(g["num_prompt_tokens"], g["ttft_ms"], s=10, marker=marker, alpha=0.6,
-                       color=color, label=f"{'hit' if hit else 'miss'} ({share:.0f}%)")
+            ax.scatter(
+                g["num_prompt_tokens"],
+                g["ttft_ms"],
+                s=10,
+                marker=marker,
+                alpha=0.6,
+                color=color,
+                label=f"{'hit' if hit else 'miss'} ({share:.0f}%)",
+            )
         ax.set_yscale("log")
         ax.set_title(name, fontsize=10)
         _finish(ax, "Prompt length (tokens)", "TTFT (ms)")
@@ -101,18 +114,28 @@ def plot_hit_miss_ttft(records: Mapping[str, pd.DataFrame], title: str) -> Figur
 def plot_vs_host_link(df: pd.DataFrame, rate: float, title: str) -> Figure:
     """Swap at each host-link bandwidth against recompute, at one request rate."""
     d = df[np.isclose(df["request_rate"], rate)]
-    panels = (("output_throughput", "Output throughput (tok/s)"),
-              ("p99_ttft_ms", "P99 TTFT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"))
+    panels = (
+        ("output_throughput", "Output throughput (tok/s)"),
+        ("p99_ttft_ms", "P99 TTFT (ms)"),
+        ("p99_tpot_ms", "P99 TPOT (ms)"),
+    )
     fig, axes = new_figure(1, 3, width=4.2)
     for ax, (col, label) in zip(axes, panels, strict=True):
         for k, (bs, g) in enumerate(d.groupby("block_size", sort=True)):
             swap = g[g["preemption_mode"] == "swap"].sort_values("host_link_gbps")
             rec = g[g["preemption_mode"] == "recompute"][col]
-            ax.plot(swap["host_link_gbps"], swap[col], "-o", ms=4, color=f"C{k}",
-                    label=f"swap, block {bs}")
+            ax.plot(
+                swap["host_link_gbps"],
+                swap[col],
+                "-o",
+                ms=4,
+                color=f"C{k}",
+                label=f"swap, block {bs}",
+            )
             if len(rec):
-                ax.axhline(float(rec.iloc[0]), ls="--", color=f"C{k}",
-                           label=f"recompute, block {bs}")
+                ax.axhline(
+                    float(rec.iloc[0]), ls="--", color=f"C{k}", label=f"recompute, block {bs}"
+                )
         log2_x(ax)
         _finish(ax, "Host link bandwidth (GB/s, one way)", label)
     fig.suptitle(title)

@@ -37,8 +37,9 @@ from pagesim.planning.mix import check_workload, is_mix, mix_name
 from pagesim.sim.simulate import LoadSpec
 
 ENGINE_KEYS: tuple[str, ...] = (*(f.name for f in dataclasses.fields(EngineConfig)), "profile")
-LOAD_KEYS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(LoadSpec)
-                                   if f.name not in ("percentiles", "goodput_slos_ms"))
+LOAD_KEYS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(LoadSpec) if f.name not in ("percentiles", "goodput_slos_ms")
+)
 
 
 def _kinds(cls: type) -> dict[str, tuple[type, bool]]:
@@ -51,8 +52,11 @@ def _kinds(cls: type) -> dict[str, tuple[type, bool]]:
     return out
 
 
-KINDS: dict[str, tuple[type, bool]] = {**_kinds(EngineConfig), **_kinds(LoadSpec),
-                                       "profile": (str, True)}
+KINDS: dict[str, tuple[type, bool]] = {
+    **_kinds(EngineConfig),
+    **_kinds(LoadSpec),
+    "profile": (str, True),
+}
 
 
 def coerce(key: str, value: Any) -> Any:
@@ -113,7 +117,9 @@ def read_param_file(path: Path | str, kind: str) -> list[dict[str, Any]]:
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError):
-        raise ConfigError(f"--{kind}-params {p}: malformed {'JSON' if p.suffix == '.json' else 'YAML'}") from None
+        raise ConfigError(
+            f"--{kind}-params {p}: malformed {'JSON' if p.suffix == '.json' else 'YAML'}"
+        ) from None
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not data or not all(isinstance(d, dict) for d in data):
@@ -154,11 +160,15 @@ class SweepPoint:
     def engine_config(self) -> EngineConfig:
         return EngineConfig.create(**self.engine)
 
-    def load_spec(self, percentiles: tuple[float, ...] = (99,),
-                  goodput_slos_ms: tuple[tuple[str, float], ...] = ()) -> LoadSpec:
+    def load_spec(
+        self,
+        percentiles: tuple[float, ...] = (99,),
+        goodput_slos_ms: tuple[tuple[str, float], ...] = (),
+    ) -> LoadSpec:
         defaults = {"workload": "chat", "num_prompts": 1000}
-        return LoadSpec(**{**defaults, **self.load}, percentiles=percentiles,
-                        goodput_slos_ms=goodput_slos_ms)
+        return LoadSpec(
+            **{**defaults, **self.load}, percentiles=percentiles, goodput_slos_ms=goodput_slos_ms
+        )
 
 
 @dataclass(frozen=True)
@@ -172,13 +182,20 @@ class SweepGrid:
 
 def _combos(entries: list[dict[str, Any]], axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
     keys = list(axes)
-    return [{**entry, **dict(zip(keys, values, strict=True))}
-            for entry in entries for values in itertools.product(*(axes[k] for k in keys))]
+    return [
+        {**entry, **dict(zip(keys, values, strict=True))}
+        for entry in entries
+        for values in itertools.product(*(axes[k] for k in keys))
+    ]
 
 
-def build_grid(axes: dict[str, list[Any]], *, base: dict[str, Any] | None = None,
-               engine_params: list[dict[str, Any]] | None = None,
-               load_params: list[dict[str, Any]] | None = None) -> SweepGrid:
+def build_grid(
+    axes: dict[str, list[Any]],
+    *,
+    base: dict[str, Any] | None = None,
+    engine_params: list[dict[str, Any]] | None = None,
+    load_params: list[dict[str, Any]] | None = None,
+) -> SweepGrid:
     """The Cartesian grid; every point's config and load are validated (one-line errors)."""
     base = {k: coerce(k, v) for k, v in (base or {}).items()}
     for key, values in axes.items():
@@ -186,8 +203,10 @@ def build_grid(axes: dict[str, list[Any]], *, base: dict[str, Any] | None = None
             raise ConfigError(f"sweep: --{key.replace('_', '-')}: empty list")
         for entries, kind in ((engine_params, "engine"), (load_params, "load")):
             if entries and any(key in e for e in entries):
-                raise ConfigError(f"sweep: {key} is given both as a flag and in --{kind}-params;"
-                                  " give it in one place")
+                raise ConfigError(
+                    f"sweep: {key} is given both as a flag and in --{kind}-params;"
+                    " give it in one place"
+                )
     engine_axes = {k: v for k, v in axes.items() if k in ENGINE_KEYS}
     load_axes = {k: v for k, v in axes.items() if k in LOAD_KEYS}
     unknown = sorted(set(axes) - set(engine_axes) - set(load_axes))
@@ -197,8 +216,9 @@ def build_grid(axes: dict[str, list[Any]], *, base: dict[str, Any] | None = None
     loads = _combos(load_params or [{}], load_axes)
     combos = [{**base, **e, **ld} for e in engines for ld in loads]
     order = [k for k in (*ENGINE_KEYS, *LOAD_KEYS) if any(k in c for c in combos)]
-    varying = tuple(k for k in order
-                    if len({json.dumps(c.get(k), default=str) for c in combos}) > 1)
+    varying = tuple(
+        k for k in order if len({json.dumps(c.get(k), default=str) for c in combos}) > 1
+    )
     names = _unique([point_name(c, varying) for c in combos])
     points = tuple(SweepPoint(i, n, c) for i, (n, c) in enumerate(zip(names, combos, strict=True)))
     for p in points:

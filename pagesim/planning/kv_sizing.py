@@ -39,45 +39,69 @@ class KVSizing:
     probes: tuple[Probe, ...]  # value = num_gpu_blocks
 
 
-def min_kv_memory(config: EngineConfig, load: LoadSpec, slos: SLOSpec, target_rate: float, *,
-                  profile: str | Path | None = None, rel_tol: float = 0.02,
-                  min_duration_s: float = DEFAULT_MIN_DURATION_S,
-                  cost_model: CostModel | None = None) -> KVSizing:
+def min_kv_memory(
+    config: EngineConfig,
+    load: LoadSpec,
+    slos: SLOSpec,
+    target_rate: float,
+    *,
+    profile: str | Path | None = None,
+    rel_tol: float = 0.02,
+    min_duration_s: float = DEFAULT_MIN_DURATION_S,
+    cost_model: CostModel | None = None,
+) -> KVSizing:
     """Fewest KV blocks (and bytes, and memory fraction) meeting `slos` at `target_rate`."""
     if slos.empty:
         raise ConfigError("--slo: give at least one objective, e.g. p99_ttft_ms<=500")
     if not target_rate > 0 or math.isinf(target_rate):
         raise ConfigError(f"--target-rate {target_rate!r}: must be a finite rate > 0")
     if config.num_gpu_blocks_override is not None:
-        raise ConfigError("num_gpu_blocks_override is set: KV sizing searches the KV memory "
-                          "itself; drop the override")
+        raise ConfigError(
+            "num_gpu_blocks_override is set: KV sizing searches the KV memory "
+            "itself; drop the override"
+        )
     base = config.replace(kv_cache_memory_bytes=None)
     full = kv_capacity(base.replace(gpu_memory_utilization=1.0))
     page = full.page_size_bytes
     floor_blocks = full.blocks_per_request + 1  # one max_model_len request + the null block
     if full.num_gpu_blocks < floor_blocks:
-        raise ConfigError(f"{config.model} on {config.gpu}: even gpu_memory_utilization=1.0 "
-                          "holds no request of max_model_len")
+        raise ConfigError(
+            f"{config.model} on {config.gpu}: even gpu_memory_utilization=1.0 "
+            "holds no request of max_model_len"
+        )
     probes: dict[int, Probe] = {}
     load = plan_load(load, slos, target_rate, min_duration_s=min_duration_s)
 
     def passes(blocks: float) -> bool:
         n = int(math.ceil(blocks - 1e-9))
         if n not in probes:
-            run = simulate(base.replace(kv_cache_memory_bytes=n * page), load, profile=profile,
-                           cost_model=cost_model)
+            run = simulate(
+                base.replace(kv_cache_memory_bytes=n * page),
+                load,
+                profile=profile,
+                cost_model=cost_model,
+            )
             probes[n] = _probe(n, slos, run.result)
         return probes[n].passed
 
-    b = search_min(passes, float(full.num_gpu_blocks), float(floor_blocks),
-                   float(full.num_gpu_blocks), rel_tol)
+    b = search_min(
+        passes, float(full.num_gpu_blocks), float(floor_blocks), float(full.num_gpu_blocks), rel_tol
+    )
     if b.best is None:
-        return KVSizing(target_rate, None, None, None, full.num_gpu_blocks, None,
-                        tuple(probes.values()))
+        return KVSizing(
+            target_rate, None, None, None, full.num_gpu_blocks, None, tuple(probes.values())
+        )
     blocks = int(math.ceil(b.best - 1e-9))
     util = utilization_for_blocks(base, blocks)
-    return KVSizing(target_rate, blocks, blocks * page, util, full.num_gpu_blocks,
-                    probes[blocks].result, tuple(probes.values()))
+    return KVSizing(
+        target_rate,
+        blocks,
+        blocks * page,
+        util,
+        full.num_gpu_blocks,
+        probes[blocks].result,
+        tuple(probes.values()),
+    )
 
 
 def utilization_for_blocks(config: EngineConfig, num_gpu_blocks: int) -> float | None:
@@ -90,8 +114,10 @@ def utilization_for_blocks(config: EngineConfig, num_gpu_blocks: int) -> float |
     util = math.ceil(1000.0 * need / gpu.memory_bytes) / 1000.0
     while util <= 1.0:
         try:
-            if kv_capacity(config.replace(gpu_memory_utilization=util)).num_gpu_blocks \
-                    >= num_gpu_blocks:
+            if (
+                kv_capacity(config.replace(gpu_memory_utilization=util)).num_gpu_blocks
+                >= num_gpu_blocks
+            ):
                 return util
         except ConfigError:  # too little memory for the weights or one request
             pass

@@ -49,8 +49,9 @@ def check_workload(text: str) -> None:
     known = shipped_workloads()
     for name in names:
         if name not in known and not Path(name).expanduser().is_file():
-            raise ConfigError(f"workload {name!r}: not a shipped workload "
-                              f"({', '.join(known)}) nor a file")
+            raise ConfigError(
+                f"workload {name!r}: not a shipped workload ({', '.join(known)}) nor a file"
+            )
 
 
 def mix_name(text: str) -> str:

@@ -35,8 +35,15 @@ def _tokens(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
     return [int(t) for t in rng.integers(1, vocab, size=n)]
 
 
-def probe_attack(config: EngineConfig, prefix_len: int, *, salted: bool, suffix_len: int = 32,
-                 seed: int = 0, profile: str | Path | None = None) -> dict[str, float]:
+def probe_attack(
+    config: EngineConfig,
+    prefix_len: int,
+    *,
+    salted: bool,
+    suffix_len: int = 32,
+    seed: int = 0,
+    profile: str | Path | None = None,
+) -> dict[str, float]:
     """TTFT (ms) of an attacker's right and wrong guesses of a victim's `prefix_len`-token
     prefix, with per-tenant salts (`salted`) or one shared cache."""
     rng = np.random.default_rng([seed, prefix_len])
@@ -50,17 +57,25 @@ def probe_attack(config: EngineConfig, prefix_len: int, *, salted: bool, suffix_
     ]
     records = simulate_requests(config, reqs, profile=profile).records
     ttft = {k: 1000.0 * (r.first_token_time - r.arrival_time) for k, r in records.items()}
-    return {"prefix_len": prefix_len, "salted": salted,
-            "right_guess_ttft_ms": ttft["right-guess"], "wrong_guess_ttft_ms": ttft["wrong-guess"],
-            "right_guess_cached_tokens": records["right-guess"].num_cached_tokens,
-            "gap_ms": ttft["wrong-guess"] - ttft["right-guess"]}
+    return {
+        "prefix_len": prefix_len,
+        "salted": salted,
+        "right_guess_ttft_ms": ttft["right-guess"],
+        "wrong_guess_ttft_ms": ttft["wrong-guess"],
+        "right_guess_cached_tokens": records["right-guess"].num_cached_tokens,
+        "gap_ms": ttft["wrong-guess"] - ttft["right-guess"],
+    }
 
 
-def probe_attack_table(config: EngineConfig, prefix_lens: list[int], *,
-                       profile: str | Path | None = None) -> pd.DataFrame:
+def probe_attack_table(
+    config: EngineConfig, prefix_lens: list[int], *, profile: str | Path | None = None
+) -> pd.DataFrame:
     """`probe_attack` for every prefix length, shared cache and salted."""
-    rows = [probe_attack(config, n, salted=s, profile=profile)
-            for s in (False, True) for n in prefix_lens]
+    rows = [
+        probe_attack(config, n, salted=s, profile=profile)
+        for s in (False, True)
+        for n in prefix_lens
+    ]
     return pd.DataFrame(rows)
 
 
@@ -78,11 +93,16 @@ def tenant_workload(base: str = "system-prompt", tenants: int = 4) -> Iterator[s
 
 def hit_miss_records(metrics: MetricsCollector) -> pd.DataFrame:
     """Per completed request: prompt length, cached tokens, TTFT (ms), hit (cached > 0)."""
-    rows = [{"num_prompt_tokens": r.num_prompt_tokens, "num_cached_tokens": r.num_cached_tokens,
-             "ttft_ms": 1000.0 * (r.first_token_time - r.arrival_time),
-             "cache_salt": r.cache_salt}
-            for r in metrics.records.values()
-            if r.reject_reason is None and r.first_token_time is not None]
+    rows = [
+        {
+            "num_prompt_tokens": r.num_prompt_tokens,
+            "num_cached_tokens": r.num_cached_tokens,
+            "ttft_ms": 1000.0 * (r.first_token_time - r.arrival_time),
+            "cache_salt": r.cache_salt,
+        }
+        for r in metrics.records.values()
+        if r.reject_reason is None and r.first_token_time is not None
+    ]
     df = pd.DataFrame(rows)
     df["hit"] = df["num_cached_tokens"] > 0
     return df

@@ -34,8 +34,10 @@ def _load(engine: ServingEngine) -> int:
 
 
 def _least_loaded(engines: list[ServingEngine], candidates: list[int]) -> int:
-    return min(candidates, key=lambda i: (_load(engines[i]),
-                                          engines[i].scheduler.kv_cache_manager.usage, i))
+    return min(
+        candidates,
+        key=lambda i: (_load(engines[i]), engines[i].scheduler.kv_cache_manager.usage, i),
+    )
 
 
 class RoundRobinRouter:
@@ -91,9 +93,16 @@ def make_router(name: str, **kwargs) -> RoundRobinRouter | LeastLoadedRouter | P
     raise unknown_name("router", name, ROUTERS)
 
 
-def simulate_replicas(config: EngineConfig, load: LoadSpec, num_replicas: int,
-                      router: str = "round-robin", *, profile=None, cost_model=None
-                      ) -> ClusterResult:
+def simulate_replicas(
+    config: EngineConfig,
+    load: LoadSpec,
+    num_replicas: int,
+    router: str = "round-robin",
+    *,
+    profile=None,
+    cost_model=None,
+) -> ClusterResult:
     """`simulate_cluster` with a fresh router of the given name."""
-    return simulate_cluster(config, load, num_replicas, make_router(router), profile=profile,
-                            cost_model=cost_model)
+    return simulate_cluster(
+        config, load, num_replicas, make_router(router), profile=profile, cost_model=cost_model
+    )

@@ -29,12 +29,20 @@ class Boundary:
     num_evaluations: int
 
 
-def search_max(passes: Callable[[float], bool], start: float, floor: float, ceiling: float,
-               rel_tol: float = 0.025, max_evaluations: int = 40) -> Boundary:
+def search_max(
+    passes: Callable[[float], bool],
+    start: float,
+    floor: float,
+    ceiling: float,
+    rel_tol: float = 0.025,
+    max_evaluations: int = 40,
+) -> Boundary:
     """Largest x in [floor, ceiling] with passes(x), for passes monotone non-increasing."""
     if not 0 < floor <= start <= ceiling:
-        raise ConfigError(f"search range: need 0 < floor ({floor:g}) <= start ({start:g}) "
-                          f"<= ceiling ({ceiling:g})")
+        raise ConfigError(
+            f"search range: need 0 < floor ({floor:g}) <= start ({start:g}) "
+            f"<= ceiling ({ceiling:g})"
+        )
     if not 0 < rel_tol < 1:
         raise ConfigError(f"rel_tol={rel_tol!r}: must be in (0, 1)")
     memo: dict[float, bool] = {}
@@ -76,16 +84,25 @@ def search_max(passes: Callable[[float], bool], start: float, floor: float, ceil
     return Boundary(lo, hi, len(memo))
 
 
-def search_min(passes: Callable[[float], bool], start: float, floor: float, ceiling: float,
-               rel_tol: float = 0.025, max_evaluations: int = 40) -> Boundary:
+def search_min(
+    passes: Callable[[float], bool],
+    start: float,
+    floor: float,
+    ceiling: float,
+    rel_tol: float = 0.025,
+    max_evaluations: int = 40,
+) -> Boundary:
     """Smallest x in [floor, ceiling] with passes(x), for passes monotone non-decreasing.
 
     Runs `search_max` over y = 1/x (passing is then monotone non-increasing in y)."""
     if not 0 < floor <= start <= ceiling:
-        raise ConfigError(f"search range: need 0 < floor ({floor:g}) <= start ({start:g}) "
-                          f"<= ceiling ({ceiling:g})")
-    b = search_max(lambda y: passes(1.0 / y), 1.0 / start, 1.0 / ceiling, 1.0 / floor,
-                   rel_tol, max_evaluations)
+        raise ConfigError(
+            f"search range: need 0 < floor ({floor:g}) <= start ({start:g}) "
+            f"<= ceiling ({ceiling:g})"
+        )
+    b = search_max(
+        lambda y: passes(1.0 / y), 1.0 / start, 1.0 / ceiling, 1.0 / floor, rel_tol, max_evaluations
+    )
     return Boundary(_inverse(b.best), _inverse(b.failed), b.num_evaluations)
 
 

@@ -31,15 +31,39 @@ OPERATORS: tuple[str, ...] = ("<=", ">=", "<", ">")  # two-character ones first
 DEFAULT_ATTAINMENT = 0.9
 # Numeric keys of `simulate(...).result` besides the latency statistics.
 RESULT_KEYS: tuple[str, ...] = (
-    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
-    "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
-    "max_output_tokens_per_s", "max_concurrent_requests",
-    "num_rejected", "num_preemptions", "num_swap_preemptions", "preempted_computed_tokens",
-    "recomputed_tokens", "swapped_out_bytes", "swapped_in_bytes", "mean_num_running",
-    "max_num_running", "num_steps", "busy_time_s", "prefix_cache_query_tokens",
-    "prefix_cache_hit_tokens", "prefix_cache_hit_rate", "kv_cache_usage_mean",
-    "kv_cache_usage_peak", "kv_token_state_frac", "kv_reserved_frac", "kv_internal_frag_frac",
-    "kv_external_frag_frac", "kv_free_frac", "num_gpu_blocks",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "request_goodput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_output_tokens_per_s",
+    "max_concurrent_requests",
+    "num_rejected",
+    "num_preemptions",
+    "num_swap_preemptions",
+    "preempted_computed_tokens",
+    "recomputed_tokens",
+    "swapped_out_bytes",
+    "swapped_in_bytes",
+    "mean_num_running",
+    "max_num_running",
+    "num_steps",
+    "busy_time_s",
+    "prefix_cache_query_tokens",
+    "prefix_cache_hit_tokens",
+    "prefix_cache_hit_rate",
+    "kv_cache_usage_mean",
+    "kv_cache_usage_peak",
+    "kv_token_state_frac",
+    "kv_reserved_frac",
+    "kv_internal_frag_frac",
+    "kv_external_frag_frac",
+    "kv_free_frac",
+    "num_gpu_blocks",
 )
 
 _BOUND = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+|inf)\s*$")
@@ -58,8 +82,12 @@ class Bound:
         if x is None or (isinstance(x, float) and math.isnan(x)):
             return False
         x = float(x)
-        return {"<=": x <= self.value, "<": x < self.value,
-                ">=": x >= self.value, ">": x > self.value}[self.op]
+        return {
+            "<=": x <= self.value,
+            "<": x < self.value,
+            ">=": x >= self.value,
+            ">": x > self.value,
+        }[self.op]
 
     @property
     def percentile(self) -> float | None:
@@ -111,8 +139,10 @@ class SLOSpec:
     def __str__(self) -> str:
         parts = [str(b) for b in self.bounds]
         if self.goodput_ms:
-            parts.append(" ".join(f"{k}:{v:g}" for k, v in self.goodput_ms)
-                         + f" (>= {self.attainment:.0%} of requests)")
+            parts.append(
+                " ".join(f"{k}:{v:g}" for k, v in self.goodput_ms)
+                + f" (>= {self.attainment:.0%} of requests)"
+            )
         return ", ".join(parts) or "none"
 
 
@@ -143,8 +173,10 @@ def _parse_bound(s: str) -> Bound:
         raise ConfigError(f"--slo {s!r}: expected KEY<=VALUE, e.g. p99_ttft_ms<=500")
     key, op, raw = m.groups()
     if not (LATENCY_KEY.match(key) or key in RESULT_KEYS):
-        raise ConfigError(f"--slo {s!r}: unknown metric {key!r} (latency keys look like "
-                          "p99_ttft_ms, mean_tpot_ms; or a result key such as output_throughput)")
+        raise ConfigError(
+            f"--slo {s!r}: unknown metric {key!r} (latency keys look like "
+            "p99_ttft_ms, mean_tpot_ms; or a result key such as output_throughput)"
+        )
     pct = LATENCY_KEY.match(key)
     if pct and pct.group(2) and not 0 < float(pct.group(2)) < 100:
         raise ConfigError(f"--slo {s!r}: percentile {pct.group(2)} must be in (0, 100)")
@@ -158,8 +190,10 @@ def _parse_bound(s: str) -> Bound:
 def _parse_goodput(part: str, whole: str) -> tuple[str, float]:
     metric, sep, raw = part.partition(":")
     if not sep or metric not in GOODPUT_METRICS:
-        raise ConfigError(f"--slo {whole!r}: expected KEY<=VALUE (p99_ttft_ms<=500) or "
-                          "vllm bench goodput items ttft:MS, tpot:MS, e2el:MS")
+        raise ConfigError(
+            f"--slo {whole!r}: expected KEY<=VALUE (p99_ttft_ms<=500) or "
+            "vllm bench goodput items ttft:MS, tpot:MS, e2el:MS"
+        )
     try:
         ms = float(raw)
     except ValueError:
@@ -169,14 +203,16 @@ def _parse_goodput(part: str, whole: str) -> tuple[str, float]:
     return metric, ms
 
 
-def parse_slos(items: Iterable[str] | Mapping[str, Any] | None,
-               attainment: float = DEFAULT_ATTAINMENT) -> SLOSpec:
+def parse_slos(
+    items: Iterable[str] | Mapping[str, Any] | None, attainment: float = DEFAULT_ATTAINMENT
+) -> SLOSpec:
     """Many `--slo` strings, or the JSON/YAML mapping form {"p99_e2el_ms": "<=500"}."""
     if items is None:
         return SLOSpec(attainment=attainment)
     if isinstance(items, Mapping):
-        items = [f"{k}{v}" if str(v).lstrip()[:1] in "<>" else f"{k}<={v}"
-                 for k, v in items.items()]
+        items = [
+            f"{k}{v}" if str(v).lstrip()[:1] in "<>" else f"{k}<={v}" for k, v in items.items()
+        ]
     bounds: list[Bound] = []
     goodput: dict[str, float] = {}
     for item in items:

@@ -20,19 +20,43 @@ import pandas as pd
 from pagesim.errors import ConfigError
 
 # Run metadata written before the metrics; its settings already have columns of their own.
-METADATA_KEYS = frozenset({
-    "date", "backend", "model_id", "gpu", "workload", "num_prompts", "request_rate",
-    "burstiness", "max_concurrency", "seed", "cost_model", "sweep_point", "run", "sweep_params",
-    "engine_config"})
-LOAD_COLUMNS = ("workload", "num_prompts", "request_rate", "burstiness", "max_concurrency",
-                "seed", "random_input_len", "random_output_len", "random_range_ratio",
-                "random_prefix_len", "time_scale")
+METADATA_KEYS = frozenset(
+    {
+        "date",
+        "backend",
+        "model_id",
+        "gpu",
+        "workload",
+        "num_prompts",
+        "request_rate",
+        "burstiness",
+        "max_concurrency",
+        "seed",
+        "cost_model",
+        "sweep_point",
+        "run",
+        "sweep_params",
+        "engine_config",
+    }
+)
+LOAD_COLUMNS = (
+    "workload",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "seed",
+    "random_input_len",
+    "random_output_len",
+    "random_range_ratio",
+    "random_prefix_len",
+    "time_scale",
+)
 
 
 def settings_row(task: Any) -> dict[str, Any]:
     """Point, run and every resolved setting of a `RunTask`."""
-    row: dict[str, Any] = {"point": task.point.name, "run": task.run, "status": "ok",
-                           "error": None}
+    row: dict[str, Any] = {"point": task.point.name, "run": task.run, "status": "ok", "error": None}
     row.update(dataclasses.asdict(task.config))
     row["profile"] = task.profile or "analytical"
     for key in LOAD_COLUMNS:  # request_rate None: the workload's own arrivals

@@ -73,24 +73,35 @@ def run_one(task: RunTask) -> RunOutcome:
     """Simulate one task; any exception becomes a failed outcome, never a crash."""
     try:
         with workload_ref(task.load.workload) as ref:
-            sim = simulate(task.config, dataclasses.replace(task.load, workload=ref),
-                           profile=task.profile)
+            sim = simulate(
+                task.config, dataclasses.replace(task.load, workload=ref), profile=task.profile
+            )
         metadata = result_metadata(task.config, task.load)
-        metadata.update(cost_model=task.profile or "analytical",
-                        sweep_point=task.point.name, run=task.run,
-                        sweep_params=task.point.settings)
+        metadata.update(
+            cost_model=task.profile or "analytical",
+            sweep_point=task.point.name,
+            run=task.run,
+            sweep_params=task.point.settings,
+        )
         document = result_json(sim.result, metadata, date=task.date)
-        tables = ((requests_table(sim.metrics), steps_table(sim.metrics))
-                  if task.save_records else None)
+        tables = (
+            (requests_table(sim.metrics), steps_table(sim.metrics)) if task.save_records else None
+        )
         return RunOutcome(document, None, tables)
     except Exception as exc:  # noqa: BLE001 - a failed point must not end the sweep
         message = (str(exc).strip().splitlines() or [""])[0]
         return RunOutcome(None, f"{type(exc).__name__}: {message}")
 
 
-def make_tasks(grid: SweepGrid, num_runs: int, date: str, *, save_records: bool = False,
-               percentiles: tuple[float, ...] = (99,),
-               goodput_slos_ms: tuple[tuple[str, float], ...] = ()) -> list[RunTask]:
+def make_tasks(
+    grid: SweepGrid,
+    num_runs: int,
+    date: str,
+    *,
+    save_records: bool = False,
+    percentiles: tuple[float, ...] = (99,),
+    goodput_slos_ms: tuple[tuple[str, float], ...] = (),
+) -> list[RunTask]:
     """Tasks in point order, then run order."""
     if num_runs < 1:
         raise ConfigError(f"--num-runs {num_runs}: must be >= 1")
@@ -100,9 +111,17 @@ def make_tasks(grid: SweepGrid, num_runs: int, date: str, *, save_records: bool 
         load = point.load_spec(percentiles, goodput_slos_ms)
         profile = resolve_profile(point.profile, config)
         for run in range(num_runs):
-            tasks.append(RunTask(point, run, config,
-                                 dataclasses.replace(load, seed=load.seed + run), profile,
-                                 date, save_records))
+            tasks.append(
+                RunTask(
+                    point,
+                    run,
+                    config,
+                    dataclasses.replace(load, seed=load.seed + run),
+                    profile,
+                    date,
+                    save_records,
+                )
+            )
     return tasks
 
 
@@ -120,18 +139,33 @@ def run_file(directory: Path, task: RunTask, suffix: str = ".json") -> Path:
     return directory / task.point.name / f"run={task.run}{suffix}"
 
 
-def run_sweep(grid: SweepGrid, *, num_runs: int = 1, output_dir: Path | str = "results",
-              timestamp: str | None = None, resume: Path | str | None = None,
-              backend: str = "local", n_jobs: int | None = None, address: str | None = None,
-              save_records: bool = False, percentiles: tuple[float, ...] = (99,),
-              goodput_slos_ms: tuple[tuple[str, float], ...] = (),
-              progress: bool = False) -> SweepResult:
+def run_sweep(
+    grid: SweepGrid,
+    *,
+    num_runs: int = 1,
+    output_dir: Path | str = "results",
+    timestamp: str | None = None,
+    resume: Path | str | None = None,
+    backend: str = "local",
+    n_jobs: int | None = None,
+    address: str | None = None,
+    save_records: bool = False,
+    percentiles: tuple[float, ...] = (99,),
+    goodput_slos_ms: tuple[tuple[str, float], ...] = (),
+    progress: bool = False,
+) -> SweepResult:
     """Run every point `num_runs` times; write the layout above; return the summary."""
     if backend not in BACKENDS:
         raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     directory, date = _open_directory(grid, num_runs, Path(output_dir), timestamp, resume)
-    tasks = make_tasks(grid, num_runs, date, save_records=save_records,
-                       percentiles=percentiles, goodput_slos_ms=goodput_slos_ms)
+    tasks = make_tasks(
+        grid,
+        num_runs,
+        date,
+        save_records=save_records,
+        percentiles=percentiles,
+        goodput_slos_ms=goodput_slos_ms,
+    )
     todo = [t for t in tasks if not run_file(directory, t).is_file()]
     skipped = len(tasks) - len(todo)
     outcomes = execute(run_one, todo, backend=backend, n_jobs=n_jobs, address=address)
@@ -144,14 +178,23 @@ def run_sweep(grid: SweepGrid, *, num_runs: int = 1, output_dir: Path | str = "r
     summary.to_parquet(directory / "summary.parquet", index=False)
     failures = tuple(
         {"point": t.point.name, "run": t.run, "settings": t.point.settings, "error": e}
-        for t, e in zip(tasks, summary["error"], strict=True) if isinstance(e, str))
+        for t, e in zip(tasks, summary["error"], strict=True)
+        if isinstance(e, str)
+    )
     return SweepResult(directory, summary, failures, skipped)
 
 
-def _open_directory(grid: SweepGrid, num_runs: int, output_dir: Path, timestamp: str | None,
-                    resume: Path | str | None) -> tuple[Path, str]:
-    manifest = {"points": [{"name": p.name, "settings": p.settings} for p in grid.points],
-                "varying": list(grid.varying)}
+def _open_directory(
+    grid: SweepGrid,
+    num_runs: int,
+    output_dir: Path,
+    timestamp: str | None,
+    resume: Path | str | None,
+) -> tuple[Path, str]:
+    manifest = {
+        "points": [{"name": p.name, "settings": p.settings} for p in grid.points],
+        "varying": list(grid.varying),
+    }
     text = json.dumps(manifest, indent=1, default=_json_default, allow_nan=True)
     if resume is not None:
         directory = Path(resume)
@@ -162,8 +205,10 @@ def _open_directory(grid: SweepGrid, num_runs: int, output_dir: Path, timestamp:
             raise ConfigError(f"--resume {resume}: no {MANIFEST} in {directory}")
         stored = json.loads(stored_path.read_text())
         if stored.get("points") != json.loads(text)["points"]:
-            raise ConfigError(f"--resume {resume}: the grid differs from the one in "
-                              f"{stored_path}; give the same settings")
+            raise ConfigError(
+                f"--resume {resume}: the grid differs from the one in "
+                f"{stored_path}; give the same settings"
+            )
         if num_runs > stored.get("num_runs", 0):  # more seeds per point than before
             stored["num_runs"] = num_runs
             stored_path.write_text(json.dumps(stored, indent=1) + "\n")
@@ -187,23 +232,44 @@ def _write_outcome(directory: Path, task: RunTask, outcome: RunOutcome) -> None:
     failed = run_file(directory, task, ".failed.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     if outcome.document is None:
-        failed.write_text(json.dumps({"point": task.point.name, "run": task.run,
-                                      "seed": task.load.seed, "settings": task.point.settings,
-                                      "error": outcome.error}, indent=2, default=str) + "\n")
+        failed.write_text(
+            json.dumps(
+                {
+                    "point": task.point.name,
+                    "run": task.run,
+                    "seed": task.load.seed,
+                    "settings": task.point.settings,
+                    "error": outcome.error,
+                },
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
         return
     path.write_text(outcome.document)
     failed.unlink(missing_ok=True)
     if outcome.tables is not None:
         for table, kind in zip(outcome.tables, ("requests", "steps"), strict=True):
-            pq.write_table(table, run_file(directory, task, f".{kind}.parquet"),
-                           compression="zstd", write_statistics=False)
+            pq.write_table(
+                table,
+                run_file(directory, task, f".{kind}.parquet"),
+                compression="zstd",
+                write_statistics=False,
+            )
 
 
 class _Progress:
     """A rich bar over runs, titled with points done; silent when disabled."""
 
-    def __init__(self, num_points: int, num_runs: int, tasks: list[RunTask],
-                 todo: list[RunTask], enabled: bool) -> None:
+    def __init__(
+        self,
+        num_points: int,
+        num_runs: int,
+        tasks: list[RunTask],
+        todo: list[RunTask],
+        enabled: bool,
+    ) -> None:
         self.enabled, self.num_points = enabled, num_points
         self.left: dict[str, int] = {}
         for t in todo:
@@ -223,9 +289,15 @@ class _Progress:
                 TimeRemainingColumn,
             )
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TextColumn("runs"), TimeElapsedColumn(),
-                                TextColumn("ETA"), TimeRemainingColumn())
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("runs"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+            )
             self.bar.start()
             self.task = self.bar.add_task(self._title(), total=self.total, completed=self.done)
         return self
@@ -252,14 +324,20 @@ def iter_run_documents(directory: Path) -> Iterator[dict[str, Any]]:
             yield json.loads(path.read_text())
 
 
-def run_grid(grid: SweepGrid, *, num_runs: int = 1, n_jobs: int | None = 1,
-             backend: str = "local", percentiles: tuple[float, ...] = (99,),
-             goodput_slos_ms: tuple[tuple[str, float], ...] = ()) -> pd.DataFrame:
+def run_grid(
+    grid: SweepGrid,
+    *,
+    num_runs: int = 1,
+    n_jobs: int | None = 1,
+    backend: str = "local",
+    percentiles: tuple[float, ...] = (99,),
+    goodput_slos_ms: tuple[tuple[str, float], ...] = (),
+) -> pd.DataFrame:
     """The summary of a sweep run in memory, writing nothing (notebooks, tests)."""
-    tasks = make_tasks(grid, num_runs, "in-memory", percentiles=percentiles,
-                       goodput_slos_ms=goodput_slos_ms)
-    outcomes: dict[int, RunOutcome] = dict(execute(run_one, tasks, backend=backend,
-                                                   n_jobs=n_jobs))
+    tasks = make_tasks(
+        grid, num_runs, "in-memory", percentiles=percentiles, goodput_slos_ms=goodput_slos_ms
+    )
+    outcomes: dict[int, RunOutcome] = dict(execute(run_one, tasks, backend=backend, n_jobs=n_jobs))
     rows = []
     for i, task in enumerate(tasks):
         row = settings_row(task)

@@ -20,8 +20,12 @@ from pagesim.metrics import MetricsCollector
 from pagesim.sim.simulate import LoadSpec, simulate
 
 POLICIES: tuple[str, ...] = ("reserve-max", "pow2", "oracle", "paged")
-WASTE_COLUMNS: tuple[str, ...] = ("kv_token_state_frac", "kv_reserved_frac",
-                                  "kv_internal_frag_frac", "kv_external_frag_frac")
+WASTE_COLUMNS: tuple[str, ...] = (
+    "kv_token_state_frac",
+    "kv_reserved_frac",
+    "kv_internal_frag_frac",
+    "kv_external_frag_frac",
+)
 WASTE_LABELS: dict[str, str] = {
     "kv_token_state_frac": "Token states",
     "kv_reserved_frac": "Reservation",
@@ -30,10 +34,22 @@ WASTE_LABELS: dict[str, str] = {
     "kv_free_frac": "Free",
 }
 TABLE_KEYS: tuple[str, ...] = (
-    *WASTE_COLUMNS, "kv_free_frac", "kv_cache_usage_mean", "mean_num_running",
-    "max_num_running", "request_throughput", "output_throughput", "mean_ttft_ms",
-    "p99_ttft_ms", "mean_tpot_ms", "p99_tpot_ms", "mean_e2el_ms", "num_preemptions",
-    "num_rejected", "completed")
+    *WASTE_COLUMNS,
+    "kv_free_frac",
+    "kv_cache_usage_mean",
+    "mean_num_running",
+    "max_num_running",
+    "request_throughput",
+    "output_throughput",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+    "mean_e2el_ms",
+    "num_preemptions",
+    "num_rejected",
+    "completed",
+)
 
 
 @dataclass(frozen=True)
@@ -51,22 +67,32 @@ def waste_timeline(metrics: MetricsCollector) -> pd.DataFrame:
 
     Fractions are of the usable KV memory and sum to 1 with `kv_free_frac`."""
     steps = metrics.steps
-    return waste_timeline_from_steps(pd.DataFrame(
-        {c: np.frombuffer(steps[c], dtype=np.float64)
-         for c in ("start_time_s", *WASTE_COLUMNS)}))
+    return waste_timeline_from_steps(
+        pd.DataFrame(
+            {c: np.frombuffer(steps[c], dtype=np.float64) for c in ("start_time_s", *WASTE_COLUMNS)}
+        )
+    )
 
 
 def waste_timeline_from_steps(steps: pd.DataFrame) -> pd.DataFrame:
     """The same from a per-step table (`run=N.steps.parquet` of a sweep with records)."""
-    frame = pd.DataFrame({"time_s": steps["start_time_s"].to_numpy(dtype=np.float64),
-                          **{c: steps[c].to_numpy(dtype=np.float64) for c in WASTE_COLUMNS}})
+    frame = pd.DataFrame(
+        {
+            "time_s": steps["start_time_s"].to_numpy(dtype=np.float64),
+            **{c: steps[c].to_numpy(dtype=np.float64) for c in WASTE_COLUMNS},
+        }
+    )
     frame["kv_free_frac"] = (1.0 - frame[list(WASTE_COLUMNS)].sum(axis=1)).clip(lower=0.0)
     return frame
 
 
-def compare_allocators(config: EngineConfig, load: LoadSpec,
-                       policies: tuple[str, ...] = POLICIES, *,
-                       profile: str | Path | None = None) -> AllocatorComparison:
+def compare_allocators(
+    config: EngineConfig,
+    load: LoadSpec,
+    policies: tuple[str, ...] = POLICIES,
+    *,
+    profile: str | Path | None = None,
+) -> AllocatorComparison:
     """Run `load` under every policy with `config`'s KV memory; compare waste and speed."""
     rows, timelines = {}, {}
     for policy in policies:
@@ -78,7 +104,8 @@ def compare_allocators(config: EngineConfig, load: LoadSpec,
     return AllocatorComparison(table, timelines, config, load)
 
 
-def fit_gain(table: pd.DataFrame, baseline: str = "paged", column: str = "mean_num_running"
-             ) -> pd.Series:
+def fit_gain(
+    table: pd.DataFrame, baseline: str = "paged", column: str = "mean_num_running"
+) -> pd.Series:
     """How many times more requests run at once under `baseline` than under each policy."""
     return table.loc[baseline, column] / table[column].astype(float)

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from pagesim.request import Request
 
 
-def reject_reason(request: Request, max_model_len: int,
-                  can_fit: Callable[[Request], bool] | None) -> str | None:
+def reject_reason(
+    request: Request, max_model_len: int, can_fit: Callable[[Request], bool] | None
+) -> str | None:
     """Why `request` can never be served, or None if it can.
 
     `can_fit(request)` says whether the request, once it has all its tokens, could hold its
@@ -31,14 +32,20 @@ def reject_reason(request: Request, max_model_len: int,
     if max_tokens < 1:
         return f"invalid_max_tokens: max_tokens={max_tokens} must be >= 1"
     if num_prompt > max_model_len:
-        return (f"prompt_too_long: prompt of {num_prompt} tokens is longer than "
-                f"max_model_len={max_model_len}")
+        return (
+            f"prompt_too_long: prompt of {num_prompt} tokens is longer than "
+            f"max_model_len={max_model_len}"
+        )
     if num_prompt + max_tokens > max_model_len:
-        return (f"max_tokens_too_large: prompt {num_prompt} + max_tokens {max_tokens} "
-                f"exceeds max_model_len={max_model_len}")
+        return (
+            f"max_tokens_too_large: prompt {num_prompt} + max_tokens {max_tokens} "
+            f"exceeds max_model_len={max_model_len}"
+        )
     if can_fit is not None and not can_fit(request):
-        return (f"kv_cache_too_small: prompt {num_prompt} + max_tokens {max_tokens} "
-                "cannot fit in the whole KV cache")
+        return (
+            f"kv_cache_too_small: prompt {num_prompt} + max_tokens {max_tokens} "
+            "cannot fit in the whole KV cache"
+        )
     return None
 
 

@@ -12,31 +12,48 @@ from pagesim.kvcache.sizing import page_size_bytes
 from pagesim.scheduler.scheduler import Scheduler
 
 
-def build_kv_cache_manager(config: EngineConfig, num_gpu_blocks: int,
-                           check_invariants: bool = False, lazy_hashing: bool = False):
+def build_kv_cache_manager(
+    config: EngineConfig,
+    num_gpu_blocks: int,
+    check_invariants: bool = False,
+    lazy_hashing: bool = False,
+):
     """The paged manager, or a contiguous baseline over the same KV memory. `lazy_hashing`:
     see `pagesim.kvcache.lazy_hashes` (the simulator's choice; same decisions)."""
     if config.allocator == "paged":
         return KVCacheManager(
-            num_gpu_blocks=num_gpu_blocks, block_size=config.block_size,
+            num_gpu_blocks=num_gpu_blocks,
+            block_size=config.block_size,
             enable_caching=config.enable_prefix_caching,
             sliding_window=config.model_spec.sliding_window,
-            vllm_compat=config.vllm_compat, check_invariants=check_invariants,
-            lazy_hashing=lazy_hashing)
+            vllm_compat=config.vllm_compat,
+            check_invariants=check_invariants,
+            lazy_hashing=lazy_hashing,
+        )
     return ContiguousKVCacheManager(
-        num_gpu_blocks=num_gpu_blocks, block_size=config.block_size, policy=config.allocator,
-        placement=config.contiguous_placement, max_model_len=config.max_model_len,
-        check_invariants=check_invariants)
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=config.block_size,
+        policy=config.allocator,
+        placement=config.contiguous_placement,
+        max_model_len=config.max_model_len,
+        check_invariants=check_invariants,
+    )
 
 
-def make_scheduler(config: EngineConfig, num_gpu_blocks: int,
-                   check_invariants: bool = False, lazy_hashing: bool = False) -> Scheduler:
+def make_scheduler(
+    config: EngineConfig,
+    num_gpu_blocks: int,
+    check_invariants: bool = False,
+    lazy_hashing: bool = False,
+) -> Scheduler:
     """A scheduler over a KV cache of `num_gpu_blocks` blocks (block 0 is the null block), with
     the swap pool sized from the config's page size."""
     if num_gpu_blocks < 2:
-        raise ConfigError(f"num_gpu_blocks={num_gpu_blocks}: need at least 2 "
-                          "(one is the null block)")
+        raise ConfigError(
+            f"num_gpu_blocks={num_gpu_blocks}: need at least 2 (one is the null block)"
+        )
     manager = build_kv_cache_manager(config, num_gpu_blocks, check_invariants, lazy_hashing)
-    page = page_size_bytes(config.model_spec, config.block_size, config.kv_cache_dtype,
-                           config.tensor_parallel_size)
+    page = page_size_bytes(
+        config.model_spec, config.block_size, config.kv_cache_dtype, config.tensor_parallel_size
+    )
     return Scheduler(config, manager, page_size_bytes=page)

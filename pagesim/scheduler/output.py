@@ -132,7 +132,9 @@ def synthetic_tokens(request: Request, start: int, stop: int, vocab_size: int = 
     """`[synthetic_token(request, i, vocab_size) for i in range(start, stop)]`, in one pass."""
     seed = _token_seed(request.prompt_token_ids)
     step = _TOKEN_STEP  # the values seed + step * (i + 1), as a range: no per-token arithmetic
-    return [x % vocab_size for x in range(seed + step * (start + 1), seed + step * (stop + 1), step)]
+    return [
+        x % vocab_size for x in range(seed + step * (start + 1), seed + step * (stop + 1), step)
+    ]
 
 
 class SyntheticTokenTable:
@@ -173,11 +175,11 @@ class SyntheticTokenTable:
         k = (start + first) % v
         n = stop - first
         if n <= v:
-            return self._tokens[k:k + n]
+            return self._tokens[k : k + n]
         out: list[int] = []
         while n > 0:
             m = n if n <= v else v
-            out += self._tokens[k:k + m]
+            out += self._tokens[k : k + m]
             n -= m
         return out
 
@@ -187,4 +189,4 @@ class SyntheticTokenTable:
         if count > self.vocab_size:
             return None
         k = (start + first) % self.vocab_size
-        return self.packed_table[4 * k:4 * (k + count)]
+        return self.packed_table[4 * k : 4 * (k + count)]

@@ -130,8 +130,14 @@ class SchedulerStats:
 class Preemptor:
     """Carries out a preemption in the configured mode and keeps the swap bookkeeping."""
 
-    def __init__(self, kv_cache_manager, mode: str, block_size: int,
-                 swap_pool: CPUSwapPool | None, stats: SchedulerStats) -> None:
+    def __init__(
+        self,
+        kv_cache_manager,
+        mode: str,
+        block_size: int,
+        swap_pool: CPUSwapPool | None,
+        stats: SchedulerStats,
+    ) -> None:
         if mode == "swap" and swap_pool is None:
             raise ConfigError("preemption_mode='swap': needs a CPU swap pool")
         self.kv = kv_cache_manager

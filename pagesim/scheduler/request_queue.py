@@ -75,8 +75,10 @@ class PriorityRequestQueue:
 
     def add_request(self, request: Request) -> None:
         self._counter += 1
-        heapq.heappush(self._heap, (request.priority, request.arrival_time,
-                                    request.request_id, self._counter, request))
+        heapq.heappush(
+            self._heap,
+            (request.priority, request.arrival_time, request.request_id, self._counter, request),
+        )
 
     def pop_request(self) -> Request:
         if not self._heap:

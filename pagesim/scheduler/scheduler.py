@@ -45,9 +45,14 @@ class Scheduler:
     all layers) taken from `pagesim.kvcache.sizing` unless given.
     """
 
-    def __init__(self, config: EngineConfig, kv_cache_manager,
-                 swap_pool: CPUSwapPool | None = None,
-                 page_size_bytes: int | None = None, literal_victim_ties: bool = False) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv_cache_manager,
+        swap_pool: CPUSwapPool | None = None,
+        page_size_bytes: int | None = None,
+        literal_victim_ties: bool = False,
+    ) -> None:
         self.config = config
         self.kv_cache_manager = kv_cache_manager
         self.block_size = config.block_size
@@ -67,14 +72,18 @@ class Scheduler:
         self.reserve_full_isl = config.scheduler_reserve_full_isl
         if config.preemption_mode == "swap" and swap_pool is None:
             if page_size_bytes is None:
-                page_size_bytes = sizing.page_size_bytes(config.model_spec, config.block_size,
-                                                         config.kv_cache_dtype,
-                                                         config.tensor_parallel_size)
+                page_size_bytes = sizing.page_size_bytes(
+                    config.model_spec,
+                    config.block_size,
+                    config.kv_cache_dtype,
+                    config.tensor_parallel_size,
+                )
             swap_pool = CPUSwapPool.from_swap_space(config.swap_space, page_size_bytes)
         self.swap_pool = swap_pool
         self.stats = SchedulerStats()
-        self.preemptor = Preemptor(kv_cache_manager, config.preemption_mode, self.block_size,
-                                   swap_pool, self.stats)
+        self.preemptor = Preemptor(
+            kv_cache_manager, config.preemption_mode, self.block_size, swap_pool, self.stats
+        )
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         # Equal (priority, arrival time) victims: the later arrival gives way, or with
         # `literal_victim_ties` vLLM's first of the tied (`select_victim_index`).
@@ -96,7 +105,8 @@ class Scheduler:
         if request.status != RequestStatus.WAITING or request.num_computed_tokens:
             raise WorkloadError(
                 f"request_id={request.request_id!r}: status={request.status.name}, "
-                "only fresh WAITING requests can be added")
+                "only fresh WAITING requests can be added"
+            )
         self.stats.num_added += 1
         request.arrival_rank = self.stats.num_added
         reason = reject_reason(request, self.max_model_len, self._can_fit)
@@ -173,9 +183,12 @@ class Scheduler:
         with the budget they left. The caller guarantees that none of them can be preempted
         in this step (fcfs victims come from the end of the running list).
         """
-        out = SchedulerOutput(step_id=self._step_id, block_size=self.block_size,
-                              finished_req_ids=self._finished_ids,
-                              rejected_req_ids=self._rejected_ids)
+        out = SchedulerOutput(
+            step_id=self._step_id,
+            block_size=self.block_size,
+            finished_req_ids=self._finished_ids,
+            rejected_req_ids=self._rejected_ids,
+        )
         self._step_id += 1
         self._finished_ids = []
         self._rejected_ids = []
@@ -186,8 +199,9 @@ class Scheduler:
         threshold = self.long_prefill_token_threshold
         if self.vllm_033 and len(self.running) + len(self.waiting) + len(self.swapped) <= 1:
             threshold = 0
-        budget = self._schedule_running(out, self.max_num_batched_tokens - num_lead_decodes,
-                                        threshold, num_lead_decodes)
+        budget = self._schedule_running(
+            out, self.max_num_batched_tokens - num_lead_decodes, threshold, num_lead_decodes
+        )
         if not out.preempted_req_ids:
             if self.swapped:
                 budget = self._schedule_swapped(out, budget, threshold)
@@ -208,15 +222,21 @@ class Scheduler:
         schedule, no finished, rejected or preempted ids, no swap and no copy. True: the step
         is counted (its step id) and nothing else changes. False: nothing changed; call
         `schedule(num_lead_decodes)`."""
-        if (num_lead_decodes != len(self.running) or self.waiting or self.swapped
-                or self._finished_ids or self._rejected_ids
-                or self.kv_cache_manager.num_blocks_to_copy):
+        if (
+            num_lead_decodes != len(self.running)
+            or self.waiting
+            or self.swapped
+            or self._finished_ids
+            or self._rejected_ids
+            or self.kv_cache_manager.num_blocks_to_copy
+        ):
             return False
         self._step_id += 1
         return True
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int, threshold: int,
-                          start: int = 0) -> int:
+    def _schedule_running(
+        self, out: SchedulerOutput, budget: int, threshold: int, start: int = 0
+    ) -> int:
         running = self.running
         scheduled = out.scheduled
         allocate_slots = self.kv_cache_manager.allocate_slots
@@ -241,8 +261,7 @@ class Scheduler:
                 new_blocks = allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
-                victim_index = select_victim_index(running, self.policy,
-                                                   self.literal_victim_ties)
+                victim_index = select_victim_index(running, self.policy, self.literal_victim_ties)
                 victim = running.pop(victim_index)
                 if priority:
                     refund = self._unschedule(scheduled, victim)
@@ -259,8 +278,11 @@ class Scheduler:
                 if priority and self.vllm_033:
                     continue  # it preempted itself; running[req_index] is the next one
                 break
-            scheduled.append(ScheduledRequest(
-                request, num_new, num_computed, list(get_block_ids(request.request_id))))
+            scheduled.append(
+                ScheduledRequest(
+                    request, num_new, num_computed, list(get_block_ids(request.request_id))
+                )
+            )
             budget -= num_new
             req_index += 1
         return budget
@@ -285,16 +307,19 @@ class Scheduler:
             num_new = self._chunk(request.num_tokens - num_computed, budget, threshold)
             if num_new is None:
                 break
-            if kv.allocate_slots(request, num_new,
-                                 full_sequence_must_fit=self.reserve_full_isl) is None:
+            if (
+                kv.allocate_slots(request, num_new, full_sequence_must_fit=self.reserve_full_isl)
+                is None
+            ):
                 break
             self.swapped.pop_request()
             block_ids = list(kv.get_block_ids(request.request_id))
             self.preemptor.swap_in(request, block_ids, out)
             request.status = _RUNNING
             self.running.append(request)
-            out.scheduled.append(ScheduledRequest(request, num_new, num_computed, block_ids,
-                                                  resumed=True))
+            out.scheduled.append(
+                ScheduledRequest(request, num_new, num_computed, block_ids, resumed=True)
+            )
             budget -= num_new
         return budget
 
@@ -308,9 +333,17 @@ class Scheduler:
             num_new = self._chunk(request.num_tokens - num_hit, budget, threshold)
             if num_new is None:
                 break
-            if kv.allocate_slots(request, num_new, num_new_computed_tokens=num_hit,
-                                 new_computed_blocks=hit_blocks, num_lookahead_tokens=0,
-                                 full_sequence_must_fit=self.reserve_full_isl) is None:
+            if (
+                kv.allocate_slots(
+                    request,
+                    num_new,
+                    num_new_computed_tokens=num_hit,
+                    new_computed_blocks=hit_blocks,
+                    num_lookahead_tokens=0,
+                    full_sequence_must_fit=self.reserve_full_isl,
+                )
+                is None
+            ):
                 break
             waiting.pop_request()
             resumed = request.status == _PREEMPTED
@@ -323,9 +356,17 @@ class Scheduler:
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = num_hit
             self.running.append(request)
-            out.scheduled.append(ScheduledRequest(
-                request, num_new, num_hit, list(kv.get_block_ids(request.request_id)),
-                resumed=resumed, first_scheduled=not resumed, num_prefix_hit_tokens=num_hit))
+            out.scheduled.append(
+                ScheduledRequest(
+                    request,
+                    num_new,
+                    num_hit,
+                    list(kv.get_block_ids(request.request_id)),
+                    resumed=resumed,
+                    first_scheduled=not resumed,
+                    num_prefix_hit_tokens=num_hit,
+                )
+            )
             budget -= num_new
 
     def _chunk(self, num_new: int, budget: int, threshold: int) -> int | None:
@@ -358,13 +399,14 @@ class Scheduler:
         running = self.running
         if len(requests) == 1:  # the common case: one list copy without it, no status reads
             i = running.index(requests[0])
-            self.running = running[:i] + running[i + 1:]
+            self.running = running[:i] + running[i + 1 :]
         else:
             self.running = [r for r in running if r.status == _RUNNING]
         self.stats.num_finished += len(requests)
 
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           model_runner_output: ModelRunnerOutput) -> list[Request]:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> list[Request]:
         """Append sampled tokens; return the requests that finished (FINISHED_LENGTH) now.
 
         A request samples when this step brought its K/V up to all its tokens; one that did but
@@ -389,7 +431,8 @@ class Scheduler:
             if token is None:
                 raise RuntimeError(
                     f"request_id={request.request_id!r}: completed its tokens in step "
-                    f"{scheduler_output.step_id} but the runner returned no sampled token")
+                    f"{scheduler_output.step_id} but the runner returned no sampled token"
+                )
             output.append(token)
             if len(output) >= request.max_tokens or num_tokens + 1 >= max_model_len:
                 request.status = _FINISHED_LENGTH
@@ -401,4 +444,3 @@ class Scheduler:
             self.running = [r for r in self.running if r.status == _RUNNING]
             self.stats.num_finished += len(finished)
         return finished
-

@@ -43,11 +43,17 @@ def arrival_rng(seed: int) -> np.random.Generator:
 
 def check_rate(request_rate: float, burstiness: float = 1.0) -> None:
     """One-line errors for `--request-rate` (> 0 or inf) and `--burstiness` (> 0)."""
-    if isinstance(request_rate, bool) or not isinstance(request_rate, int | float) or not (
-            request_rate > 0):
+    if (
+        isinstance(request_rate, bool)
+        or not isinstance(request_rate, int | float)
+        or not (request_rate > 0)
+    ):
         raise WorkloadError(f"request_rate = {request_rate!r}: must be > 0 (or inf)")
-    if isinstance(burstiness, bool) or not isinstance(burstiness, int | float) or not (
-            burstiness > 0):
+    if (
+        isinstance(burstiness, bool)
+        or not isinstance(burstiness, int | float)
+        or not (burstiness > 0)
+    ):
         raise WorkloadError(f"burstiness = {burstiness!r}: must be > 0")
 
 
@@ -76,8 +82,11 @@ def rate_arrival_times(
 
 def trace_arrival_times(timestamps_s: np.ndarray, time_scale: float = 1.0) -> np.ndarray:
     """Trace replay: seconds from the first request, stretched by `time_scale` (> 1 slower)."""
-    if isinstance(time_scale, bool) or not isinstance(time_scale, int | float) or not (
-            0 < time_scale < math.inf):
+    if (
+        isinstance(time_scale, bool)
+        or not isinstance(time_scale, int | float)
+        or not (0 < time_scale < math.inf)
+    ):
         raise WorkloadError(f"time_scale = {time_scale!r}: must be > 0")
     t = np.asarray(timestamps_s, dtype=np.float64)
     return (t - t[0]) * float(time_scale) if len(t) else t
@@ -97,8 +106,7 @@ def session_arrival_times(
     rng = arrival_rng(plan.seed if seed is None else seed)
     n = plan.num_sessions
     if request_rate is not None:
-        return rate_arrival_times(n, request_rate, 1.0 if burstiness is None else burstiness,
-                                  rng)
+        return rate_arrival_times(n, request_rate, 1.0 if burstiness is None else burstiness, rng)
     own = plan.arrival
     if own.process == "trace" and plan.trace_times_s is not None:
         return trace_arrival_times(plan.trace_times_s, own.time_scale)

@@ -26,8 +26,7 @@ CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
 def default_profile(config: EngineConfig) -> Path | None:
     """The shipped profile measured for this model on this GPU at this tensor-parallel size
     (`calibration/<gpu>/<model>`, `<model>-tp<N>` for TP N), if there is one."""
-    candidate = profile_dir(CALIBRATION_DIR, config.gpu, config.model,
-                            config.tensor_parallel_size)
+    candidate = profile_dir(CALIBRATION_DIR, config.gpu, config.model, config.tensor_parallel_size)
     return candidate if (candidate / "profile.json").is_file() else None
 
 
@@ -47,15 +46,25 @@ def block_size_note(profile: str | Path, block_size: int) -> str | None:
     below = [b for b in measured if b < block_size]
     above = [b for b in measured if b > block_size]
     nearest = below[-1] if below else above[0]
-    how = (f"interpolated between block sizes {below[-1]} and {above[0]}" if below and above
-           else f"taken from block size {nearest}, the nearest")
+    how = (
+        f"interpolated between block sizes {below[-1]} and {above[0]}"
+        if below and above
+        else f"taken from block size {nearest}, the nearest"
+    )
     sizes = ", ".join(str(b) for b in measured)
-    return (f"note: {profile} measured block sizes {sizes}; block size {block_size}'s step "
-            f"costs are {how}")
+    return (
+        f"note: {profile} measured block sizes {sizes}; block size {block_size}'s step "
+        f"costs are {how}"
+    )
 
 
-def cost_model_line(config: EngineConfig, profile: str | Path | None, *,
-                    analytical: bool = False, step_time_scale: float = 1.0) -> str:
+def cost_model_line(
+    config: EngineConfig,
+    profile: str | Path | None,
+    *,
+    analytical: bool = False,
+    step_time_scale: float = 1.0,
+) -> str:
     """One line saying what priced the steps: a result's figures are as good as their cost
     model, a measured profile (which GPU, when) or the analytical roofline (`analytical`:
     chosen by the user, not for want of a profile), and the factor on every step if any."""
@@ -63,26 +72,32 @@ def cost_model_line(config: EngineConfig, profile: str | Path | None, *,
     return _cost_model_name(config, profile, analytical) + scaled
 
 
-def _cost_model_name(config: EngineConfig, profile: str | Path | None,
-                     analytical: bool) -> str:
+def _cost_model_name(config: EngineConfig, profile: str | Path | None, analytical: bool) -> str:
     if analytical:
         return "Cost model: analytical"
     if profile is None:
-        return (f"Cost model: analytical (no calibration profile for {config.model} on "
-                f"{config.gpu} at TP {config.tensor_parallel_size}; --profile DIR uses one)")
+        return (
+            f"Cost model: analytical (no calibration profile for {config.model} on "
+            f"{config.gpu} at TP {config.tensor_parallel_size}; --profile DIR uses one)"
+        )
     from pagesim.cost.profile import Profile
 
     meta = Profile.load_metadata(profile)
     path = Path(profile).resolve()
     shipped = CALIBRATION_DIR.resolve()
-    name = (f"the shipped profile calibration/{path.relative_to(shipped).as_posix()}"
-            if path.is_relative_to(shipped) else str(profile))
-    return (f"Cost model: calibrated, {name} ({meta.gpu_name}, {meta.dtype}, measured "
-            f"{meta.date[:10]})")
+    name = (
+        f"the shipped profile calibration/{path.relative_to(shipped).as_posix()}"
+        if path.is_relative_to(shipped)
+        else str(profile)
+    )
+    return (
+        f"Cost model: calibrated, {name} ({meta.gpu_name}, {meta.dtype}, measured {meta.date[:10]})"
+    )
 
 
-def scaled_cost_model(config: EngineConfig, profile: str | Path | None,
-                      step_time_scale: float) -> CostModel | None:
+def scaled_cost_model(
+    config: EngineConfig, profile: str | Path | None, step_time_scale: float
+) -> CostModel | None:
     """The model that prices every step `step_time_scale` times `build_cost_model`'s; None at
     1.0, where the simulation builds its own (`pagesim.cost.scaled`)."""
     from pagesim.cost.scaled import ScaledCostModel, check_step_time_scale
@@ -100,12 +115,22 @@ def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostMo
     simulations of one profile, and the fit (tenths of a second) would be paid by each. The
     model only memoizes pure arithmetic, so sharing it changes no result."""
     if profile is None:
-        return AnalyticalCostModel(config.model_spec, config.gpu_spec,
-                                   tensor_parallel_size=config.tensor_parallel_size,
-                                   kv_cache_dtype=config.kv_cache_dtype)
+        return AnalyticalCostModel(
+            config.model_spec,
+            config.gpu_spec,
+            tensor_parallel_size=config.tensor_parallel_size,
+            kv_cache_dtype=config.kv_cache_dtype,
+        )
     path = Path(profile)
-    return _calibrated(str(path.resolve()), _files_stamp(path), str(profile), config.model,
-                       config.model_spec, config.gpu_spec, config.tensor_parallel_size)
+    return _calibrated(
+        str(path.resolve()),
+        _files_stamp(path),
+        str(profile),
+        config.model,
+        config.model_spec,
+        config.gpu_spec,
+        config.tensor_parallel_size,
+    )
 
 
 def _files_stamp(path: Path) -> tuple:
@@ -123,22 +148,30 @@ def _files_stamp(path: Path) -> tuple:
 
 
 @lru_cache(maxsize=8)
-def _calibrated(resolved: str, stamp: tuple, shown: str, model: str, model_spec, gpu_spec,
-                tensor_parallel_size: int) -> CostModel:
+def _calibrated(
+    resolved: str,
+    stamp: tuple,
+    shown: str,
+    model: str,
+    model_spec,
+    gpu_spec,
+    tensor_parallel_size: int,
+) -> CostModel:
     from pagesim.cost.calibrated import CalibratedCostModel
     from pagesim.cost.profile import Profile
 
     loaded = Profile.load(shown)
     meta = loaded.metadata
     if meta.model and meta.model != model:
-        raise ConfigError(f"profile {shown} was measured for model {meta.model!r}, "
-                          f"not {model!r}")
-    return CalibratedCostModel(loaded, model=model_spec, gpu=gpu_spec,
-                               tensor_parallel_size=tensor_parallel_size)
+        raise ConfigError(f"profile {shown} was measured for model {meta.model!r}, not {model!r}")
+    return CalibratedCostModel(
+        loaded, model=model_spec, gpu=gpu_spec, tensor_parallel_size=tensor_parallel_size
+    )
 
 
 def build_scheduler(config: EngineConfig, check_invariants: bool = False) -> Scheduler:
     """A scheduler over a freshly sized KV cache, hashing prefix-cache blocks lazily (only
     when a lookup can see them: the same decisions, less hashing)."""
-    return make_scheduler(config, kv_capacity(config).num_gpu_blocks, check_invariants,
-                          lazy_hashing=True)
+    return make_scheduler(
+        config, kv_capacity(config).num_gpu_blocks, check_invariants, lazy_hashing=True
+    )

@@ -75,8 +75,9 @@ class _Frontend:
     def add_request(self, request: Request) -> None:
         i = self.router.choose(request, self.engines)
         if not 0 <= i < len(self.engines):
-            raise PagesimError(f"router {self.router.name!r} chose replica {i} of "
-                               f"{len(self.engines)}")
+            raise PagesimError(
+                f"router {self.router.name!r} chose replica {i} of {len(self.engines)}"
+            )
         self.num_routed[i] += 1
         self.engines[i].add_request(request)
 
@@ -85,10 +86,17 @@ class _Frontend:
             callback(request)
 
 
-def simulate_cluster(config: EngineConfig, load: LoadSpec, num_replicas: int, router: Router,
-                     *, profile: str | Path | None = None, cost_model: CostModel | None = None,
-                     progress: ProgressHook | None = None,
-                     fast_path: bool = True) -> ClusterResult:
+def simulate_cluster(
+    config: EngineConfig,
+    load: LoadSpec,
+    num_replicas: int,
+    router: Router,
+    *,
+    profile: str | Path | None = None,
+    cost_model: CostModel | None = None,
+    progress: ProgressHook | None = None,
+    fast_path: bool = True,
+) -> ClusterResult:
     """Run `load` against `num_replicas` replicas of `config` behind `router`.
 
     `fast_path=False` keeps every step on the per-request path (same results)."""
@@ -104,10 +112,12 @@ def simulate_cluster(config: EngineConfig, load: LoadSpec, num_replicas: int, ro
         scheduler = build_scheduler(config)
         metrics, averager = MetricsCollector(), WasteAverager()
         probe = _kv_probe(scheduler, scheduler.kv_cache_manager, averager, env)
-        runner = CostModelRunner(cost, vocab_size=model.vocab_size,
-                                 shared_block_refs=shared_blocks_counter(cost, scheduler))
-        engines.append(ServingEngine(env, scheduler, runner, metrics, probe,
-                                     fast_path=fast_path))
+        runner = CostModelRunner(
+            cost,
+            vocab_size=model.vocab_size,
+            shared_block_refs=shared_blocks_counter(cost, scheduler),
+        )
+        engines.append(ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast_path))
         parts.append((scheduler, metrics, averager))
     frontend = _Frontend(engines, router)
     clients = _Clients(env, frontend, plan, arrivals, load.max_concurrency, progress)
@@ -115,8 +125,9 @@ def simulate_cluster(config: EngineConfig, load: LoadSpec, num_replicas: int, ro
 
     total = clients.num_sent
     if sum(len(m.records) for _, m, _ in parts) != total or not clients.all_done:
-        raise PagesimError(f"simulation ended with {total - clients.num_done} of {total} "
-                           "requests unfinished")
+        raise PagesimError(
+            f"simulation ended with {total - clients.num_done} of {total} requests unfinished"
+        )
     replicas = []
     for i, (scheduler, metrics, averager) in enumerate(parts):
         keys = _pagesim_keys(config, scheduler, metrics, averager)
@@ -124,14 +135,16 @@ def simulate_cluster(config: EngineConfig, load: LoadSpec, num_replicas: int, ro
         keys["num_requests"] = frontend.num_routed[i]
         replicas.append(keys)
     merged = merge_metrics([m for _, m, _ in parts])
-    result = summarize(merged, percentiles=load.percentiles,
-                       goodput_slos_ms=dict(load.goodput_slos_ms) or None)
+    result = summarize(
+        merged, percentiles=load.percentiles, goodput_slos_ms=dict(load.goodput_slos_ms) or None
+    )
     result.update(aggregate_replica_keys(replicas))
     result["engine_config"] = dataclasses.asdict(config)
     result["num_replicas"] = num_replicas
     result["router"] = router.name
-    return ClusterResult(result=result, replicas=replicas, metrics=[m for _, m, _ in parts],
-                         config=config, load=load)
+    return ClusterResult(
+        result=result, replicas=replicas, metrics=[m for _, m, _ in parts], config=config, load=load
+    )
 
 
 def merge_metrics(collectors: list[MetricsCollector]) -> MetricsCollector:
@@ -150,13 +163,16 @@ def merge_metrics(collectors: list[MetricsCollector]) -> MetricsCollector:
             for v in values:
                 out.update(v)
         elif isinstance(values[0], dict):
-            out = {k: array(col.typecode, b"".join(v[k].tobytes() for v in values))
-                   for k, col in values[0].items()}
+            out = {
+                k: array(col.typecode, b"".join(v[k].tobytes() for v in values))
+                for k, col in values[0].items()
+            }
         elif isinstance(values[0], array):
             out = array(values[0].typecode, b"".join(v.tobytes() for v in values))
         else:
-            raise PagesimError(f"merge_metrics: field {f.name!r} of MetricsCollector has no "
-                               "merge rule")
+            raise PagesimError(
+                f"merge_metrics: field {f.name!r} of MetricsCollector has no merge rule"
+            )
         setattr(merged, f.name, out)
     if hasattr(merged, "token_times_s") and hasattr(merged, "token_counts"):
         times = np.frombuffer(merged.token_times_s, dtype=np.float64)
@@ -167,12 +183,29 @@ def merge_metrics(collectors: list[MetricsCollector]) -> MetricsCollector:
     return merged
 
 
-_SUMMED = ("num_rejected", "num_preemptions", "num_swap_preemptions", "preempted_computed_tokens",
-           "recomputed_tokens", "swapped_out_bytes", "swapped_in_bytes", "num_steps",
-           "busy_time_s", "prefix_cache_query_tokens", "prefix_cache_hit_tokens")
+_SUMMED = (
+    "num_rejected",
+    "num_preemptions",
+    "num_swap_preemptions",
+    "preempted_computed_tokens",
+    "recomputed_tokens",
+    "swapped_out_bytes",
+    "swapped_in_bytes",
+    "num_steps",
+    "busy_time_s",
+    "prefix_cache_query_tokens",
+    "prefix_cache_hit_tokens",
+)
 _PEAK = ("max_num_running", "kv_cache_usage_peak")
-_MEAN = ("mean_num_running", "kv_cache_usage_mean", "kv_token_state_frac", "kv_reserved_frac",
-         "kv_internal_frag_frac", "kv_external_frag_frac", "kv_free_frac")
+_MEAN = (
+    "mean_num_running",
+    "kv_cache_usage_mean",
+    "kv_token_state_frac",
+    "kv_reserved_frac",
+    "kv_internal_frag_frac",
+    "kv_external_frag_frac",
+    "kv_free_frac",
+)
 
 
 def aggregate_replica_keys(replicas: list[dict[str, Any]]) -> dict[str, Any]:
@@ -205,9 +238,13 @@ def aggregate_replica_keys(replicas: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def simulate_requests(config: EngineConfig, requests: list[Request], *,
-                      profile: str | Path | None = None,
-                      cost_model: CostModel | None = None) -> MetricsCollector:
+def simulate_requests(
+    config: EngineConfig,
+    requests: list[Request],
+    *,
+    profile: str | Path | None = None,
+    cost_model: CostModel | None = None,
+) -> MetricsCollector:
     """Serve explicit requests, each sent at its `arrival_time`, on one engine; return their
     records. For staged scenarios that no workload describes (a probe after a victim)."""
     env = simpy.Environment()
@@ -215,8 +252,9 @@ def simulate_requests(config: EngineConfig, requests: list[Request], *,
     cost = cost_model if cost_model is not None else build_cost_model(config, profile)
     metrics = MetricsCollector()
     probe = _kv_probe(scheduler, scheduler.kv_cache_manager, WasteAverager(), env)
-    runner = CostModelRunner(cost, config.model_spec.vocab_size,
-                             shared_block_refs=shared_blocks_counter(cost, scheduler))
+    runner = CostModelRunner(
+        cost, config.model_spec.vocab_size, shared_block_refs=shared_blocks_counter(cost, scheduler)
+    )
     engine = ServingEngine(env, scheduler, runner, metrics, probe)
 
     def send(request: Request):

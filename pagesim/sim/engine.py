@@ -54,9 +54,11 @@ class ServingEngine:
         self.on_finish: list[FinishCallback] = []
         self._idle: simpy.Event | None = None
         # The decode fast path (same results, less work per step) where its parts allow it.
-        self.fast_path = (DecodeFastPath(scheduler, runner, metrics.records)
-                          if fast_path and DecodeFastPath.supports(scheduler, runner, kv_probe)
-                          else None)
+        self.fast_path = (
+            DecodeFastPath(scheduler, runner, metrics.records)
+            if fast_path and DecodeFastPath.supports(scheduler, runner, kv_probe)
+            else None
+        )
         # The probe's all-lead snapshot applies (a paged KV cache).
         self._lead_probe = self.fast_path is not None and self.fast_path.paged
         self.process = env.process(self._loop())
@@ -93,8 +95,11 @@ class ServingEngine:
                 num_lead = len(fast.lazies)
                 if scheduler.skip_lead_only_step(num_lead):  # the common step: decodes only
                     step_time = self.runner.lead_decode_step_time(
-                        scheduler.block_size, num_lead, fast.lead_context_sum(),
-                        fast.lead_contexts())
+                        scheduler.block_size,
+                        num_lead,
+                        fast.lead_context_sum(),
+                        fast.lead_contexts(),
+                    )
                     if peek() > start + step_time:
                         env._now = start + step_time  # see `_advance`
                     else:
@@ -125,11 +130,16 @@ class ServingEngine:
         out = scheduler.schedule()
         # A step that only preempts is progress: vLLM 0.23's priority policy stops scheduling
         # when a request is its own victim, and vLLM then runs an empty step.
-        if not (out.scheduled or out.preempted_req_ids or out.blocks_to_swap_out
-                or out.blocks_to_swap_in):
+        if not (
+            out.scheduled
+            or out.preempted_req_ids
+            or out.blocks_to_swap_out
+            or out.blocks_to_swap_in
+        ):
             raise PagesimError(
                 f"scheduler made no progress at t={start:.6f}s with "
-                f"{scheduler.get_request_counts()} requests (running, waiting)")
+                f"{scheduler.get_request_counts()} requests (running, waiting)"
+            )
         num_prefill, num_decode = self._note_scheduled(out, start)
         return out, self.runner.execute_model(out), num_prefill, num_decode
 
@@ -139,9 +149,19 @@ class ServingEngine:
         now = self.env.now
         finished = scheduler.update_from_output(out, result)
         self._note_tokens(result.sampled_token_ids, now, 0)
-        self._close_step(None, now, finished, start, result.step_time_s, len(out.scheduled),
-                         out.total_num_scheduled_tokens, num_prefill, num_decode,
-                         len(out.preempted_req_ids), out.swap_bytes)
+        self._close_step(
+            None,
+            now,
+            finished,
+            start,
+            result.step_time_s,
+            len(out.scheduled),
+            out.total_num_scheduled_tokens,
+            num_prefill,
+            num_decode,
+            len(out.preempted_req_ids),
+            out.swap_bytes,
+        )
 
     def _fast_begin(self, fast: DecodeFastPath, start: float):
         """A step whose first running requests are the fast path's lazy decodes (their events
@@ -150,11 +170,13 @@ class ServingEngine:
         out = self.scheduler.schedule(num_lead)
         num_prefill, num_decode = self._note_scheduled(out, start)
         result = self.runner.execute_with_lead_decodes(
-            out, num_lead, fast.lead_context_sum(), fast.lead_contexts())
+            out, num_lead, fast.lead_context_sum(), fast.lead_contexts()
+        )
         return out, result, num_prefill, num_decode + num_lead
 
-    def _fast_end(self, fast: DecodeFastPath, start: float, out, result, num_prefill: int,
-                  num_decode: int) -> None:
+    def _fast_end(
+        self, fast: DecodeFastPath, start: float, out, result, num_prefill: int, num_decode: int
+    ) -> None:
         """`_slow_end` for a fast step: lazy decodes first (as they come first in the batch)."""
         scheduler = self.scheduler
         now = self.env.now
@@ -165,9 +187,19 @@ class ServingEngine:
         self._note_tokens(result.sampled_token_ids, now, num_lead, now - start)
         if lead_finished:
             finished = lead_finished + finished
-        self._close_step(fast, now, finished, start, result.step_time_s,
-                         len(out.scheduled) + num_lead, out.total_num_scheduled_tokens + num_lead,
-                         num_prefill, num_decode, len(out.preempted_req_ids), out.swap_bytes)
+        self._close_step(
+            fast,
+            now,
+            finished,
+            start,
+            result.step_time_s,
+            len(out.scheduled) + num_lead,
+            out.total_num_scheduled_tokens + num_lead,
+            num_prefill,
+            num_decode,
+            len(out.preempted_req_ids),
+            out.swap_bytes,
+        )
 
     def _lead_only_end(self, fast: DecodeFastPath, start: float, step_time_s: float) -> None:
         """`_fast_end` for a step of lazy decodes only (no scheduler or runner output), with
@@ -193,16 +225,41 @@ class ServingEngine:
         running = scheduler.running
         n = len(fast.lazies)
         if self._lead_probe and len(running) == n:
-            kv = self.kv_probe.lead_only(fast.lead_context_sum(), fast.min_span_sum,
-                                         fast.over_final_sum)
+            kv = self.kv_probe.lead_only(
+                fast.lead_context_sum(), fast.min_span_sum, fast.over_final_sum
+            )
         else:
             kv = self.kv_probe.with_lead_sums(*fast.probe_sums())
-        metrics.on_step((start, step_time_s, num_lead, num_lead, 0, num_lead, len(running),
-                         len(scheduler.waiting) + len(scheduler.swapped), *kv, 0, 0))
+        metrics.on_step(
+            (
+                start,
+                step_time_s,
+                num_lead,
+                num_lead,
+                0,
+                num_lead,
+                len(running),
+                len(scheduler.waiting) + len(scheduler.swapped),
+                *kv,
+                0,
+                0,
+            )
+        )
 
-    def _close_step(self, fast: DecodeFastPath | None, now: float, finished, start: float,
-                    step_time_s: float, num_reqs: int, num_tokens: int, num_prefill: int,
-                    num_decode: int, num_preempted: int, swap_bytes: int) -> None:
+    def _close_step(
+        self,
+        fast: DecodeFastPath | None,
+        now: float,
+        finished,
+        start: float,
+        step_time_s: float,
+        num_reqs: int,
+        num_tokens: int,
+        num_prefill: int,
+        num_decode: int,
+        num_preempted: int,
+        swap_bytes: int,
+    ) -> None:
         """The end shared by every kind of step: finish its finished requests, then record the
         step (counts and the KV probe after the finishes; `fast` adds its lazy decodes' sums)."""
         metrics = self.metrics
@@ -210,10 +267,22 @@ class ServingEngine:
             metrics.on_finish(req, now)
             self._finished(req)
         num_running, num_waiting = self.scheduler.get_request_counts()
-        kv = (self.kv_probe() if fast is None
-              else self.kv_probe.with_lead_sums(*fast.probe_sums()))
-        metrics.on_step((start, step_time_s, num_reqs, num_tokens, num_prefill, num_decode,
-                         num_running, num_waiting, *kv, num_preempted, swap_bytes))
+        kv = self.kv_probe() if fast is None else self.kv_probe.with_lead_sums(*fast.probe_sums())
+        metrics.on_step(
+            (
+                start,
+                step_time_s,
+                num_reqs,
+                num_tokens,
+                num_prefill,
+                num_decode,
+                num_running,
+                num_waiting,
+                *kv,
+                num_preempted,
+                swap_bytes,
+            )
+        )
 
     def _note_scheduled(self, out, start: float) -> tuple[int, int]:
         """(prefill tokens, decode requests) of the scheduled entries; first schedulings."""
@@ -229,8 +298,9 @@ class ServingEngine:
                 metrics.on_first_scheduled(sr.request, start)
         return num_prefill, num_decode
 
-    def _note_tokens(self, sampled: dict[str, int], now: float, num_lead: int,
-                     lead_gap_s: float = 0.0) -> None:
+    def _note_tokens(
+        self, sampled: dict[str, int], now: float, num_lead: int, lead_gap_s: float = 0.0
+    ) -> None:
         """Token metrics of a step: `num_lead` lazy decodes first (each a gap of
         `lead_gap_s`), then the sampled requests in order (inlined MetricsCollector.on_token)."""
         metrics = self.metrics

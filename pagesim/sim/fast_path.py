@@ -137,8 +137,11 @@ class DecodeFastPath:
         self.min_span_sum = 0  # sum of min(span, final), paged
         self.over_final_sum = 0  # sum of span - min(span, final), paged
         # Filled blocks join the prefix cache late (lazy hashing): no event for a block filling
-        self.late = (PendingBlocks.attach(manager, self._fill_outputs, self._block_tokens)
-                     if self.quick and self.caching else None)
+        self.late = (
+            PendingBlocks.attach(manager, self._fill_outputs, self._block_tokens)
+            if self.quick and self.caching
+            else None
+        )
 
     @staticmethod
     def supports(scheduler, runner, probe) -> bool:
@@ -224,8 +227,8 @@ class DecodeFastPath:
             lazies = self.lazies
             i = bisect_left(lazies, done[0].seq, key=_by_seq) if len(done) == 1 else -1
             if i >= 0 and lazies[i] is done[0]:  # the common case: one finishes
-                self.lazies = lazies[:i] + lazies[i + 1:]
-                self.offsets = self.offsets[:i] + self.offsets[i + 1:]
+                self.lazies = lazies[:i] + lazies[i + 1 :]
+                self.offsets = self.offsets[:i] + self.offsets[i + 1 :]
             else:
                 self.lazies = [lazy for lazy in lazies if not lazy.done]
                 self.offsets = [lazy.offset for lazy in self.lazies]
@@ -313,9 +316,22 @@ class DecodeFastPath:
             finish_at = min(prompt_len + max_tokens - 2, last_c)
             if finish_at < c:
                 finish_at = c
-            lazy = _Lazy(request, rid, record, self._next_seq, c - g, g, record.num_output_tokens,
-                         prompt_len, prompt_len + max_tokens - 1, span, span, hash_at,
-                         finish_at, table.start(request) if table is not None else 0)
+            lazy = _Lazy(
+                request,
+                rid,
+                record,
+                self._next_seq,
+                c - g,
+                g,
+                record.num_output_tokens,
+                prompt_len,
+                prompt_len + max_tokens - 1,
+                span,
+                span,
+                hash_at,
+                finish_at,
+                table.start(request) if table is not None else 0,
+            )
             self._next_seq += 1
             if joins_late:
                 late.add(lazy, request.block_hashes[0])  # type: ignore[union-attr]
@@ -360,8 +376,9 @@ class DecodeFastPath:
             if c == alloc_at:
                 if quick and hash_at != c:  # both at once (block size 1): the general call
                     if not append_decode_block(lazy.rid, late_blocks=late):
-                        raise PagesimError(f"decode fast path: no block for {lazy.rid!r} "
-                                           "with its blocks free")
+                        raise PagesimError(
+                            f"decode fast path: no block for {lazy.rid!r} with its blocks free"
+                        )
                     final = lazy.final
                     grown = c + bs  # the span was c
                     fill = c if c < final else final
@@ -391,8 +408,7 @@ class DecodeFastPath:
                 at = alloc_at
             at -= offset
             if at <= g:
-                raise PagesimError(f"decode fast path: {lazy.rid!r} has an event left in "
-                                   "this step")
+                raise PagesimError(f"decode fast path: {lazy.rid!r} has an event left in this step")
             bucket = buckets.get(at)
             if bucket is None:
                 buckets[at] = [lazy]
@@ -413,11 +429,15 @@ class DecodeFastPath:
         request.num_computed_tokens = c
         self._fill_outputs(lazy, c + 1 - lazy.prompt_len)
         if manager.allocate_slots(request, 1) is None:
-            raise PagesimError(f"decode fast path: allocate_slots failed for {rid!r} "
-                               "with its blocks free")
+            raise PagesimError(
+                f"decode fast path: allocate_slots failed for {rid!r} with its blocks free"
+            )
         if lazy.alloc_at == c:
-            span = (len(manager.req_to_block_ids[rid]) if self.paged
-                    else len(manager.reservations[rid].row)) * bs
+            span = (
+                len(manager.req_to_block_ids[rid])
+                if self.paged
+                else len(manager.reservations[rid].row)
+            ) * bs
             self._add_span(lazy.final, lazy.span, -1)
             self._add_span(lazy.final, span, 1)
             lazy.span = lazy.alloc_at = span
@@ -427,8 +447,9 @@ class DecodeFastPath:
                 lazy.hash_at = _NEVER  # its first block is cached: the others join late
                 late.add(lazy, request.block_hashes[0])
         if lazy.alloc_at <= c or lazy.hash_at <= c:
-            raise PagesimError(f"decode fast path: {rid!r} still has an allocation "
-                               "due after allocate_slots")
+            raise PagesimError(
+                f"decode fast path: {rid!r} still has an allocation due after allocate_slots"
+            )
 
     def _add_span(self, final: int, span: int, sign: int) -> None:
         fill_to = span if span < final else final
@@ -450,7 +471,7 @@ class DecodeFastPath:
         table = self.table
         if first >= 0:  # output tokens only: one slice
             k = 4 * ((lazy.tok0 + first) % self.vocab_size)
-            return table.packed_table[k:k + 4 * bs]  # type: ignore[union-attr]
+            return table.packed_table[k : k + 4 * bs]  # type: ignore[union-attr]
         packed = _pack_tokens(lazy.request.prompt_token_ids[first:])  # the prompt's last tokens
         if packed is None:
             return None
@@ -477,19 +498,20 @@ class _Contexts(Sequence):
 
     __slots__ = ("_offsets", "_n", "_tick", "_max")
 
-    def __init__(self, offsets: list[int], n: int, tick: int,
-                 offset_max: int | None = None) -> None:
+    def __init__(
+        self, offsets: list[int], n: int, tick: int, offset_max: int | None = None
+    ) -> None:
         self._offsets, self._n, self._tick, self._max = offsets, n, tick, offset_max
 
     def __len__(self) -> int:
         return self._n
 
     def __getitem__(self, i):  # type: ignore[override]
-        values = [o + self._tick for o in self._offsets[:self._n]]
+        values = [o + self._tick for o in self._offsets[: self._n]]
         return values[i]
 
     def __iter__(self):
-        return map(self._tick.__add__, self._offsets[:self._n])  # int + int, in C
+        return map(self._tick.__add__, self._offsets[: self._n])  # int + int, in C
 
     def longest(self) -> int:
         """The longest context (0 for none), without building the values

@@ -19,9 +19,20 @@ import pyarrow.parquet as pq
 from pagesim.metrics import STEP_COLUMNS, MetricsCollector
 
 REQUEST_COLUMNS: tuple[str, ...] = (
-    "request_id", "arrival_time", "num_prompt_tokens", "max_tokens", "num_output_tokens",
-    "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
-    "num_cached_tokens", "num_preemptions", "reject_reason", "session_id", "cache_salt",
+    "request_id",
+    "arrival_time",
+    "num_prompt_tokens",
+    "max_tokens",
+    "num_output_tokens",
+    "first_scheduled_time",
+    "first_token_time",
+    "last_token_time",
+    "finish_time",
+    "num_cached_tokens",
+    "num_preemptions",
+    "reject_reason",
+    "session_id",
+    "cache_salt",
 )
 
 
@@ -37,8 +48,9 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def result_json(result: dict[str, Any], metadata: dict[str, Any], *, date: str | None = None
-                ) -> str:
+def result_json(
+    result: dict[str, Any], metadata: dict[str, Any], *, date: str | None = None
+) -> str:
     """The JSON text: `date`, metadata, then the metrics, as vllm bench orders them."""
     doc = {"date": date or datetime.now().strftime("%Y%m%d-%H%M%S")}
     doc.update(metadata)
@@ -63,8 +75,7 @@ def requests_table(metrics: MetricsCollector) -> pa.Table:
 
 def steps_table(metrics: MetricsCollector) -> pa.Table:
     steps = metrics.steps
-    return pa.table({name: np.frombuffer(steps[name], dtype=np.float64)
-                     for name in STEP_COLUMNS})
+    return pa.table({name: np.frombuffer(steps[name], dtype=np.float64) for name in STEP_COLUMNS})
 
 
 def write_parquet(metrics: MetricsCollector, directory: Path, stem: str) -> list[Path]:

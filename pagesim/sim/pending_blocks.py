@@ -55,8 +55,12 @@ class PendingBlocks:
     all its due blocks in one call.
     """
 
-    def __init__(self, manager: KVCacheManager, fill_outputs: Callable[[_Lazy, int], None],
-                 block_tokens: Callable[[_Lazy, int], bytes | None]) -> None:
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        fill_outputs: Callable[[_Lazy, int], None],
+        block_tokens: Callable[[_Lazy, int], bytes | None],
+    ) -> None:
         self.manager = manager
         self.block_size = manager.block_size
         self._fill_outputs = fill_outputs
@@ -68,8 +72,12 @@ class PendingBlocks:
         self._joining = False
 
     @classmethod
-    def attach(cls, manager: KVCacheManager, fill_outputs: Callable[[_Lazy, int], None],
-               block_tokens: Callable[[_Lazy, int], bytes | None]) -> PendingBlocks | None:
+    def attach(
+        cls,
+        manager: KVCacheManager,
+        fill_outputs: Callable[[_Lazy, int], None],
+        block_tokens: Callable[[_Lazy, int], bytes | None],
+    ) -> PendingBlocks | None:
         """One watching `manager`'s deferred blocks; None without lazy hashing (filled blocks
         are hashed at once there, so they must join at their step). `fill_outputs(lazy, n)`
         appends a lazy request's outputs up to n; `block_tokens(lazy, i)` gives its block i's

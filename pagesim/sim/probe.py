@@ -33,8 +33,7 @@ ProbeValues = tuple[float, float, float, float, float]
 class KVProbe:
     """Snapshots of one replica's KV memory, fed to `averager` (see the module docstring)."""
 
-    def __init__(self, scheduler, manager, averager: WasteAverager,
-                 env: simpy.Environment) -> None:
+    def __init__(self, scheduler, manager, averager: WasteAverager, env: simpy.Environment) -> None:
         self.scheduler = scheduler
         self.manager = manager
         self.averager = averager
@@ -49,8 +48,9 @@ class KVProbe:
         head = waiting.peek_request() if (self.contiguous and waiting) else None
         return self._record(kv_waste(self.manager, scheduler.running, head))
 
-    def with_lead_sums(self, num_lead: int, computed_sum: int, min_span_sum: int,
-                       over_final_sum: int) -> ProbeValues:
+    def with_lead_sums(
+        self, num_lead: int, computed_sum: int, min_span_sum: int, over_final_sum: int
+    ) -> ProbeValues:
         """The snapshot, with the first `num_lead` running requests given as sums (tokens):
         `computed_sum` of their `num_computed_tokens`; paged only, over their rows,
         `min_span_sum` of min(row span, final K/V length) and `over_final_sum` of the span past
@@ -70,11 +70,13 @@ class KVProbe:
             reserved, internal = paged_tails(manager, running[num_lead:])
         else:  # the common step: every running request is summarised
             reserved = internal = 0
-        return self._record(paged_waste_from_tails(
-            manager, reserved + min_span_sum - computed_sum, internal + over_final_sum))
+        return self._record(
+            paged_waste_from_tails(
+                manager, reserved + min_span_sum - computed_sum, internal + over_final_sum
+            )
+        )
 
-    def lead_only(self, computed_sum: int, min_span_sum: int,
-                  over_final_sum: int) -> ProbeValues:
+    def lead_only(self, computed_sum: int, min_span_sum: int, over_final_sum: int) -> ProbeValues:
         """`with_lead_sums` of a paged cache whose running requests are all summarised (the
         common step), with `paged_waste_from_tails` and `_record` inlined: the same values."""
         manager = self.manager
@@ -90,19 +92,28 @@ class KVProbe:
             internal += tokens
             tokens = 0
         total = usable * bs
-        w = KVWaste(tokens / total, reserved / total, internal / total, 0.0,
-                    (total - used) / total)
+        w = KVWaste(tokens / total, reserved / total, internal / total, 0.0, (total - used) / total)
         now = self.env._now
         if self._last is not None:
             self.averager.add(self._last, now - self._last_time)
         self._last_time, self._last = now, w
-        return ((usable - num_free) / usable, w.token_states, w.reserved,
-                w.internal_fragmentation, w.external_fragmentation)
+        return (
+            (usable - num_free) / usable,
+            w.token_states,
+            w.reserved,
+            w.internal_fragmentation,
+            w.external_fragmentation,
+        )
 
     def _record(self, w: KVWaste) -> ProbeValues:
         now = self.env.now
         if self._last is not None:
             self.averager.add(self._last, now - self._last_time)
         self._last_time, self._last = now, w
-        return (self.manager.usage, w.token_states, w.reserved, w.internal_fragmentation,
-                w.external_fragmentation)
+        return (
+            self.manager.usage,
+            w.token_states,
+            w.reserved,
+            w.internal_fragmentation,
+            w.external_fragmentation,
+        )

@@ -24,8 +24,12 @@ class CostModelRunner:
     `shared_context_tokens`.
     """
 
-    def __init__(self, cost_model: CostModel, vocab_size: int = 32000,
-                 shared_block_refs: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        cost_model: CostModel,
+        vocab_size: int = 32000,
+        shared_block_refs: Callable[[], int] | None = None,
+    ) -> None:
         self.cost_model = cost_model
         self.vocab_size = vocab_size
         self.shared_block_refs = shared_block_refs
@@ -39,12 +43,17 @@ class CostModelRunner:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         step_time_s = self._priced(BatchShape.from_scheduler_output(scheduler_output))
-        return ModelRunnerOutput(step_time_s=step_time_s,
-                                 sampled_token_ids=self._sample(scheduler_output))
+        return ModelRunnerOutput(
+            step_time_s=step_time_s, sampled_token_ids=self._sample(scheduler_output)
+        )
 
-    def execute_with_lead_decodes(self, scheduler_output: SchedulerOutput, num_lead: int,
-                                  lead_context_sum: int,
-                                  lead_contexts: Sequence[int]) -> ModelRunnerOutput:
+    def execute_with_lead_decodes(
+        self,
+        scheduler_output: SchedulerOutput,
+        num_lead: int,
+        lead_context_sum: int,
+        lead_contexts: Sequence[int],
+    ) -> ModelRunnerOutput:
         """`execute_model` for a step whose batch also holds `num_lead` decodes ahead of
         `scheduler_output.scheduled` (see `Scheduler.schedule(num_lead_decodes)`), given by
         their context sum and contexts (tokens, before the step). Their sampled tokens are the
@@ -53,13 +62,25 @@ class CostModelRunner:
         The cost model sees the same `BatchShape` values as for the whole batch in one output.
         """
         if not scheduler_output.scheduled:  # lead decodes only (the common step)
-            if (num_lead and not scheduler_output.swap_bytes
-                    and not scheduler_output.blocks_to_copy):  # nothing else in the step
-                return ModelRunnerOutput(step_time_s=self.lead_decode_step_time(
-                    scheduler_output.block_size, num_lead, lead_context_sum, lead_contexts))
-            shape = BatchShape(scheduler_output.block_size, num_lead, num_lead, lead_context_sum,
-                               lead_contexts, [], [], scheduler_output.swap_bytes,
-                               len(scheduler_output.blocks_to_copy))
+            if (
+                num_lead and not scheduler_output.swap_bytes and not scheduler_output.blocks_to_copy
+            ):  # nothing else in the step
+                return ModelRunnerOutput(
+                    step_time_s=self.lead_decode_step_time(
+                        scheduler_output.block_size, num_lead, lead_context_sum, lead_contexts
+                    )
+                )
+            shape = BatchShape(
+                scheduler_output.block_size,
+                num_lead,
+                num_lead,
+                lead_context_sum,
+                lead_contexts,
+                [],
+                [],
+                scheduler_output.swap_bytes,
+                len(scheduler_output.blocks_to_copy),
+            )
             return ModelRunnerOutput(step_time_s=self._priced(shape))
         shape = BatchShape.from_scheduler_output(scheduler_output)
         if num_lead:
@@ -67,22 +88,29 @@ class CostModelRunner:
             shape.num_decode_seqs += num_lead
             shape.decode_context_sum += lead_context_sum
             rest = shape.decode_context_tokens
-            shape.decode_context_tokens = (_Joined(lead_contexts, rest) if rest
-                                           else lead_contexts)
-        return ModelRunnerOutput(step_time_s=self._priced(shape),
-                                 sampled_token_ids=self._sample(scheduler_output))
+            shape.decode_context_tokens = _Joined(lead_contexts, rest) if rest else lead_contexts
+        return ModelRunnerOutput(
+            step_time_s=self._priced(shape), sampled_token_ids=self._sample(scheduler_output)
+        )
 
-    def lead_decode_step_time(self, block_size: int, num_lead: int, lead_context_sum: int,
-                              lead_contexts: Sequence[int]) -> float:
+    def lead_decode_step_time(
+        self, block_size: int, num_lead: int, lead_context_sum: int, lead_contexts: Sequence[int]
+    ) -> float:
         """Step time of a batch of `num_lead` decodes and nothing else (no swap, no copy): the
         time `execute_with_lead_decodes` gives for an empty output."""
         price = self._decode_price
         if price is not None:
             refs = self.shared_block_refs
-            return price(block_size, num_lead, lead_context_sum, lead_contexts,
-                         refs() * block_size if refs is not None else None)
-        return self._priced(BatchShape(block_size, num_lead, num_lead, lead_context_sum,
-                                       lead_contexts, [], []))
+            return price(
+                block_size,
+                num_lead,
+                lead_context_sum,
+                lead_contexts,
+                refs() * block_size if refs is not None else None,
+            )
+        return self._priced(
+            BatchShape(block_size, num_lead, num_lead, lead_context_sum, lead_contexts, [], [])
+        )
 
     def _sample(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
         return sample_synthetic(scheduler_output.scheduled, self.vocab_size)

@@ -1,8 +1,8 @@
 """One simulation: a workload's traffic against one replica, summarised as `vllm bench` does.
 
-    plan = workload.sample(num_prompts, seed)      sessions, lengths, arrival times
-    clients (SimPy processes) --add_request--> ServingEngine --steps--> MetricsCollector
-    summarize(metrics) + KV and scheduler counters -> result dict (vllm bench's JSON keys)
+plan = workload.sample(num_prompts, seed)      sessions, lengths, arrival times
+clients (SimPy processes) --add_request--> ServingEngine --steps--> MetricsCollector
+summarize(metrics) + KV and scheduler counters -> result dict (vllm bench's JSON keys)
 """
 
 from __future__ import annotations
@@ -83,16 +83,27 @@ ProgressHook = Callable[[int, int], None]  # (requests done, total)
 def sample_traffic(load: LoadSpec, vocab_size: int):
     """The workload's request plan for `load` and each session's arrival time (seconds)."""
     workload = load_workload(
-        load.workload, random_input_len=load.random_input_len,
-        random_output_len=load.random_output_len, random_range_ratio=load.random_range_ratio,
-        random_prefix_len=load.random_prefix_len, time_scale=load.time_scale)
+        load.workload,
+        random_input_len=load.random_input_len,
+        random_output_len=load.random_output_len,
+        random_range_ratio=load.random_range_ratio,
+        random_prefix_len=load.random_prefix_len,
+        time_scale=load.time_scale,
+    )
     plan = workload.sample(load.num_prompts, seed=load.seed, vocab_size=vocab_size)
     return plan, session_arrival_times(plan, load.request_rate, load.burstiness, load.seed)
 
 
-def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None = None,
-             check_invariants: bool = False, progress: ProgressHook | None = None,
-             fast_path: bool = True, cost_model: CostModel | None = None) -> SimulationResult:
+def simulate(
+    config: EngineConfig,
+    load: LoadSpec,
+    *,
+    profile: str | Path | None = None,
+    check_invariants: bool = False,
+    progress: ProgressHook | None = None,
+    fast_path: bool = True,
+    cost_model: CostModel | None = None,
+) -> SimulationResult:
     """Run `load` against one replica of `config` and summarise it.
 
     `cost_model` prices the steps in place of `profile`'s model (or the analytical default).
@@ -105,8 +116,9 @@ def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None
     scheduler = build_scheduler(config, check_invariants)
     manager = scheduler.kv_cache_manager
     cost = cost_model if cost_model is not None else build_cost_model(config, profile)
-    runner = CostModelRunner(cost, vocab_size=model.vocab_size,
-                             shared_block_refs=shared_blocks_counter(cost, scheduler))
+    runner = CostModelRunner(
+        cost, vocab_size=model.vocab_size, shared_block_refs=shared_blocks_counter(cost, scheduler)
+    )
     env = simpy.Environment()
     metrics = MetricsCollector()
     averager = WasteAverager()
@@ -117,12 +129,14 @@ def simulate(config: EngineConfig, load: LoadSpec, *, profile: str | Path | None
 
     total = clients.num_sent
     if len(metrics.records) != total or not clients.all_done:
-        raise PagesimError(f"simulation ended with {total - clients.num_done} of {total} "
-                           "requests unfinished")
+        raise PagesimError(
+            f"simulation ended with {total - clients.num_done} of {total} requests unfinished"
+        )
     if check_invariants:
         _check_drained(manager)
-    result = summarize(metrics, percentiles=load.percentiles,
-                       goodput_slos_ms=dict(load.goodput_slos_ms) or None)
+    result = summarize(
+        metrics, percentiles=load.percentiles, goodput_slos_ms=dict(load.goodput_slos_ms) or None
+    )
     result.update(_pagesim_keys(config, scheduler, metrics, averager))
     return SimulationResult(result=result, metrics=metrics, config=config, load=load)
 
@@ -139,8 +153,15 @@ class _Clients:
     has nothing to wait for, and needs no process.
     """
 
-    def __init__(self, env: simpy.Environment, engine: ServingEngine, plan, arrivals: np.ndarray,
-                 max_concurrency: int | None, progress: ProgressHook | None) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        engine: ServingEngine,
+        plan,
+        arrivals: np.ndarray,
+        max_concurrency: int | None,
+        progress: ProgressHook | None,
+    ) -> None:
         self.env, self.engine, self.plan = env, engine, plan
         self.slots = simpy.Resource(env, capacity=max_concurrency) if max_concurrency else None
         self.progress = progress
@@ -150,8 +171,7 @@ class _Clients:
         self._done: dict[str, simpy.Event] = {}
         engine.on_finish.append(self._on_finish)
         if len(arrivals) < plan.num_sessions:
-            raise PagesimError(f"arrivals: {len(arrivals)} times for {plan.num_sessions} "
-                               "sessions")
+            raise PagesimError(f"arrivals: {len(arrivals)} times for {plan.num_sessions} sessions")
         # One long-lived timeout per session, made in a burst: the cyclic collector would
         # walk every object made so far several times over while they pile up (at 100k
         # sessions, 0.6 s of 0.7 s), and none of them can be garbage; it is paused meanwhile.
@@ -159,7 +179,7 @@ class _Clients:
         gc.disable()
         try:
             arrive = self._arrive
-            for s, arrival_s in enumerate(arrivals[:plan.num_sessions].tolist()):
+            for s, arrival_s in enumerate(arrivals[: plan.num_sessions].tolist()):
                 env.timeout(arrival_s, s).callbacks.append(arrive)
         finally:
             if gc_was_enabled:
@@ -229,23 +249,28 @@ def _check_drained(manager) -> None:
     else:
         check_kv_cache_manager(manager)
     if manager.num_free_blocks != manager.num_usable_blocks:
-        raise PagesimError(f"KV blocks leaked: {manager.num_usable_blocks - manager.num_free_blocks}"
-                           " still in use after all requests finished")
+        raise PagesimError(
+            f"KV blocks leaked: {manager.num_usable_blocks - manager.num_free_blocks}"
+            " still in use after all requests finished"
+        )
 
 
-def _pagesim_keys(config: EngineConfig, scheduler, metrics: MetricsCollector,
-                  averager: WasteAverager) -> dict[str, Any]:
+def _pagesim_keys(
+    config: EngineConfig, scheduler, metrics: MetricsCollector, averager: WasteAverager
+) -> dict[str, Any]:
     """pagesim's own result keys: the shared engine counters plus the time-weighted waste."""
     keys = engine_keys(metrics, scheduler.stats, scheduler.kv_cache_manager.num_usable_blocks + 1)
     waste = averager.mean()
-    keys.update({
-        "kv_token_state_frac": waste.token_states if waste else 0.0,
-        "kv_reserved_frac": waste.reserved if waste else 0.0,
-        "kv_internal_frag_frac": waste.internal_fragmentation if waste else 0.0,
-        "kv_external_frag_frac": waste.external_fragmentation if waste else 0.0,
-        "kv_free_frac": waste.free if waste else 0.0,
-        "engine_config": asdict(config),
-    })
+    keys.update(
+        {
+            "kv_token_state_frac": waste.token_states if waste else 0.0,
+            "kv_reserved_frac": waste.reserved if waste else 0.0,
+            "kv_internal_frag_frac": waste.internal_fragmentation if waste else 0.0,
+            "kv_external_frag_frac": waste.external_fragmentation if waste else 0.0,
+            "kv_free_frac": waste.free if waste else 0.0,
+            "engine_config": asdict(config),
+        }
+    )
     return keys
 
 

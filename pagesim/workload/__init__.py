@@ -26,14 +26,29 @@ from pagesim.workload.sessions import Session
 from pagesim.workload.spec import ArrivalSpec, WorkloadSpec, parse_spec, trace_spec
 from pagesim.workload.traces import TraceData, is_trace_path, read_trace
 
-__all__ = ["ArrivalSpec", "RequestPlan", "Session", "TraceData", "Workload", "WorkloadSpec",
-           "WORKLOADS_DIR", "WORKLOAD_PARAMS", "load_workload", "shipped_workloads"]
+__all__ = [
+    "ArrivalSpec",
+    "RequestPlan",
+    "Session",
+    "TraceData",
+    "Workload",
+    "WorkloadSpec",
+    "WORKLOADS_DIR",
+    "WORKLOAD_PARAMS",
+    "load_workload",
+    "shipped_workloads",
+]
 
 WORKLOADS_DIR = Path(__file__).resolve().parents[2] / "workloads"
 SPEC_SUFFIXES = (".yaml", ".yml")
 # vLLM bench names (`--random-input-len` ...) and the trace replay time scale.
-WORKLOAD_PARAMS: tuple[str, ...] = ("random_input_len", "random_output_len",
-                                    "random_range_ratio", "random_prefix_len", "time_scale")
+WORKLOAD_PARAMS: tuple[str, ...] = (
+    "random_input_len",
+    "random_output_len",
+    "random_range_ratio",
+    "random_prefix_len",
+    "time_scale",
+)
 
 
 def shipped_workloads() -> list[str]:
@@ -70,8 +85,9 @@ class _Loader:
             raise WorkloadError(f"workload {ref!r}: mix refers to itself ({chain})")
         self._stack.append(path)
         try:
-            return parse_spec(_read_yaml(path), name=path.stem, base_dir=path.parent,
-                              resolve=self.load)
+            return parse_spec(
+                _read_yaml(path), name=path.stem, base_dir=path.parent, resolve=self.load
+            )
         except WorkloadError as e:
             msg = str(e)
             if msg.startswith(("workload", "trace")):  # already names its file
@@ -82,8 +98,9 @@ class _Loader:
 
     @staticmethod
     def _locate(ref: str, base_dir: Path) -> Path:
-        looks_like_path = ("/" in ref or "\\" in ref or ref.lower().endswith(SPEC_SUFFIXES)
-                           or is_trace_path(ref))
+        looks_like_path = (
+            "/" in ref or "\\" in ref or ref.lower().endswith(SPEC_SUFFIXES) or is_trace_path(ref)
+        )
         if looks_like_path:
             p = Path(ref).expanduser()
             p = p if p.is_absolute() else base_dir / p
@@ -116,28 +133,35 @@ def _read_yaml(path: Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or type(e).__name__
-        raise WorkloadError(f"workload spec {str(path)!r}: malformed YAML{where}: "
-                            f"{problem}") from None
+        raise WorkloadError(
+            f"workload spec {str(path)!r}: malformed YAML{where}: {problem}"
+        ) from None
 
 
 def _with_params(spec: WorkloadSpec, params: dict[str, Any]) -> WorkloadSpec:
     given = {k.replace("-", "_"): v for k, v in params.items() if v is not None}
     for key in given:
         if key not in WORKLOAD_PARAMS:
-            raise WorkloadError(f"unknown workload parameter {key!r} "
-                                f"(known: {', '.join(WORKLOAD_PARAMS)})")
-    random_args = {k.removeprefix("random_"): v for k, v in given.items()
-                   if k.startswith("random_")}
+            raise WorkloadError(
+                f"unknown workload parameter {key!r} (known: {', '.join(WORKLOAD_PARAMS)})"
+            )
+    random_args = {
+        k.removeprefix("random_"): v for k, v in given.items() if k.startswith("random_")
+    }
     if random_args:
         if not isinstance(spec.lengths, RandomLengths):
             key = "random_" + next(iter(random_args))
-            raise WorkloadError(f"{key} = {given[key]!r}: workload {spec.name!r} has no random "
-                                f"lengths (use --workload random)")
+            raise WorkloadError(
+                f"{key} = {given[key]!r}: workload {spec.name!r} has no random "
+                f"lengths (use --workload random)"
+            )
         spec = replace(spec, lengths=replace(spec.lengths, **random_args))
     if "time_scale" in given:
         if spec.arrival.process != "trace":
-            raise WorkloadError(f"time_scale = {given['time_scale']!r}: workload {spec.name!r} "
-                                f"does not replay trace timestamps")
+            raise WorkloadError(
+                f"time_scale = {given['time_scale']!r}: workload {spec.name!r} "
+                f"does not replay trace timestamps"
+            )
         scale = given["time_scale"]
         if isinstance(scale, bool) or not isinstance(scale, int | float):
             raise WorkloadError(f"time_scale = {scale!r}: must be a number > 0")

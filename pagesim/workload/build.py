@@ -80,28 +80,46 @@ class Workload:
         Deterministic: the same workload, num_prompts, seed and vocab_size give the same plan
         byte for byte in any process. Raises `WorkloadError` on bad arguments.
         """
-        for name, v, lo in (("num_prompts", num_prompts, 1), ("seed", seed, 0),
-                            ("vocab_size", vocab_size, 2)):
+        for name, v, lo in (
+            ("num_prompts", num_prompts, 1),
+            ("seed", seed, 0),
+            ("vocab_size", vocab_size, 2),
+        ):
             if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
                 raise WorkloadError(f"{name} = {v!r}: must be an integer >= {lo}")
         cols = _build(self.spec, int(num_prompts), (int(seed),))
         if cols.num_roots > max_roots(vocab_size):
-            raise WorkloadError(f"vocab_size = {vocab_size}: too small for {cols.num_roots} "
-                                f"distinct prompt roots (needs vocab_size**2 >= roots)")
-        sessions = np.repeat(np.arange(len(cols.session_offsets) - 1, dtype=np.int64),
-                             np.diff(cols.session_offsets))
+            raise WorkloadError(
+                f"vocab_size = {vocab_size}: too small for {cols.num_roots} "
+                f"distinct prompt roots (needs vocab_size**2 >= roots)"
+            )
+        sessions = np.repeat(
+            np.arange(len(cols.session_offsets) - 1, dtype=np.int64), np.diff(cols.session_offsets)
+        )
         return RequestPlan(
-            name=self.name, seed=int(seed), vocab_size=int(vocab_size),
+            name=self.name,
+            seed=int(seed),
+            vocab_size=int(vocab_size),
             content_key=content_key(int(seed)),
-            token_table=token_table(int(seed), int(vocab_size)), num_roots=cols.num_roots,
-            prompt_lens=cols.prompt_lens, output_lens=cols.output_lens,
-            prefix_lens=cols.prefix_lens, prefix_roots=cols.prefix_roots,
-            user_lens=cols.user_lens, user_roots=cols.user_roots,
-            block_offsets=cols.block_offsets, block_roots=cols.block_roots,
-            tenants=cols.tenants, tenant_salts=cols.tenant_salts, sessions=sessions,
-            turns=cols.turns, think_time_s=cols.think_time_s,
-            session_offsets=cols.session_offsets, arrival=self.spec.arrival,
-            trace_times_s=cols.trace_times_s if self.spec.arrival.process == "trace" else None)
+            token_table=token_table(int(seed), int(vocab_size)),
+            num_roots=cols.num_roots,
+            prompt_lens=cols.prompt_lens,
+            output_lens=cols.output_lens,
+            prefix_lens=cols.prefix_lens,
+            prefix_roots=cols.prefix_roots,
+            user_lens=cols.user_lens,
+            user_roots=cols.user_roots,
+            block_offsets=cols.block_offsets,
+            block_roots=cols.block_roots,
+            tenants=cols.tenants,
+            tenant_salts=cols.tenant_salts,
+            sessions=sessions,
+            turns=cols.turns,
+            think_time_s=cols.think_time_s,
+            session_offsets=cols.session_offsets,
+            arrival=self.spec.arrival,
+            trace_times_s=cols.trace_times_s if self.spec.arrival.process == "trace" else None,
+        )
 
 
 def _rng(entropy: tuple[int, ...], stream: int) -> np.random.Generator:
@@ -122,8 +140,11 @@ def _build(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Columns:
 
 def _single_turns(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(turns, think_time_s, session_offsets) of n one-turn sessions."""
-    return (np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.float64),
-            np.arange(n + 1, dtype=np.int64))
+    return (
+        np.zeros(n, dtype=np.int64),
+        np.zeros(n, dtype=np.float64),
+        np.arange(n + 1, dtype=np.int64),
+    )
 
 
 def _build_trace(trace: TraceData, n: int) -> _Columns:
@@ -142,7 +163,8 @@ def _build_trace(trace: TraceData, n: int) -> _Columns:
         counts = np.diff(trace.block_offsets)[idx]
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         flat = np.repeat(trace.block_offsets[idx] - offsets[:-1], counts) + np.arange(
-            offsets[-1], dtype=np.int64)
+            offsets[-1], dtype=np.int64
+        )
         ids_per_lap = int(trace.block_ids.max()) + 1 if len(trace.block_ids) else 0
         block_roots = trace.block_ids[flat] + np.repeat(lap, counts) * ids_per_lap
         covered = np.minimum(prompt, counts * MOONCAKE_BLOCK_TOKENS)
@@ -154,9 +176,23 @@ def _build_trace(trace: TraceData, n: int) -> _Columns:
         n_block_roots = 0
     turns, think, sessions = _single_turns(n)
     zeros = np.zeros(n, dtype=np.int64)
-    return _Columns(prompt, trace.output_lens[idx], zeros, zeros.copy(), prompt - covered,
-                    n_block_roots + np.arange(n, dtype=np.int64), offsets, block_roots,
-                    zeros.copy(), (None,), turns, think, sessions, times, n_block_roots + n)
+    return _Columns(
+        prompt,
+        trace.output_lens[idx],
+        zeros,
+        zeros.copy(),
+        prompt - covered,
+        n_block_roots + np.arange(n, dtype=np.int64),
+        offsets,
+        block_roots,
+        zeros.copy(),
+        (None,),
+        turns,
+        think,
+        sessions,
+        times,
+        n_block_roots + n,
+    )
 
 
 def _build_lengths(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Columns:
@@ -180,8 +216,7 @@ def _build_lengths(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Col
     if spec.sessions is not None:
         ss = spec.sessions
         target = ss.turns.sample(_rng(entropy, _SESSIONS), n, integer=True, floor=1)
-        offsets, prompt = assign_sessions(user, output, sess_prefix, target,
-                                          ss.max_context_tokens)
+        offsets, prompt = assign_sessions(user, output, sess_prefix, target, ss.max_context_tokens)
         counts = np.diff(offsets)
         turns = np.arange(n, dtype=np.int64) - np.repeat(offsets[:-1], counts)
         think = ss.think_time_s.sample(_rng(entropy, _THINK), n, integer=False, floor=0.0)
@@ -195,10 +230,23 @@ def _build_lengths(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Col
     num_sessions = len(offsets) - 1
     prefix_lens = np.repeat(sess_prefix[:num_sessions], counts)
     prefix_roots = np.repeat(group[:num_sessions], counts).astype(np.int64)
-    return _Columns(prompt, output, prefix_lens, prefix_roots, user,
-                    n_groups + np.arange(n, dtype=np.int64), np.zeros(n + 1, dtype=np.int64),
-                    np.zeros(0, dtype=np.int64), np.zeros(n, dtype=np.int64), (None,), turns,
-                    think, offsets, None, n_groups + n)
+    return _Columns(
+        prompt,
+        output,
+        prefix_lens,
+        prefix_roots,
+        user,
+        n_groups + np.arange(n, dtype=np.int64),
+        np.zeros(n + 1, dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+        np.zeros(n, dtype=np.int64),
+        (None,),
+        turns,
+        think,
+        offsets,
+        None,
+        n_groups + n,
+    )
 
 
 def _fixed(value: int) -> Dist:
@@ -211,11 +259,11 @@ def _zipf(k: int, s: float) -> np.ndarray:
     return w / w.sum()
 
 
-def _assign_tenants(cols: _Columns, t: TenantSpec, name: str,
-                    entropy: tuple[int, ...]) -> _Columns:
+def _assign_tenants(cols: _Columns, t: TenantSpec, name: str, entropy: tuple[int, ...]) -> _Columns:
     num_sessions = len(cols.session_offsets) - 1
-    per_session = _rng(entropy, _TENANTS).choice(t.count, size=num_sessions,
-                                                 p=_zipf(t.count, t.zipf))
+    per_session = _rng(entropy, _TENANTS).choice(
+        t.count, size=num_sessions, p=_zipf(t.count, t.zipf)
+    )
     tenants = np.repeat(per_session.astype(np.int64), np.diff(cols.session_offsets))
     salts = tuple(f"{name}/tenant-{k}" for k in range(t.count))
     return replace(cols, tenants=tenants, tenant_salts=salts)
@@ -238,19 +286,27 @@ def _build_mix(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Columns
     shared across components); their arrival processes are replaced by the mix's own.
     """
     parts = []
-    for c, (comp, count) in enumerate(zip(spec.mix, _split([m.weight for m in spec.mix], n),
-                                          strict=True)):
+    for c, (comp, count) in enumerate(
+        zip(spec.mix, _split([m.weight for m in spec.mix], n), strict=True)
+    ):
         if count:
             parts.append(_build(comp.spec, count, (*entropy, c + 1)))
     root_base = np.cumsum([0] + [p.num_roots for p in parts])
     salt_base = np.cumsum([0] + [len(p.tenant_salts) for p in parts])
     req_base = np.cumsum([0] + [len(p.prompt_lens) for p in parts])
     cat = np.concatenate
-    sess_off = cat([p.session_offsets[:-1] + b for p, b in zip(parts, req_base, strict=False)]
-                   + [[n]]).astype(np.int64)
+    sess_off = cat(
+        [p.session_offsets[:-1] + b for p, b in zip(parts, req_base, strict=False)] + [[n]]
+    ).astype(np.int64)
     block_counts = cat([np.diff(p.block_offsets) for p in parts])
-    block_start = cat([p.block_offsets[:-1] + b for p, b in zip(
-        parts, np.cumsum([0] + [len(p.block_roots) for p in parts]), strict=False)])
+    block_start = cat(
+        [
+            p.block_offsets[:-1] + b
+            for p, b in zip(
+                parts, np.cumsum([0] + [len(p.block_roots) for p in parts]), strict=False
+            )
+        ]
+    )
     merged_blocks = cat([p.block_roots + r for p, r in zip(parts, root_base, strict=False)])
 
     # Interleave whole sessions: a seeded permutation of session order, requests follow.
@@ -261,16 +317,26 @@ def _build_mix(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Columns
     order = np.repeat(sess_off[:-1][perm] - new_off[:-1], sizes) + np.arange(n, dtype=np.int64)
 
     def col(name: str, base: np.ndarray | None = None) -> np.ndarray:
-        arrays = [getattr(p, name) + (0 if base is None else base[k])
-                  for k, p in enumerate(parts)]
+        arrays = [getattr(p, name) + (0 if base is None else base[k]) for k, p in enumerate(parts)]
         return cat(arrays)[order]
 
     counts = block_counts[order]
     b_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     flat = np.repeat(block_start[order] - b_off[:-1], counts) + np.arange(b_off[-1])
     return _Columns(
-        col("prompt_lens"), col("output_lens"), col("prefix_lens"),
-        col("prefix_roots", root_base), col("user_lens"), col("user_roots", root_base),
-        b_off, merged_blocks[flat].astype(np.int64), col("tenants", salt_base),
-        tuple(s for p in parts for s in p.tenant_salts), col("turns"), col("think_time_s"),
-        new_off, None, int(root_base[-1]))
+        col("prompt_lens"),
+        col("output_lens"),
+        col("prefix_lens"),
+        col("prefix_roots", root_base),
+        col("user_lens"),
+        col("user_roots", root_base),
+        b_off,
+        merged_blocks[flat].astype(np.int64),
+        col("tenants", salt_base),
+        tuple(s for p in parts for s in p.tenant_salts),
+        col("turns"),
+        col("think_time_s"),
+        new_off,
+        None,
+        int(root_base[-1]),
+    )

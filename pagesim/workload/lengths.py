@@ -53,7 +53,9 @@ class Dist:
     min: float | None = None
     max: float | None = None
 
-    def sample(self, rng: np.random.Generator, n: int, *, integer: bool, floor: float) -> np.ndarray:
+    def sample(
+        self, rng: np.random.Generator, n: int, *, integer: bool, floor: float
+    ) -> np.ndarray:
         """n draws: int64 if `integer`, else float64; never below `floor` nor `self.min`."""
         k = self.kind
         if k == "fixed":
@@ -89,15 +91,18 @@ def parse_dist(obj: Any, where: str, *, integer: bool) -> Dist:
     allowed = {"dist", "min", "max", *_DIST_PARAMS[kind]}
     for key in obj:
         if key not in allowed:
-            raise WorkloadError(f"{where}.{key}: unknown key for dist {kind!r} "
-                                f"(allowed: {', '.join(sorted(allowed))})")
+            raise WorkloadError(
+                f"{where}.{key}: unknown key for dist {kind!r} "
+                f"(allowed: {', '.join(sorted(allowed))})"
+            )
     fields: dict[str, float | None] = {}
     for key in (*_DIST_PARAMS[kind], "min", "max"):
         if key in obj:
             fields[key] = _number(obj[key], f"{where}.{key}")
         elif key not in ("min", "max"):
-            raise WorkloadError(f"{where}.{key}: missing (dist {kind!r} needs "
-                                f"{', '.join(_DIST_PARAMS[kind])})")
+            raise WorkloadError(
+                f"{where}.{key}: missing (dist {kind!r} needs {', '.join(_DIST_PARAMS[kind])})"
+            )
     return _checked(Dist(kind, **fields), where, integer)
 
 
@@ -182,8 +187,10 @@ class RandomLengths:
         if self.output_len < 1:
             raise WorkloadError(f"random_output_len = {self.output_len}: must be >= 1")
         if self.prefix_len + math.floor(self.input_len * (1 - r)) < 1:
-            raise WorkloadError(f"random_input_len = {self.input_len}: with range ratio {r} and "
-                                f"prefix {self.prefix_len} a prompt could have 0 tokens")
+            raise WorkloadError(
+                f"random_input_len = {self.input_len}: with range ratio {r} and "
+                f"prefix {self.prefix_len} a prompt could have 0 tokens"
+            )
 
     def bounds(self) -> tuple[int, int, int, int]:
         """(input_low, input_high, output_low, output_high), inclusive, as vLLM computes them."""

@@ -87,26 +87,31 @@ class RequestPlan:
 
     def materialize(self, i: int) -> list[int]:
         """Prompt token ids of request i (a session's first turn). O(prompt length)."""
-        return segment_token_list(self._token_list, self.content_key, self._segments(i),
-                                  self.vocab_size)
+        return segment_token_list(
+            self._token_list, self.content_key, self._segments(i), self.vocab_size
+        )
 
     def materialize_array(self, i: int) -> np.ndarray:
         """Like `materialize`, as int64 [prompt_lens[i]]."""
-        return segment_tokens(self.token_table, self.content_key, self._segments(i),
-                              self.vocab_size)
+        return segment_tokens(
+            self.token_table, self.content_key, self._segments(i), self.vocab_size
+        )
 
     def _segments(self, i: int) -> list[tuple[int, int]]:
         """(root, length) segments of request i's prompt (a session's first turn)."""
         self._check(i)
         if self.turns[i] != 0:
-            raise WorkloadError(f"request {i} is turn {int(self.turns[i])} of a session: its "
-                                f"prompt extends the previous turn's (use Session.next_prompt)")
+            raise WorkloadError(
+                f"request {i} is turn {int(self.turns[i])} of a session: its "
+                f"prompt extends the previous turn's (use Session.next_prompt)"
+            )
         p_len, u_len = int(self.prefix_lens[i]), int(self.user_lens[i])
         segs = [(int(self.prefix_roots[i]), p_len)]
         lo, hi = self.block_offsets[i], self.block_offsets[i + 1]
         if hi > lo:
-            segs += block_segments(self.block_roots[lo:hi].tolist(),
-                                   int(self.prompt_lens[i]) - p_len - u_len)
+            segs += block_segments(
+                self.block_roots[lo:hi].tolist(), int(self.prompt_lens[i]) - p_len - u_len
+            )
         segs.append((int(self.user_roots[i]), u_len))
         return segs
 
@@ -132,9 +137,14 @@ class RequestPlan:
         """Request i, created at its arrival time. Later turns pass the prompt that
         `Session.next_prompt` built; first turns materialize their own."""
         prompt = self.materialize(i) if prompt_token_ids is None else prompt_token_ids
-        return Request(request_id=str(i), prompt_token_ids=prompt,
-                       max_tokens=int(self.output_lens[i]), cache_salt=self.cache_salt(i),
-                       arrival_time=float(arrival_time), session_id=self.session_id(i))
+        return Request(
+            request_id=str(i),
+            prompt_token_ids=prompt,
+            max_tokens=int(self.output_lens[i]),
+            cache_salt=self.cache_salt(i),
+            arrival_time=float(arrival_time),
+            session_id=self.session_id(i),
+        )
 
     def _check(self, i: int) -> None:
         if not 0 <= i < self.num_requests:

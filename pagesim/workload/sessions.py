@@ -114,8 +114,11 @@ class Session:
     def next_prompt(self, prev_request: Request) -> list[int]:
         """The next turn's prompt: prev prompt + prev answer (as emitted) + new user tokens."""
         self._check_next()
-        return (prev_request.prompt_token_ids + prev_request.output_token_ids
-                + self.plan.user_token_ids(self._next))
+        return (
+            prev_request.prompt_token_ids
+            + prev_request.output_token_ids
+            + self.plan.user_token_ids(self._next)
+        )
 
     def next_request(self, prev_request: Request, arrival_time: float) -> Request:
         """The next turn as a `Request`, built from the finished previous turn."""

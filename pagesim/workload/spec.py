@@ -41,8 +41,17 @@ from pagesim.workload.lengths import (
 from pagesim.workload.traces import TraceData, read_trace
 
 ARRIVAL_PROCESSES: tuple[str, ...] = ("inf", "poisson", "gamma", "trace")
-TOP_KEYS = ("name", "description", "trace", "lengths", "mix", "arrival", "prefix", "sessions",
-            "tenants")
+TOP_KEYS = (
+    "name",
+    "description",
+    "trace",
+    "lengths",
+    "mix",
+    "arrival",
+    "prefix",
+    "sessions",
+    "tenants",
+)
 
 
 @dataclass(frozen=True)
@@ -61,17 +70,21 @@ class ArrivalSpec:
 
     def __post_init__(self) -> None:
         if self.process not in ARRIVAL_PROCESSES:
-            raise WorkloadError(f"arrival.process = {self.process!r}: expected one of "
-                                f"{', '.join(ARRIVAL_PROCESSES)}")
+            raise WorkloadError(
+                f"arrival.process = {self.process!r}: expected one of "
+                f"{', '.join(ARRIVAL_PROCESSES)}"
+            )
         if self.process in ("poisson", "gamma"):
             if self.rate is None or not self.rate > 0:
-                raise WorkloadError(f"arrival.rate = {self.rate!r}: must be > 0 for "
-                                    f"process {self.process!r}")
+                raise WorkloadError(
+                    f"arrival.rate = {self.rate!r}: must be > 0 for process {self.process!r}"
+                )
         if not self.burstiness > 0:
             raise WorkloadError(f"arrival.burstiness = {self.burstiness!r}: must be > 0")
         if self.process == "poisson" and self.burstiness != 1.0:
-            raise WorkloadError(f"arrival.burstiness = {self.burstiness!r}: poisson means 1.0 "
-                                f"(use process: gamma)")
+            raise WorkloadError(
+                f"arrival.burstiness = {self.burstiness!r}: poisson means 1.0 (use process: gamma)"
+            )
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
             raise WorkloadError(f"arrival.time_scale = {self.time_scale!r}: must be > 0")
 
@@ -133,8 +146,9 @@ Resolver = Callable[[str, Path], WorkloadSpec]  # (name or relative path, base d
 def trace_spec(trace: TraceData, name: str) -> WorkloadSpec:
     """The spec of a trace file given directly: replay it with its own timestamps, if any."""
     arrival = ArrivalSpec("trace" if trace.timestamps_s is not None else "inf")
-    return WorkloadSpec(name=name, description=f"replay of {trace.path}", trace=trace,
-                        arrival=arrival)
+    return WorkloadSpec(
+        name=name, description=f"replay of {trace.path}", trace=trace, arrival=arrival
+    )
 
 
 def parse_spec(doc: Any, *, name: str, base_dir: Path, resolve: Resolver) -> WorkloadSpec:
@@ -144,8 +158,10 @@ def parse_spec(doc: Any, *, name: str, base_dir: Path, resolve: Resolver) -> Wor
     name = _str(m.get("name", name), "name")
     sources = [k for k in ("trace", "lengths", "mix") if k in m]
     if len(sources) != 1:
-        raise WorkloadError(f"workload {name!r}: needs exactly one of trace, lengths, mix "
-                            f"(found {', '.join(sources) or 'none'})")
+        raise WorkloadError(
+            f"workload {name!r}: needs exactly one of trace, lengths, mix "
+            f"(found {', '.join(sources) or 'none'})"
+        )
     trace = lengths = None
     mix: tuple[MixComponent, ...] = ()
     if "trace" in m:
@@ -161,12 +177,23 @@ def parse_spec(doc: Any, *, name: str, base_dir: Path, resolve: Resolver) -> Wor
     tenants = _tenants(m["tenants"]) if "tenants" in m else None
     if lengths is None and (prefix or sessions):
         key = "prefix" if prefix else "sessions"
-        raise WorkloadError(f"{key}: needs a `lengths` source (trace replay and mixes keep "
-                            f"their rows' or components' own prompts)")
+        raise WorkloadError(
+            f"{key}: needs a `lengths` source (trace replay and mixes keep "
+            f"their rows' or components' own prompts)"
+        )
     if isinstance(lengths, RandomLengths) and lengths.prefix_len and prefix:
         raise WorkloadError("prefix: conflicts with lengths.random.prefix_len; use one")
-    return WorkloadSpec(name, _str(m.get("description", ""), "description"), trace, lengths,
-                        mix, arrival, prefix, sessions, tenants)
+    return WorkloadSpec(
+        name,
+        _str(m.get("description", ""), "description"),
+        trace,
+        lengths,
+        mix,
+        arrival,
+        prefix,
+        sessions,
+        tenants,
+    )
 
 
 def _lengths(obj: Any, base_dir: Path) -> LengthModel:
@@ -192,16 +219,20 @@ def _lengths(obj: Any, base_dir: Path) -> LengthModel:
     _known(m, ("input", "output"), "lengths")
     for key in ("input", "output"):
         if key not in m:
-            raise WorkloadError(f"lengths.{key}: missing (lengths needs trace, random, or "
-                                f"input and output)")
-    return ParametricLengths(parse_dist(m["input"], "lengths.input", integer=True),
-                             parse_dist(m["output"], "lengths.output", integer=True))
+            raise WorkloadError(
+                f"lengths.{key}: missing (lengths needs trace, random, or input and output)"
+            )
+    return ParametricLengths(
+        parse_dist(m["input"], "lengths.input", integer=True),
+        parse_dist(m["output"], "lengths.output", integer=True),
+    )
 
 
 def _mix(obj: Any, base_dir: Path, resolve: Resolver) -> tuple[MixComponent, ...]:
     if not isinstance(obj, list) or not obj:
-        raise WorkloadError(f"mix = {obj!r:.60}: expected a non-empty list of "
-                            f"{{workload: NAME, weight: W}}")
+        raise WorkloadError(
+            f"mix = {obj!r:.60}: expected a non-empty list of {{workload: NAME, weight: W}}"
+        )
     out = []
     for k, item in enumerate(obj):
         c = _mapping(item, f"mix[{k}]")
@@ -220,8 +251,9 @@ def _arrival(obj: Any, timed: bool) -> ArrivalSpec:
     process = m.get("process", "trace" if timed else "inf")
     if process == "trace" and not timed:
         raise WorkloadError("arrival.process = 'trace': the workload has no trace timestamps")
-    nums = {k: _number(m[k], f"arrival.{k}") for k in ("rate", "burstiness", "time_scale")
-            if k in m}
+    nums = {
+        k: _number(m[k], f"arrival.{k}") for k in ("rate", "burstiness", "time_scale") if k in m
+    }
     return ArrivalSpec(process=_str(process, "arrival.process"), **nums)
 
 
@@ -230,9 +262,11 @@ def _prefix(obj: Any) -> PrefixSpec:
     _known(m, ("groups", "length", "zipf"), "prefix")
     if "length" not in m:
         raise WorkloadError("prefix.length: missing")
-    return PrefixSpec(_count(m.get("groups", 1), "prefix.groups"),
-                      parse_dist(m["length"], "prefix.length", integer=True),
-                      _non_negative(m.get("zipf", 0.0), "prefix.zipf"))
+    return PrefixSpec(
+        _count(m.get("groups", 1), "prefix.groups"),
+        parse_dist(m["length"], "prefix.length", integer=True),
+        _non_negative(m.get("zipf", 0.0), "prefix.zipf"),
+    )
 
 
 def _sessions(obj: Any) -> SessionSpec:
@@ -242,19 +276,23 @@ def _sessions(obj: Any) -> SessionSpec:
         if key not in m:
             raise WorkloadError(f"sessions.{key}: missing")
     cap = m.get("max_context_tokens")
-    return SessionSpec(parse_dist(m["turns"], "sessions.turns", integer=True),
-                       parse_dist(m["think_time_s"], "sessions.think_time_s", integer=False),
-                       None if cap is None else _count(cap, "sessions.max_context_tokens"))
+    return SessionSpec(
+        parse_dist(m["turns"], "sessions.turns", integer=True),
+        parse_dist(m["think_time_s"], "sessions.think_time_s", integer=False),
+        None if cap is None else _count(cap, "sessions.max_context_tokens"),
+    )
 
 
 def _tenants(obj: Any) -> TenantSpec:
     m = _mapping(obj, "tenants")
     _known(m, ("count", "zipf"), "tenants")
-    return TenantSpec(_count(m.get("count"), "tenants.count"),
-                      _non_negative(m.get("zipf", 0.0), "tenants.zipf"))
+    return TenantSpec(
+        _count(m.get("count"), "tenants.count"), _non_negative(m.get("zipf", 0.0), "tenants.zipf")
+    )
 
 
 # ---- small validators: each raises one line naming the key path and the value ----
+
 
 def _mapping(obj: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(obj, Mapping):

@@ -83,7 +83,7 @@ def segment_tokens(
             continue
         off = root_offset(key, root)
         if n <= TABLE_SIZE:
-            seg = table[off:off + n].copy()
+            seg = table[off : off + n].copy()
         else:
             seg = table.take(np.arange(off, off + n), mode="wrap")
         seg[0] = root % vocab_size
@@ -106,7 +106,7 @@ def segment_token_list(
             continue
         off = root_offset(key, root)
         if n <= TABLE_SIZE:
-            seg = table[off:off + n]
+            seg = table[off : off + n]
         else:  # longer than the table: the windows wrap around (as `take(mode="wrap")`)
             size = len(table)
             seg = [table[(off + p) % size] for p in range(n)]

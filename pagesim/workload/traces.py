@@ -71,15 +71,23 @@ def read_trace(path: str | Path) -> TraceData:
         return _read_csv(p)
     if name.endswith(JSONL_SUFFIXES):
         return _read_jsonl(p)
-    raise WorkloadError(f"trace file {str(p)!r}: unknown extension (expected "
-                        f"{', '.join(CSV_SUFFIXES + JSONL_SUFFIXES)})")
+    raise WorkloadError(
+        f"trace file {str(p)!r}: unknown extension (expected "
+        f"{', '.join(CSV_SUFFIXES + JSONL_SUFFIXES)})"
+    )
 
 
 def _read_csv(p: Path) -> TraceData:
     try:
         df = pd.read_csv(p, compression="infer")
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError,
-            EOFError, ValueError) as e:
+    except (
+        pd.errors.ParserError,
+        pd.errors.EmptyDataError,
+        UnicodeDecodeError,
+        OSError,
+        EOFError,
+        ValueError,
+    ) as e:
         raise WorkloadError(f"trace {str(p)!r}: cannot parse CSV: {_one_line(e)}") from None
     cols = set(df.columns)
     if set(AZURE_COLUMNS) <= cols:
@@ -91,7 +99,8 @@ def _read_csv(p: Path) -> TraceData:
         raise WorkloadError(
             f"trace {str(p)!r}: missing columns; found {', '.join(map(str, df.columns))}; "
             f"expected Azure ({', '.join(AZURE_COLUMNS)}) or Vidur "
-            f"([arrived_at,] {', '.join(VIDUR_COLUMNS)})")
+            f"([arrived_at,] {', '.join(VIDUR_COLUMNS)})"
+        )
     if len(df) == 0:
         raise WorkloadError(f"trace {str(p)!r}: no rows")
     prompt = _lengths(df[pcol], p, pcol)
@@ -114,8 +123,9 @@ def _lengths(col: pd.Series, p: Path, name: str) -> np.ndarray:
     bad = np.flatnonzero((x < 0) | (x != np.round(x)))
     if len(bad):
         r = int(bad[0])
-        raise WorkloadError(f"trace {str(p)!r} row {r + 1}: {name} = {_show(col.iloc[r])} "
-                            f"(must be an integer >= 0)")
+        raise WorkloadError(
+            f"trace {str(p)!r} row {r + 1}: {name} = {_show(col.iloc[r])} (must be an integer >= 0)"
+        )
     return np.maximum(x.astype(np.int64), 1)
 
 
@@ -123,8 +133,9 @@ def _no_missing(bad: np.ndarray, col: pd.Series, p: Path, name: str) -> None:
     idx = np.flatnonzero(bad)
     if len(idx):
         r = int(idx[0])
-        raise WorkloadError(f"trace {str(p)!r} row {r + 1}: {name} = {_show(col.iloc[r])} "
-                            f"(not a valid value)")
+        raise WorkloadError(
+            f"trace {str(p)!r} row {r + 1}: {name} = {_show(col.iloc[r])} (not a valid value)"
+        )
 
 
 def _read_jsonl(p: Path) -> TraceData:
@@ -149,8 +160,10 @@ def _read_jsonl(p: Path) -> TraceData:
                     raise WorkloadError(f"{where}: expected a JSON object, got {row!r:.60}")
                 for key in ("timestamp", "input_length", "output_length"):
                     if key not in row:
-                        raise WorkloadError(f"{where}: missing key {key!r} (Mooncake rows need "
-                                            f"timestamp, input_length, output_length[, hash_ids])")
+                        raise WorkloadError(
+                            f"{where}: missing key {key!r} (Mooncake rows need "
+                            f"timestamp, input_length, output_length[, hash_ids])"
+                        )
                 stamps.append(_json_number(row["timestamp"], where, "timestamp") / 1000.0)
                 n_in = _json_count(row["input_length"], where, "input_length")
                 prompt.append(max(n_in, 1))
@@ -169,10 +182,14 @@ def _read_jsonl(p: Path) -> TraceData:
         raise WorkloadError(f"trace {str(p)!r}: no rows")
     t = np.asarray(stamps, dtype=np.float64)
     data = TraceData(
-        str(p), "mooncake", np.asarray(prompt, dtype=np.int64),
-        np.asarray(output, dtype=np.int64), t - t.min(),
+        str(p),
+        "mooncake",
+        np.asarray(prompt, dtype=np.int64),
+        np.asarray(output, dtype=np.int64),
+        t - t.min(),
         np.asarray(offsets, dtype=np.int64) if with_ids else None,
-        np.asarray(ids, dtype=np.int64) if with_ids else None)
+        np.asarray(ids, dtype=np.int64) if with_ids else None,
+    )
     return _ordered(data)
 
 
@@ -191,12 +208,15 @@ def _json_count(v: object, where: str, key: str) -> int:
 
 def _hash_ids(v: object, n_in: int, where: str) -> list[int]:
     if not isinstance(v, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in v):
+        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in v
+    ):
         raise WorkloadError(f"{where}: hash_ids = {v!r:.60} (must be a list of integers >= 0)")
     need = -(-n_in // MOONCAKE_BLOCK_TOKENS)
     if len(v) != need:
-        raise WorkloadError(f"{where}: hash_ids has {len(v)} ids; input_length {n_in} needs "
-                            f"{need} blocks of {MOONCAKE_BLOCK_TOKENS} tokens")
+        raise WorkloadError(
+            f"{where}: hash_ids has {len(v)} ids; input_length {n_in} needs "
+            f"{need} blocks of {MOONCAKE_BLOCK_TOKENS} tokens"
+        )
     return v
 
 
@@ -208,10 +228,17 @@ def _ordered(d: TraceData) -> TraceData:
     offsets, ids = d.block_offsets, d.block_ids
     if offsets is not None and ids is not None:
         counts = np.diff(offsets)[order]
-        ids = np.concatenate([ids[offsets[r]:offsets[r + 1]] for r in order])
+        ids = np.concatenate([ids[offsets[r] : offsets[r + 1]] for r in order])
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return TraceData(d.path, d.format, d.prompt_lens[order], d.output_lens[order],
-                     d.timestamps_s[order], offsets, ids)
+    return TraceData(
+        d.path,
+        d.format,
+        d.prompt_lens[order],
+        d.output_lens[order],
+        d.timestamps_s[order],
+        offsets,
+        ids,
+    )
 
 
 def _show(v: object) -> str:

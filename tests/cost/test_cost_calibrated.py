@@ -26,8 +26,18 @@ MS = 1e-3
 
 
 def tiny_profile(decode: list[DecodeRow], prefill: list[PrefillRow]) -> Profile:
-    meta = ProfileMetadata(gpu="g", model="m", gpu_name="", driver="", cuda="", torch="",
-                           triton="", dtype="", date="", synthetic=True)
+    meta = ProfileMetadata(
+        gpu="g",
+        model="m",
+        gpu_name="",
+        driver="",
+        cuda="",
+        torch="",
+        triton="",
+        dtype="",
+        date="",
+        synthetic=True,
+    )
     return Profile(meta, tuple(decode), tuple(prefill))
 
 
@@ -50,9 +60,13 @@ def test_reproduces_every_grid_point_of_a_profile_without_drift(clean_profile):
 def test_a_grid_point_is_its_step_less_its_block_sizes_drift(synthetic_profile, device_model):
     """Noisy rows: a decode grid point is priced at its step time less how far its own
     `other_ms` (timed in the same rounds) sits from the median over block sizes."""
+
     def section(bs: int, batch: int) -> float:  # a block size's other_ms at one batch
-        return statistics.median(q.other_ms for q in synthetic_profile.decode
-                                 if q.block_size == bs and q.batch_size == batch)
+        return statistics.median(
+            q.other_ms
+            for q in synthetic_profile.decode
+            if q.block_size == bs and q.batch_size == batch
+        )
 
     for r in synthetic_profile.decode:
         drift = r.other_ms - statistics.median(section(bs, r.batch_size) for bs in (8, 16, 32))
@@ -64,16 +78,26 @@ def test_a_block_size_calibrated_in_a_slow_spell_is_priced_as_the_others(clean_p
     """Block sizes are calibrated one after another; a spell that slowed one block size's
     whole section (its `other_ms`, which cannot depend on the block size, 6 % above the
     others') must not make that block size's steps dearer."""
+
     def slow(r):
         extra = 0.06 * r.other_ms
-        return dataclasses.replace(r, step_time_ms=r.step_time_ms + extra,
-                                   other_ms=r.other_ms + extra) if r.block_size == 32 else r
+        return (
+            dataclasses.replace(r, step_time_ms=r.step_time_ms + extra, other_ms=r.other_ms + extra)
+            if r.block_size == 32
+            else r
+        )
+
     base = clean_profile.replace_tables(overhead=())
-    drifted = base.replace_tables(decode=tuple(slow(r) for r in base.decode),
-                                  prefill=tuple(slow(r) for r in base.prefill))
+    drifted = base.replace_tables(
+        decode=tuple(slow(r) for r in base.decode), prefill=tuple(slow(r) for r in base.prefill)
+    )
     cm, cm_drift = CalibratedCostModel(base), CalibratedCostModel(drifted)
-    for shape in (BatchShape.decode(16, 1000, 32), BatchShape.decode(3, 777, 32),
-                  BatchShape.prefill(500, 1024, 32), BatchShape.decode(64, 300, 16)):
+    for shape in (
+        BatchShape.decode(16, 1000, 32),
+        BatchShape.decode(3, 777, 32),
+        BatchShape.prefill(500, 1024, 32),
+        BatchShape.decode(64, 300, 16),
+    ):
         assert cm_drift.step_time(shape) == pytest.approx(cm.step_time(shape), rel=1e-9)
 
 
@@ -90,14 +114,23 @@ def test_host_overhead_table_is_added_per_step(synthetic_profile, device_model):
 
 def test_a_step_admitting_prompts_adds_its_measured_host_time(synthetic_profile):
     plain = CalibratedCostModel(synthetic_profile)
-    meta = dataclasses.replace(synthetic_profile.metadata, overhead_prefill_step_ms=0.2,
-                               overhead_per_prefill_ms=0.15)
-    admitting = CalibratedCostModel(Profile(meta, synthetic_profile.decode,
-                                            synthetic_profile.prefill, synthetic_profile.mixed,
-                                            synthetic_profile.overhead))
+    meta = dataclasses.replace(
+        synthetic_profile.metadata, overhead_prefill_step_ms=0.2, overhead_per_prefill_ms=0.15
+    )
+    admitting = CalibratedCostModel(
+        Profile(
+            meta,
+            synthetic_profile.decode,
+            synthetic_profile.prefill,
+            synthetic_profile.mixed,
+            synthetic_profile.overhead,
+        )
+    )
     mixed = BatchShape(16, 3 + 300, 3, 3000, [1000] * 3, [100, 200], [0, 512])
-    host = (plain.step_time_breakdown(mixed)["host_overhead"],
-            admitting.step_time_breakdown(mixed)["host_overhead"])
+    host = (
+        plain.step_time_breakdown(mixed)["host_overhead"],
+        admitting.step_time_breakdown(mixed)["host_overhead"],
+    )
     assert host[1] - host[0] == pytest.approx((0.2 + 2 * 0.15) * MS)
     assert admitting.step_time(mixed) - plain.step_time(mixed) == pytest.approx(0.5 * MS)
     decode = BatchShape.decode(16, 1000, 16)  # no prompt admitted: the table alone
@@ -127,10 +160,17 @@ def test_tracks_the_generating_model_off_grid(clean_profile):
         bd = truth.step_time_breakdown(shape)
         return bd["linear"] + bd["attention"] + bd["paged_blocks"]
 
-    shapes = [BatchShape.decode(b, c, bs) for b, c, bs in itertools.product(
-        (2, 8, 24, 100, 200), (40, 300, 2000, 3000), (8, 12, 16, 32)) if b * c <= 256 * 1024]
-    shapes += [BatchShape.prefill(n, c, bs) for n, c, bs in itertools.product(
-        (20, 100, 700, 3000), (100, 1500, 3000), (8, 16))]
+    shapes = [
+        BatchShape.decode(b, c, bs)
+        for b, c, bs in itertools.product(
+            (2, 8, 24, 100, 200), (40, 300, 2000, 3000), (8, 12, 16, 32)
+        )
+        if b * c <= 256 * 1024
+    ]
+    shapes += [
+        BatchShape.prefill(n, c, bs)
+        for n, c, bs in itertools.product((20, 100, 700, 3000), (100, 1500, 3000), (8, 16))
+    ]
     shapes += [BatchShape.mixed(512, 512, b, 512, 16) for b in (8, 32, 64)]
     errors = [abs(cm.step_time(s) - device(s)) / device(s) for s in shapes]
     assert max(errors) < 0.12
@@ -160,9 +200,15 @@ def test_mixed_steps_share_the_fixed_cost_checked_against_mixed_table(synthetic_
     cm = CalibratedCostModel(synthetic_profile.replace_tables(overhead=()))
     assert cm.shared_s >= 0.0
     for r in synthetic_profile.mixed:
-        got = cm.step_time(BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens,
-                                            r.decode_batch_size, r.decode_context_len,
-                                            r.block_size))
+        got = cm.step_time(
+            BatchShape.mixed(
+                r.num_new_tokens,
+                r.num_cached_tokens,
+                r.decode_batch_size,
+                r.decode_context_len,
+                r.block_size,
+            )
+        )
         assert got == pytest.approx(r.step_time_ms * MS, rel=0.08), r  # noise is 2 % (1 sd)
 
 
@@ -189,14 +235,24 @@ def test_shared_cost_is_fitted_on_the_mixed_table():
 
 
 @settings(max_examples=60, deadline=None)
-@given(pairs=st.lists(st.tuples(st.integers(1, 40000), st.integers(0, 200000)), min_size=0,
-                      max_size=6),
-       decode=st.lists(st.integers(1, 200000), max_size=300),
-       block_size=st.sampled_from([1, 8, 12, 16, 64, 256]))
+@given(
+    pairs=st.lists(
+        st.tuples(st.integers(1, 40000), st.integers(0, 200000)), min_size=0, max_size=6
+    ),
+    decode=st.lists(st.integers(1, 200000), max_size=300),
+    block_size=st.sampled_from([1, 8, 12, 16, 64, 256]),
+)
 def test_never_negative_anywhere(synthetic_profile, pairs, decode, block_size):
     cm = CalibratedCostModel(synthetic_profile)
-    shape = BatchShape(block_size, len(decode) + sum(n for n, _ in pairs), len(decode),
-                       sum(decode), decode, [n for n, _ in pairs], [c for _, c in pairs])
+    shape = BatchShape(
+        block_size,
+        len(decode) + sum(n for n, _ in pairs),
+        len(decode),
+        sum(decode),
+        decode,
+        [n for n, _ in pairs],
+        [c for _, c in pairs],
+    )
     assert cm.step_time(shape) >= 0.0
 
 
@@ -205,8 +261,11 @@ def test_never_negative_on_a_profile_that_slopes_down():
     dec = [DecodeRow(16, 1, c, t, t, t, t / 2, t / 2) for c, t in ((1, 5.0), (100, 1.0))]
     pre = [PrefillRow(16, n, 0, t, t, t, t / 2, t / 2) for n, t in ((1, 5.0), (100, 1.0))]
     cm = CalibratedCostModel(tiny_profile(dec, pre))
-    for shape in (BatchShape.decode(1, 10**6), BatchShape.prefill(10**5, 10**6),
-                  BatchShape.mixed(10**4, 0, 500, 10**5)):
+    for shape in (
+        BatchShape.decode(1, 10**6),
+        BatchShape.prefill(10**5, 10**6),
+        BatchShape.mixed(10**4, 0, 500, 10**5),
+    ):
         assert cm.step_time(shape) >= 0.0
 
 
@@ -220,13 +279,13 @@ def test_swap_and_copy_need_a_rate(synthetic_profile):
     meta = dataclasses.replace(synthetic_profile.metadata, host_link_bytes_per_s=5e10)
     measured = Profile(meta, synthetic_profile.decode, synthetic_profile.prefill)
     assert CalibratedCostModel(measured, gpu=GPU).step_time_breakdown(shape)[
-        "swap"] == pytest.approx(1e8 / 5e10)  # the measured rate wins over the datasheet
+        "swap"
+    ] == pytest.approx(1e8 / 5e10)  # the measured rate wins over the datasheet
     copy = BatchShape.decode(4, 100)
     copy.num_blocks_to_copy = 2
     with pytest.raises(ConfigError, match="num_blocks_to_copy"):
         CalibratedCostModel(synthetic_profile).step_time(copy)
-    assert CalibratedCostModel(synthetic_profile, MODEL, GPU).step_time_breakdown(
-        copy)["copy"] > 0
+    assert CalibratedCostModel(synthetic_profile, MODEL, GPU).step_time_breakdown(copy)["copy"] > 0
 
 
 def test_wrong_model_or_gpu_is_refused(synthetic_profile, llama7b, h200):
@@ -242,8 +301,12 @@ def test_pwl_and_surface_edges():
     g = Pwl({1: [1.0, 3.0, 2.0]})
     assert (g(0), g(100)) == (2.0, 2.0)  # median of repeats, constant
     # an exactly bilinear decode surface is recovered everywhere, also off a ragged grid
-    pts = [(b, c, 0.1 + 0.01 * b + 0.001 * b * c) for b in (1, 4, 16) for c in (10, 100, 1000)
-           if b * c < 16000]
+    pts = [
+        (b, c, 0.1 + 0.01 * b + 0.001 * b * c)
+        for b in (1, 4, 16)
+        for c in (10, 100, 1000)
+        if b * c < 16000
+    ]
     s = Surface(pts, prefill=False)
     for b, c in ((2, 50), (16, 1000), (64, 5000), (1, 3)):
         assert s(b, c) == pytest.approx(0.1 + 0.01 * b + 0.001 * b * c, rel=1e-9)
@@ -254,8 +317,11 @@ def test_fit_report_on_the_synthetic_fixture(synthetic_profile):
     rep = fit_report(synthetic_profile, holdout_fraction=0.2, seed=0)
     assert isinstance(rep, FitReport)
     assert [r.table for r in rep.rows] == ["decode", "prefill", "mixed", "all"]
-    n_rows = len(synthetic_profile.decode) + len(synthetic_profile.prefill) + len(
-        synthetic_profile.mixed)
+    n_rows = (
+        len(synthetic_profile.decode)
+        + len(synthetic_profile.prefill)
+        + len(synthetic_profile.mixed)
+    )
     assert rep.rows[-1].num_fit + rep.rows[-1].num_holdout == n_rows
     assert sum(r.num_holdout for r in rep.rows[:3]) == rep.rows[-1].num_holdout > 0
     for r in rep.rows:

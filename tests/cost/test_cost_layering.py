@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pagesim.cost
 
-ALLOWED_PAGESIM = ("pagesim.cost", "pagesim.scheduler.output", "pagesim.errors", "pagesim.specs",
-                   "pagesim.config", "pagesim.request", "pagesim.utils")
+ALLOWED_PAGESIM = (
+    "pagesim.cost",
+    "pagesim.scheduler.output",
+    "pagesim.errors",
+    "pagesim.specs",
+    "pagesim.config",
+    "pagesim.request",
+    "pagesim.utils",
+)
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -32,5 +39,6 @@ def test_cost_imports_follow_the_layer_table():
             if top == "pagesim":
                 assert name.startswith(ALLOWED_PAGESIM), f"{f.name} imports {name}"
             else:
-                assert top == "numpy" or top in sys.stdlib_module_names or top == "__future__", \
+                assert top == "numpy" or top in sys.stdlib_module_names or top == "__future__", (
                     f"{f.name} imports {name}"
+                )

@@ -175,8 +175,9 @@ def test_zero_batch(copy):
 def test_duplicate_grid_point(copy):
     lines = (copy / "decode.csv").read_text().splitlines()
     (copy / "decode.csv").write_text("\n".join(lines + [lines[1]]) + "\n")
-    expect_error(copy, "decode.csv", "duplicate grid point block_size=8, batch_size=1, "
-                 "context_len=16")
+    expect_error(
+        copy, "decode.csv", "duplicate grid point block_size=8, batch_size=1, context_len=16"
+    )
 
 
 def test_ragged_line(copy):
@@ -202,11 +203,30 @@ def test_save_side_validates_records_too(synthetic_profile):
 
 def test_save_side_validates_metadata_too():
     with pytest.raises(ProfileError, match="profile.json: kv_cache_dtype='int4'"):
-        ProfileMetadata(gpu="h200", model="m", gpu_name="", driver="", cuda="", torch="",
-                        triton="", dtype="", date="", kv_cache_dtype="int4")
+        ProfileMetadata(
+            gpu="h200",
+            model="m",
+            gpu_name="",
+            driver="",
+            cuda="",
+            torch="",
+            triton="",
+            dtype="",
+            date="",
+            kv_cache_dtype="int4",
+        )
 
 
 def test_metadata_defaults_mark_real_profiles_as_measured():
-    meta = ProfileMetadata(gpu="h200", model="m", gpu_name="NVIDIA H200", driver="1", cuda="2",
-                           torch="3", triton="4", dtype="bfloat16", date="2026-01-01")
+    meta = ProfileMetadata(
+        gpu="h200",
+        model="m",
+        gpu_name="NVIDIA H200",
+        driver="1",
+        cuda="2",
+        torch="3",
+        triton="4",
+        dtype="bfloat16",
+        date="2026-01-01",
+    )
     assert meta.synthetic is False and meta.format_version == PROFILE_FORMAT_VERSION

@@ -31,8 +31,17 @@ def graphs(clean_profile) -> CalibratedCostModel:
 
 
 def test_padded_batch_is_the_next_captured_size(graphs, eager):
-    assert [graphs.padded_batch(n) for n in (1, 3, 5, 9, 16, 17, 33, 257, 300)] == \
-        [1, 4, 8, 16, 16, 24, 48, 257, 300]  # above the largest size: eager, unpadded
+    assert [graphs.padded_batch(n) for n in (1, 3, 5, 9, 16, 17, 33, 257, 300)] == [
+        1,
+        4,
+        8,
+        16,
+        16,
+        24,
+        48,
+        257,
+        300,
+    ]  # above the largest size: eager, unpadded
     assert eager.padded_batch(9) == 9
 
 
@@ -44,8 +53,9 @@ def test_decode_step_costs_what_its_padded_batch_costs(graphs, eager, n, padded)
         # priced by the mean context of the real sequences, not padded rows of zero context
         shape = BatchShape(16, n, n, n * ctx, [ctx] * n)
         assert graphs.step_time(shape) == pytest.approx(want, rel=1e-12)
-    assert graphs.step_time(BatchShape.decode(n, 1000, 16)) > \
-        eager.step_time(BatchShape.decode(n, 1000, 16))
+    assert graphs.step_time(BatchShape.decode(n, 1000, 16)) > eager.step_time(
+        BatchShape.decode(n, 1000, 16)
+    )
 
 
 def test_captured_sizes_and_eager_steps_are_unchanged(graphs, eager):
@@ -65,9 +75,16 @@ def test_sizes_round_trip_and_old_versions_load_without_them(tmp_path, clean_pro
     path = graph_profile(clean_profile).save(tmp_path / "v3")
     assert Profile.load(path).metadata.cuda_graph_sizes == SIZES
     data = json.loads((path / "profile.json").read_text())
-    for key in ("cuda_graph_sizes", "cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n",
-                "decode_tile_n", "decode_programs_per_sm", "overhead_prefill_step_ms",
-                "overhead_per_prefill_ms"):
+    for key in (
+        "cuda_graph_sizes",
+        "cuda_graph_token_sizes",
+        "varlen_block_q",
+        "varlen_tile_n",
+        "decode_tile_n",
+        "decode_programs_per_sm",
+        "overhead_prefill_step_ms",
+        "overhead_per_prefill_ms",
+    ):
         del data[key]
     data["format_version"] = 2
     (path / "profile.json").write_text(json.dumps(data))

@@ -29,9 +29,14 @@ SPREAD_POINTS = [(b, 1800, w) for b in (4, 8, 16, 24, 32, 64) for w in (600, 170
 
 def _with_kernel(profile: Profile) -> Profile:
     """The clean profile as a llama-2-7b graph profile that records the decode kernel."""
-    meta = dataclasses.replace(profile.metadata, model="llama-2-7b", cuda_graph_sizes=SIZES,
-                               device={"num_sms": 132}, decode_tile_n=64,
-                               decode_programs_per_sm=4)
+    meta = dataclasses.replace(
+        profile.metadata,
+        model="llama-2-7b",
+        cuda_graph_sizes=SIZES,
+        device={"num_sms": 132},
+        decode_tile_n=64,
+        decode_programs_per_sm=4,
+    )
     return Profile(meta, profile.decode, profile.prefill, profile.mixed, ())
 
 
@@ -56,8 +61,9 @@ def plain(clean_profile) -> CalibratedCostModel:
 
 @pytest.fixture(scope="module")
 def spread(plain) -> CalibratedCostModel:
-    return CalibratedCostModel(dataclasses.replace(plain.profile,
-                                                   decode_spread=_spread_rows(plain)))
+    return CalibratedCostModel(
+        dataclasses.replace(plain.profile, decode_spread=_spread_rows(plain))
+    )
 
 
 def test_launch_rule_splits_by_waves_and_buckets_by_powers_of_two() -> None:
@@ -107,8 +113,7 @@ def test_padding_rows_of_a_graph_own_no_context(spread, plain) -> None:
     shape = BatchShape.decode(10, 1024, 16)
     padded = BatchShape.decode(16, 640, 16)  # the same 10 x 1024 tokens over 16 rows
     assert spread.step_time(shape) == pytest.approx(spread.step_time(padded), rel=1e-9)
-    assert plain.step_time(shape) == pytest.approx(plain.step_time(BatchShape.decode(16, 1024,
-                                                                                     16)))
+    assert plain.step_time(shape) == pytest.approx(plain.step_time(BatchShape.decode(16, 1024, 16)))
 
 
 def test_longest_context_reads_views_without_iterating() -> None:
@@ -144,15 +149,20 @@ def _shared_spread_rows(truth: CalibratedCostModel) -> tuple[DecodeSharedSpreadR
             row = DecodeSharedSpreadRow(bs, b, s + own, s + own + w, s, 0, 0, 0, 0, 0, 0)
             shape = shared_spread_shape(row)
             t = 1.07e3 * truth.device_time(shape)
-            ref = 1.07e3 * truth.device_time(dataclasses.replace(shape,
-                                                                 shared_context_tokens=0))
-            rows.append(dataclasses.replace(row, step_time_ms=t, step_time_p10_ms=t,
-                                            step_time_p90_ms=t, reference_step_time_ms=ref))
+            ref = 1.07e3 * truth.device_time(dataclasses.replace(shape, shared_context_tokens=0))
+            rows.append(
+                dataclasses.replace(
+                    row,
+                    step_time_ms=t,
+                    step_time_p10_ms=t,
+                    step_time_p90_ms=t,
+                    reference_step_time_ms=ref,
+                )
+            )
     return tuple(rows)
 
 
-def test_served_like_shared_rows_fit_the_reread_with_their_spread_priced(spread,
-                                                                          tmp_path) -> None:
+def test_served_like_shared_rows_fit_the_reread_with_their_spread_priced(spread, tmp_path) -> None:
     # truth: the spread model plus uniform shared rows that follow REREAD
     uniform = []
     for bs in (16, 32):
@@ -160,28 +170,36 @@ def test_served_like_shared_rows_fit_the_reread_with_their_spread_priced(spread,
             t = spread.step_time(BatchShape.decode(b, round(c - (1 - REREAD) * s), bs)) * 1e3
             ref = spread.step_time(BatchShape.decode(b, c, bs)) * 1e3
             uniform.append(DecodeSharedRow(bs, b, c, s, t, t, t, 0.0, 0.0, ref))
-    truth = CalibratedCostModel(dataclasses.replace(spread.profile,
-                                                    decode_shared=tuple(uniform)))
-    assert truth.reread_fraction == {16: pytest.approx(REREAD, abs=0.011),
-                                     32: pytest.approx(REREAD, abs=0.011)}
+    truth = CalibratedCostModel(dataclasses.replace(spread.profile, decode_shared=tuple(uniform)))
+    assert truth.reread_fraction == {
+        16: pytest.approx(REREAD, abs=0.011),
+        32: pytest.approx(REREAD, abs=0.011),
+    }
     rows = _shared_spread_rows(truth)
     shape = shared_spread_shape(rows[-1])  # 128 x (1024 shared + 64 .. 960 own)
-    assert (shape.num_decode_seqs, min(shape.decode_context_tokens),
-            max(shape.decode_context_tokens)) == (128, 1024 + 64, 1024 + 960)
+    assert (
+        shape.num_decode_seqs,
+        min(shape.decode_context_tokens),
+        max(shape.decode_context_tokens),
+    ) == (128, 1024 + 64, 1024 + 960)
     assert shape.decode_context_sum == 128 * (1024 + 512)
     assert shape.shared_context_tokens == 128 * 1024
     even = dataclasses.replace(shape, decode_context_tokens=[1536] * 128)
     assert truth.device_time(shape) > truth.device_time(even)  # the rows hold a spread cost
-    only_spread = CalibratedCostModel(dataclasses.replace(spread.profile,
-                                                          decode_shared_spread=rows))
+    only_spread = CalibratedCostModel(
+        dataclasses.replace(spread.profile, decode_shared_spread=rows)
+    )
     assert only_spread.reread_fraction == truth.reread_fraction
     # with uniform rows of another law beside them, the served-like rows decide
-    other_law = tuple(dataclasses.replace(r, step_time_ms=r.reference_step_time_ms)
-                      for r in uniform)  # r = 1: no saving at all
-    assert CalibratedCostModel(dataclasses.replace(
-        spread.profile, decode_shared=other_law)).reread_fraction == {16: 1.0, 32: 1.0}
-    both = CalibratedCostModel(dataclasses.replace(
-        spread.profile, decode_shared=other_law, decode_shared_spread=rows))
+    other_law = tuple(
+        dataclasses.replace(r, step_time_ms=r.reference_step_time_ms) for r in uniform
+    )  # r = 1: no saving at all
+    assert CalibratedCostModel(
+        dataclasses.replace(spread.profile, decode_shared=other_law)
+    ).reread_fraction == {16: 1.0, 32: 1.0}
+    both = CalibratedCostModel(
+        dataclasses.replace(spread.profile, decode_shared=other_law, decode_shared_spread=rows)
+    )
     assert both.reread_fraction == truth.reread_fraction
     loaded = Profile.load(only_spread.profile.save(tmp_path / "p"))
     assert loaded.decode_shared_spread == rows

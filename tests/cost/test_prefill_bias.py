@@ -31,8 +31,9 @@ def test_the_line_is_recovered_and_held_flat_outside_its_rows() -> None:
 def _slower(profile: Profile, factor) -> Profile:
     """`profile` with each prefill row `factor(row)` times slower: rows that the fit, which
     also follows the multi-prefill rows, cannot pass through."""
-    rows = tuple(dataclasses.replace(r, step_time_ms=r.step_time_ms * factor(r))
-                 for r in profile.prefill)
+    rows = tuple(
+        dataclasses.replace(r, step_time_ms=r.step_time_ms * factor(r)) for r in profile.prefill
+    )
     return dataclasses.replace(profile, prefill=rows)
 
 
@@ -58,29 +59,41 @@ def test_one_prefill_steps_take_the_line_through_the_rows_the_fit_misses(clean_p
     for bs, line in model.single_prefill_bias.items():
         rows = [r for r in profile.prefill if r.block_size == bs]
         x = [math.log2(r.num_new_tokens / 1024) for r in rows]
-        y = [r.step_time_ms * 1e-3 / fit_only.device_time(BatchShape.prefill(
-            r.num_new_tokens, r.num_cached_tokens, bs)) - 1.0 for r in rows]
+        y = [
+            r.step_time_ms
+            * 1e-3
+            / fit_only.device_time(BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, bs))
+            - 1.0
+            for r in rows
+        ]
         slope, intercept = np.polyfit(x, y, 1)
         assert line.slope == pytest.approx(slope) and line.intercept == pytest.approx(intercept)
         assert line.slope > 0.0  # the fit leaves the longer prefills more to add
     r = profile.prefill[-1]
     factor_r = 1.0 + model.single_prefill_bias[r.block_size](r.num_new_tokens)
     # one prefill, alone or beside decodes: the fit's price times the line's factor
-    for shape in (BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size),
-                  BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens, 8, 512,
-                                   r.block_size)):
+    for shape in (
+        BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size),
+        BatchShape.mixed(r.num_new_tokens, r.num_cached_tokens, 8, 512, r.block_size),
+    ):
         assert model.device_time(shape) == pytest.approx(
-            fit_only.device_time(shape) * factor_r, rel=1e-9)
+            fit_only.device_time(shape) * factor_r, rel=1e-9
+        )
     # several prefill entries keep the fit alone
-    two = BatchShape(r.block_size, 2 * r.num_new_tokens,
-                     prefill_new_tokens=[r.num_new_tokens] * 2,
-                     prefill_context_tokens=[r.num_cached_tokens] * 2)
+    two = BatchShape(
+        r.block_size,
+        2 * r.num_new_tokens,
+        prefill_new_tokens=[r.num_new_tokens] * 2,
+        prefill_context_tokens=[r.num_cached_tokens] * 2,
+    )
     assert model.device_time(two) == fit_only.device_time(two)
 
 
 def test_block_sizes_without_rows_blend_the_measured_lines(clean_profile) -> None:
-    profile = _slower(_with_varlen(clean_profile, TRUTH),
-                      lambda r: 1.0 + 0.02 * math.log2(r.num_new_tokens) / r.block_size)
+    profile = _slower(
+        _with_varlen(clean_profile, TRUTH),
+        lambda r: 1.0 + 0.02 * math.log2(r.num_new_tokens) / r.block_size,
+    )
     model, fit_only = CalibratedCostModel(profile), _without_bias(profile)
     sizes = sorted(model.single_prefill_bias)
     if len(sizes) < 2:
@@ -90,4 +103,5 @@ def test_block_sizes_without_rows_blend_the_measured_lines(clean_profile) -> Non
     assert len(weights) == 2 and all(0.0 < w < 1.0 for w, _ in weights)
     shape = BatchShape.prefill(2048, 0, mid)
     assert model.device_time(shape) == pytest.approx(
-        fit_only.device_time(shape) * (1.0 + sum(w * b(2048) for w, b in weights)), rel=1e-9)
+        fit_only.device_time(shape) * (1.0 + sum(w * b(2048) for w, b in weights)), rel=1e-9
+    )

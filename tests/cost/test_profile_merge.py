@@ -19,9 +19,10 @@ STORED = Path(__file__).resolve().parents[2] / "results" / "validation"
 
 
 def _with_meta(profile: Profile, **changes) -> Profile:
-    return Profile(dataclasses.replace(profile.metadata, **changes),
-                   **{name: getattr(profile, name) for name in ("decode", "prefill", "mixed",
-                                                                "overhead")})
+    return Profile(
+        dataclasses.replace(profile.metadata, **changes),
+        **{name: getattr(profile, name) for name in ("decode", "prefill", "mixed", "overhead")},
+    )
 
 
 def test_one_profile_merges_into_itself(tmp_path) -> None:
@@ -55,18 +56,35 @@ def test_a_point_one_source_lacks_is_the_median_of_those_that_measured_it() -> N
     merged = merge_profiles([c, a, b])
     lacked = merged.decode[-1]  # the point c lacks comes after c's own points
     assert (lacked.block_size, lacked.batch_size, lacked.context_len) == (
-        a.decode[0].block_size, a.decode[0].batch_size, a.decode[0].context_len)
+        a.decode[0].block_size,
+        a.decode[0].batch_size,
+        a.decode[0].context_len,
+    )
     assert lacked.step_time_ms == median([a.decode[0].step_time_ms, b.decode[0].step_time_ms])
     assert len(merged.decode) == len(a.decode)
 
 
 def test_metadata_blocks_are_the_smallest_scalars_the_median_date_the_newest() -> None:
-    a = _with_meta(make_synthetic_profile(seed=1), date="2026-01-01", num_gpu_blocks={16: 90},
-                   overhead_per_prefill_ms=0.1, host_link_bytes_per_s=4e10)
-    b = _with_meta(make_synthetic_profile(seed=2), date="2026-01-03",
-                   num_gpu_blocks={16: 100, 32: 50}, overhead_per_prefill_ms=0.3)
-    c = _with_meta(make_synthetic_profile(seed=3), date="2026-01-02", num_gpu_blocks={16: 95},
-                   overhead_per_prefill_ms=None, host_link_bytes_per_s=6e10)
+    a = _with_meta(
+        make_synthetic_profile(seed=1),
+        date="2026-01-01",
+        num_gpu_blocks={16: 90},
+        overhead_per_prefill_ms=0.1,
+        host_link_bytes_per_s=4e10,
+    )
+    b = _with_meta(
+        make_synthetic_profile(seed=2),
+        date="2026-01-03",
+        num_gpu_blocks={16: 100, 32: 50},
+        overhead_per_prefill_ms=0.3,
+    )
+    c = _with_meta(
+        make_synthetic_profile(seed=3),
+        date="2026-01-02",
+        num_gpu_blocks={16: 95},
+        overhead_per_prefill_ms=None,
+        host_link_bytes_per_s=6e10,
+    )
     meta = merge_profiles([a, b, c]).metadata
     assert meta.num_gpu_blocks == {16: 90, 32: 50}
     assert meta.overhead_per_prefill_ms == pytest.approx(0.2)
@@ -76,8 +94,15 @@ def test_metadata_blocks_are_the_smallest_scalars_the_median_date_the_newest() -
     assert "measured 2026-01-01, 2026-01-03, 2026-01-02" in meta.notes
 
 
-@pytest.mark.parametrize("key,value", [("torch", "2.99"), ("model", "llama-3-8b"),
-                                       ("dtype", "bfloat16"), ("cuda_graph_sizes", [1, 2])])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("torch", "2.99"),
+        ("model", "llama-3-8b"),
+        ("dtype", "bfloat16"),
+        ("cuda_graph_sizes", [1, 2]),
+    ],
+)
 def test_calibrations_of_another_setup_do_not_merge(key, value) -> None:
     a = make_synthetic_profile(seed=1)
     b = _with_meta(make_synthetic_profile(seed=2), **{key: value})
@@ -92,8 +117,7 @@ def test_the_merge_is_byte_for_byte_the_same_each_time(tmp_path) -> None:
     one = merge_profiles(sources).save(tmp_path / "one")
     two = merge_profiles(sources).save(tmp_path / "two")
     assert sorted(p.name for p in one.iterdir()) == sorted(p.name for p in two.iterdir())
-    assert all((one / p.name).read_bytes() == (two / p.name).read_bytes()
-               for p in one.iterdir())
+    assert all((one / p.name).read_bytes() == (two / p.name).read_bytes() for p in one.iterdir())
     assert Profile.load(one) == merge_profiles(sources)
 
 

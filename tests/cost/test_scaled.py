@@ -42,4 +42,5 @@ def test_scale_one_builds_nothing_and_another_wraps_the_model() -> None:
     model = scaled_cost_model(cfg, None, 1.03)
     shape = BatchShape.decode(16, 1024)
     assert model.step_time(shape) == pytest.approx(
-        1.03 * build_cost_model(cfg, None).step_time(shape))
+        1.03 * build_cost_model(cfg, None).step_time(shape)
+    )

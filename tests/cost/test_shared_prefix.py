@@ -24,8 +24,9 @@ def _shared_profile(profile: Profile) -> Profile:
             ref = base.step_time(BatchShape.decode(b, c, bs)) * 1e3
             # rows from "another session" 7 % slower: only the ratio to the reference counts
             rows.append(DecodeSharedRow(bs, b, c, s, 1.07 * t, t, t, 0.0, 0.0, 1.07 * ref))
-    return Profile(profile.metadata, profile.decode, profile.prefill, profile.mixed,
-                   decode_shared=tuple(rows))
+    return Profile(
+        profile.metadata, profile.decode, profile.prefill, profile.mixed, decode_shared=tuple(rows)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +35,11 @@ def shared_model(clean_profile) -> CalibratedCostModel:
 
 
 def test_reread_fraction_is_recovered(shared_model, clean_profile) -> None:
-    assert shared_model.reread_fraction == {8: pytest.approx(REREAD, abs=0.011),
-                                            16: pytest.approx(REREAD, abs=0.011),
-                                            32: pytest.approx(REREAD, abs=0.011)}
+    assert shared_model.reread_fraction == {
+        8: pytest.approx(REREAD, abs=0.011),
+        16: pytest.approx(REREAD, abs=0.011),
+        32: pytest.approx(REREAD, abs=0.011),
+    }
     assert CalibratedCostModel(clean_profile).reread_fraction == {}
 
 
@@ -50,7 +53,8 @@ def test_shared_blocks_make_a_decode_step_cheaper(shared_model) -> None:
     frac = shared_model.reread_fraction[16]
     ceff = round(ctx - (1 - frac) * 1000)
     assert shared_model.step_time(shared) == pytest.approx(
-        shared_model.step_time(BatchShape.decode(n, ceff, 16)), rel=1e-3)
+        shared_model.step_time(BatchShape.decode(n, ceff, 16)), rel=1e-3
+    )
 
 
 def test_profiles_without_shared_rows_ignore_the_shared_count(clean_profile) -> None:

@@ -42,8 +42,11 @@ def brute_force(kernel: VarlenKernel, entries, decodes, padded) -> tuple[Launch,
     tiles = [k / kernel.tile_n + PROGRAM_OVERHEAD_TILES for k in keys]
     tokens = sum(q for q, _ in entries) + len(decodes)
     seqs = len(entries) + len(decodes)
-    launched = (tokens // kernel.block_q + seqs if padded is None
-                else padded // kernel.block_q + min(padded, kernel.max_graph_seqs))
+    launched = (
+        tokens // kernel.block_q + seqs
+        if padded is None
+        else padded // kernel.block_q + min(padded, kernel.max_graph_seqs)
+    )
     return Launch(sum(tiles), max(tiles, default=0.0), len(keys), launched), np.array(tiles)
 
 
@@ -70,9 +73,12 @@ def test_a_hand_counted_launch() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=5),
-       decodes=st.lists(st.integers(1, 4000), max_size=40),
-       block_q=st.sampled_from([16, 32, 128]), graph=st.booleans())
+@given(
+    entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=5),
+    decodes=st.lists(st.integers(1, 4000), max_size=40),
+    block_q=st.sampled_from([16, 32, 128]),
+    graph=st.booleans(),
+)
 def test_closed_form_counts_every_program(entries, decodes, block_q, graph) -> None:
     kernel = VarlenKernel(block_q, 64, 256)
     tokens = sum(q for q, _ in entries) + len(decodes)
@@ -84,8 +90,15 @@ def test_closed_form_counts_every_program(entries, decodes, block_q, graph) -> N
     assert (got.used, got.launched) == (want.used, want.launched)
     for j, length in got.candidates():  # the programs that can end the launch, as counted
         assert length == pytest.approx(programs[j])
-    shape = BatchShape(16, tokens, len(decodes), sum(decodes), list(decodes),
-                       [q for q, _ in entries], [c for _, c in entries])
+    shape = BatchShape(
+        16,
+        tokens,
+        len(decodes),
+        sum(decodes),
+        list(decodes),
+        [q for q, _ in entries],
+        [c for _, c in entries],
+    )
     assert shape_launch(kernel, shape, padded) == got
 
 
@@ -113,8 +126,11 @@ def test_the_last_heads_long_program_starts_after_the_other_heads_work() -> None
 
 
 @settings(max_examples=200, deadline=None)
-@given(lengths=st.lists(st.floats(2.0, 80.0), min_size=1, max_size=60),
-       heads=st.integers(1, 32), slots=st.integers(1, 400))
+@given(
+    lengths=st.lists(st.floats(2.0, 80.0), min_size=1, max_size=60),
+    heads=st.integers(1, 32),
+    slots=st.integers(1, 400),
+)
 def test_fluid_schedule_stays_within_the_greedy_bounds(lengths, heads, slots) -> None:
     """Both the exact greedy schedule and its fluid form lie between the lower bound
     max(longest, all work / slots) and Graham's bound all work / slots + longest."""
@@ -130,11 +146,14 @@ def test_fluid_schedule_stays_within_the_greedy_bounds(lengths, heads, slots) ->
 
 
 @settings(max_examples=100, deadline=None)
-@given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
-       decodes=st.lists(st.integers(1, 4000), max_size=40), heads=st.integers(1, 32),
-       reread=st.floats(0.05, 1.0), slots=st.sampled_from(SLOTS_GRID))
-def test_shared_reads_shorten_every_program_alike(entries, decodes, heads, reread,
-                                                  slots) -> None:
+@given(
+    entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
+    decodes=st.lists(st.integers(1, 4000), max_size=40),
+    heads=st.integers(1, 32),
+    reread=st.floats(0.05, 1.0),
+    slots=st.sampled_from(SLOTS_GRID),
+)
+def test_shared_reads_shorten_every_program_alike(entries, decodes, heads, reread, slots) -> None:
     kernel = VarlenKernel(block_q=32, tile_n=64, max_graph_seqs=512, num_kv_heads=heads)
     launch = launch_of(kernel, entries, decodes, None)
     shared = launch.reread(0.5, reread)
@@ -143,25 +162,31 @@ def test_shared_reads_shorten_every_program_alike(entries, decodes, heads, rerea
 
 
 @settings(max_examples=100, deadline=None)
-@given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
-       decodes=st.lists(st.integers(1, 4000), max_size=40), heads=st.integers(1, 32),
-       reread=st.floats(0.05, 1.0))
+@given(
+    entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
+    decodes=st.lists(st.integers(1, 4000), max_size=40),
+    heads=st.integers(1, 32),
+    reread=st.floats(0.05, 1.0),
+)
 def test_the_fits_schedules_are_the_pricing_ones(entries, decodes, heads, reread) -> None:
     """`makespans` (numpy, every slot count of the fit at once) is `Launch.makespan`."""
     kernel = VarlenKernel(block_q=32, tile_n=64, max_graph_seqs=512, num_kv_heads=heads)
     launch = launch_of(kernel, entries, decodes, None).reread(0.5, reread)
     assert makespans(launch, SLOTS_GRID) == pytest.approx(
-        [launch.makespan(slots) for slots in SLOTS_GRID])
+        [launch.makespan(slots) for slots in SLOTS_GRID]
+    )
 
 
 @settings(max_examples=200, deadline=None)
-@given(entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
-       decodes=st.lists(st.one_of(st.integers(1, 4000), st.floats(1.0, 4000.0)), max_size=12),
-       block_q=st.sampled_from([16, 32, 128]), overhead=st.sampled_from([0.5, 1.0, 3.0]))
+@given(
+    entries=st.lists(st.tuples(st.integers(1, 700), st.integers(0, 3000)), max_size=4),
+    decodes=st.lists(st.one_of(st.integers(1, 4000), st.floats(1.0, 4000.0)), max_size=12),
+    block_q=st.sampled_from([16, 32, 128]),
+    overhead=st.sampled_from([0.5, 1.0, 3.0]),
+)
 def test_prefixes_are_prefix_float_for_float(entries, decodes, block_q, overhead) -> None:
     """`Launch.prefixes` (one pass, for the fit) gives `_prefix`'s floats exactly."""
-    kernel = VarlenKernel(block_q=block_q, tile_n=64, max_graph_seqs=512,
-                          program_overhead=overhead)
+    kernel = VarlenKernel(block_q=block_q, tile_n=64, max_graph_seqs=512, program_overhead=overhead)
     launch = launch_of(kernel, entries, decodes, None)
     expected = [launch._prefix(i) for i in range(launch.used)]
     assert [float(x).hex() for x in launch.prefixes()] == [float(x).hex() for x in expected]
@@ -170,13 +195,22 @@ def test_prefixes_are_prefix_float_for_float(entries, decodes, block_q, overhead
 def _rows(truth: VarlenFit):
     rows = []
     # some steps bound by their work, some (one long context, little work) by one program
-    for q, c, k in [(16, 0, 1), (128, 0, 1), (512, 1024, 1), (2048, 0, 1), (64, 0, 16),
-                    (128, 1024, 4), (512, 0, 8), (300, 100, 2), (16, 3000, 1), (32, 4000, 1),
-                    (16, 2000, 2)]:
+    for q, c, k in [
+        (16, 0, 1),
+        (128, 0, 1),
+        (512, 1024, 1),
+        (2048, 0, 1),
+        (64, 0, 16),
+        (128, 1024, 4),
+        (512, 0, 8),
+        (300, 100, 2),
+        (16, 3000, 1),
+        (32, 4000, 1),
+        (16, 2000, 2),
+    ]:
         for graph in (True, False):
             decodes = 128 if q == 300 else 0  # one step mixes 128 decodes of 512 tokens
-            launch = launch_of(KERNEL, [(q, c)] * k, [512] * decodes,
-                               512 if graph else None)
+            launch = launch_of(KERNEL, [(q, c)] * k, [512] * decodes, 512 if graph else None)
             att = truth(launch, graph)
             rows.append((launch, graph, att, att + 0.01))
     return rows
@@ -199,11 +233,27 @@ def test_fit_finds_the_program_overhead_the_rows_were_made_with() -> None:
     made_with = dataclasses.replace(KERNEL, program_overhead=3.0)
     rows: dict[int, list] = {}
     for bs in (16, 32):
-        for q, c, k, d in [(16, 0, 1, 0), (128, 0, 1, 0), (512, 1024, 1, 0), (2048, 0, 1, 0),
-                           (64, 0, 16, 0), (128, 1024, 4, 0), (512, 0, 8, 0), (300, 100, 1, 128),
-                           (16, 3000, 1, 0), (32, 4000, 1, 0), (16, 2000, 2, 0), (64, 0, 1, 96)]:
-            shape = BatchShape.mixed(q, c, d, 700, bs) if d else BatchShape(
-                bs, q * k, prefill_new_tokens=[q] * k, prefill_context_tokens=[c] * k)
+        for q, c, k, d in [
+            (16, 0, 1, 0),
+            (128, 0, 1, 0),
+            (512, 1024, 1, 0),
+            (2048, 0, 1, 0),
+            (64, 0, 16, 0),
+            (128, 1024, 4, 0),
+            (512, 0, 8, 0),
+            (300, 100, 1, 128),
+            (16, 3000, 1, 0),
+            (32, 4000, 1, 0),
+            (16, 2000, 2, 0),
+            (64, 0, 1, 96),
+        ]:
+            shape = (
+                BatchShape.mixed(q, c, d, 700, bs)
+                if d
+                else BatchShape(
+                    bs, q * k, prefill_new_tokens=[q] * k, prefill_context_tokens=[c] * k
+                )
+            )
             for padded in (512, None):
                 att = truth(shape_launch(made_with, shape, padded), padded is not None)
                 rows.setdefault(bs, []).append((shape, padded, att, att + 0.01))
@@ -218,8 +268,9 @@ def test_fit_finds_the_program_overhead_the_rows_were_made_with() -> None:
 def _with_varlen(profile: Profile, truth: VarlenFit) -> Profile:
     """The clean profile with prefill, mixed and multi rows whose attention follows `truth`
     on top of the profile's own `other` line (so the fit must find `truth` again)."""
-    meta = dataclasses.replace(profile.metadata, varlen_block_q=KERNEL.block_q,
-                               varlen_tile_n=KERNEL.tile_n)
+    meta = dataclasses.replace(
+        profile.metadata, varlen_block_q=KERNEL.block_q, varlen_tile_n=KERNEL.tile_n
+    )
     base = CalibratedCostModel(profile)
     spec = MODELS.get(meta.model)  # the grid's KV heads, as the calibrated model counts them
     kernel = dataclasses.replace(KERNEL, num_kv_heads=spec.num_kv_heads if spec else 1)
@@ -228,16 +279,26 @@ def _with_varlen(profile: Profile, truth: VarlenFit) -> Profile:
         other = base.step_time_breakdown(shape)["other"]
         return (other + truth(shape_launch(kernel, shape, None), False)) * 1e3
 
-    prefill = tuple(dataclasses.replace(r, step_time_ms=(t := step(BatchShape.prefill(
-        r.num_new_tokens, r.num_cached_tokens, r.block_size))), step_time_p10_ms=t,
-        step_time_p90_ms=t) for r in profile.prefill)
+    prefill = tuple(
+        dataclasses.replace(
+            r,
+            step_time_ms=(
+                t := step(BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size))
+            ),
+            step_time_p10_ms=t,
+            step_time_p90_ms=t,
+        )
+        for r in profile.prefill
+    )
     multi = []
     for k, n, c in [(2, 64, 0), (4, 256, 1024), (16, 32, 0), (8, 512, 512)]:
-        shape = BatchShape(16, k * n, prefill_new_tokens=[n] * k,
-                           prefill_context_tokens=[c] * k)
+        shape = BatchShape(16, k * n, prefill_new_tokens=[n] * k, prefill_context_tokens=[c] * k)
         t = step(shape)
-        multi.append(MultiPrefillRow(16, k, n, c, t, t, t, 0.0,
-                                     base.step_time_breakdown(shape)["other"] * 1e3))
+        multi.append(
+            MultiPrefillRow(
+                16, k, n, c, t, t, t, 0.0, base.step_time_breakdown(shape)["other"] * 1e3
+            )
+        )
     return Profile(meta, profile.decode, prefill, (), (), (), tuple(multi))
 
 
@@ -248,17 +309,27 @@ def test_calibrated_model_prices_prefill_steps_with_the_fit(clean_profile) -> No
     assert set(model.varlen_fits) == {r.block_size for r in profile.prefill}
     assert model.varlen_fits[16].beta == pytest.approx(truth.beta, rel=1e-3)
     for r in profile.multi_prefill:
-        shape = BatchShape(16, r.num_entries * r.num_new_tokens,
-                           prefill_new_tokens=[r.num_new_tokens] * r.num_entries,
-                           prefill_context_tokens=[r.num_cached_tokens] * r.num_entries)
+        shape = BatchShape(
+            16,
+            r.num_entries * r.num_new_tokens,
+            prefill_new_tokens=[r.num_new_tokens] * r.num_entries,
+            prefill_context_tokens=[r.num_cached_tokens] * r.num_entries,
+        )
         assert model.step_time(shape) * 1e3 == pytest.approx(r.step_time_ms, rel=1e-3)
     # without the kernel's tiles in the metadata, prefill steps are priced per entry
-    plain = CalibratedCostModel(Profile(
-        dataclasses.replace(profile.metadata, varlen_block_q=0, varlen_tile_n=0),
-        profile.decode, profile.prefill, (), (), (), profile.multi_prefill))
+    plain = CalibratedCostModel(
+        Profile(
+            dataclasses.replace(profile.metadata, varlen_block_q=0, varlen_tile_n=0),
+            profile.decode,
+            profile.prefill,
+            (),
+            (),
+            (),
+            profile.multi_prefill,
+        )
+    )
     assert plain.varlen_fits == {}
-    big = BatchShape(16, 16 * 512, prefill_new_tokens=[512] * 16,
-                     prefill_context_tokens=[512] * 16)
+    big = BatchShape(16, 16 * 512, prefill_new_tokens=[512] * 16, prefill_context_tokens=[512] * 16)
     assert plain.step_time(big) != pytest.approx(model.step_time(big), rel=1e-3)
 
 
@@ -281,10 +352,22 @@ def test_varlen_reread_fraction_is_recovered_and_applied(clean_profile) -> None:
     base = CalibratedCostModel(base_profile)
     reread = 0.6
     rows = []
-    for d, dc, k, n, sh in [(0, 0, 4, 128, 1024), (0, 0, 16, 32, 1024), (32, 1280, 1, 256, 1024),
-                            (64, 2304, 2, 128, 2048)]:
-        shape = BatchShape(16, d + k * n, d, d * dc, [dc] * d, [n] * k, [sh] * k,
-                           shared_context_tokens=(d + k) * sh)
+    for d, dc, k, n, sh in [
+        (0, 0, 4, 128, 1024),
+        (0, 0, 16, 32, 1024),
+        (32, 1280, 1, 256, 1024),
+        (64, 2304, 2, 128, 2048),
+    ]:
+        shape = BatchShape(
+            16,
+            d + k * n,
+            d,
+            d * dc,
+            [dc] * d,
+            [n] * k,
+            [sh] * k,
+            shared_context_tokens=(d + k) * sh,
+        )
         plain = dataclasses.replace(shape, shared_context_tokens=None)
         ref = base.step_time(plain) * 1e3
         padded = base.padded_tokens(shape.total_tokens)
@@ -293,12 +376,23 @@ def test_varlen_reread_fraction_is_recovered_and_applied(clean_profile) -> None:
         t = (other + base.varlen_fits[16](launch, padded is not None)) * 1e3
         assert t < ref  # sharing saves reads
         rows.append(VarlenSharedRow(16, d, dc, k, n, sh, 1.1 * t, t, t, 0.0, 0.0, 1.1 * ref))
-    model = CalibratedCostModel(Profile(base_profile.metadata, base_profile.decode,
-                                        base_profile.prefill, (), (), (),
-                                        base_profile.multi_prefill, varlen_shared=tuple(rows)))
+    model = CalibratedCostModel(
+        Profile(
+            base_profile.metadata,
+            base_profile.decode,
+            base_profile.prefill,
+            (),
+            (),
+            (),
+            base_profile.multi_prefill,
+            varlen_shared=tuple(rows),
+        )
+    )
     assert model.reread_fraction_varlen == {16: pytest.approx(reread, abs=0.011)}
     assert base.reread_fraction_varlen == {}
-    shared = BatchShape(16, 32 + 256, 32, 32 * 1280, [1280] * 32, [256], [1024],
-                        shared_context_tokens=33 * 1024)
+    shared = BatchShape(
+        16, 32 + 256, 32, 32 * 1280, [1280] * 32, [256], [1024], shared_context_tokens=33 * 1024
+    )
     assert model.step_time(shared) < model.step_time(
-        dataclasses.replace(shared, shared_context_tokens=None))
+        dataclasses.replace(shared, shared_context_tokens=None)
+    )

@@ -28,9 +28,18 @@ def assert_close_rel(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -
 class PagedKV:
     """A paged KV cache filled with random data and random (permuted) block-table rows."""
 
-    def __init__(self, gen: torch.Generator, seq_lens: Sequence[int], block_size: int,
-                 num_kv_heads: int, head_size: int, dtype: torch.dtype, device: str,
-                 spare_blocks: int = 3, table_width: int | None = None):
+    def __init__(
+        self,
+        gen: torch.Generator,
+        seq_lens: Sequence[int],
+        block_size: int,
+        num_kv_heads: int,
+        head_size: int,
+        dtype: torch.dtype,
+        device: str,
+        spare_blocks: int = 3,
+        table_width: int | None = None,
+    ):
         needed = [-(-n // block_size) for n in seq_lens]
         num_blocks = 1 + sum(needed) + spare_blocks  # block 0 is the null block
         ids = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()

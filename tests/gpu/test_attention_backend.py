@@ -42,9 +42,14 @@ class Engine:
             row = self.blocks.setdefault(s, [])
             while len(row) * bs < c + new_tokens[s]:
                 row.append(self.free.pop())
-        md = b.build_metadata([self.blocks[s] for s in seqs], computed,
-                              [new_tokens[s] for s in seqs], self.device, pad_to=pad_to,
-                              num_sms=num_sms)
+        md = b.build_metadata(
+            [self.blocks[s] for s in seqs],
+            computed,
+            [new_tokens[s] for s in seqs],
+            self.device,
+            pad_to=pad_to,
+            num_sms=num_sms,
+        )
         n_tok = md.slot_mapping.shape[0]
         q = randn(self.gen, (n_tok, b.num_heads, b.head_size), self.dtype, self.device)
         k = randn(self.gen, (n_tok, b.num_kv_heads, b.head_size), self.dtype, self.device)
@@ -55,9 +60,9 @@ class Engine:
         row = 0
         for s, c in zip(seqs, computed, strict=True):
             n = new_tokens[s]
-            self.hist_k.setdefault(s, []).append(k[row:row + n])
-            self.hist_v.setdefault(s, []).append(v[row:row + n])
-            ref[row:row + n] = self._attend(q[row:row + n], s, c)
+            self.hist_k.setdefault(s, []).append(k[row : row + n])
+            self.hist_v.setdefault(s, []).append(v[row : row + n])
+            ref[row : row + n] = self._attend(q[row : row + n], s, c)
             row += n
         return md, out, ref
 
@@ -87,18 +92,28 @@ class Engine:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("window", [None, 6])
 def test_steps_chunked_prefill_mixed_and_decode(gen, device, dtype, window):
-    backend = PagedAttentionBackend(num_heads=4, num_kv_heads=2, head_size=64, block_size=8,
-                                    sliding_window=window, min_partition_tokens=8)
+    backend = PagedAttentionBackend(
+        num_heads=4,
+        num_kv_heads=2,
+        head_size=64,
+        block_size=8,
+        sliding_window=window,
+        min_partition_tokens=8,
+    )
     eng = Engine(gen, backend, num_blocks=40, dtype=dtype, device=device)
     # 1: prefill chunks.  2: rest of a prompt + a decode + a new prompt (mixed).
     # 3: decode-only, unsplit (one SM).  4: a long chunk on a cached prefix plus a decode.
     # 5: decode-only over a 143-token context with 64 SMs: the rule splits it (16-token tiles
     #    on the CPU; on a GPU the 64-token tile keeps it whole, as measured best there).
-    steps = [({0: 12, 1: 7}, None), ({0: 8, 1: 1, 2: 13}, None), ({0: 1, 1: 1, 2: 1}, 1),
-             ({0: 121, 2: 1}, None), ({2: 1, 0: 1, 1: 1}, 64)]
+    steps = [
+        ({0: 12, 1: 7}, None),
+        ({0: 8, 1: 1, 2: 13}, None),
+        ({0: 1, 1: 1, 2: 1}, 1),
+        ({0: 121, 2: 1}, None),
+        ({2: 1, 0: 1, 1: 1}, 64),
+    ]
     for new_tokens, num_sms in steps:
-        md, out, ref = eng.step(new_tokens, pad_to=sum(new_tokens.values()) + 2,
-                                num_sms=num_sms)
+        md, out, ref = eng.step(new_tokens, pad_to=sum(new_tokens.values()) + 2, num_sms=num_sms)
         n = md.num_actual_tokens
         assert md.is_decode_only == all(v == 1 for v in new_tokens.values())
         assert_close_rel(out[:n], ref[:n], dtype)
@@ -106,7 +121,8 @@ def test_steps_chunked_prefill_mixed_and_decode(gen, device, dtype, window):
         if md.is_decode_only:  # the backend applies the shape rule with its own config
             cfg = decode_config(64, 2, device == "cuda")
             assert md.decode_partition == decode_partition(
-                3, 2, md.max_seq_len, cfg, num_sms, window, backend.min_partition_tokens)
+                3, 2, md.max_seq_len, cfg, num_sms, window, backend.min_partition_tokens
+            )
             assert (md.decode_workspace is None) == (md.decode_partition.num_partitions == 1)
         if num_sms == 64 and window is None and device == "cpu":  # 16-token tiles: split
             assert md.decode_partition.num_partitions > 1
@@ -118,10 +134,14 @@ def test_steps_chunked_prefill_mixed_and_decode(gen, device, dtype, window):
 def test_metadata_from_scheduler_output(device):
     backend = PagedAttentionBackend(8, 2, 128, 16)
     reqs = [Request(f"r{i}", list(range(30)), max_tokens=4) for i in range(2)]
-    out = SchedulerOutput(step_id=0, scheduled=[
-        ScheduledRequest(reqs[0], num_new_tokens=14, num_computed_tokens=16, block_ids=[3, 5]),
-        ScheduledRequest(reqs[1], num_new_tokens=1, num_computed_tokens=20, block_ids=[7, 2]),
-    ], total_num_scheduled_tokens=15)
+    out = SchedulerOutput(
+        step_id=0,
+        scheduled=[
+            ScheduledRequest(reqs[0], num_new_tokens=14, num_computed_tokens=16, block_ids=[3, 5]),
+            ScheduledRequest(reqs[1], num_new_tokens=1, num_computed_tokens=20, block_ids=[7, 2]),
+        ],
+        total_num_scheduled_tokens=15,
+    )
     md = backend.build_metadata_for_step(out, device)
     assert isinstance(md, AttentionMetadata) and not md.is_decode_only
     assert md.seq_lens.tolist() == [30, 21]
@@ -132,10 +152,12 @@ def test_metadata_from_scheduler_output(device):
 
 
 def test_bad_backend_settings():
-    for kwargs, needle in [(dict(num_heads=6, num_kv_heads=4), "num_heads=6"),
-                           (dict(head_size=96), "head_size=96"),
-                           (dict(block_size=24), "block_size=24"),
-                           (dict(sliding_window=0), "sliding_window=0")]:
+    for kwargs, needle in [
+        (dict(num_heads=6, num_kv_heads=4), "num_heads=6"),
+        (dict(head_size=96), "head_size=96"),
+        (dict(block_size=24), "block_size=24"),
+        (dict(sliding_window=0), "sliding_window=0"),
+    ]:
         args = dict(num_heads=8, num_kv_heads=2, head_size=64, block_size=16) | kwargs
         with pytest.raises(KernelInputError, match=needle):
             PagedAttentionBackend(**args)

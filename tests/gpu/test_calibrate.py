@@ -38,8 +38,12 @@ from pagesim.gpu.serve import ServeStep
 
 
 def test_points_respect_model_length_cache_and_batch_limits() -> None:
-    grid = CalibrationGrid(decode_batches=(1, 8, 64), decode_contexts=(100, 1000, 5000),
-                           prefill_tokens=(16, 4096, 16384), prefill_cached=(0, 2048))
+    grid = CalibrationGrid(
+        decode_batches=(1, 8, 64),
+        decode_contexts=(100, 1000, 5000),
+        prefill_tokens=(16, 4096, 16384),
+        prefill_cached=(0, 2048),
+    )
     dec = decode_points(grid, max_model_len=4096, capacity_tokens=64 * 1001, max_num_seqs=32)
     assert (1, 4095) in dec  # the longest context is capped at max_model_len - 1
     assert all(b <= 32 and b * (c + 1) <= 64 * 1001 and c < 4096 for b, c in dec)
@@ -56,9 +60,14 @@ def test_every_default_grid_entry_fits_the_model_and_the_step_budgets(model: str
     config = EngineConfig.create(model=model, gpu="h200")
     for bs in (8, 16, 32, 64, 128):
         entries = calibration_entries(
-            CalibrationGrid(), bs, max_model_len=config.max_model_len,
+            CalibrationGrid(),
+            bs,
+            max_model_len=config.max_model_len,
             max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs, full=True, capacity=10**9)
+            max_num_seqs=config.max_num_seqs,
+            full=True,
+            capacity=10**9,
+        )
         kinds = {kind for kind, *_ in entries}
         assert {"decode", "prefill", "mixed", "multi", "spread"} <= kinds
         for kind, key, spec, _ in entries:
@@ -90,12 +99,21 @@ def test_some_spread_points_share_their_twins_span_bucket(model: str) -> None:
     Every model of at least 4,096 tokens gets same-bucket points up to 128 sequences."""
     config = EngineConfig.create(model=model, gpu="h200")
     entries = calibration_entries(
-        CalibrationGrid(), 16, max_model_len=config.max_model_len,
+        CalibrationGrid(),
+        16,
+        max_model_len=config.max_model_len,
         max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs, full=True, capacity=10**9)
-    same = [key for kind, key, _, _ in entries if kind == "spread"
-            and span_bucket(key[1] + 1, config.max_model_len)
-            == span_bucket(key[2] + 1, config.max_model_len)]
+        max_num_seqs=config.max_num_seqs,
+        full=True,
+        capacity=10**9,
+    )
+    same = [
+        key
+        for kind, key, _, _ in entries
+        if kind == "spread"
+        and span_bucket(key[1] + 1, config.max_model_len)
+        == span_bucket(key[2] + 1, config.max_model_len)
+    ]
     assert {b for b, _, _ in same} == {4, 8, 16, 24, 32, 64, 96, 128}
     assert all(c < longest for _, c, longest in same)
 
@@ -124,8 +142,10 @@ def test_synthetic_steps_have_the_shape_the_cost_model_sees() -> None:
 
 
 def test_overhead_rows_bin_host_time_by_batch_size() -> None:
-    steps = [ServeStep(0.0, n, n, 0.0, 0.010, 0.0, 0.010 + 1e-4 * n) for n in
-             (1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4)]
+    steps = [
+        ServeStep(0.0, n, n, 0.0, 0.010, 0.0, 0.010 + 1e-4 * n)
+        for n in (1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4)
+    ]
     rows = overhead_rows(steps, max_reqs=4)
     by = {r.num_reqs: r.overhead_ms for r in rows}
     assert by[1] == pytest.approx(0.1)
@@ -169,8 +189,7 @@ def test_admission_overhead_is_not_moved_by_one_slow_step() -> None:
 
 def test_admission_overhead_with_one_entry_count_is_all_per_step() -> None:
     steps = [ServeStep(0.0, 4, 4, 0.0, 0.010, 0.0, 0.0101) for _ in range(3)]
-    steps += [ServeStep(0.0, 4, 104, 0.0, 0.010, 0.0, 0.0101 + e, 1)
-              for e in (3e-4, 4e-4, 5e-4)]
+    steps += [ServeStep(0.0, 4, 104, 0.0, 0.010, 0.0, 0.0101 + e, 1) for e in (3e-4, 4e-4, 5e-4)]
     base, per_entry = admission_overhead(steps, overhead_rows(steps, max_reqs=4))
     assert (base, per_entry) == (pytest.approx(0.4), 0.0)
 
@@ -182,7 +201,8 @@ def test_overhead_ramp_lengths() -> None:
     joined = overhead_requests(4, prompt_len=100, num_joining=10)
     groups = [0, 1, 1, 2, 2, 2, 2, 3, 3, 3]  # sizes 1, 2, 4, then 3 of the next 8
     assert [r.arrival_time for r in joined[4:]] == pytest.approx(
-        [JOIN_START_S + g * JOIN_GAP_S for g in groups])
+        [JOIN_START_S + g * JOIN_GAP_S for g in groups]
+    )
     assert all(r.num_prompt_tokens == 100 for r in joined)
     assert len({tuple(r.prompt_token_ids[:4]) for r in joined}) == 14  # no shared prefix
 
@@ -217,20 +237,40 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path, monkeypatch) ->
         return synthetic_step(*args, request_prefix=request_prefix, **kwargs)
 
     monkeypatch.setattr(calibrate, "synthetic_step", named)
-    config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
-                                 max_num_batched_tokens=64, max_model_len=256,
-                                 num_gpu_blocks_override=64)
-    grid = CalibrationGrid(block_sizes=(16,), full_block_sizes=(16,), decode_batches=(1, 2),
-                           decode_contexts=(16,), prefill_tokens=(16,), prefill_cached=(0,),
-                           mixed=(), multi_prefill=((2, 16, 0), (8, 16, 0)),
-                           decode_shared=((2, 32, 16), (2, 32, 24)),  # 24: not whole blocks
-                           varlen_shared=((1, 40, 2, 8, 32),),
-                           decode_shared_spread=((2, 16, 16, 8), (2, 24, 16, 8)),
-                           decode_spread=(), overhead_max_reqs=2, repeats=3)
+    config = EngineConfig.create(
+        model="tiny-llama",
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        num_gpu_blocks_override=64,
+    )
+    grid = CalibrationGrid(
+        block_sizes=(16,),
+        full_block_sizes=(16,),
+        decode_batches=(1, 2),
+        decode_contexts=(16,),
+        prefill_tokens=(16,),
+        prefill_cached=(0,),
+        mixed=(),
+        multi_prefill=((2, 16, 0), (8, 16, 0)),
+        decode_shared=((2, 32, 16), (2, 32, 24)),  # 24: not whole blocks
+        varlen_shared=((1, 40, 2, 8, 32),),
+        decode_shared_spread=((2, 16, 16, 8), (2, 24, 16, 8)),
+        decode_spread=(),
+        overhead_max_reqs=2,
+        repeats=3,
+    )
     seen = []
-    res = run_calibration(config, grid, dtype=torch.float32, calibration_root=tmp_path,
-                          progress=lambda d, t, label: seen.append((d, t)), log=lambda m: None,
-                          device="cpu")
+    res = run_calibration(
+        config,
+        grid,
+        dtype=torch.float32,
+        calibration_root=tmp_path,
+        progress=lambda d, t, label: seen.append((d, t)),
+        log=lambda m: None,
+        device="cpu",
+    )
     # 10 points (three shared rows, each with its unshared reference) + 5 attention-skipped
     # variants (the shared decode rows reuse the batch-2 one); 8 entries exceed
     # max_num_seqs=4 and 24 shared tokens are not whole blocks: dropped
@@ -242,20 +282,30 @@ def test_dry_run_calibration_writes_a_loadable_profile(tmp_path, monkeypatch) ->
     assert prof.metadata.synthetic and prof.metadata.num_gpu_blocks == {16: 64}
     assert [(r.batch_size, r.context_len) for r in prof.decode] == [(1, 16), (2, 16)]
     assert [(r.num_new_tokens, r.num_cached_tokens) for r in prof.prefill] == [(16, 0)]
-    assert [(r.num_entries, r.num_new_tokens, r.num_cached_tokens)
-            for r in prof.multi_prefill] == [(2, 16, 0)]
-    assert [(r.batch_size, r.context_len, r.shared_len) for r in prof.decode_shared] == \
-        [(2, 32, 16)]
+    assert [(r.num_entries, r.num_new_tokens, r.num_cached_tokens) for r in prof.multi_prefill] == [
+        (2, 16, 0)
+    ]
+    assert [(r.batch_size, r.context_len, r.shared_len) for r in prof.decode_shared] == [
+        (2, 32, 16)
+    ]
     assert prof.decode_shared[0].reference_step_time_ms > 0
-    assert [(r.num_decodes, r.num_entries, r.shared_len) for r in prof.varlen_shared] == \
-        [(1, 2, 32)]
+    assert [(r.num_decodes, r.num_entries, r.shared_len) for r in prof.varlen_shared] == [
+        (1, 2, 32)
+    ]
     assert prof.varlen_shared[0].reference_step_time_ms > 0
     # contexts 16 + (8, 24): the shared prefix, then own parts over 16 +- 8
-    assert [(r.batch_size, r.context_len, r.longest_context_len, r.shared_len)
-            for r in prof.decode_shared_spread] == [(2, 32, 40, 16)]
+    assert [
+        (r.batch_size, r.context_len, r.longest_context_len, r.shared_len)
+        for r in prof.decode_shared_spread
+    ] == [(2, 32, 40, 16)]
     assert prof.decode_shared_spread[0].reference_step_time_ms > 0
-    for r in (prof.decode + prof.prefill + prof.multi_prefill + prof.decode_shared
-              + prof.decode_shared_spread):
+    for r in (
+        prof.decode
+        + prof.prefill
+        + prof.multi_prefill
+        + prof.decode_shared
+        + prof.decode_shared_spread
+    ):
         assert r.step_time_p10_ms <= r.step_time_ms <= r.step_time_p90_ms
         assert r.attention_ms + r.other_ms == pytest.approx(r.step_time_ms)
     assert prof.overhead and all(r.overhead_ms > 0 for r in prof.overhead)
@@ -284,9 +334,10 @@ def test_interleaved_rounds_time_every_item_once_per_round_in_shuffled_order() -
     timings = measure_interleaved(runner, items, grid, seed=1)
     warm, timed = runner.calls[:12], runner.calls[12:]
     assert warm == [c for i in range(6) for c in [(i, i % 2 == 1)] * 2]  # 2 warm-ups each
-    rounds = [timed[r * 6:(r + 1) * 6] for r in range(4)]
-    assert len(timed) == 24 and all(sorted(r) == [(i, i % 2 == 1) for i in range(6)]
-                                    for r in rounds)
+    rounds = [timed[r * 6 : (r + 1) * 6] for r in range(4)]
+    assert len(timed) == 24 and all(
+        sorted(r) == [(i, i % 2 == 1) for i in range(6)] for r in rounds
+    )
     assert len({tuple(r) for r in rounds}) > 1  # the order changes between rounds
     assert all(len(t.samples) == 4 for t in timings) and runner.skip_attention is False
 

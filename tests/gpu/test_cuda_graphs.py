@@ -27,8 +27,14 @@ from pagesim.request import Request
 
 
 def _config(**kw) -> EngineConfig:
-    base = dict(model="tiny-llama", gpu="h200", block_size=16, max_num_seqs=8,
-                max_num_batched_tokens=128, max_model_len=256)
+    base = dict(
+        model="tiny-llama",
+        gpu="h200",
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=128,
+        max_model_len=256,
+    )
     base.update(kw)
     return EngineConfig.create(**base)
 
@@ -38,8 +44,10 @@ def _requests() -> list[Request]:
     # below 128 tokens, so the eager step runs unsplit while the static path uses the split-K
     # partition of its 256-token span bucket.
     prompts = [list(range(1, 40)), list(range(300, 320)), list(range(50, 61))]
-    return [Request(f"r{i}", p, max_tokens=m) for i, (p, m) in enumerate(
-        zip(prompts, [6, 3, 5], strict=True))]
+    return [
+        Request(f"r{i}", p, max_tokens=m)
+        for i, (p, m) in enumerate(zip(prompts, [6, 3, 5], strict=True))
+    ]
 
 
 def _check_staged_inputs(graphs, scheduled, block_size: int) -> None:
@@ -49,11 +57,12 @@ def _check_staged_inputs(graphs, scheduled, block_size: int) -> None:
     starts = [sr.num_computed_tokens for sr in scheduled]
     news = [sr.num_new_tokens for sr in scheduled]
     t = sum(news)
-    assert graphs.block_table[:len(rows)].tolist() == build_block_table(rows, graphs.width)
+    assert graphs.block_table[: len(rows)].tolist() == build_block_table(rows, graphs.width)
     assert graphs.pack[1, :t].tolist() == build_positions(starts, news)
     assert graphs.pack[2, :t].tolist() == build_slot_mapping(rows, starts, news, block_size)
-    assert graphs.seq_lens[:len(rows)].tolist() == [s + n for s, n in zip(starts, news,
-                                                                          strict=True)]
+    assert graphs.seq_lens[: len(rows)].tolist() == [
+        s + n for s, n in zip(starts, news, strict=True)
+    ]
 
 
 def test_capture_sizes_cover_every_batch() -> None:
@@ -73,10 +82,8 @@ def test_span_bucket_is_a_power_of_two_within_limits() -> None:
 def test_static_padded_path_equals_unpadded_eager_path() -> None:
     cfg = _config()
     blocks = 64
-    eager = GPUModelRunner(cfg, blocks, device="cpu", dtype=torch.float32, seed=3,
-                           temperature=0.0)
-    static = GPUModelRunner(cfg, blocks, device="cpu", dtype=torch.float32, seed=3,
-                            temperature=0.0)
+    eager = GPUModelRunner(cfg, blocks, device="cpu", dtype=torch.float32, seed=3, temperature=0.0)
+    static = GPUModelRunner(cfg, blocks, device="cpu", dtype=torch.float32, seed=3, temperature=0.0)
     assert eager.graphs is None  # no graphs on a CPU unless attached
     static.graphs = static.make_graphs(capture=False)
     scheds = [make_engine(cfg, blocks), make_engine(cfg, blocks)]
@@ -91,10 +98,13 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
         if not scheds[0].has_unfinished_requests():
             break
         outs = [s.schedule() for s in scheds]
-        assert [(x.request_id, x.num_new_tokens, x.num_computed_tokens, x.block_ids)
-                for x in outs[0].scheduled] == [
+        assert [
             (x.request_id, x.num_new_tokens, x.num_computed_tokens, x.block_ids)
-            for x in outs[1].scheduled]
+            for x in outs[0].scheduled
+        ] == [
+            (x.request_id, x.num_new_tokens, x.num_computed_tokens, x.block_ids)
+            for x in outs[1].scheduled
+        ]
         res = [eager.execute_model(outs[0]), static.execute_model(outs[1])]
         assert res[0].sampled_token_ids == res[1].sampled_token_ids
         rec = static.step_records[-1]
@@ -110,9 +120,9 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
             assert key.mixed and rec.padded_tokens == key.size >= t
             assert s == min(key.size, static.graphs.max_seqs) >= n
             g = static.graphs
-            assert g.pack[2, t:key.size].eq(-1).all()  # padded rows write nothing
+            assert g.pack[2, t : key.size].eq(-1).all()  # padded rows write nothing
             assert g.seq_lens[n:s].eq(0).all() and g.block_table[n:s].eq(0).all()
-            assert g.mixed_query_start_loc[n:s + 1].eq(t).all()  # padded seqs own no rows
+            assert g.mixed_query_start_loc[n : s + 1].eq(t).all()  # padded seqs own no rows
         if decode_only:
             key = static.graphs.key_for(outs[1].scheduled)
             keys.add(key)
@@ -141,8 +151,7 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
 
 def test_static_path_skips_attention_for_calibration() -> None:
     cfg = _config()
-    runner = GPUModelRunner(cfg, 32, device="cpu", dtype=torch.float32, seed=1,
-                            temperature=0.0)
+    runner = GPUModelRunner(cfg, 32, device="cpu", dtype=torch.float32, seed=1, temperature=0.0)
     runner.graphs = runner.make_graphs(capture=False)
     from pagesim.gpu.calibrate import BlockSource, synthetic_step
 
@@ -174,8 +183,7 @@ def test_steps_larger_than_the_largest_size_run_eagerly() -> None:
 
 
 def test_mixed_graphs_off_keeps_mixed_steps_eager() -> None:
-    runner = GPUModelRunner(_config(), 32, device="cpu", dtype=torch.float32,
-                            mixed_graphs=False)
+    runner = GPUModelRunner(_config(), 32, device="cpu", dtype=torch.float32, mixed_graphs=False)
     graphs = runner.make_graphs(capture=False)
     from pagesim.gpu.calibrate import BlockSource, synthetic_step
 
@@ -190,10 +198,12 @@ def test_graph_replay_matches_eager_on_the_gpu() -> None:
     the run captured up front by capture_all, a second replay of a key reuses its graph."""
     cfg = _config(max_num_seqs=16)
     blocks = 64
-    eager = GPUModelRunner(cfg, blocks, device="cuda", dtype=torch.bfloat16, seed=3,
-                           temperature=0.0, cuda_graphs=False)
-    graphed = GPUModelRunner(cfg, blocks, device="cuda", dtype=torch.bfloat16, seed=3,
-                             temperature=0.0)
+    eager = GPUModelRunner(
+        cfg, blocks, device="cuda", dtype=torch.bfloat16, seed=3, temperature=0.0, cuda_graphs=False
+    )
+    graphed = GPUModelRunner(
+        cfg, blocks, device="cuda", dtype=torch.bfloat16, seed=3, temperature=0.0
+    )
     assert eager.graphs is None and graphed.graphs is not None
     n, secs = graphed.graphs.capture_all()
     assert graphed.graphs.failed is None and n == len(graphed.graphs.all_keys()) and secs > 0
@@ -208,8 +218,9 @@ def test_graph_replay_matches_eager_on_the_gpu() -> None:
         rec = graphed.step_records[-1]
         replayed += rec.cuda_graph
         assert not rec.graph_captured
-        err = (graphed.last_hidden.float() - eager.last_hidden.float()).norm() / \
-            eager.last_hidden.float().norm()
+        err = (
+            graphed.last_hidden.float() - eager.last_hidden.float()
+        ).norm() / eager.last_hidden.float().norm()
         assert err < 2e-2
         for s, o, r in zip(scheds, outs, res, strict=True):
             s.update_from_output(o, r)
@@ -219,8 +230,9 @@ def test_graph_replay_matches_eager_on_the_gpu() -> None:
 def test_graph_vs_eager_rows_switch_modes_and_compare_outputs() -> None:
     from pagesim.gpu.graph_check import graph_vs_eager_rows
 
-    runner = GPUModelRunner(_config(), 32, device="cpu", dtype=torch.float32, seed=2,
-                            temperature=0.0)
+    runner = GPUModelRunner(
+        _config(), 32, device="cpu", dtype=torch.float32, seed=2, temperature=0.0
+    )
     graphs = runner.graphs = runner.make_graphs(capture=False)
     switched = []
 
@@ -228,8 +240,11 @@ def test_graph_vs_eager_rows_switch_modes_and_compare_outputs() -> None:
         switched.append(on)
         runner.graphs = graphs if on else None
 
-    shapes = {"decode 3x40": [(40, 1)] * 3, "chunk with decodes": [(40, 1)] * 2 + [(0, 24)],
-              "too big for the cache": [(0, 600)]}
+    shapes = {
+        "decode 3x40": [(40, 1)] * 3,
+        "chunk with decodes": [(40, 1)] * 2 + [(0, 24)],
+        "too big for the cache": [(0, 600)],
+    }
     rows = graph_vs_eager_rows(runner, use_graphs, shapes, reps=2)
     assert [r["shape"] for r in rows] == ["decode 3x40", "chunk with decodes"]
     for r in rows:
@@ -248,20 +263,30 @@ def test_graph_and_eager_decode_splits_are_reported_and_explain_the_outputs() ->
     the cuts differ the split-K reduction sums in another order (rounding, not an error)."""
     from pagesim.gpu.graph_check import graph_vs_eager_rows
 
-    runner = GPUModelRunner(_config(), 64, device="cpu", dtype=torch.float32, seed=2,
-                            temperature=0.0)
+    runner = GPUModelRunner(
+        _config(), 64, device="cpu", dtype=torch.float32, seed=2, temperature=0.0
+    )
     graphs = runner.graphs = runner.make_graphs(capture=False)
 
     def use_graphs(on: bool) -> None:
         runner.graphs = graphs if on else None
 
-    shapes = {"short": [(40, 1)] * 2, "cut apart": [(150, 1)] * 2, "cut alike": [(254, 1)] * 2,
-              "not decode-only": [(40, 1), (0, 8)]}
+    shapes = {
+        "short": [(40, 1)] * 2,
+        "cut apart": [(150, 1)] * 2,
+        "cut alike": [(254, 1)] * 2,
+        "not decode-only": [(40, 1), (0, 8)],
+    }
     rows = {r["shape"]: r for r in graph_vs_eager_rows(runner, use_graphs, shapes, reps=1)}
-    assert {k: (r["eager_split"], r["graph_split"], r["same_split"]) for k, r in rows.items()
-            if "same_split" in r} == {"short": ("1", "2x128", True),
-                                     "cut apart": ("2x80", "2x128", False),
-                                     "cut alike": ("2x128", "2x128", True)}
+    assert {
+        k: (r["eager_split"], r["graph_split"], r["same_split"])
+        for k, r in rows.items()
+        if "same_split" in r
+    } == {
+        "short": ("1", "2x128", True),
+        "cut apart": ("2x80", "2x128", False),
+        "cut alike": ("2x128", "2x128", True),
+    }
     assert "same_split" not in rows["not decode-only"]
     assert rows["short"]["hidden_rel_diff"] == 0.0 == rows["cut alike"]["hidden_rel_diff"]
     assert 0.0 < rows["cut apart"]["hidden_rel_diff"] < 1e-5
@@ -275,8 +300,11 @@ def test_partition_cuts() -> None:
     assert partition_cuts(DecodePartition(2, 320), 513) == (320,)
     assert partition_cuts(DecodePartition(2, 512), 513) == (512,)
     # 5 x 128 eagerly and 8 x 128 in the graph cut alike: the graph's last three are empty
-    assert partition_cuts(DecodePartition(5, 128), 513) == partition_cuts(
-        DecodePartition(8, 128), 513) == (128, 256, 384, 512)
+    assert (
+        partition_cuts(DecodePartition(5, 128), 513)
+        == partition_cuts(DecodePartition(8, 128), 513)
+        == (128, 256, 384, 512)
+    )
 
 
 def test_mixed_graph_steps_equal_eager_ones_for_an_odd_query_group() -> None:
@@ -289,11 +317,17 @@ def test_mixed_graph_steps_equal_eager_ones_for_an_odd_query_group() -> None:
     from pagesim.gpu.model import RandomWeightDecoder
 
     config = _config()
-    spec = dataclasses.replace(config.model_spec, name="tiny-gqa7", num_attention_heads=7,
-                               num_kv_heads=1, hidden_size=7 * 32)
+    spec = dataclasses.replace(
+        config.model_spec,
+        name="tiny-gqa7",
+        num_attention_heads=7,
+        num_kv_heads=1,
+        hidden_size=7 * 32,
+    )
     model = RandomWeightDecoder(spec, torch.float32, "cpu", 16, seed=3)
-    runner = GPUModelRunner(config, 64, device="cpu", dtype=torch.float32, seed=2,
-                            temperature=0.0, model=model)
+    runner = GPUModelRunner(
+        config, 64, device="cpu", dtype=torch.float32, seed=2, temperature=0.0, model=model
+    )
     graphs = runner.graphs = runner.make_graphs(capture=False)
 
     def use_graphs(on: bool) -> None:

@@ -83,8 +83,7 @@ class RowsMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model)
     @rule(data=st.data())
     def step(self, data) -> None:
-        rids = data.draw(st.lists(st.sampled_from(sorted(self.model)), min_size=1,
-                                  unique=True))
+        rids = data.draw(st.lists(st.sampled_from(sorted(self.model)), min_size=1, unique=True))
         idx = [self.rows.row_index(rid, self.model[rid]) for rid in rids]
         assert len(set(idx)) == len(idx)  # live requests never share a row
         got = self.rows.table[idx].tolist()
@@ -93,8 +92,7 @@ class RowsMachine(RuleBasedStateMachine):
         size = data.draw(st.integers(len(rids), max(len(rids), MAX_STEP)))
         if size <= MAX_STEP:
             self.gathered.gather(self.rows, idx, size)
-            assert self.gathered.out[:size].tolist() == want + [[NULL] * WIDTH] * (
-                size - len(rids))
+            assert self.gathered.out[:size].tolist() == want + [[NULL] * WIDTH] * (size - len(rids))
 
     @invariant()
     def rows_are_accounted(self) -> None:
@@ -137,14 +135,17 @@ def test_an_unchanged_row_is_not_rewritten() -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(seqs=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 9)), min_size=1,
-                     max_size=6),
-       block_size=st.sampled_from([1, 4, 16]))
+@given(
+    seqs=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 9)), min_size=1, max_size=6),
+    block_size=st.sampled_from([1, 4, 16]),
+)
 def test_vectorized_slots_and_positions_equal_the_core_functions(seqs, block_size) -> None:
     starts = [s for s, _ in seqs]
     news = [n for _, n in seqs]
-    rows = [list(range(10 * i + 1, 10 * i + 1 + -(-(s + n) // block_size)))
-            for i, (s, n) in enumerate(seqs)]
+    rows = [
+        list(range(10 * i + 1, 10 * i + 1 + -(-(s + n) // block_size)))
+        for i, (s, n) in enumerate(seqs)
+    ]
     width = max(len(r) for r in rows)
     table = np.asarray(build_block_table(rows, width), dtype=np.int32)
     positions, slots = token_slots(table, np.asarray(starts), np.asarray(news), block_size)
@@ -152,12 +153,15 @@ def test_vectorized_slots_and_positions_equal_the_core_functions(seqs, block_siz
     assert slots.tolist() == build_slot_mapping(rows, starts, news, block_size)
     pos = np.asarray([s + n - 1 for s, n in seqs])
     assert decode_slots(table, pos, block_size).tolist() == build_slot_mapping(
-        rows, pos.tolist(), [1] * len(seqs), block_size)
+        rows, pos.tolist(), [1] * len(seqs), block_size
+    )
 
 
 def test_staged_buffers_lay_fields_out_aligned_and_copy_only_the_prefix() -> None:
-    buf = StagedBuffers([("a", torch.int64, (3, 5)), ("b", torch.int32, (7,)),
-                         ("t", torch.int32, (4, 6))], torch.device("cpu"))
+    buf = StagedBuffers(
+        [("a", torch.int64, (3, 5)), ("b", torch.int32, (7,)), ("t", torch.int32, (4, 6))],
+        torch.device("cpu"),
+    )
     assert all(buf.offset(n) % ALIGN == 0 for n in ("a", "b", "t"))
     assert buf.row_bytes("t") == 24 and buf.row_bytes("a") == 40
     buf.host["a"][...] = np.arange(15).reshape(3, 5)
@@ -180,8 +184,11 @@ def test_the_gathered_table_writes_only_the_columns_in_use() -> None:
     out = np.zeros((4, 1024), dtype=np.int32)
     gathered = GatheredTable(out)
     out[:, 600] = 77  # a column no step uses: never read, never written
-    a, b, c = (rows.row_index("a", [1, 2, 3]), rows.row_index("b", [4]),
-               rows.row_index("c", [6, 7]))
+    a, b, c = (
+        rows.row_index("a", [1, 2, 3]),
+        rows.row_index("b", [4]),
+        rows.row_index("c", [6, 7]),
+    )
     gathered.gather(rows, [a, b, c], 4)
     assert out[:, :4].tolist() == [[1, 2, 3, 0], [4, 0, 0, 0], [6, 7, 0, 0], [0, 0, 0, 0]]
     assert (out[:, 600] == 77).all()

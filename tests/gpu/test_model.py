@@ -57,8 +57,7 @@ def _paged_vs_dense(model: RandomWeightDecoder, block_size: int) -> None:
 
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_paged_forward_equals_dense_forward(block_size: int) -> None:
-    _paged_vs_dense(RandomWeightDecoder(TINY, torch.float32, "cpu", block_size, seed=0),
-                    block_size)
+    _paged_vs_dense(RandomWeightDecoder(TINY, torch.float32, "cpu", block_size, seed=0), block_size)
 
 
 def test_paged_opt_forward_equals_dense_opt_forward() -> None:
@@ -70,8 +69,9 @@ def test_skip_attention_leaves_the_cache_alone() -> None:
     model = RandomWeightDecoder(TINY, torch.float32, "cpu", 16, seed=0)
     kv = allocate_kv_cache(model, 8, "cpu")
     md = model.attn.build_metadata([[1, 2]], [0], [20], "cpu")
-    h = model.forward(torch.arange(20), torch.arange(20), md, kv, torch.tensor([19]),
-                      skip_attention=True)
+    h = model.forward(
+        torch.arange(20), torch.arange(20), md, kv, torch.tensor([19]), skip_attention=True
+    )
     assert h.shape == (1, TINY.hidden_size) and torch.isfinite(h).all()
     assert all(not k.any() and not v.any() for k, v in kv)
 

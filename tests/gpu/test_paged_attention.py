@@ -36,13 +36,33 @@ def _run(kv: PagedKV, query, partition_hint, window=None, scale=None, small_tile
     cfg = decode_config(head_size, group, on_gpu=query.is_cuda and not small_tile)
     span = int(kv.seq_lens.max())
     span = min(span, window) if window else span
-    part = (DecodePartition(1, span) if partition_hint is UNSPLIT
-            else fixed_partition(span, -(-span // partition_hint), cfg.tile_n))
+    part = (
+        DecodePartition(1, span)
+        if partition_hint is UNSPLIT
+        else fixed_partition(span, -(-span // partition_hint), cfg.tile_n)
+    )
     out = torch.full_like(query, float("nan"))  # poison: every row must be written
-    paged_attention_decode(query, kv.key_cache, kv.value_cache, kv.block_table, kv.seq_lens,
-                           part, scale=scale, sliding_window=window, out=out, config=cfg)
-    ref = paged_attention_decode_reference(query, kv.key_cache, kv.value_cache, kv.block_table,
-                                           kv.seq_lens, scale=scale, sliding_window=window)
+    paged_attention_decode(
+        query,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_table,
+        kv.seq_lens,
+        part,
+        scale=scale,
+        sliding_window=window,
+        out=out,
+        config=cfg,
+    )
+    ref = paged_attention_decode_reference(
+        query,
+        kv.key_cache,
+        kv.value_cache,
+        kv.block_table,
+        kv.seq_lens,
+        scale=scale,
+        sliding_window=window,
+    )
     return out, ref, part
 
 
@@ -50,8 +70,7 @@ def _run(kv: PagedKV, query, partition_hint, window=None, scale=None, small_tile
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(2, 2), (4, 1), (6, 2)])
 @pytest.mark.parametrize("block_size", [8, 32])
 @pytest.mark.parametrize("split", [UNSPLIT, SPLIT_3])
-def test_decode_matches_reference(gen, device, dtype, num_heads, num_kv_heads, block_size,
-                                  split):
+def test_decode_matches_reference(gen, device, dtype, num_heads, num_kv_heads, block_size, split):
     # Ragged contexts: one token, a block boundary, a long one; permuted blocks, a wide table.
     seq_lens = [1, 2 * block_size, 61, 37]
     kv = PagedKV(gen, seq_lens, block_size, num_kv_heads, 64, dtype, device, table_width=10)
@@ -80,8 +99,9 @@ def test_decode_sliding_window(gen, device, split, window):
     out, ref, _ = _run(kv, query, split, window=window)
     assert_close_rel(out, ref, torch.float32)
     # The window changes the answer for the long sequence (the test can tell them apart).
-    full = paged_attention_decode_reference(query, kv.key_cache, kv.value_cache,
-                                            kv.block_table, kv.seq_lens)
+    full = paged_attention_decode_reference(
+        query, kv.key_cache, kv.value_cache, kv.block_table, kv.seq_lens
+    )
     assert not torch.allclose(full[0], ref[0], atol=1e-3)
 
 
@@ -119,10 +139,13 @@ def test_partition_rule():
 def test_random_shapes(gen, device):
     """Random ragged batches, group sizes, block sizes, windows and splits (fp32)."""
     for _ in range(4):
-        heads, kv_heads = [(2, 2), (4, 1), (6, 2), (8, 4)][int(torch.randint(4, (1,), generator=gen))]
+        heads, kv_heads = [(2, 2), (4, 1), (6, 2), (8, 4)][
+            int(torch.randint(4, (1,), generator=gen))
+        ]
         block_size = [8, 16, 32][int(torch.randint(3, (1,), generator=gen))]
-        seq_lens = torch.randint(0, 90, (int(torch.randint(1, 5, (1,), generator=gen)),),
-                                 generator=gen).tolist()
+        seq_lens = torch.randint(
+            0, 90, (int(torch.randint(1, 5, (1,), generator=gen)),), generator=gen
+        ).tolist()
         seq_lens[0] = max(seq_lens[0], 1)
         window = [None, None, 1, 7, 40][int(torch.randint(5, (1,), generator=gen))]
         kv = PagedKV(gen, seq_lens, block_size, kv_heads, 64, torch.float32, device)
@@ -141,9 +164,12 @@ def test_bad_inputs_raise_one_line_errors(gen, device):
         (lambda: paged_attention_decode(q[:, :3], *args), "num_heads=3"),
         (lambda: paged_attention_decode(q.float(), *args), "query.dtype"),
         (lambda: paged_attention_decode(q[:1], *args), "block_table.shape"),
-        (lambda: paged_attention_decode(q, kv.key_cache, kv.value_cache,
-                                        kv.block_table.float(), kv.seq_lens, part),
-         "block_table.dtype"),
+        (
+            lambda: paged_attention_decode(
+                q, kv.key_cache, kv.value_cache, kv.block_table.float(), kv.seq_lens, part
+            ),
+            "block_table.dtype",
+        ),
         (lambda: paged_attention_decode(q, *args, sliding_window=0), "sliding_window=0"),
         (lambda: paged_attention_decode(q, *args, out=q[:, :, :32]), "out.shape"),
     ]
@@ -155,12 +181,13 @@ def test_bad_inputs_raise_one_line_errors(gen, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_size,block_size",
-                         [(32, 8, 128, 16), (32, 32, 128, 32), (16, 2, 256, 128), (8, 1, 64, 8)])
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_size,block_size",
+    [(32, 8, 128, 16), (32, 32, 128, 32), (16, 2, 256, 128), (8, 1, 64, 8)],
+)
 def test_decode_large_gpu(gen, dtype, num_heads, num_kv_heads, head_size, block_size):
     seq_lens = torch.randint(1, 6000, (24,), generator=gen).tolist() + [8192, 1]
-    kv = PagedKV(gen, seq_lens, block_size, num_kv_heads, head_size, dtype, "cuda",
-                 spare_blocks=64)
+    kv = PagedKV(gen, seq_lens, block_size, num_kv_heads, head_size, dtype, "cuda", spare_blocks=64)
     query = randn(gen, (len(seq_lens), num_heads, head_size), dtype, "cuda")
     for split in (UNSPLIT, 7, 40):
         out, ref, _ = _run(kv, query, split, small_tile=False)
@@ -170,8 +197,17 @@ def test_decode_large_gpu(gen, dtype, num_heads, num_kv_heads, head_size, block_
     for window in (None, 1000):
         part = decode_partition(len(seq_lens), num_kv_heads, 8192, cfg, 132, window)
         out = torch.full_like(query, float("nan"))
-        paged_attention_decode(query, kv.key_cache, kv.value_cache, kv.block_table,
-                               kv.seq_lens, part, sliding_window=window, out=out)
-        ref = paged_attention_decode_reference(query, kv.key_cache, kv.value_cache,
-                                               kv.block_table, kv.seq_lens, sliding_window=window)
+        paged_attention_decode(
+            query,
+            kv.key_cache,
+            kv.value_cache,
+            kv.block_table,
+            kv.seq_lens,
+            part,
+            sliding_window=window,
+            out=out,
+        )
+        ref = paged_attention_decode_reference(
+            query, kv.key_cache, kv.value_cache, kv.block_table, kv.seq_lens, sliding_window=window
+        )
         assert_close_rel(out, ref, dtype)

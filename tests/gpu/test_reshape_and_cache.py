@@ -17,10 +17,12 @@ def _caches(gen, num_blocks, block_size, heads, head_size, dtype, device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("block_size,num_kv_heads,head_size",
-                         [(8, 1, 64), (16, 3, 64), (32, 2, 128), (128, 1, 256)])
-def test_matches_reference_and_skips_padding(gen, device, dtype, block_size, num_kv_heads,
-                                             head_size):
+@pytest.mark.parametrize(
+    "block_size,num_kv_heads,head_size", [(8, 1, 64), (16, 3, 64), (32, 2, 128), (128, 1, 256)]
+)
+def test_matches_reference_and_skips_padding(
+    gen, device, dtype, block_size, num_kv_heads, head_size
+):
     num_blocks = 6
     # Three sequences with ragged positions, slots from the core's own slot mapping,
     # padded with PAD_SLOT_ID rows as a CUDA-graph batch would be.
@@ -86,8 +88,9 @@ def test_large_batch_gpu(gen, dtype):
     slots = perm.cuda()
     key = randn(gen, (num_tokens, heads, head_size), dtype, "cuda")
     value = randn(gen, (num_tokens, heads, head_size), dtype, "cuda")
-    kc = torch.full((num_blocks, block_size, heads, head_size), float("nan"), dtype=dtype,
-                    device="cuda")
+    kc = torch.full(
+        (num_blocks, block_size, heads, head_size), float("nan"), dtype=dtype, device="cuda"
+    )
     vc = kc.clone()
     kc_ref, vc_ref = kc.clone(), vc.clone()
     reshape_and_cache(key, value, kc, vc, slots)

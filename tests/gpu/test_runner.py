@@ -29,14 +29,23 @@ class _ConstantCost:
 
 
 def _config(**kw) -> EngineConfig:
-    base = dict(model="tiny-llama", gpu="h200", block_size=16, max_num_seqs=3,
-                max_num_batched_tokens=48, max_model_len=256)
+    base = dict(
+        model="tiny-llama",
+        gpu="h200",
+        block_size=16,
+        max_num_seqs=3,
+        max_num_batched_tokens=48,
+        max_model_len=256,
+    )
     base.update(kw)
     return EngineConfig.create(**base)
 
 
 def _requests(prompts: list[list[int]], max_tokens: list[int]) -> list[Request]:
-    return [Request(f"r{i}", p, max_tokens=m) for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=False))]
+    return [
+        Request(f"r{i}", p, max_tokens=m)
+        for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=False))
+    ]
 
 
 def _dense_rows(model, sched) -> torch.Tensor:
@@ -47,34 +56,60 @@ def _dense_rows(model, sched) -> torch.Tensor:
         n = sr.num_computed_tokens + sr.num_new_tokens
         ids = torch.tensor([t % vocab for t in sr.request.token_ids_slice(0, n)])
         past = [{} for _ in model.layers]
-        rows.append(reference_attention_forward(model, ids, torch.arange(n), [(0, n, 0)], past,
-                                                torch.tensor([n - 1]))[0])
+        rows.append(
+            reference_attention_forward(
+                model, ids, torch.arange(n), [(0, n, 0)], past, torch.tensor([n - 1])
+            )[0]
+        )
     return torch.stack(rows)
 
 
-def _lockstep(config: EngineConfig, num_gpu_blocks: int, make_requests, max_steps: int = 60,
-              check_every: int = 1, graphs: bool = False) -> dict[str, int]:
+def _lockstep(
+    config: EngineConfig,
+    num_gpu_blocks: int,
+    make_requests,
+    max_steps: int = 60,
+    check_every: int = 1,
+    graphs: bool = False,
+) -> dict[str, int]:
     gpu_sched = make_engine(config, num_gpu_blocks)
     sim_sched = make_engine(config, num_gpu_blocks)
     num_cpu = gpu_sched.swap_pool.num_blocks if gpu_sched.swap_pool is not None else 0
-    runner = GPUModelRunner(config, num_gpu_blocks, device="cpu", dtype=torch.float32, seed=3,
-                            num_cpu_blocks=num_cpu, temperature=0.0)
+    runner = GPUModelRunner(
+        config,
+        num_gpu_blocks,
+        device="cpu",
+        dtype=torch.float32,
+        seed=3,
+        num_cpu_blocks=num_cpu,
+        temperature=0.0,
+    )
     if graphs:  # the graph path's static buffers, run eagerly (no capture on a CPU)
         runner.graphs = runner.make_graphs(capture=False)
     sim_runner = CostModelRunner(_ConstantCost(), vocab_size=config.model_spec.vocab_size)
     for a, b in zip(make_requests(), make_requests(), strict=False):
         gpu_sched.add_request(a)
         sim_sched.add_request(b)
-    seen = {"steps": 0, "prefix_hits": 0, "preemptions": 0, "swaps": 0, "chunks": 0,
-            "graph_steps": 0}
+    seen = {
+        "steps": 0,
+        "prefix_hits": 0,
+        "preemptions": 0,
+        "swaps": 0,
+        "chunks": 0,
+        "graph_steps": 0,
+    }
     for step in range(max_steps):
         if not gpu_sched.has_unfinished_requests():
             break
         out_g, out_s = gpu_sched.schedule(), sim_sched.schedule()
-        got = [(s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids)
-               for s in out_g.scheduled]
-        want = [(s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids)
-                for s in out_s.scheduled]
+        got = [
+            (s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids)
+            for s in out_g.scheduled
+        ]
+        want = [
+            (s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids)
+            for s in out_s.scheduled
+        ]
         assert got == want, f"step {step}: schedules differ"
         assert out_g.blocks_to_swap_out == out_s.blocks_to_swap_out
         assert out_g.blocks_to_swap_in == out_s.blocks_to_swap_in
@@ -86,7 +121,7 @@ def _lockstep(config: EngineConfig, num_gpu_blocks: int, make_requests, max_step
             news = [s.num_new_tokens for s in out_g.scheduled]
             if runner.step_records[-1].cuda_graph:  # the staged buffers the graph reads
                 t, g = sum(news), runner.graphs
-                slots, table = g.pack[2, :t], g.block_table[:len(rows)]
+                slots, table = g.pack[2, :t], g.block_table[: len(rows)]
                 width = g.width
                 seen["graph_steps"] += 1
             else:
@@ -103,8 +138,9 @@ def _lockstep(config: EngineConfig, num_gpu_blocks: int, make_requests, max_step
         seen["prefix_hits"] += sum(s.num_prefix_hit_tokens > 0 for s in out_g.scheduled)
         seen["preemptions"] += len(out_g.preempted_req_ids)
         seen["swaps"] += len(out_g.blocks_to_swap_in)
-        seen["chunks"] += sum(s.num_computed_tokens + s.num_new_tokens < s.request.num_tokens
-                              for s in out_g.scheduled)
+        seen["chunks"] += sum(
+            s.num_computed_tokens + s.num_new_tokens < s.request.num_tokens for s in out_g.scheduled
+        )
         fin_g = gpu_sched.update_from_output(out_g, res_g)
         fin_s = sim_sched.update_from_output(out_s, res_s)
         assert [r.request_id for r in fin_g] == [r.request_id for r in fin_s]
@@ -117,8 +153,9 @@ def test_lockstep_with_prefix_hits_and_chunked_prefill(graphs: bool) -> None:
     shared = [(7 * j + 3) % 500 for j in range(40)]  # 2.5 blocks of a shared system prompt
 
     def make():
-        return _requests([shared + [11, 12, 13], list(range(100, 170)),
-                          shared + [21, 22, 23, 24, 25]], [4, 3, 5])
+        return _requests(
+            [shared + [11, 12, 13], list(range(100, 170)), shared + [21, 22, 23, 24, 25]], [4, 3, 5]
+        )
 
     seen = _lockstep(_config(), 64, make, graphs=graphs)
     assert seen["prefix_hits"] >= 1  # the third request reuses the first's full blocks
@@ -131,6 +168,7 @@ def test_lockstep_through_preemption(mode: str, graphs: bool) -> None:
     """A cache too small for both requests: one is preempted and resumed. Swapped, its K/V
     must survive the round trip through the pinned CPU cache; recomputed, it comes back on
     new blocks, which the graph path's kept block-table rows must follow."""
+
     def make():
         return _requests([list(range(1, 30)), list(range(200, 229))], [20, 20])
 
@@ -167,8 +205,7 @@ def test_swap_without_cpu_cache_is_an_error() -> None:
 def test_spin_wait_reads_the_same_ids_as_a_blocking_read() -> None:
     """The spin-wait read returns every id, also when the step is still running as the read
     starts and when the batch outgrows the pinned buffer."""
-    runner = GPUModelRunner(_config(), 16, device="cuda", dtype=torch.bfloat16,
-                            cuda_graphs=False)
+    runner = GPUModelRunner(_config(), 16, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
     runner.spin_wait = True
     stream = torch.cuda.current_stream()
     for n in (1, 7, 600):

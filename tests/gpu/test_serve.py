@@ -54,16 +54,26 @@ class _ClockedRunner:
 
 
 def _config() -> EngineConfig:
-    return EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=8,
-                               max_num_batched_tokens=256, max_model_len=512)
+    return EngineConfig.create(
+        model="tiny-llama",
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=512,
+    )
 
 
 def _simulate(config, requests):
     env = simpy.Environment()
     scheduler = make_engine(config, 200)
     metrics = MetricsCollector()
-    engine = ServingEngine(env, scheduler, CostModelRunner(_Cost(), config.model_spec.vocab_size),
-                           metrics, lambda: (0.0, 0.0, 0.0, 0.0, 0.0))
+    engine = ServingEngine(
+        env,
+        scheduler,
+        CostModelRunner(_Cost(), config.model_spec.vocab_size),
+        metrics,
+        lambda: (0.0, 0.0, 0.0, 0.0, 0.0),
+    )
 
     def client(req):
         yield env.timeout(req.arrival_time)
@@ -83,16 +93,27 @@ def test_replay_on_a_fake_clock_matches_the_simulator(rate: float) -> None:
     sim_reqs = build_requests(config, "random", 24, 7, rate, **kw)
     clock = _FakeClock()
     scheduler = make_engine(config, 200)
-    run = replay(real_reqs, scheduler, _ClockedRunner(clock, config.model_spec.vocab_size),
-                 clock=clock, sleep=clock.sleep)
+    run = replay(
+        real_reqs,
+        scheduler,
+        _ClockedRunner(clock, config.model_spec.vocab_size),
+        clock=clock,
+        sleep=clock.sleep,
+    )
     sim = _simulate(config, sim_reqs)
     assert run.metrics.records.keys() == sim.records.keys()
     for rid, want in sim.records.items():
         got = run.metrics.records[rid]
-        for field in ("arrival_time", "first_scheduled_time", "first_token_time",
-                      "last_token_time", "finish_time"):
+        for field in (
+            "arrival_time",
+            "first_scheduled_time",
+            "first_token_time",
+            "last_token_time",
+            "finish_time",
+        ):
             assert getattr(got, field) == pytest.approx(getattr(want, field), abs=1e-9), (
-                f"{rid}.{field}")
+                f"{rid}.{field}"
+            )
         assert got.num_output_tokens == want.num_output_tokens
     real, pred = summarize(run.metrics), summarize(sim)
     for key in ("request_throughput", "mean_ttft_ms", "p99_itl_ms", "mean_e2el_ms"):
@@ -106,12 +127,16 @@ def test_replay_on_a_fake_clock_matches_the_simulator(rate: float) -> None:
 
 def test_wall_clock_limit_aborts_the_rest() -> None:
     config = _config()
-    reqs = build_requests(config, "random", 10, 1, 1.0, random_input_len=40,
-                          random_output_len=12)
+    reqs = build_requests(config, "random", 10, 1, 1.0, random_input_len=40, random_output_len=12)
     clock = _FakeClock()
-    run = replay(reqs, make_engine(config, 200),
-                 _ClockedRunner(clock, config.model_spec.vocab_size), clock=clock,
-                 sleep=clock.sleep, max_wall_s=3.5)
+    run = replay(
+        reqs,
+        make_engine(config, 200),
+        _ClockedRunner(clock, config.model_spec.vocab_size),
+        clock=clock,
+        sleep=clock.sleep,
+        max_wall_s=3.5,
+    )
     failed = [r for r in run.metrics.records.values() if r.reject_reason == "wall-clock limit"]
     assert len(run.metrics.records) == 10 and 5 <= len(failed) <= 8
 
@@ -121,8 +146,13 @@ def test_warm_up_runs_eager_shapes_and_leaves_no_records() -> None:
     from pagesim.gpu.runner import GPUModelRunner
     from pagesim.gpu.serve import warm_up
 
-    cfg = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=32,
-                              max_num_batched_tokens=64, max_model_len=256)
+    cfg = EngineConfig.create(
+        model="tiny-llama",
+        block_size=16,
+        max_num_seqs=32,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+    )
     runner = GPUModelRunner(cfg, 128, device="cpu", dtype=torch.float32)
     calls = []
     inner = runner.model.forward
@@ -137,8 +167,9 @@ def test_warm_up_runs_eager_shapes_and_leaves_no_records() -> None:
     assert runner.step_records == []
     # a run served afterwards still starts from a clean scheduler
     sched = make_engine(cfg, 128)
-    for r in build_requests(cfg, "random", 2, 0, math.inf, random_input_len=20,
-                            random_output_len=2):
+    for r in build_requests(
+        cfg, "random", 2, 0, math.inf, random_input_len=20, random_output_len=2
+    ):
         sched.add_request(r)
     while sched.has_unfinished_requests():
         out = sched.schedule()

@@ -74,8 +74,14 @@ SEED = 3
 
 
 def _config() -> EngineConfig:
-    return EngineConfig.create(model="tiny-llama", gpu="h200", block_size=16, max_num_seqs=3,
-                               max_num_batched_tokens=48, max_model_len=256)
+    return EngineConfig.create(
+        model="tiny-llama",
+        gpu="h200",
+        block_size=16,
+        max_num_seqs=3,
+        max_num_batched_tokens=48,
+        max_model_len=256,
+    )
 
 
 def _two_steps() -> list[SchedulerOutput]:
@@ -107,11 +113,19 @@ def _equivalence(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
         errors.append(float((logits_tp - logits_full).abs().max()))
         for sr in out.scheduled:  # the runner's sampled token, as the scheduler would append
             sr.request.output_token_ids.append(got.sampled_token_ids[sr.request_id])
-    norms = sum(t.numel() * 4 for layer in full.layers for k, t in layer.items()
-                if k.startswith("norm")) + full.final_norm[0].numel() * 4
-    return {"max_logit_error": max(errors), "kv_heads": tp_runner.kv_caches[0][0].shape[2],
-            "shard_bytes": tp_model.weight_bytes, "full_bytes": full.weight_bytes,
-            "norm_bytes": norms}
+    norms = (
+        sum(
+            t.numel() * 4 for layer in full.layers for k, t in layer.items() if k.startswith("norm")
+        )
+        + full.final_norm[0].numel() * 4
+    )
+    return {
+        "max_logit_error": max(errors),
+        "kv_heads": tp_runner.kv_caches[0][0].shape[2],
+        "shard_bytes": tp_model.weight_bytes,
+        "full_bytes": full.weight_bytes,
+        "norm_bytes": norms,
+    }
 
 
 def _serve(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
@@ -121,36 +135,64 @@ def _serve(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
     prompts = [[(13 * i + k) % 512 for i in range(n)] for k, n in enumerate((30, 17, 40))]
     requests = [Request(f"r{k}", p, max_tokens=3 + k) for k, p in enumerate(prompts)]
     run = replay(requests, make_engine(config, 40), driver, disable_gc=False)
-    rows = run_collective(group, bench_allreduce, (64, 4096), dtype=torch.float32,
-                          warmup=1, repeats=3, inner=2)
+    rows = run_collective(
+        group, bench_allreduce, (64, 4096), dtype=torch.float32, warmup=1, repeats=3, inner=2
+    )
     broadcast_stop(group)
     finished = sum(r.finish_time is not None for r in run.metrics.records.values())
-    return {"digests": driver.digests, "finished": finished,
-            "rows": [[r.tp, r.message_bytes, r.time_us, r.time_p10_us, r.time_p90_us]
-                     for r in rows]}
+    return {
+        "digests": driver.digests,
+        "finished": finished,
+        "rows": [[r.tp, r.message_bytes, r.time_us, r.time_p10_us, r.time_p90_us] for r in rows],
+    }
 
 
 def _calibrate(group: TPGroup, tp_model: TensorParallelDecoder, out_dir: str) -> dict:
     """Check 4 (every rank calls it; rank 0 reports)."""
-    config = EngineConfig.create(model="tiny-llama", block_size=16, max_num_seqs=4,
-                                 max_num_batched_tokens=64, max_model_len=96,
-                                 num_gpu_blocks_override=64)
-    grid = CalibrationGrid(block_sizes=(16,), full_block_sizes=(16,), decode_batches=(2,),
-                           decode_contexts=(16,), prefill_tokens=(16,), prefill_cached=(0,),
-                           mixed=(), overhead_max_reqs=2, repeats=1, min_repeats=1)
-    result = calibrate_tensor_parallel(group, tp_model, config, grid, seed=SEED,
-                                       calibration_root=out_dir, log=lambda _: None,
-                                       allreduce_bytes=(256,), allreduce_repeats=2)
+    config = EngineConfig.create(
+        model="tiny-llama",
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=96,
+        num_gpu_blocks_override=64,
+    )
+    grid = CalibrationGrid(
+        block_sizes=(16,),
+        full_block_sizes=(16,),
+        decode_batches=(2,),
+        decode_contexts=(16,),
+        prefill_tokens=(16,),
+        prefill_cached=(0,),
+        mixed=(),
+        overhead_max_reqs=2,
+        repeats=1,
+        min_repeats=1,
+    )
+    result = calibrate_tensor_parallel(
+        group,
+        tp_model,
+        config,
+        grid,
+        seed=SEED,
+        calibration_root=out_dir,
+        log=lambda _: None,
+        allreduce_bytes=(256,),
+        allreduce_repeats=2,
+    )
     if result is None:
         return {}
     loaded = Profile.load(result.directory)
-    return {"profile_dir": Path(result.directory).relative_to(out_dir).as_posix(),
-            "profile_equal": loaded == result.profile,
-            "profile_tp": loaded.metadata.tensor_parallel_size,
-            "in_steps": loaded.metadata.allreduce_in_step_times,
-            "rows": {k: len(getattr(loaded, k)) for k in ("decode", "prefill", "overhead",
-                                                          "allreduce")},
-            "allreduce_tp": [r.tp for r in loaded.allreduce]}
+    return {
+        "profile_dir": Path(result.directory).relative_to(out_dir).as_posix(),
+        "profile_equal": loaded == result.profile,
+        "profile_tp": loaded.metadata.tensor_parallel_size,
+        "in_steps": loaded.metadata.allreduce_in_step_times,
+        "rows": {
+            k: len(getattr(loaded, k)) for k in ("decode", "prefill", "overhead", "allreduce")
+        },
+        "allreduce_tp": [r.tp for r in loaded.allreduce],
+    }
 
 
 def _serve_tp(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
@@ -158,18 +200,25 @@ def _serve_tp(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
     config = _config()
     requests = None
     if group.is_driver:
-        requests = [Request(f"s{k}", [(7 * i + k) % 512 for i in range(n)], max_tokens=3,
-                            arrival_time=0.01 * k) for k, n in enumerate((20, 33))]
+        requests = [
+            Request(
+                f"s{k}", [(7 * i + k) % 512 for i in range(n)], max_tokens=3, arrival_time=0.01 * k
+            )
+            for k, n in enumerate((20, 33))
+        ]
     # graphs asked for: a CPU runs their padded static-buffer path uncaptured, and every rank
     # gets and handles the capture message (a worker that did not would stop on it)
     served = serve_tp(group, tp_model, config, 40, requests, seed=SEED, cuda_graphs=True)
     if served is None:
         return {}
     result, records = served
-    return {"completed": result["completed"], "truncated": result["truncated"],
-            "graphs": [result["gpu_cuda_graphs"], result["gpu_graphs_captured"]],
-            "loop_steps": len(records["steps"]["start_s"]),
-            "runner_steps": len(records["runner_steps"]["wall_s"])}
+    return {
+        "completed": result["completed"],
+        "truncated": result["truncated"],
+        "graphs": [result["gpu_cuda_graphs"], result["gpu_graphs_captured"]],
+        "loop_steps": len(records["steps"]["start_s"]),
+        "runner_steps": len(records["runner_steps"]["wall_s"]),
+    }
 
 
 def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> None:
@@ -188,8 +237,9 @@ def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> No
         facts["calibration"] = _calibrate(group, tp_model, out_dir)
         facts["serve_tp"] = _serve_tp(group, tp_model)
         shapes = {"decode 3x40": [(40, 1)] * 3, "chunk with decodes": [(40, 1)] * 2 + [(0, 24)]}
-        facts["graph_check"] = graph_vs_eager_tp(group, tp_model, _config(), 40, shapes, reps=2,
-                                                 seed=SEED)
+        facts["graph_check"] = graph_vs_eager_tp(
+            group, tp_model, _config(), 40, shapes, reps=2, seed=SEED
+        )
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(facts))
     finally:
         destroy_tensor_parallel()
@@ -253,11 +303,27 @@ def test_encoder_and_decoder_keep_workers_in_step():
 
     def same(out: SchedulerOutput) -> None:
         got = dec.decode(enc.encode(out))
-        assert [(s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids,
-                 s.request.prompt_token_ids, s.request.output_token_ids)
-                for s in got.scheduled] == \
-            [(s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids,
-              s.request.prompt_token_ids, s.request.output_token_ids) for s in out.scheduled]
+        assert [
+            (
+                s.request_id,
+                s.num_new_tokens,
+                s.num_computed_tokens,
+                s.block_ids,
+                s.request.prompt_token_ids,
+                s.request.output_token_ids,
+            )
+            for s in got.scheduled
+        ] == [
+            (
+                s.request_id,
+                s.num_new_tokens,
+                s.num_computed_tokens,
+                s.block_ids,
+                s.request.prompt_token_ids,
+                s.request.output_token_ids,
+            )
+            for s in out.scheduled
+        ]
 
     same(step(0, [(a, 32, 0, [4, 9])]))
     same(step(1, [(a, 8, 32, [4, 9, 2])]))
@@ -291,8 +357,9 @@ class _Messages:
 
 def test_a_new_configure_frees_the_old_kv_cache_graphs_set_aside_included(monkeypatch):
     # one rank's KV cache is most of a GPU: the old one must be gone before the next is made
-    model = RandomWeightDecoder(ModelSpec.from_name("tiny-llama"), torch.float32, "cpu", 16,
-                                seed=SEED)
+    model = RandomWeightDecoder(
+        ModelSpec.from_name("tiny-llama"), torch.float32, "cpu", 16, seed=SEED
+    )
     caches: list[weakref.ref] = []
     alive_at_build: list[list[bool]] = []
 
@@ -320,8 +387,9 @@ def test_a_new_configure_frees_the_old_kv_cache_graphs_set_aside_included(monkey
     assert second.graphs is slot.graphs is not None
     del second, slot  # the worker below starts from nothing
     # the worker loop: graphs set aside when the next Configure arrives
-    report = run_worker(_Messages([msg, UseGraphs(False), msg, UseGraphs(True), Stop()]),
-                        model, seed=SEED)
+    report = run_worker(
+        _Messages([msg, UseGraphs(False), msg, UseGraphs(True), Stop()]), model, seed=SEED
+    )
     assert report.num_configures == 2
     assert alive_at_build == [[], [False], [False, False], [False, False, False]]
 
@@ -329,8 +397,12 @@ def test_a_new_configure_frees_the_old_kv_cache_graphs_set_aside_included(monkey
 def test_sharding_ranges():
     assert [kv_head_range(8, r, 4) for r in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
     assert [kv_head_range(2, r, 8) for r in range(8)] == [(0, 1)] * 4 + [(1, 2)] * 4
-    assert [vocab_range(10, r, 4) for r in range(4)] == [(0, 3, 3), (3, 6, 3), (6, 9, 3),
-                                                         (9, 10, 3)]
+    assert [vocab_range(10, r, 4) for r in range(4)] == [
+        (0, 3, 3),
+        (3, 6, 3),
+        (6, 9, 3),
+        (9, 10, 3),
+    ]
     with pytest.raises(Exception, match="tensor_parallel_size=3: must divide num_kv_heads=8"):
         kv_head_range(8, 0, 3)
 

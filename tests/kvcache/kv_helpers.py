@@ -15,8 +15,9 @@ def make_request(rid: str, tokens: list[int], max_tokens: int = 16, **kw) -> Req
     return Request(request_id=rid, prompt_token_ids=tokens, max_tokens=max_tokens, **kw)
 
 
-def admit(mgr: KVCacheManager, req: Request, num_new_tokens: int | None = None,
-          **kw) -> tuple[list[int], list[int] | None, int]:
+def admit(
+    mgr: KVCacheManager, req: Request, num_new_tokens: int | None = None, **kw
+) -> tuple[list[int], list[int] | None, int]:
     """Prefix lookup + allocation as the scheduler does it.
 
     Returns (hit block ids, new block ids or None on failure, hit tokens); on success the
@@ -24,8 +25,7 @@ def admit(mgr: KVCacheManager, req: Request, num_new_tokens: int | None = None,
     """
     hit, num_hit = mgr.get_computed_blocks(req)
     n = req.num_tokens - num_hit if num_new_tokens is None else num_new_tokens
-    new = mgr.allocate_slots(req, n, num_new_computed_tokens=num_hit, new_computed_blocks=hit,
-                             **kw)
+    new = mgr.allocate_slots(req, n, num_new_computed_tokens=num_hit, new_computed_blocks=hit, **kw)
     if new is None:
         return hit.get_block_ids(), None, num_hit
     req.num_computed_tokens = num_hit + n
@@ -50,8 +50,15 @@ def free_queue(mgr: KVCacheManager) -> list[int]:
 def snapshot(mgr: KVCacheManager) -> tuple:
     """Everything a failed allocation must leave untouched."""
     pool = mgr.block_pool
-    return (free_queue(mgr), [(b.ref_cnt, b.block_hash) for b in pool.blocks],
-            {k: (v if isinstance(v, dict) else v.block_id) for k, v in
-             pool.cached_block_hash_to_block.items()},
-            {rid: list(ids) for rid, ids in mgr.req_to_block_ids.items()},
-            dict(mgr.num_cached_block), repr(mgr.prefix_cache_stats), mgr.take_blocks_to_copy())
+    return (
+        free_queue(mgr),
+        [(b.ref_cnt, b.block_hash) for b in pool.blocks],
+        {
+            k: (v if isinstance(v, dict) else v.block_id)
+            for k, v in pool.cached_block_hash_to_block.items()
+        },
+        {rid: list(ids) for rid, ids in mgr.req_to_block_ids.items()},
+        dict(mgr.num_cached_block),
+        repr(mgr.prefix_cache_stats),
+        mgr.take_blocks_to_copy(),
+    )

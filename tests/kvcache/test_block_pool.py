@@ -89,12 +89,15 @@ def test_touch_takes_free_cached_blocks_out_of_the_queue():
     check_block_pool(pool)
 
 
-@pytest.mark.parametrize("free_order, expected_queue", [
-    # vLLM >= 0.24: unhashed 6, 5, 4 prepended (6 becomes the head), hashed 3, 1 appended.
-    ("lifo_unhashed", [6, 5, 4, 7, 3, 1]),
-    # vLLM <= 0.23: everything appended in the order given.
-    ("classic", [7, 6, 5, 4, 3, 1]),
-])
+@pytest.mark.parametrize(
+    "free_order, expected_queue",
+    [
+        # vLLM >= 0.24: unhashed 6, 5, 4 prepended (6 becomes the head), hashed 3, 1 appended.
+        ("lifo_unhashed", [6, 5, 4, 7, 3, 1]),
+        # vLLM <= 0.23: everything appended in the order given.
+        ("classic", [7, 6, 5, 4, 3, 1]),
+    ],
+)
 def test_free_orders(free_order, expected_queue):
     pool = BlockPool(8, free_order=free_order)
     blocks = pool.get_new_blocks(6)  # 1..6; 7 stays free

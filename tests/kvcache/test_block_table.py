@@ -29,8 +29,16 @@ NEW = [2, 3, 1]
 
 def test_slot_mapping_matches_the_picture():
     assert build_slot_mapping(ROWS, STARTS, NEW, block_size=4) == [29, 30, 20, 21, 22, 16]
-    assert build_slot_mapping(ROWS, STARTS, NEW, 4, pad_to=8) == \
-        [29, 30, 20, 21, 22, 16, PAD_SLOT_ID, PAD_SLOT_ID]
+    assert build_slot_mapping(ROWS, STARTS, NEW, 4, pad_to=8) == [
+        29,
+        30,
+        20,
+        21,
+        22,
+        16,
+        PAD_SLOT_ID,
+        PAD_SLOT_ID,
+    ]
     assert PAD_SLOT_ID < 0
 
 
@@ -43,8 +51,11 @@ def test_positions_and_query_start_loc():
 def test_block_table_padding_with_the_null_block():
     assert NULL_BLOCK_ID == 0
     assert build_block_table(ROWS) == [[3, 7, 0], [5, 0, 0], [2, 9, 4]]
-    assert build_block_table(ROWS, max_num_blocks_per_seq=4) == \
-        [[3, 7, 0, 0], [5, 0, 0, 0], [2, 9, 4, 0]]
+    assert build_block_table(ROWS, max_num_blocks_per_seq=4) == [
+        [3, 7, 0, 0],
+        [5, 0, 0, 0],
+        [2, 9, 4, 0],
+    ]
     assert build_block_table([]) == []
     with pytest.raises(ValueError, match="max_num_blocks_per_seq=2"):
         build_block_table(ROWS, max_num_blocks_per_seq=2)

@@ -15,21 +15,35 @@ def _req(rid: str, prompt: int, max_tokens: int) -> Request:
     return Request(rid, list(range(prompt)), max_tokens=max_tokens)
 
 
-def _mgr(policy: str, placement: str = "buddy", num_gpu_blocks: int = 65, block_size: int = 16,
-         max_model_len: int = 512) -> ContiguousKVCacheManager:
-    return ContiguousKVCacheManager(num_gpu_blocks, block_size, policy, placement,
-                                    max_model_len=max_model_len, check_invariants=True)
+def _mgr(
+    policy: str,
+    placement: str = "buddy",
+    num_gpu_blocks: int = 65,
+    block_size: int = 16,
+    max_model_len: int = 512,
+) -> ContiguousKVCacheManager:
+    return ContiguousKVCacheManager(
+        num_gpu_blocks,
+        block_size,
+        policy,
+        placement,
+        max_model_len=max_model_len,
+        check_invariants=True,
+    )
 
 
-@pytest.mark.parametrize("policy, placement, units", [
-    # final length 100 + 30 = 130 tokens, block 16
-    ("reserve-max", "buddy", 32),  # 512 tokens = 32 blocks
-    ("reserve-max", "first-fit", 32),
-    ("pow2", "buddy", 16),  # 256 tokens = 16 blocks
-    ("pow2", "first-fit", 16),
-    ("oracle", "first-fit", 9),  # 130 tokens -> 9 blocks (144 slots)
-    ("oracle", "buddy", 16),  # 9 blocks -> the buddy's 16
-])
+@pytest.mark.parametrize(
+    "policy, placement, units",
+    [
+        # final length 100 + 30 = 130 tokens, block 16
+        ("reserve-max", "buddy", 32),  # 512 tokens = 32 blocks
+        ("reserve-max", "first-fit", 32),
+        ("pow2", "buddy", 16),  # 256 tokens = 16 blocks
+        ("pow2", "first-fit", 16),
+        ("oracle", "first-fit", 9),  # 130 tokens -> 9 blocks (144 slots)
+        ("oracle", "buddy", 16),  # 9 blocks -> the buddy's 16
+    ],
+)
 def test_region_size_per_policy(policy, placement, units):
     m = _mgr(policy, placement)
     r = _req("a", 100, 30)
@@ -78,8 +92,10 @@ def test_buddy_placement_and_failure_changes_nothing():
     a, b, c = _req("a", 10, 10), _req("b", 10, 10), _req("c", 10, 10)
     assert m.allocate_slots(a, 10) is not None
     assert m.allocate_slots(b, 10) is not None
-    assert (m.reservations["a"].region, m.reservations["b"].region) == (Region(64, 32),
-                                                                      Region(0, 32))
+    assert (m.reservations["a"].region, m.reservations["b"].region) == (
+        Region(64, 32),
+        Region(0, 32),
+    )
     assert m.get_block_ids("a") == [65]
     assert m.get_block_ids("b") == [1]
     assert m.allocate_slots(c, 10) is not None
@@ -116,8 +132,14 @@ def test_no_prefix_cache_and_stats():
     r = _req("a", 40, 5)
     blocks, hit = m.get_computed_blocks(r)
     assert (len(blocks), hit) == (0, 0)
-    m.allocate_slots(r, 40, num_new_computed_tokens=0, new_computed_blocks=blocks,
-                     num_lookahead_tokens=0, full_sequence_must_fit=True)
+    m.allocate_slots(
+        r,
+        40,
+        num_new_computed_tokens=0,
+        new_computed_blocks=blocks,
+        num_lookahead_tokens=0,
+        full_sequence_must_fit=True,
+    )
     assert (m.prefix_cache_stats.queries, m.prefix_cache_stats.hits) == (40, 0)
     assert m.make_prefix_cache_stats().requests == 1
     assert m.make_prefix_cache_stats().requests == 0
@@ -177,9 +199,15 @@ def test_runs_under_the_scheduler():
     from pagesim.sim.build import build_scheduler
 
     for allocator in ("reserve-max", "pow2", "oracle"):
-        cfg = EngineConfig.create(model="tiny-llama", gpu="a10g", num_gpu_blocks_override=40,
-                                  max_model_len=256, max_num_seqs=8, max_num_batched_tokens=256,
-                                  allocator=allocator)
+        cfg = EngineConfig.create(
+            model="tiny-llama",
+            gpu="a10g",
+            num_gpu_blocks_override=40,
+            max_model_len=256,
+            max_num_seqs=8,
+            max_num_batched_tokens=256,
+            allocator=allocator,
+        )
         s = build_scheduler(cfg, check_invariants=True)
         assert isinstance(s.kv_cache_manager, ContiguousKVCacheManager)
         for i in range(12):
@@ -189,8 +217,11 @@ def test_runs_under_the_scheduler():
             if not s.has_unfinished_requests():
                 break
             out = s.schedule()
-            sampled = {sr.request_id: 1 for sr in out.scheduled
-                       if sr.num_computed_tokens + sr.num_new_tokens >= sr.request.num_tokens}
+            sampled = {
+                sr.request_id: 1
+                for sr in out.scheduled
+                if sr.num_computed_tokens + sr.num_new_tokens >= sr.request.num_tokens
+            }
             finished += len(s.update_from_output(out, ModelRunnerOutput(0.01, sampled)))
         assert finished == 12
         s.kv_cache_manager.check_invariants()

@@ -20,18 +20,25 @@ class ContiguousMachine(RuleBasedStateMachine):
         self.live: dict[str, Request] = {}
         self.next_id = 0
 
-    @initialize(policy=st.sampled_from(["reserve-max", "pow2", "oracle"]),
-                placement=st.sampled_from(["buddy", "first-fit"]),
-                block_size=st.sampled_from([1, 4, 16]),
-                num_units=st.integers(4, 70))
+    @initialize(
+        policy=st.sampled_from(["reserve-max", "pow2", "oracle"]),
+        placement=st.sampled_from(["buddy", "first-fit"]),
+        block_size=st.sampled_from([1, 4, 16]),
+        num_units=st.integers(4, 70),
+    )
     def build(self, policy, placement, block_size, num_units):
         # at least one max_model_len region fits, as sizing guarantees for real configs
         need = -(-MAX_MODEL_LEN // block_size)
         if placement == "buddy":
             need = 1 << (need - 1).bit_length()
-        self.mgr = ContiguousKVCacheManager(max(num_units, need) + 1, block_size, policy,
-                                            placement, max_model_len=MAX_MODEL_LEN,
-                                            check_invariants=True)
+        self.mgr = ContiguousKVCacheManager(
+            max(num_units, need) + 1,
+            block_size,
+            policy,
+            placement,
+            max_model_len=MAX_MODEL_LEN,
+            check_invariants=True,
+        )
 
     @rule(prompt=st.integers(1, 40), data=st.data())
     def admit(self, prompt, data):
@@ -59,8 +66,11 @@ class ContiguousMachine(RuleBasedStateMachine):
 
     def _policy_tokens(self, req: Request) -> int:
         final = req.max_num_tokens
-        return {"reserve-max": MAX_MODEL_LEN, "oracle": final,
-                "pow2": 1 << (final - 1).bit_length()}[self.mgr.policy]
+        return {
+            "reserve-max": MAX_MODEL_LEN,
+            "oracle": final,
+            "pow2": 1 << (final - 1).bit_length(),
+        }[self.mgr.policy]
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
@@ -114,5 +124,8 @@ class ContiguousMachine(RuleBasedStateMachine):
 
 TestContiguousStateful = ContiguousMachine.TestCase
 TestContiguousStateful.settings = settings(
-    max_examples=50, stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
+    max_examples=50,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)

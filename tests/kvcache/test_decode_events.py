@@ -14,10 +14,16 @@ from pagesim.scheduler.output import synthetic_token
 
 def _state(mgr) -> tuple:
     pool = mgr.block_pool
-    cache = {h: (b.block_id if not isinstance(b, dict) else tuple(b))
-             for h, b in pool.cached_block_hash_to_block.items()}
-    return (dict(mgr.req_to_block_ids), dict(mgr.num_cached_block), cache,
-            [b.block_id for b in pool.free_block_queue.get_all_free_blocks()])
+    cache = {
+        h: (b.block_id if not isinstance(b, dict) else tuple(b))
+        for h, b in pool.cached_block_hash_to_block.items()
+    }
+    return (
+        dict(mgr.req_to_block_ids),
+        dict(mgr.num_cached_block),
+        cache,
+        [b.block_id for b in pool.free_block_queue.get_all_free_blocks()],
+    )
 
 
 @pytest.mark.parametrize("lora", [None, "adapter"])

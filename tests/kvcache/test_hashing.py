@@ -21,13 +21,18 @@ from pagesim.request import Request
 BS = 4
 
 
-def chain(tokens: list[int], bs: int, lora: str | None = None, salt: str | None = None,
-          parent: bytes | None = None) -> list[bytes]:
+def chain(
+    tokens: list[int],
+    bs: int,
+    lora: str | None = None,
+    salt: str | None = None,
+    parent: bytes | None = None,
+) -> list[bytes]:
     """Reference: hash_block_tokens block by block."""
     out = []
     for i in range(len(tokens) // bs):
         extra = encode_extra_keys(lora, salt if i == 0 else None)
-        parent = hash_block_tokens(parent, tokens[i * bs:(i + 1) * bs], extra)
+        parent = hash_block_tokens(parent, tokens[i * bs : (i + 1) * bs], extra)
         out.append(parent)
     return out
 
@@ -36,17 +41,22 @@ def test_pinned_values_guard_the_encoding():
     # Changing the byte encoding changes every stored hash: these pins make it deliberate.
     assert NONE_HASH.hex() == "71516b837af513933f88b24edb1b8741"
     assert hash_block_tokens(None, list(range(16))).hex() == "ffc5c6563133614f129efed05694c820"
-    assert hash_block_tokens(None, list(range(16)), encode_extra_keys("lora-a", "s1")).hex() \
+    assert (
+        hash_block_tokens(None, list(range(16)), encode_extra_keys("lora-a", "s1")).hex()
         == "a65f8698cf07e4f7859bac7b2eaca2a0"
+    )
     assert len(NONE_HASH) == 16 and none_hash(0) == NONE_HASH and none_hash(1) != NONE_HASH
 
 
 def test_same_bytes_in_another_process_with_another_hash_seed():
-    code = ("from pagesim.kvcache.hashing import hash_block_tokens as h;"
-            "print(h(h(None, [1, 2, 3]), [4, 5, 6], b'x').hex())")
+    code = (
+        "from pagesim.kvcache.hashing import hash_block_tokens as h;"
+        "print(h(h(None, [1, 2, 3]), [4, 5, 6], b'x').hex())"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         check=True).stdout.strip()
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == hash_block_tokens(hash_block_tokens(None, [1, 2, 3]), [4, 5, 6], b"x").hex()
 
 
@@ -57,8 +67,13 @@ def test_parent_tokens_and_extra_keys_all_matter():
     assert hash_block_tokens(base, [1, 2, 3, 4]) != base
     assert hash_block_tokens(None, [1, 2, 4, 3]) != base
     assert hash_block_tokens(None, [1, 2, 3]) != hash_block_tokens(None, [1, 2, 3, 0])
-    keys = {encode_extra_keys("a", None), encode_extra_keys(None, "a"),
-            encode_extra_keys("a", "a"), encode_extra_keys("ab", None), b""}
+    keys = {
+        encode_extra_keys("a", None),
+        encode_extra_keys(None, "a"),
+        encode_extra_keys("a", "a"),
+        encode_extra_keys("ab", None),
+        b"",
+    }
     assert len(keys) == 5
     assert len({hash_block_tokens(None, [1, 2, 3, 4], k) for k in keys}) == 5
 
@@ -114,6 +129,6 @@ def test_bad_input():
     with pytest.raises(ConfigError, match="block_size=0"):
         BlockHasher(0)
     with pytest.raises(WorkloadError, match="token id 4294967296 is not an int32"):
-        BlockHasher(2).extend(Request("r", [1, 2 ** 32], 1))
+        BlockHasher(2).extend(Request("r", [1, 2**32], 1))
     with pytest.raises(WorkloadError, match="block_token_ids"):
-        hash_block_tokens(None, [-2 ** 31 - 1])
+        hash_block_tokens(None, [-(2**31) - 1])

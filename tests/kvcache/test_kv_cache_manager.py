@@ -10,13 +10,16 @@ from pagesim.errors import AllocationError, ConfigError
 from pagesim.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 
 
-@pytest.mark.parametrize("kw, field", [
-    (dict(num_gpu_blocks=1, block_size=16), "num_gpu_blocks=1"),
-    (dict(num_gpu_blocks=10, block_size=0), "block_size=0"),
-    (dict(num_gpu_blocks=10, block_size=16, vllm_compat="0.99"), "vllm_compat='0.99'"),
-    (dict(num_gpu_blocks=10, block_size=16, sliding_window=0), "sliding_window=0"),
-    (dict(num_gpu_blocks=10, block_size=16, max_model_len=0), "max_model_len=0"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(num_gpu_blocks=1, block_size=16), "num_gpu_blocks=1"),
+        (dict(num_gpu_blocks=10, block_size=0), "block_size=0"),
+        (dict(num_gpu_blocks=10, block_size=16, vllm_compat="0.99"), "vllm_compat='0.99'"),
+        (dict(num_gpu_blocks=10, block_size=16, sliding_window=0), "sliding_window=0"),
+        (dict(num_gpu_blocks=10, block_size=16, max_model_len=0), "max_model_len=0"),
+    ],
+)
 def test_bad_configuration(kw, field):
     with pytest.raises(ConfigError, match=field) as err:
         KVCacheManager(**kw)
@@ -28,8 +31,9 @@ def test_scheduler_contract_and_live_block_id_rows():
     req = make_request("r0", list(range(10)), max_tokens=8)
     computed_blocks, num_computed = mgr.get_computed_blocks(req)
     assert (computed_blocks.get_block_ids(), num_computed) == ([], 0)
-    new = mgr.allocate_slots(req, 10, num_new_computed_tokens=num_computed,
-                             new_computed_blocks=computed_blocks)
+    new = mgr.allocate_slots(
+        req, 10, num_new_computed_tokens=num_computed, new_computed_blocks=computed_blocks
+    )
     assert isinstance(new, KVCacheBlocks) and new.get_block_ids() == [1, 2, 3]
     req.num_computed_tokens = 10
     row = mgr.get_block_ids("r0")
@@ -69,8 +73,10 @@ def test_request_larger_than_the_cache_is_an_error_not_a_none():
     mgr = make_manager(8, block_size=4)  # 7 usable blocks = 28 slots
     req = make_request("big", list(range(29)))
     before = snapshot(mgr)
-    with pytest.raises(AllocationError, match="num_new_tokens=29: .* would hold 8 blocks, the "
-                                              "cache has 7 usable blocks"):
+    with pytest.raises(
+        AllocationError,
+        match="num_new_tokens=29: .* would hold 8 blocks, the cache has 7 usable blocks",
+    ):
         mgr.allocate_slots(req, 29)
     assert snapshot(mgr) == before
     assert mgr.can_fit(28) and not mgr.can_fit(29)
@@ -122,8 +128,12 @@ def test_lookahead_slots_are_allocated_but_not_cached():
     new = mgr.allocate_slots(req, 8, num_lookahead_tokens=5)
     assert new.get_block_ids() == [1, 2, 3, 4]
     assert mgr.num_cached_block["a"] == 2
-    assert [mgr.block_pool.blocks[i].block_hash is not None for i in (1, 2, 3, 4)] == \
-        [True, True, False, False]
+    assert [mgr.block_pool.blocks[i].block_hash is not None for i in (1, 2, 3, 4)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_max_model_len_caps_slots():

@@ -23,13 +23,20 @@ from pagesim.kvcache.invariants import check_block_pool
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.request import Request
 
-FAST = settings(max_examples=60, stateful_step_count=40, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 class PoolMachine(RuleBasedStateMachine):
-    @initialize(num_gpu_blocks=st.integers(2, 14), free_order=st.sampled_from(FREE_ORDERS),
-                enable_caching=st.booleans())
+    @initialize(
+        num_gpu_blocks=st.integers(2, 14),
+        free_order=st.sampled_from(FREE_ORDERS),
+        enable_caching=st.booleans(),
+    )
     def setup(self, num_gpu_blocks, free_order, enable_caching):
         self.pool = BlockPool(num_gpu_blocks, enable_caching, free_order)
         self.lifo = free_order == "lifo_unhashed"
@@ -115,12 +122,21 @@ MAX_LEN = 36
 
 
 class ManagerMachine(RuleBasedStateMachine):
-    @initialize(num_gpu_blocks=st.integers(3, 16), compat=st.sampled_from(["0.33", "0.23"]),
-                caching=st.booleans(), window=st.sampled_from([None, None, 5, 8]))
+    @initialize(
+        num_gpu_blocks=st.integers(3, 16),
+        compat=st.sampled_from(["0.33", "0.23"]),
+        caching=st.booleans(),
+        window=st.sampled_from([None, None, 5, 8]),
+    )
     def setup(self, num_gpu_blocks, compat, caching, window):
-        self.mgr = KVCacheManager(num_gpu_blocks, BS, enable_caching=caching,
-                                  sliding_window=window, vllm_compat=compat,
-                                  check_invariants=True)
+        self.mgr = KVCacheManager(
+            num_gpu_blocks,
+            BS,
+            enable_caching=caching,
+            sliding_window=window,
+            vllm_compat=compat,
+            check_invariants=True,
+        )
         self.window = window
         self.live: dict[str, Request] = {}
         self.shadow: dict[int, list[int | None]] = {}  # block id -> token written per slot
@@ -142,14 +158,19 @@ class ManagerMachine(RuleBasedStateMachine):
         for pos in range(start, start + n):
             block_id = row[pos // BS]
             assert block_id != 0, "a token would be written to the null block"
-            assert self.mgr.block_pool.blocks[block_id].ref_cnt == 1, \
+            assert self.mgr.block_pool.blocks[block_id].ref_cnt == 1, (
                 f"block {block_id} is shared but {req.request_id} writes into it"
+            )
             self.shadow.setdefault(block_id, [None] * BS)[pos % BS] = tokens[pos]
         req.num_computed_tokens = start + n
 
-    @rule(prefix=st.sampled_from(range(len(PREFIXES))),
-          suffix=st.lists(st.integers(0, 3), max_size=12), chunk=st.integers(1, 16),
-          salt=st.sampled_from([None, None, "s"]), gate=st.booleans())
+    @rule(
+        prefix=st.sampled_from(range(len(PREFIXES))),
+        suffix=st.lists(st.integers(0, 3), max_size=12),
+        chunk=st.integers(1, 16),
+        salt=st.sampled_from([None, None, "s"]),
+        gate=st.booleans(),
+    )
     def admit(self, prefix, suffix, chunk, salt, gate):
         req = Request(self._new_id(), (PREFIXES[prefix] + suffix) or [7], 8, cache_salt=salt)
         hit, num_hit = self.mgr.get_computed_blocks(req)
@@ -199,8 +220,7 @@ class ManagerMachine(RuleBasedStateMachine):
         parent = self.live[data.draw(st.sampled_from(sorted(self.live)))]
         if parent.num_computed_tokens != parent.num_tokens:
             return  # a child copies finished tokens only
-        child = Request(self._new_id(), parent.prompt_token_ids, 8,
-                        cache_salt=parent.cache_salt)
+        child = Request(self._new_id(), parent.prompt_token_ids, 8, cache_salt=parent.cache_salt)
         child.output_token_ids = list(parent.output_token_ids)
         child.num_computed_tokens = parent.num_computed_tokens
         self.mgr.fork(parent, child)
@@ -222,8 +242,9 @@ class ManagerMachine(RuleBasedStateMachine):
         for rid, req in self.live.items():
             row = self.mgr.get_block_ids(rid)
             tokens = req.all_token_ids
-            first_live = 0 if self.window is None else max(0, req.num_computed_tokens
-                                                           - self.window + 1)
+            first_live = (
+                0 if self.window is None else max(0, req.num_computed_tokens - self.window + 1)
+            )
             assert len(row) * BS >= req.num_computed_tokens
             for pos in range(req.num_computed_tokens):
                 block_id = row[pos // BS]

@@ -24,8 +24,9 @@ class _Side:
     """One manager and its copies of the requests."""
 
     def __init__(self, lazy: bool, num_blocks: int, bs: int, compat: str) -> None:
-        self.mgr = make_manager(num_blocks, bs, lazy_hashing=lazy, check_invariants=lazy,
-                                vllm_compat=compat)
+        self.mgr = make_manager(
+            num_blocks, bs, lazy_hashing=lazy, check_invariants=lazy, vllm_compat=compat
+        )
         self.lazy = lazy
         self.requests: dict[str, Request] = {}
         self.lag: dict[str, list[int]] = {}  # tokens the lazy side has not appended yet
@@ -37,8 +38,9 @@ class _Side:
         req = self.requests[rid]
         self.sync(rid)
         hit, num_hit = self.mgr.get_computed_blocks(req)
-        new = self.mgr.allocate_slots(req, req.num_tokens - num_hit, num_new_computed_tokens=num_hit,
-                                      new_computed_blocks=hit)
+        new = self.mgr.allocate_slots(
+            req, req.num_tokens - num_hit, num_new_computed_tokens=num_hit, new_computed_blocks=hit
+        )
         if new is None:
             return hit.get_block_ids(), None
         req.num_computed_tokens = req.num_tokens
@@ -54,11 +56,16 @@ class _Side:
         row = mgr.req_to_block_ids[rid]
         if self.lazy and c == len(row) * bs and (c + 1) % bs:
             ok = mgr.append_decode_block(rid)
-        elif self.lazy and c != len(row) * bs and (c + 1) % bs == 0 and c + 1 - bs >= prompt_len \
-                and c + 1 - bs > 0:
+        elif (
+            self.lazy
+            and c != len(row) * bs
+            and (c + 1) % bs == 0
+            and c + 1 - bs >= prompt_len
+            and c + 1 - bs > 0
+        ):
             self.lag.setdefault(rid, []).append(token)
             first = c + 1 - bs - prompt_len
-            tokens = (req.output_token_ids + self.lag[rid])[first:first + bs]
+            tokens = (req.output_token_ids + self.lag[rid])[first : first + bs]
             mgr.cache_decode_block(req, struct.pack(f"<{bs}i", *tokens))
             req.num_computed_tokens += 1
             return True
@@ -86,24 +93,44 @@ class _Side:
 
     def state(self) -> tuple:
         pool = self.mgr.block_pool
-        cache = {h: (b.block_id if not isinstance(b, dict) else tuple(b))
-                 for h, b in pool.cached_block_hash_to_block.items()}
-        return (dict(self.mgr.req_to_block_ids), dict(self.mgr.num_cached_block), cache,
-                [(b.block_id, b.block_hash) for b in pool.free_block_queue.get_all_free_blocks()],
-                [(b.ref_cnt, b.block_hash) for b in pool.blocks])
+        cache = {
+            h: (b.block_id if not isinstance(b, dict) else tuple(b))
+            for h, b in pool.cached_block_hash_to_block.items()
+        }
+        return (
+            dict(self.mgr.req_to_block_ids),
+            dict(self.mgr.num_cached_block),
+            cache,
+            [(b.block_id, b.block_hash) for b in pool.free_block_queue.get_all_free_blocks()],
+            [(b.ref_cnt, b.block_hash) for b in pool.blocks],
+        )
 
 
-_OPS = st.lists(st.tuples(st.sampled_from(["admit", "decode", "decode", "decode", "free",
-                                            "look"]),
-                          st.integers(0, 3)), min_size=5, max_size=90)
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "decode", "decode", "decode", "free", "look"]), st.integers(0, 3)
+    ),
+    min_size=5,
+    max_size=90,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(bs=st.sampled_from([2, 4]), num_blocks=st.integers(29, 60), ops=_OPS,
-       compat=st.sampled_from(["0.33", "0.23"]),
-       prompts=st.lists(st.tuples(st.integers(0, 1), st.sampled_from([1, 3, 4, 5, 8, 9, 13]),
-                                  st.sampled_from([None, None, None, "t1"])),
-                        min_size=4, max_size=4))
+@given(
+    bs=st.sampled_from([2, 4]),
+    num_blocks=st.integers(29, 60),
+    ops=_OPS,
+    compat=st.sampled_from(["0.33", "0.23"]),
+    prompts=st.lists(
+        st.tuples(
+            st.integers(0, 1),
+            st.sampled_from([1, 3, 4, 5, 8, 9, 13]),
+            st.sampled_from([None, None, None, "t1"]),
+        ),
+        min_size=4,
+        max_size=4,
+    ),
+)
 def test_lazy_hashing_matches_eager(bs, num_blocks, ops, compat, prompts) -> None:
     # (any one request fits: at most 13 + 40 tokens, 27 blocks of 2, with the null block)
     eager, lazy = _Side(False, num_blocks, bs, compat), _Side(True, num_blocks, bs, compat)
@@ -126,7 +153,7 @@ def test_lazy_hashing_matches_eager(bs, num_blocks, ops, compat, prompts) -> Non
     assert eager.state() == lazy.state()
     for rid, req in lazy.requests.items():
         full = eager.requests[rid].block_hashes
-        assert req.block_hashes == full[:len(req.block_hashes)]
+        assert req.block_hashes == full[: len(req.block_hashes)]
 
 
 def test_lazy_hashing_defers_unshared_blocks() -> None:
@@ -143,8 +170,9 @@ def test_lazy_hashing_defers_unshared_blocks() -> None:
     row = mgr.req_to_blocks["a"]
     assert row[2].block_hash == reqs[1].block_hashes[2]  # computed on read, eager value
     assert reqs[0].block_hashes == reqs[1].block_hashes
-    assert (list(mgr.block_pool.cached_block_hash_to_block)
-            == list(eager.block_pool.cached_block_hash_to_block))
+    assert list(mgr.block_pool.cached_block_hash_to_block) == list(
+        eager.block_pool.cached_block_hash_to_block
+    )
 
 
 def test_lazy_hashing_keeps_the_order_of_duplicates() -> None:

@@ -114,8 +114,10 @@ def test_lru_eviction_order_with_events():
     b = make_request("b", list(range(20, 28)) + [91])  # 4, 5 full, 6 partial
     admit(mgr, a)
     admit(mgr, b)
-    assert mgr.take_events() == [BlockStored((1, 2), tuple(a.block_hashes)),
-                                 BlockStored((4, 5), tuple(b.block_hashes))]
+    assert mgr.take_events() == [
+        BlockStored((1, 2), tuple(a.block_hashes)),
+        BlockStored((4, 5), tuple(b.block_hashes)),
+    ]
     mgr.free(a)
     mgr.free(b)
     # Partial blocks to the head (reused first); full blocks to the tail, each request's
@@ -123,8 +125,10 @@ def test_lru_eviction_order_with_events():
     assert free_queue(mgr) == [6, 3, 7, 2, 1, 5, 4]
     c = make_request("c", list(range(40, 56)))  # 4 full blocks
     assert admit(mgr, c)[1] == [6, 3, 7, 2]
-    assert mgr.take_events() == [BlockRemoved(2, a.block_hashes[1]),
-                                 BlockStored((6, 3, 7, 2), tuple(c.block_hashes))]
+    assert mgr.take_events() == [
+        BlockRemoved(2, a.block_hashes[1]),
+        BlockStored((6, 3, 7, 2), tuple(c.block_hashes)),
+    ]
     d = make_request("d", list(range(20, 28)) + [91])  # b again: its blocks survived
     assert admit(mgr, d) == ([4, 5], [1], 8)
     assert mgr.take_events()[0] == BlockRemoved(1, a.block_hashes[0])

@@ -58,8 +58,9 @@ def test_kv_dtype():
 
 
 def test_llama2_7b_on_h200_by_hand():
-    c = EngineConfig.create(model="llama-2-7b", gpu="h200", gpu_memory_utilization=0.92,
-                            block_size=16)
+    c = EngineConfig.create(
+        model="llama-2-7b", gpu="h200", gpu_memory_utilization=0.92, block_size=16
+    )
     assert (c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len) == (8192, 1024, 4096)
     total = round(139.81 * GiB)
     requested = math.ceil(total * 0.92)
@@ -87,11 +88,11 @@ def test_llama2_7b_on_h200_by_hand():
 
 def test_report_format_regex():
     import re
+
     lines = kv_capacity_report(EngineConfig.create(model="llama-3.1-8b", gpu="h200")).splitlines()
     assert re.fullmatch(r"Available KV cache memory: \d+\.\d\d GiB", lines[0])
     assert re.fullmatch(r"GPU KV cache size: \d{1,3}(,\d{3})* tokens", lines[1])
-    assert re.fullmatch(r"Maximum concurrency for 131,072 tokens per request: \d+\.\d\dx",
-                        lines[2])
+    assert re.fullmatch(r"Maximum concurrency for 131,072 tokens per request: \d+\.\d\dx", lines[2])
 
 
 def test_override_and_kv_memory_bytes():
@@ -111,8 +112,7 @@ def test_override_and_kv_memory_bytes():
 
 def test_measured_non_kv_replaces_estimate():
     c = EngineConfig.create(model="llama-2-7b", gpu="h200")
-    measured = NonKVMemory(weights_bytes=13 * GiB, activation_peak_bytes=2 * GiB,
-                           non_torch_bytes=0)
+    measured = NonKVMemory(weights_bytes=13 * GiB, activation_peak_bytes=2 * GiB, non_torch_bytes=0)
     cap = kv_capacity(c, non_kv=measured)
     assert cap.non_kv == measured
     assert cap.available_kv_cache_memory_bytes == math.ceil(round(139.81 * GiB) * 0.92) - 15 * GiB
@@ -169,15 +169,19 @@ def test_weights_do_not_fit():
     # fits the weights on h200 but leaves nothing for the KV cache
     with pytest.raises(ConfigError, match=r"weights of llama-2-70b \(138.0 GB\) leave no KV"):
         num_gpu_blocks(EngineConfig.create(model="llama-2-70b", gpu="h200"))
-    assert num_gpu_blocks(EngineConfig.create(model="llama-2-70b", gpu="h200",
-                                              tensor_parallel_size=2)) > 0
+    assert (
+        num_gpu_blocks(EngineConfig.create(model="llama-2-70b", gpu="h200", tensor_parallel_size=2))
+        > 0
+    )
 
 
 def test_max_model_len_does_not_fit():
     with pytest.raises(ConfigError, match="max_model_len=131072 needs 16.00 GiB"):
         kv_capacity(EngineConfig.create(model="llama-3.1-8b", gpu="a10g"))
-    assert num_gpu_blocks(EngineConfig.create(model="llama-3.1-8b", gpu="a10g",
-                                              max_model_len=8192)) > 512
+    assert (
+        num_gpu_blocks(EngineConfig.create(model="llama-3.1-8b", gpu="a10g", max_model_len=8192))
+        > 512
+    )
 
 
 def test_tiny_kv_memory():
@@ -194,6 +198,7 @@ def test_unknown_names():
 
 def test_to_dict_is_plain():
     import json
+
     d = kv_capacity(EngineConfig.create(model="llama-2-7b", gpu="h200")).to_dict()
     json.dumps(d)
     assert d["num_tokens"] == d["num_gpu_blocks"] * 16

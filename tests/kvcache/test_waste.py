@@ -31,8 +31,14 @@ def test_contiguous_oracle_first_fit_by_hand():
     assert m.allocate_slots(b, 2) is not None
     b.num_computed_tokens = 6
     # a: 5 held, 2 to come, 1 never (slot of the last sampled token); b: 6, 1, 1
-    assert kv_slots(m) == KVSlots(total=20, token_states=11, reserved=3,
-                                  internal_fragmentation=2, external_fragmentation=0, free=4)
+    assert kv_slots(m) == KVSlots(
+        total=20,
+        token_states=11,
+        reserved=3,
+        internal_fragmentation=2,
+        external_fragmentation=0,
+        free=4,
+    )
     c = _req("c", 3, 3)  # needs 6 contiguous slots; the only hole has 4
     assert kv_slots(m, next_request=c) == KVSlots(20, 11, 3, 2, 4, 0)
     small = _req("d", 1, 1)  # 2 slots: the hole of 4 serves two of them
@@ -49,8 +55,14 @@ def test_contiguous_reserve_max_buddy_by_hand():
     a = _req("a", 10, 6)  # region 32 slots (8 blocks), final K/V 15
     _admit(m, a, 10)
     s = kv_slots(m)
-    assert s == KVSlots(total=64, token_states=10, reserved=5, internal_fragmentation=17,
-                        external_fragmentation=0, free=32)
+    assert s == KVSlots(
+        total=64,
+        token_states=10,
+        reserved=5,
+        internal_fragmentation=17,
+        external_fragmentation=0,
+        free=32,
+    )
     b = _req("b", 10, 6)
     _admit(m, b, 3)
     m.free(a)  # free: [0, 8) blocks, used [8, 16)
@@ -77,9 +89,14 @@ def test_paged_by_hand_with_prefix_sharing():
     _admit(m, a, 10)
     _admit(m, b, 6)
     # a: 12 slots, 10 held, 2 to come; b: 8 slots, 6 held, 2 never filled
-    assert kv_slots(m, [a, b]) == KVSlots(total=40, token_states=16, reserved=2,
-                                          internal_fragmentation=2, external_fragmentation=0,
-                                          free=20)
+    assert kv_slots(m, [a, b]) == KVSlots(
+        total=40,
+        token_states=16,
+        reserved=2,
+        internal_fragmentation=2,
+        external_fragmentation=0,
+        free=20,
+    )
     c = _req("c", list(range(100, 110)), 5)  # same prompt as a: 2 full blocks hit
     hit, n_hit = m.get_computed_blocks(c)
     assert n_hit == 8
@@ -99,9 +116,15 @@ def test_fractions_sum_to_one_under_the_scheduler():
     from pagesim.sim.build import build_scheduler
 
     for allocator in ("paged", "reserve-max", "pow2", "oracle"):
-        cfg = EngineConfig.create(model="tiny-llama", gpu="a10g", num_gpu_blocks_override=30,
-                                  max_model_len=256, max_num_seqs=8, max_num_batched_tokens=128,
-                                  allocator=allocator)
+        cfg = EngineConfig.create(
+            model="tiny-llama",
+            gpu="a10g",
+            num_gpu_blocks_override=30,
+            max_model_len=256,
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+            allocator=allocator,
+        )
         s = build_scheduler(cfg)
         for i in range(10):
             s.add_request(_req(f"r{i}", [i * 1000 + j for j in range(30 + 11 * i)], 4 + 3 * i))
@@ -111,13 +134,21 @@ def test_fractions_sum_to_one_under_the_scheduler():
             out = s.schedule()
             head = s.waiting.peek_request() if s.waiting else None
             slots = kv_slots(s.kv_cache_manager, s.running, head)
-            parts = (slots.token_states, slots.reserved, slots.internal_fragmentation,
-                     slots.external_fragmentation, slots.free)
+            parts = (
+                slots.token_states,
+                slots.reserved,
+                slots.internal_fragmentation,
+                slots.external_fragmentation,
+                slots.free,
+            )
             assert min(parts) >= 0 and sum(parts) == slots.total, (allocator, slots)
             assert slots.token_states <= sum(r.num_computed_tokens for r in s.running)
             avg.add(slots, 0.01)
-            sampled = {sr.request_id: 1 for sr in out.scheduled
-                       if sr.num_computed_tokens + sr.num_new_tokens >= sr.request.num_tokens}
+            sampled = {
+                sr.request_id: 1
+                for sr in out.scheduled
+                if sr.num_computed_tokens + sr.num_new_tokens >= sr.request.num_tokens
+            }
             s.update_from_output(out, ModelRunnerOutput(0.01, sampled))
             steps += 1
         assert not s.has_unfinished_requests()

@@ -42,8 +42,7 @@ def test_id_runs_text():
     assert text_to_ids("") == []
 
 
-@given(st.permutations(list(range(30))), st.integers(0, 30), st.integers(0, 30),
-       st.data())
+@given(st.permutations(list(range(30))), st.integers(0, 30), st.integers(0, 30), st.data())
 @settings(max_examples=200)
 def test_free_queue_edit_reproduces_any_queue_change(perm, n_prev, n_cur, data):
     prev = list(perm[:n_prev])
@@ -61,14 +60,24 @@ def test_free_queue_edit_is_small_for_engine_moves():
 
 
 def _tiny_workload() -> ParityWorkload:
-    reqs = (ParityRequest("a", (("k", 1, 40),), 5),
-            ParityRequest("b", (("k", 1, 40), ("k", 2, 9)), 4, arrival_step=1),
-            ParityRequest("c", (("k", 3, 60),), 30, arrival_step=1),
-            ParityRequest("d", (("k", 1, 40), ("o", "a"), ("k", 4, 20)), 6, after="a", delay=2))
-    engine = {"block_size": 16, "num_gpu_blocks": 9, "max_num_batched_tokens": 64,
-              "max_num_seqs": 4, "max_model_len": 256, "enable_chunked_prefill": True,
-              "enable_prefix_caching": True, "long_prefill_token_threshold": 0,
-              "scheduling_policy": "fcfs", "scheduler_reserve_full_isl": True}
+    reqs = (
+        ParityRequest("a", (("k", 1, 40),), 5),
+        ParityRequest("b", (("k", 1, 40), ("k", 2, 9)), 4, arrival_step=1),
+        ParityRequest("c", (("k", 3, 60),), 30, arrival_step=1),
+        ParityRequest("d", (("k", 1, 40), ("o", "a"), ("k", 4, 20)), 6, after="a", delay=2),
+    )
+    engine = {
+        "block_size": 16,
+        "num_gpu_blocks": 9,
+        "max_num_batched_tokens": 64,
+        "max_num_seqs": 4,
+        "max_model_len": 256,
+        "enable_chunked_prefill": True,
+        "enable_prefix_caching": True,
+        "long_prefill_token_threshold": 0,
+        "scheduling_policy": "fcfs",
+        "scheduler_reserve_full_isl": True,
+    }
     return ParityWorkload("tiny", 7, reqs, engine)
 
 
@@ -112,8 +121,12 @@ def _renamed(log: DecisionLog, mapping: dict[int, int]) -> DecisionLog:
         s.evicted = [mapping[b] for b in s.evicted]
         if s.free_queue_edit is not None:
             h, p, d, t = s.free_queue_edit
-            s.free_queue_edit = ([mapping[b] for b in h], p, [mapping[b] for b in d],
-                                 [mapping[b] for b in t])
+            s.free_queue_edit = (
+                [mapping[b] for b in h],
+                p,
+                [mapping[b] for b in d],
+                [mapping[b] for b in t],
+            )
     return out
 
 
@@ -142,8 +155,9 @@ def test_multi_turn_prompt_extends_the_previous_turn():
     wl = multi_turn()
     req = next(r for r in wl.requests if r.after is not None)
     prev = wl.request(req.after)
-    history = wl.prompt(prev.request_id) + output_tokens(wl.prompt(prev.request_id),
-                                                         prev.max_tokens)
+    history = wl.prompt(prev.request_id) + output_tokens(
+        wl.prompt(prev.request_id), prev.max_tokens
+    )
     assert wl.prompt(req.request_id)[: len(history)] == history
 
 
@@ -158,7 +172,10 @@ def test_workload_json_round_trip_and_digest_check():
 
 def test_stalled_replay_raises():
     wl = _tiny_workload()
-    big = dataclasses.replace(wl, requests=(ParityRequest("z", (("k", 9, 200),), 1),),
-                              engine=dict(wl.engine, max_model_len=4096))
+    big = dataclasses.replace(
+        wl,
+        requests=(ParityRequest("z", (("k", 9, 200),), 1),),
+        engine=dict(wl.engine, max_model_len=4096),
+    )
     with pytest.raises(Exception, match="z|stall|fit|reject"):
         record(big)

@@ -63,10 +63,13 @@ def test_kv_sizing_finds_the_smallest_passing_cache() -> None:
     assert max(failed) >= k.num_gpu_blocks * (1 - 0.05) - 1
     assert k.kv_cache_memory_bytes == k.num_gpu_blocks * kv_capacity(config).page_size_bytes
     util = k.gpu_memory_utilization
-    assert kv_capacity(config.replace(gpu_memory_utilization=util)).num_gpu_blocks \
-        >= k.num_gpu_blocks
-    assert kv_capacity(config.replace(gpu_memory_utilization=round(util - 0.001, 3))
-                       ).num_gpu_blocks < k.num_gpu_blocks
+    assert (
+        kv_capacity(config.replace(gpu_memory_utilization=util)).num_gpu_blocks >= k.num_gpu_blocks
+    )
+    assert (
+        kv_capacity(config.replace(gpu_memory_utilization=round(util - 0.001, 3))).num_gpu_blocks
+        < k.num_gpu_blocks
+    )
     assert utilization_for_blocks(config, 10**9) is None
 
 

@@ -9,13 +9,34 @@ import pytest
 
 from pagesim.cli.app import main
 
-SMALL = ["--workload", "random", "--random-input-len", "96", "--random-output-len", "24",
-         "--num-prompts", "20", "--num-gpu-blocks-override", "64"]
+SMALL = [
+    "--workload",
+    "random",
+    "--random-input-len",
+    "96",
+    "--random-output-len",
+    "24",
+    "--num-prompts",
+    "20",
+    "--num-gpu-blocks-override",
+    "64",
+]
 
 
 def test_sweep_dry_run_writes_nothing(tmp_path: Path, capsys) -> None:
-    rc = main(["sweep", *SMALL, "--block-size", "8,16", "--request-rate", "2,4,8",
-               "--dry-run", "-o", str(tmp_path)])
+    rc = main(
+        [
+            "sweep",
+            *SMALL,
+            "--block-size",
+            "8,16",
+            "--request-rate",
+            "2,4,8",
+            "--dry-run",
+            "-o",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert out.splitlines()[0] == "6 points x 1 runs = 6 simulations"
@@ -23,14 +44,17 @@ def test_sweep_dry_run_writes_nothing(tmp_path: Path, capsys) -> None:
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--block-size", "8,abc"], "block_size='abc': expected an integer"),
-    (["--block-size", "0,16"], "sweep point ENGINE-block_size=0"),
-    (["--allocator", "paged,slab"], "allocator='slab'"),
-    (["--workload", "chat,nope"], "workload 'nope'"),
-    (["--backend", "dask"], "--backend 'dask'"),
-    (["--engine-params", "missing.json"], "cannot read"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--block-size", "8,abc"], "block_size='abc': expected an integer"),
+        (["--block-size", "0,16"], "sweep point ENGINE-block_size=0"),
+        (["--allocator", "paged,slab"], "allocator='slab'"),
+        (["--workload", "chat,nope"], "workload 'nope'"),
+        (["--backend", "dask"], "--backend 'dask'"),
+        (["--engine-params", "missing.json"], "cannot read"),
+    ],
+)
 def test_bad_grids_exit_2_with_one_line(tmp_path: Path, capsys, args, words) -> None:
     rc = main(["sweep", *args, "-o", str(tmp_path)])
     err = capsys.readouterr().err
@@ -41,15 +65,41 @@ def test_bad_grids_exit_2_with_one_line(tmp_path: Path, capsys, args, words) -> 
 def test_sweep_then_plot(tmp_path: Path, capsys) -> None:
     params = tmp_path / "bench.json"
     params.write_text(json.dumps([{"request_rate": 4}, {"request_rate": 16}]))
-    rc = main(["sweep", *SMALL, "--block-size", "8,16", "--bench-params", str(params),
-               "-o", str(tmp_path / "res"), "--quiet", "--jobs", "1"])
+    rc = main(
+        [
+            "sweep",
+            *SMALL,
+            "--block-size",
+            "8,16",
+            "--bench-params",
+            str(params),
+            "-o",
+            str(tmp_path / "res"),
+            "--quiet",
+            "--jobs",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "4 points x 1 runs: 4 run, 0 already done, 0 failed" in out
     (sweep_dir,) = (tmp_path / "res").iterdir()
     assert (sweep_dir / "summary.csv").is_file()
-    rc = main(["sweep", *SMALL, "--block-size", "8,16", "--bench-params", str(params),
-               "-o", str(tmp_path / "res"), "--resume", sweep_dir.name, "--quiet"])
+    rc = main(
+        [
+            "sweep",
+            *SMALL,
+            "--block-size",
+            "8,16",
+            "--bench-params",
+            str(params),
+            "-o",
+            str(tmp_path / "res"),
+            "--resume",
+            sweep_dir.name,
+            "--quiet",
+        ]
+    )
     assert rc == 0 and "0 run, 4 already done" in capsys.readouterr().out
     rc = main(["plot", str(sweep_dir), "--format", "png"])
     out = capsys.readouterr().out
@@ -62,9 +112,26 @@ def test_sweep_then_plot(tmp_path: Path, capsys) -> None:
 
 
 def test_failed_runs_exit_1_and_are_listed(tmp_path: Path, capsys) -> None:
-    rc = main(["sweep", "--workload", "random", "--num-prompts", "10", "--random-input-len",
-               "64", "--random-output-len", "8", "--model", "llama-2-7b,llama-2-70b",
-               "-o", str(tmp_path), "--quiet", "--jobs", "1"])
+    rc = main(
+        [
+            "sweep",
+            "--workload",
+            "random",
+            "--num-prompts",
+            "10",
+            "--random-input-len",
+            "64",
+            "--random-output-len",
+            "8",
+            "--model",
+            "llama-2-7b,llama-2-70b",
+            "-o",
+            str(tmp_path),
+            "--quiet",
+            "--jobs",
+            "1",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 1
     assert "1 failed" in captured.out
@@ -73,13 +140,16 @@ def test_failed_runs_exit_1_and_are_listed(tmp_path: Path, capsys) -> None:
     assert "ConfigError: weights of llama-2-70b" in line
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--slo", "p99_ttft_ms<=fast"], "expected KEY<=VALUE"),
-    (["--slo", "p99_latency<=5"], "unknown metric 'p99_latency'"),
-    ([], "give at least one objective"),
-    (["--slo", "ttft:500", "--kv-sizing"], "--kv-sizing needs --target-rate"),
-    (["--slo", "ttft:500", "--target-rate", "5", "--router", "random"], "unknown router"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--slo", "p99_ttft_ms<=fast"], "expected KEY<=VALUE"),
+        (["--slo", "p99_latency<=5"], "unknown metric 'p99_latency'"),
+        ([], "give at least one objective"),
+        (["--slo", "ttft:500", "--kv-sizing"], "--kv-sizing needs --target-rate"),
+        (["--slo", "ttft:500", "--target-rate", "5", "--router", "random"], "unknown router"),
+    ],
+)
 def test_bad_plans_exit_2(capsys, args, words) -> None:
     rc = main(["plan", *args])
     err = capsys.readouterr().err
@@ -88,11 +158,33 @@ def test_bad_plans_exit_2(capsys, args, words) -> None:
 
 def test_plan_reports_rate_and_replicas(tmp_path: Path, capsys) -> None:
     out_file = tmp_path / "plan.json"
-    rc = main(["plan", "--workload", "random", "--random-input-len", "512",
-               "--random-output-len", "64", "--num-prompts", "40", "--max-num-seqs", "16",
-               "--max-num-batched-tokens", "2048", "--slo", "p99_ttft_ms<=400",
-               "--min-duration", "5", "--rel-tol", "0.1", "--target-rate", "60",
-               "--save-result", str(out_file)])
+    rc = main(
+        [
+            "plan",
+            "--workload",
+            "random",
+            "--random-input-len",
+            "512",
+            "--random-output-len",
+            "64",
+            "--num-prompts",
+            "40",
+            "--max-num-seqs",
+            "16",
+            "--max-num-batched-tokens",
+            "2048",
+            "--slo",
+            "p99_ttft_ms<=400",
+            "--min-duration",
+            "5",
+            "--rel-tol",
+            "0.1",
+            "--target-rate",
+            "60",
+            "--save-result",
+            str(out_file),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     doc = json.loads(out_file.read_text())
@@ -117,21 +209,47 @@ def test_config_file_lists_are_axes(tmp_path: Path, capsys) -> None:
 
 def test_compare_tp_plans_each_size_and_picks_the_fewest_gpus(tmp_path: Path, capsys) -> None:
     out_file = tmp_path / "plan.json"
-    rc = main(["plan", "--model", "llama-3-70b", "--gpu", "h200", "--slo", "p99_ttft_ms<=3000",
-               "--slo", "p99_tpot_ms<=100", "--num-prompts", "40", "--min-duration", "5",
-               "--rel-tol", "0.2", "--target-rate", "6", "--compare-tp", "4,1,2",
-               "--save-result", str(out_file)])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "llama-3-70b",
+            "--gpu",
+            "h200",
+            "--slo",
+            "p99_ttft_ms<=3000",
+            "--slo",
+            "p99_tpot_ms<=100",
+            "--num-prompts",
+            "40",
+            "--min-duration",
+            "5",
+            "--rel-tol",
+            "0.2",
+            "--target-rate",
+            "6",
+            "--compare-tp",
+            "4,1,2",
+            "--save-result",
+            str(out_file),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     doc = json.loads(out_file.read_text())
     entries = {e["tp"]: e for e in doc["compare_tp"]}
     assert list(entries) == [1, 2, 4]  # in order of size
     assert "do not fit" in entries[1]["error"]  # 141 GB of weights on one H200
-    gpus = {tp: e["replicas"]["num_replicas"] * tp for tp, e in entries.items()
-            if (e.get("replicas") or {}).get("num_replicas")}
+    gpus = {
+        tp: e["replicas"]["num_replicas"] * tp
+        for tp, e in entries.items()
+        if (e.get("replicas") or {}).get("num_replicas")
+    }
     assert gpus and doc["best"]["gpus"] == min(gpus.values())
-    assert (f"Fewest GPUs for 6 req/s: tensor_parallel_size {doc['best']['tp']} x "
-            f"{doc['best']['num_replicas']} replicas = {doc['best']['gpus']} GPUs") in out
+    assert (
+        f"Fewest GPUs for 6 req/s: tensor_parallel_size {doc['best']['tp']} x "
+        f"{doc['best']['num_replicas']} replicas = {doc['best']['gpus']} GPUs"
+    ) in out
     assert "=== tensor_parallel_size 2 ===" in out
     # TP 2 has a shipped H200 profile, TP 4 has none: the table says so, and warns
     assert entries[2]["cost_model"].endswith("calibration/h200/llama-3-70b-tp2")
@@ -141,9 +259,28 @@ def test_compare_tp_plans_each_size_and_picks_the_fewest_gpus(tmp_path: Path, ca
 
 def test_compare_tp_analytical_prices_every_size_alike(tmp_path: Path, capsys) -> None:
     out_file = tmp_path / "plan.json"
-    rc = main(["plan", "--model", "llama-3-70b", "--gpu", "h200", "--slo", "p99_tpot_ms<=100",
-               "--num-prompts", "40", "--min-duration", "5", "--rel-tol", "0.3",
-               "--compare-tp", "2,4", "--analytical", "--save-result", str(out_file)])
+    rc = main(
+        [
+            "plan",
+            "--model",
+            "llama-3-70b",
+            "--gpu",
+            "h200",
+            "--slo",
+            "p99_tpot_ms<=100",
+            "--num-prompts",
+            "40",
+            "--min-duration",
+            "5",
+            "--rel-tol",
+            "0.3",
+            "--compare-tp",
+            "2,4",
+            "--analytical",
+            "--save-result",
+            str(out_file),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     doc = json.loads(out_file.read_text())
@@ -151,24 +288,26 @@ def test_compare_tp_analytical_prices_every_size_alike(tmp_path: Path, capsys) -
     assert "Cost model: analytical\n" in out and "different cost models" not in out
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--compare-tp", "2,x"], "expected a comma list of integers"),
-    (["--compare-tp", "0,2"], "give distinct sizes >= 1"),
-    (["--compare-tp", "2,2"], "give distinct sizes >= 1"),
-    (["--compare-tp", "2,4", "--tensor-parallel-size", "2"], "drop --tensor-parallel-size"),
-    (["--compare-tp", "2,4", "--profile", "calibration/h200/llama-3-8b"], "drop --profile"),
-    (["--compare-tp", "2,4", "--kv-sizing", "--target-rate", "3"], "drop --kv-sizing"),
-    (["--compare-tp", "1,3"], "no size can be built: weights of llama-3-70b"),
-    (["--analytical", "--profile", "calibration/h200/llama-3-8b"], "drop --profile"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--compare-tp", "2,x"], "expected a comma list of integers"),
+        (["--compare-tp", "0,2"], "give distinct sizes >= 1"),
+        (["--compare-tp", "2,2"], "give distinct sizes >= 1"),
+        (["--compare-tp", "2,4", "--tensor-parallel-size", "2"], "drop --tensor-parallel-size"),
+        (["--compare-tp", "2,4", "--profile", "calibration/h200/llama-3-8b"], "drop --profile"),
+        (["--compare-tp", "2,4", "--kv-sizing", "--target-rate", "3"], "drop --kv-sizing"),
+        (["--compare-tp", "1,3"], "no size can be built: weights of llama-3-70b"),
+        (["--analytical", "--profile", "calibration/h200/llama-3-8b"], "drop --profile"),
+    ],
+)
 def test_compare_tp_bad_input_is_one_line(capsys, extra, words) -> None:
     rc = main(["plan", "--model", "llama-3-70b", "--slo", "ttft:500", *extra])
     err = capsys.readouterr().err
     assert rc == 2 and words in err and err.count("\n") == 1, err
 
 
-def test_plan_with_slower_steps_has_proportionally_less_capacity(tmp_path: Path,
-                                                                 capsys) -> None:
+def test_plan_with_slower_steps_has_proportionally_less_capacity(tmp_path: Path, capsys) -> None:
     """Every step 1.25 times as long: the saturated throughput (all requests at t=0, one
     schedule) falls by that factor, and the saved plan records the factor."""
     base = [*SMALL, "--slo", "p99_tpot_ms<=1000", "--min-duration", "1", "--analytical"]

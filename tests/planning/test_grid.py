@@ -20,28 +20,38 @@ def test_axes_are_typed() -> None:
     assert parse_axis("workload", "chat,chat:0.7+code:0.3") == ["chat", "chat:0.7+code:0.3"]
 
 
-@pytest.mark.parametrize("key, text, words", [
-    ("block_size", "8,x", "expected an integer"),
-    ("block_size", "8,,16", "empty item"),
-    ("request_rate", "fast", "expected a number"),
-    ("enable_prefix_caching", "maybe", "true or false"),
-    ("block_size", "none", "a value is required"),
-    ("blok_size", "8", "unknown setting"),
-])
+@pytest.mark.parametrize(
+    "key, text, words",
+    [
+        ("block_size", "8,x", "expected an integer"),
+        ("block_size", "8,,16", "empty item"),
+        ("request_rate", "fast", "expected a number"),
+        ("enable_prefix_caching", "maybe", "true or false"),
+        ("block_size", "none", "a value is required"),
+        ("blok_size", "8", "unknown setting"),
+    ],
+)
 def test_bad_axes(key: str, text: str, words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         parse_axis(key, text)
 
 
 def test_product_order_and_names() -> None:
-    grid = build_grid({"block_size": [8, 16], "request_rate": [2.0, math.inf]},
-                      base={"num_prompts": 10})
+    grid = build_grid(
+        {"block_size": [8, 16], "request_rate": [2.0, math.inf]}, base={"num_prompts": 10}
+    )
     assert [p.name for p in grid.points] == [
-        "ENGINE-block_size=8-LOAD-request_rate=2", "ENGINE-block_size=8-LOAD-request_rate=inf",
-        "ENGINE-block_size=16-LOAD-request_rate=2", "ENGINE-block_size=16-LOAD-request_rate=inf"]
+        "ENGINE-block_size=8-LOAD-request_rate=2",
+        "ENGINE-block_size=8-LOAD-request_rate=inf",
+        "ENGINE-block_size=16-LOAD-request_rate=2",
+        "ENGINE-block_size=16-LOAD-request_rate=inf",
+    ]
     assert grid.varying == ("block_size", "request_rate")
-    assert grid.points[3].settings == {"num_prompts": 10, "block_size": 16,
-                                       "request_rate": math.inf}
+    assert grid.points[3].settings == {
+        "num_prompts": 10,
+        "block_size": 16,
+        "request_rate": math.inf,
+    }
     assert grid.points[3].engine_config().block_size == 16
     assert grid.points[3].load_spec().request_rate == math.inf
 
@@ -53,17 +63,29 @@ def test_single_point_is_named_default() -> None:
 
 def test_param_files_multiply_with_axes(tmp_path) -> None:
     serve = tmp_path / "serve.json"
-    serve.write_text(json.dumps([{"max_num_seqs": 32, "max_num_batched_tokens": 1024},
-                                 {"max-num-seqs": 64, "max_num_batched_tokens": 2048}]))
+    serve.write_text(
+        json.dumps(
+            [
+                {"max_num_seqs": 32, "max_num_batched_tokens": 1024},
+                {"max-num-seqs": 64, "max_num_batched_tokens": 2048},
+            ]
+        )
+    )
     bench = tmp_path / "bench.yaml"
     bench.write_text("- {request_rate: 2}\n- {request_rate: 4, workload: code}\n")
-    grid = build_grid({"block_size": [8, 16]},
-                      engine_params=read_param_file(serve, "engine"),
-                      load_params=read_param_file(bench, "load"))
+    grid = build_grid(
+        {"block_size": [8, 16]},
+        engine_params=read_param_file(serve, "engine"),
+        load_params=read_param_file(bench, "load"),
+    )
     assert len(grid) == 8
     first = grid.points[0].settings
-    assert first == {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "block_size": 8,
-                     "request_rate": 2.0}
+    assert first == {
+        "max_num_seqs": 32,
+        "max_num_batched_tokens": 1024,
+        "block_size": 8,
+        "request_rate": 2.0,
+    }
     assert grid.points[-1].settings["workload"] == "code"
     assert "max_num_seqs" in grid.varying and "workload" in grid.varying
 
@@ -97,6 +119,7 @@ def test_mix_text() -> None:
     assert parse_mix("chat+code") == [("chat", 1.0), ("code", 1.0)]
     assert mix_spec("chat:0.7+code:0.3") == {
         "name": "mix-chat0.7-code0.3",
-        "mix": [{"workload": "chat", "weight": 0.7}, {"workload": "code", "weight": 0.3}]}
+        "mix": [{"workload": "chat", "weight": 0.7}, {"workload": "code", "weight": 0.3}],
+    }
     with pytest.raises(ConfigError, match="must be > 0"):
         parse_mix("chat:0")

@@ -40,7 +40,8 @@ def test_prefix_aware_keeps_prefixes_together() -> None:
     assert pa["completed"] == rr["completed"] == 80
     # the cluster's hit rate is recomputed from the replicas' summed tokens
     assert pa["prefix_cache_hit_rate"] == pytest.approx(
-        pa["prefix_cache_hit_tokens"] / pa["prefix_cache_query_tokens"])
+        pa["prefix_cache_hit_tokens"] / pa["prefix_cache_query_tokens"]
+    )
 
 
 def test_least_loaded_avoids_the_busy_replica() -> None:

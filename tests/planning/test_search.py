@@ -23,7 +23,7 @@ def test_search_max_finds_boundary_within_tolerance(boundary: float, start: floa
 
 
 def test_search_max_range_ends() -> None:
-    assert search_max(lambda x: True, 1.0, 0.5, 8.0) .best == 8.0
+    assert search_max(lambda x: True, 1.0, 0.5, 8.0).best == 8.0
     assert search_max(lambda x: True, 1.0, 0.5, 8.0).failed is None
     b = search_max(lambda x: False, 1.0, 0.5, 8.0)
     assert b.best is None and b.failed == 0.5

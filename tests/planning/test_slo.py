@@ -12,13 +12,16 @@ from pagesim.planning.slo import RESULT_KEYS, Bound, goodput_attainment, parse_s
 from pagesim.sim.simulate import LoadSpec, simulate
 
 
-@pytest.mark.parametrize("text, bound", [
-    ("p99_ttft_ms<=500", Bound("p99_ttft_ms", "<=", 500.0)),
-    (" mean_tpot_ms < 50 ", Bound("mean_tpot_ms", "<", 50.0)),
-    ("p99.9_e2el_ms<=2e3", Bound("p99.9_e2el_ms", "<=", 2000.0)),
-    ("output_throughput>=1000", Bound("output_throughput", ">=", 1000.0)),
-    ("median_itl_ms>1", Bound("median_itl_ms", ">", 1.0)),
-])
+@pytest.mark.parametrize(
+    "text, bound",
+    [
+        ("p99_ttft_ms<=500", Bound("p99_ttft_ms", "<=", 500.0)),
+        (" mean_tpot_ms < 50 ", Bound("mean_tpot_ms", "<", 50.0)),
+        ("p99.9_e2el_ms<=2e3", Bound("p99.9_e2el_ms", "<=", 2000.0)),
+        ("output_throughput>=1000", Bound("output_throughput", ">=", 1000.0)),
+        ("median_itl_ms>1", Bound("median_itl_ms", ">", 1.0)),
+    ],
+)
 def test_bounds_parse(text: str, bound: Bound) -> None:
     assert parse_slo(text) == [bound]
 
@@ -36,16 +39,19 @@ def test_json_mapping_form() -> None:
     assert spec.bounds == (Bound("p99_e2el_ms", "<=", 500.0), Bound("p90_ttft_ms", "<=", 200.0))
 
 
-@pytest.mark.parametrize("text, words", [
-    ("p99_ttfx_ms<=500", "unknown metric"),
-    ("p99_ttft_ms<=abc", "expected KEY<=VALUE"),
-    ("p100_ttft_ms<=5", "percentile"),
-    ("ttft=500", "expected KEY<=VALUE"),
-    ("ttft:fast", "not a number"),
-    ("itl:50", "expected KEY<=VALUE"),
-    ("ttft:0", "must be > 0"),
-    ("", "empty"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("p99_ttfx_ms<=500", "unknown metric"),
+        ("p99_ttft_ms<=abc", "expected KEY<=VALUE"),
+        ("p100_ttft_ms<=5", "percentile"),
+        ("ttft=500", "expected KEY<=VALUE"),
+        ("ttft:fast", "not a number"),
+        ("itl:50", "expected KEY<=VALUE"),
+        ("ttft:0", "must be > 0"),
+        ("", "empty"),
+    ],
+)
 def test_bad_strings_are_one_line_errors(text: str, words: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_slo(text)
@@ -75,8 +81,14 @@ def test_check_reports_each_violation() -> None:
 
 
 def test_goodput_attainment_from_a_real_run() -> None:
-    load = LoadSpec(workload="random", num_prompts=40, request_rate=20.0, random_input_len=128,
-                    random_output_len=32, goodput_slos_ms=(("ttft", 1e9),))
+    load = LoadSpec(
+        workload="random",
+        num_prompts=40,
+        request_rate=20.0,
+        random_input_len=128,
+        random_output_len=32,
+        goodput_slos_ms=(("ttft", 1e9),),
+    )
     result = simulate(EngineConfig.create(), load).result
     assert goodput_attainment(result) == 1.0
     strict = LoadSpec(**{**load.__dict__, "goodput_slos_ms": (("tpot", 1e-6),)})

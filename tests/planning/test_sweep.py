@@ -13,8 +13,13 @@ from pagesim.errors import ConfigError
 from pagesim.planning.grid import build_grid
 from pagesim.planning.sweep import run_grid, run_sweep
 
-BASE = {"workload": "random", "num_prompts": 24, "random_input_len": 96,
-        "random_output_len": 24, "num_gpu_blocks_override": 64}
+BASE = {
+    "workload": "random",
+    "num_prompts": 24,
+    "random_input_len": 96,
+    "random_output_len": 24,
+    "num_gpu_blocks_override": 64,
+}
 
 
 def small_grid():
@@ -22,8 +27,11 @@ def small_grid():
 
 
 def files(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_layout_and_summary(tmp_path: Path) -> None:
@@ -58,8 +66,10 @@ def test_same_seed_same_bytes_and_seeds_differ(tmp_path: Path) -> None:
 
 def test_failed_point_is_reported_and_the_sweep_goes_on(tmp_path: Path) -> None:
     # llama-2-70b's weights do not fit one H200 at 0.92: it fails when simulated.
-    grid = build_grid({"model": ["llama-2-7b", "llama-2-70b"]},
-                      base={k: v for k, v in BASE.items() if k != "num_gpu_blocks_override"})
+    grid = build_grid(
+        {"model": ["llama-2-7b", "llama-2-70b"]},
+        base={k: v for k, v in BASE.items() if k != "num_gpu_blocks_override"},
+    )
     res = run_sweep(grid, output_dir=tmp_path, timestamp="t", n_jobs=1)
     assert [f["point"] for f in res.failures] == ["ENGINE-model=llama-2-70b"]
     assert res.failures[0]["settings"]["model"] == "llama-2-70b"

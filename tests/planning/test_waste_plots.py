@@ -28,8 +28,12 @@ def test_paging_wastes_least_and_fits_most(comparison) -> None:
     assert list(t.index) == ["reserve-max", "pow2", "oracle", "paged"]
     parts = t[[*WASTE_COLUMNS, "kv_free_frac"]].sum(axis=1)
     assert parts.to_numpy() == pytest.approx(1.0, abs=1e-9)
-    assert t.loc["paged", "kv_internal_frag_frac"] < t.loc["oracle", "kv_internal_frag_frac"] \
-        < t.loc["pow2", "kv_internal_frag_frac"] < t.loc["reserve-max", "kv_internal_frag_frac"]
+    assert (
+        t.loc["paged", "kv_internal_frag_frac"]
+        < t.loc["oracle", "kv_internal_frag_frac"]
+        < t.loc["pow2", "kv_internal_frag_frac"]
+        < t.loc["reserve-max", "kv_internal_frag_frac"]
+    )
     assert t.loc["paged", "kv_external_frag_frac"] == 0.0
     assert t["kv_token_state_frac"].idxmax() == "paged"
     gain = fit_gain(t)
@@ -48,10 +52,14 @@ def _labelled(fig) -> None:
 
 @pytest.fixture(scope="module")
 def summary() -> pd.DataFrame:
-    grid = build_grid({"block_size": [8, 16], "request_rate": [4.0, 16.0],
-                       "preemption_mode": ["recompute", "swap"]},
-                      base={"workload": "system-prompt", "num_prompts": 30,
-                            "num_gpu_blocks_override": 800})
+    grid = build_grid(
+        {
+            "block_size": [8, 16],
+            "request_rate": [4.0, 16.0],
+            "preemption_mode": ["recompute", "swap"],
+        },
+        base={"workload": "system-prompt", "num_prompts": 30, "num_gpu_blocks_override": 800},
+    )
     return run_grid(grid)
 
 
@@ -88,12 +96,17 @@ def test_pareto_axes_as_vllm(summary: pd.DataFrame) -> None:
     front = plots.pareto_front(pts)
     assert 1 <= len(front) <= len(pts)
     for _, f in front.iterrows():  # no run beats a front point on both axes
-        assert not ((pts["tokens_per_user"] > f["tokens_per_user"])
-                    & (pts["tokens_per_gpu"] > f["tokens_per_gpu"])).any()
+        assert not (
+            (pts["tokens_per_user"] > f["tokens_per_user"])
+            & (pts["tokens_per_gpu"] > f["tokens_per_gpu"])
+        ).any()
     off = pts.drop(front.index)
     for _, p in off.iterrows():  # every other run is beaten by some front point
-        assert ((front["tokens_per_user"] >= p["tokens_per_user"])
-                & (front["tokens_per_gpu"] >= p["tokens_per_gpu"])).any()
+        assert (
+            (front["tokens_per_user"] >= p["tokens_per_user"])
+            & (front["tokens_per_gpu"] >= p["tokens_per_gpu"])
+        ).any()
     capped = summary.assign(max_concurrency=8)
     assert plots.pareto_points(capped).iloc[0]["tokens_per_user"] == pytest.approx(
-        row["output_throughput"] / 8)
+        row["output_throughput"] / 8
+    )

@@ -8,12 +8,20 @@ from pagesim.request import Request
 from pagesim.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, synthetic_token
 
 
-def make_kv(num_gpu_blocks: int, block_size: int = 16, enable_caching: bool = True,
-            check_invariants: bool = True) -> KVCacheManager:
+def make_kv(
+    num_gpu_blocks: int,
+    block_size: int = 16,
+    enable_caching: bool = True,
+    check_invariants: bool = True,
+) -> KVCacheManager:
     """The real manager, vLLM 0.33 free order, with its invariant checker after every call."""
-    return KVCacheManager(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
-                          enable_caching=enable_caching, vllm_compat="0.33",
-                          check_invariants=check_invariants)
+    return KVCacheManager(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        enable_caching=enable_caching,
+        vllm_compat="0.33",
+        check_invariants=check_invariants,
+    )
 
 
 def make_config(**kw) -> EngineConfig:

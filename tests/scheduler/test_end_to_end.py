@@ -17,13 +17,20 @@ from pagesim.scheduler import CPUSwapPool, Scheduler
 def workload(seed: int, n: int, block_size: int) -> list[list[Request]]:
     """Arrival batches (one per step) of requests sharing a few prefixes."""
     rng = random.Random(seed)
-    prefixes = [[rng.randrange(50_000) for _ in range(rng.choice([0, block_size, 3 * block_size]))]
-                for _ in range(3)]
+    prefixes = [
+        [rng.randrange(50_000) for _ in range(rng.choice([0, block_size, 3 * block_size]))]
+        for _ in range(3)
+    ]
     batches: list[list[Request]] = []
     for i in range(n):
         prompt = rng.choice(prefixes) + [rng.randrange(50_000) for _ in range(rng.randrange(1, 40))]
-        r = req(f"r{i}", prompt, max_tokens=rng.randrange(1, 12),
-                priority=rng.randrange(3), arrival_time=float(i))
+        r = req(
+            f"r{i}",
+            prompt,
+            max_tokens=rng.randrange(1, 12),
+            priority=rng.randrange(3),
+            arrival_time=float(i),
+        )
         if rng.random() < 0.5 or not batches:
             batches.append([])
         batches[-1].append(r)
@@ -54,8 +61,15 @@ def check_step(s: Scheduler, out, seen_preempted: set[str]) -> None:
 
 def run_all(seed: int, **kw) -> tuple[Scheduler, list[Request], list]:
     pool = CPUSwapPool(6, 1000) if kw.get("preemption_mode") == "swap" else None
-    cfg = make_config(**{"block_size": 4, "max_num_seqs": 6, "max_num_batched_tokens": 48,
-                         "max_model_len": 128, **kw})
+    cfg = make_config(
+        **{
+            "block_size": 4,
+            "max_num_seqs": 6,
+            "max_num_batched_tokens": 48,
+            "max_model_len": 128,
+            **kw,
+        }
+    )
     s = Scheduler(cfg, make_kv(24, block_size=4), swap_pool=pool)
     batches = workload(seed, 40, 4)
     added: list[Request] = []
@@ -67,8 +81,15 @@ def run_all(seed: int, **kw) -> tuple[Scheduler, list[Request], list]:
             added.append(r)
         out, _ = run_step(s)
         check_step(s, out, preempted)
-        log.append((tokens(out), [sr.block_ids for sr in out.scheduled], out.preempted_req_ids,
-                    out.blocks_to_swap_out, out.blocks_to_swap_in))
+        log.append(
+            (
+                tokens(out),
+                [sr.block_ids for sr in out.scheduled],
+                out.preempted_req_ids,
+                out.blocks_to_swap_out,
+                out.blocks_to_swap_in,
+            )
+        )
         step += 1
         assert step < 5000
     return s, added, log
@@ -103,8 +124,9 @@ def test_random_runs_keep_invariants_and_lose_nothing(policy, mode, chunked) -> 
 @pytest.mark.parametrize("policy,concurrent", [("reserve-max", 2), ("oracle", 3)])
 def test_contiguous_baseline_under_the_scheduler(policy: str, concurrent: int) -> None:
     cfg = make_config(max_model_len=64, max_num_batched_tokens=64)
-    kv = ContiguousKVCacheManager(9, 16, policy, "first-fit", max_model_len=64,
-                                  check_invariants=True)
+    kv = ContiguousKVCacheManager(
+        9, 16, policy, "first-fit", max_model_len=64, check_invariants=True
+    )
     s = Scheduler(cfg, kv)
     rs = [req(f"r{i}", 10, max_tokens=5) for i in range(3)]
     for r in rs:

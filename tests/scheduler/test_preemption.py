@@ -138,8 +138,7 @@ def test_priority_victim_is_the_lowest_priority() -> None:
 
 
 def test_priority_victim_scheduled_earlier_in_the_step_is_unscheduled() -> None:
-    s = Scheduler(make_config(block_size=4, scheduling_policy="priority"),
-                  make_kv(4, block_size=4))
+    s = Scheduler(make_config(block_size=4, scheduling_policy="priority"), make_kv(4, block_size=4))
     x = req("x", 3, max_tokens=8, priority=5, arrival_time=0.0)
     s.add_request(x)
     run_step(s)
@@ -176,8 +175,11 @@ def test_no_admission_in_a_step_that_preempted() -> None:
 
 
 def test_select_victim_index_ties_go_to_the_later_arrival_or_literally_to_the_first() -> None:
-    rs = [req("a", 1, priority=2, arrival_time=1.0), req("b", 1, priority=2, arrival_time=1.0),
-          req("c", 1, priority=1, arrival_time=9.0)]
+    rs = [
+        req("a", 1, priority=2, arrival_time=1.0),
+        req("b", 1, priority=2, arrival_time=1.0),
+        req("c", 1, priority=1, arrival_time=9.0),
+    ]
     rs[0].arrival_rank, rs[1].arrival_rank, rs[2].arrival_rank = 2, 1, 3
     assert select_victim_index(rs, "priority") == 0  # a arrived after b
     rs[0].arrival_rank = 0
@@ -190,18 +192,31 @@ def _tied_pair_steps(literal: bool, max_steps: int = 600) -> tuple[int, int]:
     """Two equal-priority requests that arrive together and cannot both fit: (steps run,
     requests finished). A case a hypothesis run found: with vLLM's literal tie rule each
     preempts the other one step before it is done, forever."""
-    cfg = make_config(block_size=2, max_num_batched_tokens=67, max_num_seqs=7,
-                      max_model_len=128, enable_prefix_caching=False,
-                      preemption_mode="recompute", scheduling_policy="priority",
-                      vllm_compat="0.23", long_prefill_token_threshold=32,
-                      scheduler_reserve_full_isl=False)
+    cfg = make_config(
+        block_size=2,
+        max_num_batched_tokens=67,
+        max_num_seqs=7,
+        max_model_len=128,
+        enable_prefix_caching=False,
+        preemption_mode="recompute",
+        scheduling_policy="priority",
+        vllm_compat="0.23",
+        long_prefill_token_threshold=32,
+        scheduler_reserve_full_isl=False,
+    )
     kv = make_kv(66, block_size=2, enable_caching=False, check_invariants=False)
     s = Scheduler(cfg, kv, literal_victim_ties=literal)
-    for i, (prompt_len, max_tokens) in enumerate([(64, 39), (55, 11), (9, 28), (61, 9),
-                                                  (1, 19), (64, 39), (64, 39), (28, 11),
-                                                  (68, 32)]):
-        s.add_request(req(f"r{i}", [(i % 3 * 37 + j) % 1000 for j in range(prompt_len)],
-                          max_tokens, priority=i % 3))
+    for i, (prompt_len, max_tokens) in enumerate(
+        [(64, 39), (55, 11), (9, 28), (61, 9), (1, 19), (64, 39), (64, 39), (28, 11), (68, 32)]
+    ):
+        s.add_request(
+            req(
+                f"r{i}",
+                [(i % 3 * 37 + j) % 1000 for j in range(prompt_len)],
+                max_tokens,
+                priority=i % 3,
+            )
+        )
     steps = 0
     while s.has_unfinished_requests() and steps < max_steps:
         run_step(s)

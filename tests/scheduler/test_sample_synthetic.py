@@ -11,10 +11,19 @@ from pagesim.scheduler.output import ScheduledRequest, sample_synthetic, synthet
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(0, 200_000), min_size=1, max_size=6),
-                          st.integers(0, 5), st.integers(0, 12), st.integers(1, 8)),
-                min_size=1, max_size=8),
-       st.sampled_from([1, 7, 32_000, 128_256]))
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(0, 200_000), min_size=1, max_size=6),
+            st.integers(0, 5),
+            st.integers(0, 12),
+            st.integers(1, 8),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from([1, 7, 32_000, 128_256]),
+)
 def test_sample_synthetic_is_synthetic_token_of_the_requests_that_sample(seqs, vocab) -> None:
     scheduled, want = [], {}
     for i, (prompt, num_out, computed, new) in enumerate(seqs):

@@ -60,16 +60,16 @@ def test_partial_prefills_default_threshold_as_vllm_023() -> None:
 @pytest.mark.parametrize("compat,alone", [("0.33", 64), ("0.23", 20)])
 def test_long_prefill_threshold_and_a_lone_request(compat: str, alone: int) -> None:
     # vLLM 0.33 does not cap a request that is alone (running + waiting == 1)
-    s = make_scheduler(32, max_num_batched_tokens=64, long_prefill_token_threshold=20,
-                       vllm_compat=compat)
+    s = make_scheduler(
+        32, max_num_batched_tokens=64, long_prefill_token_threshold=20, vllm_compat=compat
+    )
     s.add_request(req("r1", 100))
     assert tokens(run_step(s)[0]) == {"r1": alone}
     s.add_request(req("r2", 100))
     assert tokens(run_step(s)[0]) == {"r1": 20, "r2": 20}
 
 
-@pytest.mark.parametrize("policy,order", [("fcfs", ["a", "b", "c"]),
-                                          ("priority", ["c", "b", "a"])])
+@pytest.mark.parametrize("policy,order", [("fcfs", ["a", "b", "c"]), ("priority", ["c", "b", "a"])])
 def test_admission_order(policy: str, order: list[str]) -> None:
     s = make_scheduler(16, max_num_seqs=1, scheduling_policy=policy)
     s.add_request(req("a", 4, max_tokens=1, priority=3, arrival_time=0.0))
@@ -171,7 +171,9 @@ def test_rejections_with_reasons_and_nothing_lost() -> None:
         assert r.reject_reason.split(":")[0] == code, r.reject_reason
     first = s.schedule()
     assert first.rejected_req_ids == list(cases)
-    s.update_from_output(first, ModelRunnerOutput(0.0, {sr.request_id: 1 for sr in first.scheduled}))
+    s.update_from_output(
+        first, ModelRunnerOutput(0.0, {sr.request_id: 1 for sr in first.scheduled})
+    )
     while s.has_unfinished_requests():
         run_step(s)
     assert all(r.num_output_tokens == r.max_tokens for r in accepted)

@@ -76,23 +76,37 @@ class TinyEngine:
         return list(self.metrics.steps[name])
 
 
-def tiny_engine(*, num_gpu_blocks: int = 64, block_size: int = 16, max_num_seqs: int = 8,
-                max_num_batched_tokens: int = 256, max_model_len: int = 512,
-                cost: CostModel | None = None, literal_victim_ties: bool = False,
-                **config) -> TinyEngine:
+def tiny_engine(
+    *,
+    num_gpu_blocks: int = 64,
+    block_size: int = 16,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 256,
+    max_model_len: int = 512,
+    cost: CostModel | None = None,
+    literal_victim_ties: bool = False,
+    **config,
+) -> TinyEngine:
     """One replica over a small paged cache, checking KV invariants after every operation."""
-    cfg = EngineConfig(block_size=block_size, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens,
-                       max_model_len=max_model_len, **config)
-    kv = KVCacheManager(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
-                        enable_caching=cfg.enable_prefix_caching,
-                        vllm_compat=cfg.vllm_compat, check_invariants=True)
+    cfg = EngineConfig(
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        **config,
+    )
+    kv = KVCacheManager(
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        enable_caching=cfg.enable_prefix_caching,
+        vllm_compat=cfg.vllm_compat,
+        check_invariants=True,
+    )
     scheduler = Scheduler(cfg, kv, literal_victim_ties=literal_victim_ties)
     env = simpy.Environment()
     metrics = MetricsCollector()
     runner = CostModelRunner(cost or LinearCost())
-    engine = ServingEngine(env, scheduler, runner, metrics,
-                           lambda: (kv.usage, 0.0, 0.0, 0.0, 0.0))
+    engine = ServingEngine(env, scheduler, runner, metrics, lambda: (kv.usage, 0.0, 0.0, 0.0, 0.0))
     finished: list[tuple[float, str]] = []
     engine.on_finish.append(lambda r: finished.append((env.now, r.request_id)))
     return TinyEngine(env, engine, scheduler, kv, metrics, finished)

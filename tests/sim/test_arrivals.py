@@ -56,13 +56,16 @@ def test_same_seed_same_times_and_seed_matters() -> None:
     assert not np.array_equal(a, rate_arrival_times(50, 3.0, 0.5, arrival_rng(8)))
 
 
-@pytest.mark.parametrize(("rate", "burstiness", "needle"), [
-    (0.0, 1.0, "request_rate = 0.0"),
-    (-1.0, 1.0, "request_rate = -1.0"),
-    (math.nan, 1.0, "request_rate = nan"),
-    (2.0, 0.0, "burstiness = 0.0"),
-    (2.0, -3.0, "burstiness = -3.0"),
-])
+@pytest.mark.parametrize(
+    ("rate", "burstiness", "needle"),
+    [
+        (0.0, 1.0, "request_rate = 0.0"),
+        (-1.0, 1.0, "request_rate = -1.0"),
+        (math.nan, 1.0, "request_rate = nan"),
+        (2.0, 0.0, "burstiness = 0.0"),
+        (2.0, -3.0, "burstiness = -3.0"),
+    ],
+)
 def test_bad_rates(rate: float, burstiness: float, needle: str) -> None:
     with pytest.raises(WorkloadError, match=needle):
         rate_arrival_times(10, rate, burstiness, arrival_rng(0))
@@ -76,9 +79,11 @@ def test_trace_replay_and_time_scale() -> None:
 
 def _azure(tmp_path: Path) -> str:
     path = tmp_path / "az.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                    "2023-11-16 18:00:00.0,10,5\n2023-11-16 18:00:01.5,20,5\n"
-                    "2023-11-16 18:00:04.0,30,5\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:00:00.0,10,5\n2023-11-16 18:00:01.5,20,5\n"
+        "2023-11-16 18:00:04.0,30,5\n"
+    )
     return str(path)
 
 

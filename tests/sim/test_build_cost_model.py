@@ -48,13 +48,13 @@ def test_block_size_note_says_how_an_unmeasured_block_size_is_priced(tmp_path) -
     assert block_size_note(synthetic, 16) is None  # measured: 8, 16, 32
     assert block_size_note(synthetic, 64).endswith(
         "measured block sizes 8, 16, 32; block size 64's step costs are taken from block "
-        "size 32, the nearest")
+        "size 32, the nearest"
+    )
     assert "taken from block size 8, the nearest" in block_size_note(synthetic, 4)
     gap = tmp_path / "gap"
     shutil.copytree(synthetic, gap)
     decode = (gap / "decode.csv").read_text().splitlines(keepends=True)
-    (gap / "decode.csv").write_text("".join(
-        line for line in decode if not line.startswith("16,")))
+    (gap / "decode.csv").write_text("".join(line for line in decode if not line.startswith("16,")))
     assert block_size_note(gap, 16).endswith("interpolated between block sizes 8 and 32")
     assert block_size_note(tmp_path / "missing", 16) is None  # the simulation reports it
 
@@ -62,8 +62,18 @@ def test_block_size_note_says_how_an_unmeasured_block_size_is_priced(tmp_path) -
 def test_run_notes_a_block_size_the_shipped_tp2_profile_never_timed(capsys) -> None:
     from pagesim.cli.app import main
 
-    argv = ["run", "--model", "llama-3-70b", "--gpu", "h200", "--tensor-parallel-size", "2",
-            "--num-prompts", "5", "--quiet"]
+    argv = [
+        "run",
+        "--model",
+        "llama-3-70b",
+        "--gpu",
+        "h200",
+        "--tensor-parallel-size",
+        "2",
+        "--num-prompts",
+        "5",
+        "--quiet",
+    ]
     assert main([*argv, "--block-size", "32"]) == 0
     err = capsys.readouterr().err
     assert "llama-3-70b-tp2 measured block sizes 16; block size 32's step costs" in err

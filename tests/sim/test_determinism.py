@@ -14,9 +14,24 @@ from pagesim.config import EngineConfig
 from pagesim.sim.output import requests_table, steps_table
 from pagesim.sim.simulate import LoadSpec, simulate
 
-RUN_ARGS = ["run", "--quiet", "--workload", "system-prompt", "--num-prompts", "20",
-            "--request-rate", "10", "--num-gpu-blocks-override", "128", "--block-size", "32",
-            "--seed", "7", "--result-filename", "run.json"]
+RUN_ARGS = [
+    "run",
+    "--quiet",
+    "--workload",
+    "system-prompt",
+    "--num-prompts",
+    "20",
+    "--request-rate",
+    "10",
+    "--num-gpu-blocks-override",
+    "128",
+    "--block-size",
+    "32",
+    "--seed",
+    "7",
+    "--result-filename",
+    "run.json",
+]
 
 
 def pagesim_script() -> str:
@@ -34,8 +49,16 @@ def test_two_processes_write_the_same_bytes(tmp_path: Path) -> None:
     for k in (1, 2):
         env = {**os.environ, "PYTHONHASHSEED": str(k)}
         args = [pagesim_script(), *RUN_ARGS, "--result-dir", str(tmp_path / f"d{k}")]
-        procs.append(subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                args,
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
@@ -52,8 +75,9 @@ def test_two_processes_write_the_same_bytes(tmp_path: Path) -> None:
     assert ja["prefix_cache_hit_rate"] > 0
     text_a = (a / "run.json").read_text().splitlines()
     text_b = (b / "run.json").read_text().splitlines()
-    assert [ln for ln in text_a if '"date"' not in ln] == [ln for ln in text_b
-                                                            if '"date"' not in ln]
+    assert [ln for ln in text_a if '"date"' not in ln] == [
+        ln for ln in text_b if '"date"' not in ln
+    ]
     for name in names[1:]:
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     # stdout is the same too, the block and the KV block line for line
@@ -62,8 +86,15 @@ def test_two_processes_write_the_same_bytes(tmp_path: Path) -> None:
 
 def test_same_seed_same_records_in_process() -> None:
     config = EngineConfig.create(num_gpu_blocks_override=48)
-    load = LoadSpec(workload="random", num_prompts=25, random_input_len=200,
-                    random_output_len=60, random_range_ratio=0.5, request_rate=30.0, seed=3)
+    load = LoadSpec(
+        workload="random",
+        num_prompts=25,
+        random_input_len=200,
+        random_output_len=60,
+        random_range_ratio=0.5,
+        request_rate=30.0,
+        seed=3,
+    )
     one, two = simulate(config, load), simulate(config, load)
     assert one.result == two.result
     assert requests_table(one.metrics).equals(requests_table(two.metrics))

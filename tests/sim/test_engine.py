@@ -40,9 +40,17 @@ def test_two_requests_from_t0_exact_timeline() -> None:
 
     ra, rb = e.metrics.records["a"], e.metrics.records["b"]
     assert (ra.arrival_time, ra.first_scheduled_time, ra.first_token_time, ra.finish_time) == (
-        0.0, 0.0, t(94), t(225))
+        0.0,
+        0.0,
+        t(94),
+        t(225),
+    )
     assert (rb.arrival_time, rb.first_scheduled_time, rb.first_token_time, rb.finish_time) == (
-        0.0, 0.0, t(94), t(160))
+        0.0,
+        0.0,
+        t(94),
+        t(160),
+    )
     assert ra.num_output_tokens == 3 and rb.num_output_tokens == 2
     # pooled ITL, in token order: a 94->160, b 94->160, a 160->225
     assert list(e.metrics.itl_s) == [t(66), t(66), t(65)]
@@ -207,10 +215,17 @@ def test_a_step_that_only_preempts_is_progress() -> None:
     first running request is its own victim, and vLLM 0.23 then stops scheduling for that
     step. The step schedules no token but frees the victim's blocks; the next step goes on
     (vLLM runs an empty step too)."""
-    e = tiny_engine(num_gpu_blocks=16, block_size=32, max_num_batched_tokens=64,
-                    max_model_len=1024, long_prefill_token_threshold=8,
-                    scheduling_policy="priority", enable_prefix_caching=False,
-                    vllm_compat="0.23", literal_victim_ties=True)
+    e = tiny_engine(
+        num_gpu_blocks=16,
+        block_size=32,
+        max_num_batched_tokens=64,
+        max_model_len=1024,
+        long_prefill_token_threshold=8,
+        scheduling_policy="priority",
+        enable_prefix_caching=False,
+        vllm_compat="0.23",
+        literal_victim_ties=True,
+    )
     for rid in ("r0", "r1", "r2"):
         e.send(0.0, req(rid, 200, 30))
     e.run()

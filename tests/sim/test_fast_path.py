@@ -43,17 +43,32 @@ CASES: dict[str, tuple[dict, dict]] = {
     "swap-pressure": (dict(PRESSURE, preemption_mode="swap"), dict(CHAT, request_rate=40.0)),
     "system-prompt": ({}, dict(workload="system-prompt", num_prompts=80, request_rate=20.0)),
     "multi-turn": ({}, dict(workload="multi-turn", num_prompts=60)),
-    "mooncake-conversation": ({}, dict(workload="mooncake-conversation", num_prompts=60,
-                                        request_rate=10.0)),
-    "random-prefix": ({}, dict(workload="random", num_prompts=60, request_rate=math.inf,
-                               random_input_len=300, random_output_len=60,
-                               random_prefix_len=100, random_range_ratio=0.5)),
-    "priority-pressure": (dict(PRESSURE, scheduling_policy="priority"),
-                          dict(CHAT, request_rate=40.0)),
+    "mooncake-conversation": (
+        {},
+        dict(workload="mooncake-conversation", num_prompts=60, request_rate=10.0),
+    ),
+    "random-prefix": (
+        {},
+        dict(
+            workload="random",
+            num_prompts=60,
+            request_rate=math.inf,
+            random_input_len=300,
+            random_output_len=60,
+            random_prefix_len=100,
+            random_range_ratio=0.5,
+        ),
+    ),
+    "priority-pressure": (
+        dict(PRESSURE, scheduling_policy="priority"),
+        dict(CHAT, request_rate=40.0),
+    ),
     "no-chunked-prefill": (dict(enable_chunked_prefill=False), dict(CHAT, request_rate=40.0)),
     "small-budget": (dict(max_num_batched_tokens=256, max_num_seqs=24), CHAT),
-    "vllm-0.23-threshold": (dict(vllm_compat="0.23", max_num_partial_prefills=2,
-                                 max_num_batched_tokens=2048), CHAT),
+    "vllm-0.23-threshold": (
+        dict(vllm_compat="0.23", max_num_partial_prefills=2, max_num_batched_tokens=2048),
+        CHAT,
+    ),
     "max-concurrency": ({}, dict(CHAT, max_concurrency=6)),
     "rate-inf": ({}, dict(CHAT, request_rate=math.inf)),
     "no-prefix-caching": (dict(enable_prefix_caching=False), CHAT),
@@ -74,8 +89,12 @@ def _parquet(table) -> bytes:
 
 
 def _outputs(metrics, result: dict) -> tuple[str, bytes, bytes, bytes]:
-    return (result_json(result, {}, date="x"), _parquet(requests_table(metrics)),
-            _parquet(steps_table(metrics)), metrics.itl_s.tobytes())
+    return (
+        result_json(result, {}, date="x"),
+        _parquet(requests_table(metrics)),
+        _parquet(steps_table(metrics)),
+        metrics.itl_s.tobytes(),
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -87,8 +106,9 @@ def test_simulate_fast_equals_slow(name: str) -> None:
     fast = simulate(config, LoadSpec(**load), fast_path=True, check_invariants=check)
     slow = simulate(config, LoadSpec(**load), fast_path=False)
     assert fast.result["completed"] > 0
-    for a, b in zip(_outputs(fast.metrics, fast.result), _outputs(slow.metrics, slow.result),
-                    strict=True):
+    for a, b in zip(
+        _outputs(fast.metrics, fast.result), _outputs(slow.metrics, slow.result), strict=True
+    ):
         assert a == b
 
 
@@ -98,8 +118,10 @@ def test_calibrated_cost_model_fast_equals_slow() -> None:
     profile = default_profile(config)
     if profile is None:
         pytest.skip("no shipped llama-2-7b/h200 calibration profile")
-    runs = [simulate(config, LoadSpec(**CHAT), profile=profile, fast_path=flag)
-            for flag in (True, False)]
+    runs = [
+        simulate(config, LoadSpec(**CHAT), profile=profile, fast_path=flag)
+        for flag in (True, False)
+    ]
     assert _outputs(runs[0].metrics, runs[0].result) == _outputs(runs[1].metrics, runs[1].result)
 
 
@@ -108,8 +130,10 @@ def test_cluster_fast_equals_slow() -> None:
 
     config = EngineConfig.create()
     load = LoadSpec(workload="system-prompt", num_prompts=80, request_rate=30.0)
-    runs = [simulate_cluster(config, load, 2, make_router("prefix-aware"), fast_path=flag)
-            for flag in (True, False)]
+    runs = [
+        simulate_cluster(config, load, 2, make_router("prefix-aware"), fast_path=flag)
+        for flag in (True, False)
+    ]
     assert runs[0].replicas == runs[1].replicas
     assert result_json(runs[0].result, {}, date="x") == result_json(runs[1].result, {}, date="x")
     for a, b in zip(runs[0].metrics, runs[1].metrics, strict=True):
@@ -154,22 +178,37 @@ class _Linear:
         return (64 + batch.total_tokens + batch.decode_context_sum % 7 + spread) * 2.0**-10
 
 
-def _run(fast: bool, cfg: EngineConfig, allocator: str, num_blocks: int,
-         requests: list[tuple[float, int, int, int]], lazy: bool = False):
+def _run(
+    fast: bool,
+    cfg: EngineConfig,
+    allocator: str,
+    num_blocks: int,
+    requests: list[tuple[float, int, int, int]],
+    lazy: bool = False,
+):
     if allocator == "paged":
-        kv = KVCacheManager(num_gpu_blocks=num_blocks, block_size=cfg.block_size,
-                            enable_caching=cfg.enable_prefix_caching,
-                            vllm_compat=cfg.vllm_compat, lazy_hashing=lazy)
+        kv = KVCacheManager(
+            num_gpu_blocks=num_blocks,
+            block_size=cfg.block_size,
+            enable_caching=cfg.enable_prefix_caching,
+            vllm_compat=cfg.vllm_compat,
+            lazy_hashing=lazy,
+        )
     else:
-        kv = ContiguousKVCacheManager(num_gpu_blocks=num_blocks, block_size=cfg.block_size,
-                                      policy=allocator, max_model_len=cfg.max_model_len)
+        kv = ContiguousKVCacheManager(
+            num_gpu_blocks=num_blocks,
+            block_size=cfg.block_size,
+            policy=allocator,
+            max_model_len=cfg.max_model_len,
+        )
     scheduler = Scheduler(cfg, kv, page_size_bytes=4096)
     env = simpy.Environment()
     metrics = MetricsCollector()
     averager = WasteAverager()
     probe = KVProbe(scheduler, kv, averager, env)
-    engine = ServingEngine(env, scheduler, CostModelRunner(_Linear(), vocab_size=1000), metrics,
-                           probe, fast_path=fast)
+    engine = ServingEngine(
+        env, scheduler, CostModelRunner(_Linear(), vocab_size=1000), metrics, probe, fast_path=fast
+    )
     assert (engine.fast_path is not None) == fast
     made: list[Request] = []
     for i, (at, prompt_len, max_tokens, family) in enumerate(requests):
@@ -183,8 +222,17 @@ def _run(fast: bool, cfg: EngineConfig, allocator: str, num_blocks: int,
 
         env.process(arrive())
     env.run()
-    state = [(r.request_id, r.status, r.num_computed_tokens, list(r.output_token_ids),
-              list(r.block_hashes), r.num_preemptions) for r in made]
+    state = [
+        (
+            r.request_id,
+            r.status,
+            r.num_computed_tokens,
+            list(r.output_token_ids),
+            list(r.block_hashes),
+            r.num_preemptions,
+        )
+        for r in made
+    ]
     records = [tuple(getattr(rec, f) for f in rec.__slots__) for rec in metrics.records.values()]
     steps = {k: v.tobytes() for k, v in metrics.steps.items()}
     blocks = None
@@ -195,8 +243,17 @@ def _run(fast: bool, cfg: EngineConfig, allocator: str, num_blocks: int,
             order.append((block.block_id, block.block_hash))
             block = block.next_free_block
         blocks = (order, list(kv.block_pool.cached_block_hash_to_block))
-    return (state, records, steps, metrics.itl_s.tobytes(), metrics.token_times_s.tobytes(),
-            metrics.token_counts.tobytes(), scheduler.stats, averager.mean(), blocks)
+    return (
+        state,
+        records,
+        steps,
+        metrics.itl_s.tobytes(),
+        metrics.token_times_s.tobytes(),
+        metrics.token_counts.tobytes(),
+        scheduler.stats,
+        averager.mean(),
+        blocks,
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -213,21 +270,46 @@ def _run(fast: bool, cfg: EngineConfig, allocator: str, num_blocks: int,
     threshold=st.sampled_from([0, 0, 8, 32]),
     reserve_full_isl=st.booleans(),
     chunked=st.sampled_from([True, True, False]),
-    requests=st.lists(st.tuples(st.sampled_from([0.0, 0.03, 0.1, 0.25, 0.6]),
-                                st.integers(1, 70), st.integers(1, 40), st.integers(0, 2)),
-                      min_size=1, max_size=14),
+    requests=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 0.03, 0.1, 0.25, 0.6]),
+            st.integers(1, 70),
+            st.integers(1, 40),
+            st.integers(0, 2),
+        ),
+        min_size=1,
+        max_size=14,
+    ),
 )
-def test_engine_fast_equals_slow(block_size, num_blocks, budget, max_num_seqs, caching, mode,
-                                 policy, compat, allocator, threshold, reserve_full_isl,
-                                 chunked, requests) -> None:
-    cfg = EngineConfig(block_size=block_size,
-                       max_num_batched_tokens=budget if chunked else budget + 128,
-                       max_num_seqs=max_num_seqs, max_model_len=128,
-                       enable_prefix_caching=caching and allocator == "paged",
-                       preemption_mode=mode, scheduling_policy=policy, vllm_compat=compat,
-                       swap_space=0.0001, long_prefill_token_threshold=threshold,
-                       scheduler_reserve_full_isl=reserve_full_isl,
-                       enable_chunked_prefill=chunked)
+def test_engine_fast_equals_slow(
+    block_size,
+    num_blocks,
+    budget,
+    max_num_seqs,
+    caching,
+    mode,
+    policy,
+    compat,
+    allocator,
+    threshold,
+    reserve_full_isl,
+    chunked,
+    requests,
+) -> None:
+    cfg = EngineConfig(
+        block_size=block_size,
+        max_num_batched_tokens=budget if chunked else budget + 128,
+        max_num_seqs=max_num_seqs,
+        max_model_len=128,
+        enable_prefix_caching=caching and allocator == "paged",
+        preemption_mode=mode,
+        scheduling_policy=policy,
+        vllm_compat=compat,
+        swap_space=0.0001,
+        long_prefill_token_threshold=threshold,
+        scheduler_reserve_full_isl=reserve_full_isl,
+        enable_chunked_prefill=chunked,
+    )
     num_blocks = max(num_blocks, -(-128 // block_size) + 2)  # any one request fits
     slow = _run(False, cfg, allocator, num_blocks, requests)
     assert _run(True, cfg, allocator, num_blocks, requests) == slow
@@ -236,7 +318,7 @@ def test_engine_fast_equals_slow(block_size, num_blocks, budget, max_num_seqs, c
         assert lazy == _run(False, cfg, allocator, num_blocks, requests, lazy=True)
         assert _without_hash_order(lazy) == _without_hash_order(slow)
         for lazy_req, eager_req in zip(lazy[0], slow[0], strict=True):
-            assert lazy_req[4] == eager_req[4][:len(lazy_req[4])]
+            assert lazy_req[4] == eager_req[4][: len(lazy_req[4])]
 
 
 def _without_hash_order(run: tuple) -> tuple:
@@ -263,7 +345,8 @@ def test_synthetic_token_table_windows(vocab: int) -> None:
             assert table.tokens(start, first, stop) == synthetic_tokens(r, first, stop, vocab)
         count = min(16, vocab)
         assert table.packed(start, 9, count) == struct.pack(
-            f"<{count}i", *synthetic_tokens(r, 9, 9 + count, vocab))
+            f"<{count}i", *synthetic_tokens(r, 9, 9 + count, vocab)
+        )
         assert table.packed(start, 9, vocab + 1) is None
     assert not SyntheticTokenTable(2 * 104_729).usable  # stride not invertible: no table
 

@@ -15,7 +15,8 @@ PERCENTILES = (1, 25, 50, 90, 99, 99.9, 12.5, 66.6)
 
 gaps = st.one_of(
     st.floats(0.0, 0.2, allow_nan=False, allow_subnormal=False),
-    st.sampled_from([0.0, 0.0105, 0.0211, 0.03, 1e-9]))  # repeats: ties between runs
+    st.sampled_from([0.0, 0.0105, 0.0211, 0.03, 1e-9]),
+)  # repeats: ties between runs
 runs = st.lists(st.tuples(gaps, st.integers(0, 40)), min_size=0, max_size=40)
 
 

@@ -26,8 +26,7 @@ class Script:
         self.events: list[tuple[float, int, str, object]] = []
         self.requests: dict[str, Request] = {}
 
-    def request(self, rid: str, arrival: float, prompt_len: int, token_times: list[float]
-                ) -> None:
+    def request(self, rid: str, arrival: float, prompt_len: int, token_times: list[float]) -> None:
         r = Request(rid, list(range(prompt_len)), max_tokens=max(1, len(token_times)))
         self.requests[rid] = r
         self.events.append((arrival, 0, "arrive", r))
@@ -85,8 +84,9 @@ def test_counts_and_throughputs() -> None:
     assert s["request_goodput"] is None  # no --goodput: null, as vllm bench writes
 
 
-@pytest.mark.parametrize(("name", "values"),
-                         [("ttft", TTFT), ("tpot", TPOT), ("itl", ITL), ("e2el", E2EL)])
+@pytest.mark.parametrize(
+    ("name", "values"), [("ttft", TTFT), ("tpot", TPOT), ("itl", ITL), ("e2el", E2EL)]
+)
 def test_latency_statistics_are_numpys_in_ms(name: str, values: np.ndarray) -> None:
     s = summarize(three_requests(), percentiles=(50, 90, 99.9))
     ms = values * 1000
@@ -126,13 +126,16 @@ def test_duration_runs_from_the_start_of_the_benchmark() -> None:
     assert out["request_throughput"] == pytest.approx(1 / 3.0)
 
 
-@pytest.mark.parametrize(("slos", "good"), [
-    ({"ttft": 600}, 2),  # r2's 700 ms fails
-    ({"ttft": 600, "tpot": 300}, 1),  # r3's TPOT 400 ms fails too
-    ({"tpot": 1}, 1),  # r2's single token counts as TPOT 0 and passes
-    ({"e2el": 1000}, 2),  # r1 exactly at the SLO passes (value <= SLO)
-    ({"ttft": 100}, 0),
-])
+@pytest.mark.parametrize(
+    ("slos", "good"),
+    [
+        ({"ttft": 600}, 2),  # r2's 700 ms fails
+        ({"ttft": 600, "tpot": 300}, 1),  # r3's TPOT 400 ms fails too
+        ({"tpot": 1}, 1),  # r2's single token counts as TPOT 0 and passes
+        ({"e2el": 1000}, 2),  # r1 exactly at the SLO passes (value <= SLO)
+        ({"ttft": 100}, 0),
+    ],
+)
 def test_goodput(slos: dict[str, float], good: int) -> None:
     out = summarize(three_requests(), goodput_slos_ms=slos)
     assert out["request_goodput"] == pytest.approx(good / 3.2)
@@ -208,15 +211,33 @@ P99 E2EL (ms):                           99999.99
 
 def example_result(goodput: float | None = 15.02) -> dict:
     return {
-        "completed": 1000, "failed": 0, "duration": 56.7801, "total_input_tokens": 215196,
-        "total_output_tokens": 198343, "request_throughput": 17.6124, "request_goodput": goodput,
-        "output_throughput": 3493.2789, "max_output_tokens_per_s": 4100.0,
-        "max_concurrent_requests": 512, "total_token_throughput": 7283.5317,
-        "mean_ttft_ms": 2456.2299, "median_ttft_ms": 2345.67, "p99_ttft_ms": 5678.9,
-        "mean_tpot_ms": 45.67, "median_tpot_ms": 43.2149, "p99_tpot_ms": 89.01,
-        "mean_itl_ms": 43.12, "median_itl_ms": 40.0, "p99_itl_ms": 120.5501,
-        "mean_e2el_ms": 12345.678, "median_e2el_ms": 11111.0, "p99_e2el_ms": 99999.99,
-        "p90_ttft_ms": 5000.0, "p90_tpot_ms": 80.0, "p90_itl_ms": 100.0, "p90_e2el_ms": 9e4,
+        "completed": 1000,
+        "failed": 0,
+        "duration": 56.7801,
+        "total_input_tokens": 215196,
+        "total_output_tokens": 198343,
+        "request_throughput": 17.6124,
+        "request_goodput": goodput,
+        "output_throughput": 3493.2789,
+        "max_output_tokens_per_s": 4100.0,
+        "max_concurrent_requests": 512,
+        "total_token_throughput": 7283.5317,
+        "mean_ttft_ms": 2456.2299,
+        "median_ttft_ms": 2345.67,
+        "p99_ttft_ms": 5678.9,
+        "mean_tpot_ms": 45.67,
+        "median_tpot_ms": 43.2149,
+        "p99_tpot_ms": 89.01,
+        "mean_itl_ms": 43.12,
+        "median_itl_ms": 40.0,
+        "p99_itl_ms": 120.5501,
+        "mean_e2el_ms": 12345.678,
+        "median_e2el_ms": 11111.0,
+        "p99_e2el_ms": 99999.99,
+        "p90_ttft_ms": 5000.0,
+        "p90_tpot_ms": 80.0,
+        "p90_itl_ms": 100.0,
+        "p90_e2el_ms": 9e4,
     }
 
 
@@ -233,11 +254,19 @@ def test_block_matches_vllm_bench_line_for_line() -> None:
 def test_block_optional_lines_and_percentiles() -> None:
     """No concurrency, rate or goodput lines for inf rate, no cap and no --goodput; one line
     per requested percentile, labelled P{int} or P{float}."""
-    block = format_benchmark_block(example_result(goodput=None), request_rate=float("inf"),
-                                   max_concurrency=None, percentiles=(90, 99))
+    block = format_benchmark_block(
+        example_result(goodput=None),
+        request_rate=float("inf"),
+        max_concurrency=None,
+        percentiles=(90, 99),
+    )
     text = block.splitlines()
-    assert not any(line.startswith(("Maximum request concurrency", "Request rate configured",
-                                    "Request goodput")) for line in text)
+    assert not any(
+        line.startswith(
+            ("Maximum request concurrency", "Request rate configured", "Request goodput")
+        )
+        for line in text
+    )
     assert "P90 TTFT (ms):                           5000.00   " in text
     assert "P99 E2EL (ms):                           99999.99  " in text
     assert len(text) == len(EXAMPLE_BLOCK.splitlines()) - 3 + 4

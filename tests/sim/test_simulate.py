@@ -21,8 +21,9 @@ from pagesim.sim.simulate import LoadSpec, SimulationResult, result_metadata, si
 from pagesim.workload import load_workload
 
 E = EngineConfig.create
-RANDOM = dict(workload="random", random_input_len=200, random_output_len=100,
-              random_range_ratio=0.5)
+RANDOM = dict(
+    workload="random", random_input_len=200, random_output_len=100, random_range_ratio=0.5
+)
 
 
 def assert_nothing_lost(sim: SimulationResult, num_prompts: int) -> None:
@@ -53,25 +54,46 @@ def assert_drained(scheduler) -> None:
 
 
 CHECKED_RUNS = {
-    "chat": (dict(num_gpu_blocks_override=256, block_size=32), dict(workload="chat",
-                                                                    num_prompts=6)),
-    "system-prompt": (dict(num_gpu_blocks_override=128, block_size=32),
-                      dict(workload="system-prompt", num_prompts=8)),
-    "multi-turn": (dict(num_gpu_blocks_override=128, block_size=32),
-                   dict(workload="multi-turn", num_prompts=12)),
+    "chat": (
+        dict(num_gpu_blocks_override=256, block_size=32),
+        dict(workload="chat", num_prompts=6),
+    ),
+    "system-prompt": (
+        dict(num_gpu_blocks_override=128, block_size=32),
+        dict(workload="system-prompt", num_prompts=8),
+    ),
+    "multi-turn": (
+        dict(num_gpu_blocks_override=128, block_size=32),
+        dict(workload="multi-turn", num_prompts=12),
+    ),
     "mooncake-conversation": (
-        dict(model="llama-3.1-8b", num_gpu_blocks_override=160, block_size=128,
-             max_model_len=32768),
-        dict(workload="mooncake-conversation", num_prompts=4)),
+        dict(
+            model="llama-3.1-8b", num_gpu_blocks_override=160, block_size=128, max_model_len=32768
+        ),
+        dict(workload="mooncake-conversation", num_prompts=4),
+    ),
     "random-pressure": (dict(num_gpu_blocks_override=48), dict(num_prompts=30, **RANDOM)),
-    "random-swap": (dict(num_gpu_blocks_override=48, preemption_mode="swap"),
-                    dict(num_prompts=30, **RANDOM)),
-    "random-no-prefix-caching": (dict(num_gpu_blocks_override=48, enable_prefix_caching=False),
-                                 dict(num_prompts=20, **RANDOM)),
-    **{f"{alloc}-{place}": (dict(num_gpu_blocks_override=128, max_model_len=1024,
-                                 allocator=alloc, contiguous_placement=place),
-                            dict(num_prompts=20, **RANDOM))
-       for alloc in ("reserve-max", "pow2", "oracle") for place in ("buddy", "first-fit")},
+    "random-swap": (
+        dict(num_gpu_blocks_override=48, preemption_mode="swap"),
+        dict(num_prompts=30, **RANDOM),
+    ),
+    "random-no-prefix-caching": (
+        dict(num_gpu_blocks_override=48, enable_prefix_caching=False),
+        dict(num_prompts=20, **RANDOM),
+    ),
+    **{
+        f"{alloc}-{place}": (
+            dict(
+                num_gpu_blocks_override=128,
+                max_model_len=1024,
+                allocator=alloc,
+                contiguous_placement=place,
+            ),
+            dict(num_prompts=20, **RANDOM),
+        )
+        for alloc in ("reserve-max", "pow2", "oracle")
+        for place in ("buddy", "first-fit")
+    },
 }
 
 
@@ -108,8 +130,13 @@ def test_drained_check_catches_a_leak() -> None:
 def test_unservable_requests_are_rejected_with_their_reason() -> None:
     """max_model_len 256, prompts 150..450 and outputs 8..24 tokens: too long, too long with
     its output, or served."""
-    load = LoadSpec(workload="random", num_prompts=40, random_input_len=300,
-                    random_output_len=16, random_range_ratio=0.5)
+    load = LoadSpec(
+        workload="random",
+        num_prompts=40,
+        random_input_len=300,
+        random_output_len=16,
+        random_range_ratio=0.5,
+    )
     sim = simulate(E(max_model_len=256), load)
     assert_nothing_lost(sim, 40)
     reasons = sim.result["rejected_reasons"]
@@ -128,8 +155,13 @@ def test_unservable_requests_are_rejected_with_their_reason() -> None:
 
 def test_requests_larger_than_the_whole_cache_are_rejected() -> None:
     """8 blocks of 16 (7 usable: 112 slots); a request needs prompt + max_tokens - 1 slots."""
-    load = LoadSpec(workload="random", num_prompts=30, random_input_len=80,
-                    random_output_len=8, random_range_ratio=0.5)
+    load = LoadSpec(
+        workload="random",
+        num_prompts=30,
+        random_input_len=80,
+        random_output_len=8,
+        random_range_ratio=0.5,
+    )
     sim = simulate(E(num_gpu_blocks_override=8), load, check_invariants=True)
     assert_nothing_lost(sim, 30)
     assert set(sim.result["rejected_reasons"]) == {"kv_cache_too_small"}
@@ -154,9 +186,15 @@ def in_flight_peak(records) -> int:
 
 @pytest.mark.parametrize("cap", [1, 3])
 def test_max_concurrency_is_honoured(cap: int) -> None:
-    load = LoadSpec(workload="random", num_prompts=15, random_input_len=64,
-                    random_output_len=16, random_range_ratio=0.5, request_rate=math.inf,
-                    max_concurrency=cap)
+    load = LoadSpec(
+        workload="random",
+        num_prompts=15,
+        random_input_len=64,
+        random_output_len=16,
+        random_range_ratio=0.5,
+        request_rate=math.inf,
+        max_concurrency=cap,
+    )
     sim = simulate(E(), load)
     assert_nothing_lost(sim, 15)
     records = list(sim.metrics.records.values())
@@ -167,8 +205,13 @@ def test_max_concurrency_is_honoured(cap: int) -> None:
 
 
 def test_infinite_rate_sends_everything_at_zero() -> None:
-    load = LoadSpec(workload="random", num_prompts=12, random_input_len=32,
-                    random_output_len=4, request_rate=math.inf)
+    load = LoadSpec(
+        workload="random",
+        num_prompts=12,
+        random_input_len=32,
+        random_output_len=4,
+        request_rate=math.inf,
+    )
     sim = simulate(E(), load)
     assert [r.arrival_time for r in sim.metrics.records.values()] == [0.0] * 12
 
@@ -187,8 +230,13 @@ def test_a_given_cost_model_prices_the_steps() -> None:
     """`cost_model=` replaces the profile's (or the analytical) model; all requests at t=0, so
     the schedule is the same and every time doubles."""
     cfg = E()
-    load = LoadSpec(workload="random", num_prompts=12, random_input_len=32,
-                    random_output_len=4, request_rate=math.inf)
+    load = LoadSpec(
+        workload="random",
+        num_prompts=12,
+        random_input_len=32,
+        random_output_len=4,
+        request_rate=math.inf,
+    )
     base = simulate(cfg, load).result
     assert simulate(cfg, load, cost_model=build_cost_model(cfg, None)).result == base
     doubled = simulate(cfg, load, cost_model=_Doubled(cfg)).result
@@ -197,8 +245,13 @@ def test_a_given_cost_model_prices_the_steps() -> None:
 
 
 def test_finite_rate_spreads_arrivals_to_num_over_rate() -> None:
-    load = LoadSpec(workload="random", num_prompts=12, random_input_len=32,
-                    random_output_len=4, request_rate=4.0)
+    load = LoadSpec(
+        workload="random",
+        num_prompts=12,
+        random_input_len=32,
+        random_output_len=4,
+        request_rate=4.0,
+    )
     arrivals = sorted(r.arrival_time for r in simulate(E(), load).metrics.records.values())
     assert arrivals[0] > 0
     assert arrivals[-1] == pytest.approx(12 / 4.0, rel=1e-12)
@@ -229,13 +282,28 @@ def test_multi_turn_sessions_are_closed_loop() -> None:
 
 
 RESULT_KEYS = [
-    "completed", "duration", "request_throughput", "output_throughput",
-    "total_token_throughput", "max_concurrent_requests", "num_rejected", "num_preemptions",
-    "mean_num_running", "max_num_running", "prefix_cache_hit_rate", "kv_cache_usage_mean",
-    "kv_cache_usage_peak", "kv_token_state_frac", "kv_reserved_frac", "kv_internal_frag_frac",
+    "completed",
+    "duration",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "max_concurrent_requests",
+    "num_rejected",
+    "num_preemptions",
+    "mean_num_running",
+    "max_num_running",
+    "prefix_cache_hit_rate",
+    "kv_cache_usage_mean",
+    "kv_cache_usage_peak",
+    "kv_token_state_frac",
+    "kv_reserved_frac",
+    "kv_internal_frag_frac",
     "kv_external_frag_frac",
-] + [f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el")
-     for stat in ("mean", "median", "std", "p99")]
+] + [
+    f"{stat}_{name}_ms"
+    for name in ("ttft", "tpot", "itl", "e2el")
+    for stat in ("mean", "median", "std", "p99")
+]
 
 
 def test_result_has_vllm_bench_and_kv_keys() -> None:
@@ -250,9 +318,16 @@ def test_result_has_vllm_bench_and_kv_keys() -> None:
     for key in ("kv_cache_usage_mean", "kv_cache_usage_peak", "prefix_cache_hit_rate"):
         assert 0 <= res[key] <= 1, key
     assert res["kv_cache_usage_mean"] <= res["kv_cache_usage_peak"]
-    waste = sum(res[k] for k in ("kv_token_state_frac", "kv_reserved_frac",
-                                 "kv_internal_frag_frac", "kv_external_frag_frac",
-                                 "kv_free_frac"))
+    waste = sum(
+        res[k]
+        for k in (
+            "kv_token_state_frac",
+            "kv_reserved_frac",
+            "kv_internal_frag_frac",
+            "kv_external_frag_frac",
+            "kv_free_frac",
+        )
+    )
     assert waste == pytest.approx(1.0, abs=1e-9)
     doc = json.loads(result_json(res, result_metadata(sim.config, load), date="20260101-000000"))
     assert list(doc)[:3] == ["date", "backend", "model_id"]
@@ -270,9 +345,15 @@ def test_progress_hook_reaches_the_total() -> None:
 def test_rejections_release_their_concurrency_slot() -> None:
     """Refused requests end at once and free their slot: no deadlock, nothing lost, and a
     multi-turn session goes on after a turn that outgrew max_model_len."""
-    load = LoadSpec(workload="random", num_prompts=30, random_input_len=300,
-                    random_output_len=16, random_range_ratio=0.5, max_concurrency=1,
-                    request_rate=50.0)
+    load = LoadSpec(
+        workload="random",
+        num_prompts=30,
+        random_input_len=300,
+        random_output_len=16,
+        random_range_ratio=0.5,
+        max_concurrency=1,
+        request_rate=50.0,
+    )
     sim = simulate(E(max_model_len=256), load)
     assert_nothing_lost(sim, 30)
     assert sim.result["num_rejected"] > 0 and sim.result["completed"] > 0

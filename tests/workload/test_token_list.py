@@ -15,12 +15,16 @@ def test_materialize_equals_array(name: str) -> None:
         if plan.turns[i] == 0:
             assert plan.materialize(i) == plan.materialize_array(i).tolist()
         segs = [(int(plan.user_roots[i]), int(plan.user_lens[i]))]
-        assert plan.user_token_ids(i) == segment_tokens(
-            plan.token_table, plan.content_key, segs, plan.vocab_size).tolist()
+        assert (
+            plan.user_token_ids(i)
+            == segment_tokens(plan.token_table, plan.content_key, segs, plan.vocab_size).tolist()
+        )
 
 
 def test_segment_token_list_wraps_like_take() -> None:
     plan = load_workload("chat").sample(2, seed=1, vocab_size=1000)
     segs = [(5, TABLE_SIZE + 40), (9, 3), (11, 1), (12, 0), (2_000_001, 2)]
-    assert segment_token_list(plan.token_table.tolist(), plan.content_key, segs, 1000) == \
-        segment_tokens(plan.token_table, plan.content_key, segs, 1000).tolist()
+    assert (
+        segment_token_list(plan.token_table.tolist(), plan.content_key, segs, 1000)
+        == segment_tokens(plan.token_table, plan.content_key, segs, 1000).tolist()
+    )

@@ -38,7 +38,9 @@ def check_same_dtype(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tenso
 
 def check_shape(name: str, t: torch.Tensor, shape: Sequence[int | None]) -> None:
     """`t.shape` must match `shape`, where `None` matches any size."""
-    ok = t.dim() == len(shape) and all(s is None or s == n for s, n in zip(shape, t.shape, strict=False))
+    ok = t.dim() == len(shape) and all(
+        s is None or s == n for s, n in zip(shape, t.shape, strict=False)
+    )
     if not ok:
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise KernelInputError(f"{name}.shape={list(t.shape)}, expected {want}")
@@ -62,8 +64,9 @@ def check_same_device(tensors: dict[str, torch.Tensor]) -> None:
     first_name, first = items[0]
     for name, t in items[1:]:
         if t.device != first.device:
-            raise KernelInputError(f"{name}.device={t.device} differs from "
-                                   f"{first_name}.device={first.device}")
+            raise KernelInputError(
+                f"{name}.device={t.device} differs from {first_name}.device={first.device}"
+            )
 
 
 def check_choice(name: str, value: int, allowed: Sequence[int]) -> None:
@@ -81,8 +84,9 @@ def check_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[
     check_shape("value_cache", value_cache, tuple(key_cache.shape))
     check_dtype("key_cache", key_cache, ATTENTION_DTYPES)
     if value_cache.dtype != key_cache.dtype:
-        raise KernelInputError(f"value_cache.dtype={value_cache.dtype} differs from "
-                               f"key_cache.dtype={key_cache.dtype}")
+        raise KernelInputError(
+            f"value_cache.dtype={value_cache.dtype} differs from key_cache.dtype={key_cache.dtype}"
+        )
     check_last_dim_contiguous("key_cache", key_cache)
     check_last_dim_contiguous("value_cache", value_cache)
     num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
@@ -94,8 +98,9 @@ def check_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[
 def check_num_queries_per_kv(num_heads: int, num_kv_heads: int) -> int:
     """Query heads must split evenly over KV heads (MHA, GQA, MQA); returns heads per group."""
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
-        raise KernelInputError(f"num_heads={num_heads} is not a multiple of "
-                               f"num_kv_heads={num_kv_heads}")
+        raise KernelInputError(
+            f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}"
+        )
     return num_heads // num_kv_heads
 
 

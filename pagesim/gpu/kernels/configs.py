@@ -32,9 +32,19 @@ from pagesim.cost.decode_launch import (
     split_rule,
 )
 
-__all__ = ["MAX_PARTITIONS", "MIN_PARTITION_TOKENS", "PROGRAM_OVERHEAD_TILES",
-           "REDUCTION_COST_TILES", "DecodePartition", "KernelConfig", "cdiv", "decode_config",
-           "decode_partition", "fixed_partition", "prefill_config"]
+__all__ = [
+    "MAX_PARTITIONS",
+    "MIN_PARTITION_TOKENS",
+    "PROGRAM_OVERHEAD_TILES",
+    "REDUCTION_COST_TILES",
+    "DecodePartition",
+    "KernelConfig",
+    "cdiv",
+    "decode_config",
+    "decode_partition",
+    "fixed_partition",
+    "prefill_config",
+]
 
 
 class KernelConfig(NamedTuple):
@@ -71,8 +81,9 @@ def decode_config(head_size: int, num_queries_per_kv: int, on_gpu: bool) -> Kern
     return KernelConfig(block_m, 64, 4, 3, 4)
 
 
-def prefill_config(head_size: int, num_queries_per_kv: int, on_gpu: bool,
-                   fp32: bool = False) -> KernelConfig:
+def prefill_config(
+    head_size: int, num_queries_per_kv: int, on_gpu: bool, fp32: bool = False
+) -> KernelConfig:
     """Prefill: `block_m` rows = `block_m // num_queries_per_kv` query tokens x their heads.
 
     GPU tiles follow the flash-attention tutorial's Hopper choice for head size <= 128
@@ -101,5 +112,13 @@ def decode_partition(
 ) -> DecodePartition:
     """The decode split for this kernel config: `pagesim.cost.decode_launch.split_rule`
     (shared with the cost model, which prices steps with the same partitions)."""
-    return split_rule(num_seqs, num_kv_heads, max_seq_len, config.tile_n,
-                      config.programs_per_sm, num_sms, sliding_window, min_partition_tokens)
+    return split_rule(
+        num_seqs,
+        num_kv_heads,
+        max_seq_len,
+        config.tile_n,
+        config.programs_per_sm,
+        num_sms,
+        sliding_window,
+        min_partition_tokens,
+    )

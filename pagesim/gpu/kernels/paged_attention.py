@@ -60,10 +60,16 @@ def _paged_decode_kernel(
     partition_size,  # tokens per partition (a multiple of TILE_N)
     max_parts,  # third dim of part_* buffers
     sliding_window,  # tokens each query sees (itself included), read when USE_WINDOW
-    stride_q_seq: tl.int64, stride_q_head: tl.int64,  #
-    stride_o_seq: tl.int64, stride_o_head: tl.int64,  #
-    stride_kc_blk: tl.int64, stride_kc_off: tl.int64, stride_kc_head: tl.int64,  #
-    stride_vc_blk: tl.int64, stride_vc_off: tl.int64, stride_vc_head: tl.int64,  #
+    stride_q_seq: tl.int64,
+    stride_q_head: tl.int64,  #
+    stride_o_seq: tl.int64,
+    stride_o_head: tl.int64,  #
+    stride_kc_blk: tl.int64,
+    stride_kc_off: tl.int64,
+    stride_kc_head: tl.int64,  #
+    stride_vc_blk: tl.int64,
+    stride_vc_off: tl.int64,
+    stride_vc_head: tl.int64,  #
     stride_bt_seq: tl.int64,  #
     QUERIES_PER_KV: tl.constexpr,  # query heads per KV head
     BLOCK_M: tl.constexpr,  # QUERIES_PER_KV padded to a power of two >= 16
@@ -94,8 +100,11 @@ def _paged_decode_kernel(
     heads = kv_head * QUERIES_PER_KV + rows  # query heads of this KV group
     row_mask = rows < QUERIES_PER_KV
     d = tl.arange(0, HEAD_SIZE)
-    q = tl.load(query_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + d[None, :],
-                mask=row_mask[:, None], other=0.0)  # [BLOCK_M, HEAD_SIZE], stays in registers
+    q = tl.load(
+        query_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + d[None, :],
+        mask=row_mask[:, None],
+        other=0.0,
+    )  # [BLOCK_M, HEAD_SIZE], stays in registers
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -135,12 +144,16 @@ def _paged_decode_kernel(
         tl.store(part_max_ptr + part_row, m_i, mask=row_mask)
         tl.store(part_sum_ptr + part_row, l_i, mask=row_mask)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(part_out_ptr + part_row[:, None] * HEAD_SIZE + d[None, :], out,
-                 mask=row_mask[:, None])
+        tl.store(
+            part_out_ptr + part_row[:, None] * HEAD_SIZE + d[None, :], out, mask=row_mask[:, None]
+        )
     else:  # seq_len == 0 (a padded sequence) leaves l_i == 0: write zeros, not NaN
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+        tl.store(
+            out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None],
+        )
 
 
 @triton.jit(do_not_specialize=["partition_size", "max_parts", "sliding_window"])
@@ -153,7 +166,8 @@ def _paged_decode_reduce_kernel(
     partition_size,  #
     max_parts,  #
     sliding_window,  #
-    stride_o_seq: tl.int64, stride_o_head: tl.int64,  #
+    stride_o_seq: tl.int64,
+    stride_o_head: tl.int64,  #
     HEAD_SIZE: tl.constexpr,  #
     USE_WINDOW: tl.constexpr,  #
     PARTS_P2: tl.constexpr,  # max_parts rounded up to a power of two
@@ -175,12 +189,14 @@ def _paged_decode_reduce_kernel(
     m_all = tl.where(m_all > float("-inf"), m_all, 0.0)  # no partition (empty sequence)
     w = tl.where(p_mask, l_p * tl.exp2(m - m_all), 0.0)
     d = tl.arange(0, HEAD_SIZE)
-    o = tl.load(part_out_ptr + (row + p)[:, None] * HEAD_SIZE + d[None, :],
-                mask=p_mask[:, None], other=0.0)
+    o = tl.load(
+        part_out_ptr + (row + p)[:, None] * HEAD_SIZE + d[None, :], mask=p_mask[:, None], other=0.0
+    )
     denom = tl.sum(w, axis=0)
     out = tl.sum(w[:, None] * o, axis=0) / tl.where(denom > 0, denom, 1.0)
-    tl.store(out_ptr + seq * stride_o_seq + head * stride_o_head + d,
-             out.to(out_ptr.dtype.element_ty))
+    tl.store(
+        out_ptr + seq * stride_o_seq + head * stride_o_head + d, out.to(out_ptr.dtype.element_ty)
+    )
 
 
 class DecodeWorkspace(NamedTuple):
@@ -191,12 +207,20 @@ class DecodeWorkspace(NamedTuple):
     part_sum: torch.Tensor  # [num_seqs, num_heads, num_partitions]
 
     @classmethod
-    def allocate(cls, num_seqs: int, num_heads: int, head_size: int, num_partitions: int,
-                 device: torch.device | str) -> DecodeWorkspace:
+    def allocate(
+        cls,
+        num_seqs: int,
+        num_heads: int,
+        head_size: int,
+        num_partitions: int,
+        device: torch.device | str,
+    ) -> DecodeWorkspace:
         shape = (num_seqs, num_heads, num_partitions)
-        return cls(torch.empty((*shape, head_size), dtype=torch.float32, device=device),
-                   torch.empty(shape, dtype=torch.float32, device=device),
-                   torch.empty(shape, dtype=torch.float32, device=device))
+        return cls(
+            torch.empty((*shape, head_size), dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.float32, device=device),
+            torch.empty(shape, dtype=torch.float32, device=device),
+        )
 
 
 def paged_attention_decode(
@@ -236,38 +260,78 @@ def paged_attention_decode(
     check_shape("out", out, tuple(query.shape))
     check_dtype("out", out, ATTENTION_DTYPES)
     check_last_dim_contiguous("out", out)
-    check_same_device({"query": query, "key_cache": key_cache, "block_table": block_table,
-                       "seq_lens": seq_lens, "out": out})
+    check_same_device(
+        {
+            "query": query,
+            "key_cache": key_cache,
+            "block_table": block_table,
+            "seq_lens": seq_lens,
+            "out": out,
+        }
+    )
     cfg = config or decode_config(head_size, group, query.is_cuda)
     split = partition.num_partitions > 1
     if split and workspace is None:
-        workspace = DecodeWorkspace.allocate(num_seqs, num_heads, head_size,
-                                             partition.num_partitions, query.device)
+        workspace = DecodeWorkspace.allocate(
+            num_seqs, num_heads, head_size, partition.num_partitions, query.device
+        )
     if split:
-        check_shape("workspace.part_out", workspace.part_out,
-                    (num_seqs, num_heads, partition.num_partitions, head_size))
+        check_shape(
+            "workspace.part_out",
+            workspace.part_out,
+            (num_seqs, num_heads, partition.num_partitions, head_size),
+        )
         check_contiguous("workspace.part_out", workspace.part_out)
     parts = workspace if split else (out, out, out)  # unused pointers when unsplit
     if num_seqs == 0:
         return out
     scale = 1.0 / math.sqrt(head_size) if scale is None else scale
     _paged_decode_kernel[(num_seqs, num_kv_heads, partition.num_partitions)](
-        out, *parts, query, key_cache, value_cache, block_table, seq_lens,
-        scale * LOG2E, partition.partition_size, partition.num_partitions, window,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        out,
+        *parts,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        scale * LOG2E,
+        partition.partition_size,
+        partition.num_partitions,
+        window,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
         block_table.stride(0),
-        QUERIES_PER_KV=group, BLOCK_M=cfg.block_m, HEAD_SIZE=head_size, BLOCK_SIZE=block_size,
-        TILE_N=cfg.tile_n, USE_WINDOW=window > 0, SPLIT=split,
+        QUERIES_PER_KV=group,
+        BLOCK_M=cfg.block_m,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        TILE_N=cfg.tile_n,
+        USE_WINDOW=window > 0,
+        SPLIT=split,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if split:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out, *workspace, seq_lens, partition.partition_size, partition.num_partitions, window,
-            out.stride(0), out.stride(1),
-            HEAD_SIZE=head_size, USE_WINDOW=window > 0,
+            out,
+            *workspace,
+            seq_lens,
+            partition.partition_size,
+            partition.num_partitions,
+            window,
+            out.stride(0),
+            out.stride(1),
+            HEAD_SIZE=head_size,
+            USE_WINDOW=window > 0,
             PARTS_P2=triton.next_power_of_2(partition.num_partitions),
             num_warps=4 if query.is_cuda else 1,
         )

@@ -62,15 +62,29 @@ def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _attend_tiles(
-    acc, m_i, l_i,  # running output [BLOCK_M, HEAD_SIZE], max and sum [BLOCK_M] (fp32)
-    q, q_pos,  # [BLOCK_M, HEAD_SIZE] queries and [BLOCK_M] their absolute positions
-    bt_row, k_base, v_base,  # block-table row of the sequence; caches at this KV head
-    start_lo, start_hi, hi,  # tiles start in [start_lo, start_hi); keys < hi exist
-    qk_scale, sliding_window,  #
-    stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off,  #
-    HEAD_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,  #
+    acc,
+    m_i,
+    l_i,  # running output [BLOCK_M, HEAD_SIZE], max and sum [BLOCK_M] (fp32)
+    q,
+    q_pos,  # [BLOCK_M, HEAD_SIZE] queries and [BLOCK_M] their absolute positions
+    bt_row,
+    k_base,
+    v_base,  # block-table row of the sequence; caches at this KV head
+    start_lo,
+    start_hi,
+    hi,  # tiles start in [start_lo, start_hi); keys < hi exist
+    qk_scale,
+    sliding_window,  #
+    stride_kc_blk,
+    stride_kc_off,
+    stride_vc_blk,
+    stride_vc_off,  #
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,  #
     MASKED: tl.constexpr,  # False: the caller guarantees every row sees every key
-    USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,  #
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  #
 ):
     """Online-softmax update over a run of context tiles (the flash-attention inner loop)."""
     d = tl.arange(0, HEAD_SIZE)
@@ -123,10 +137,16 @@ def _paged_prefill_kernel(
     qk_scale,  # softmax scale * log2(e)
     num_seqs,  #
     sliding_window,  # tokens each query sees (itself included), read when USE_WINDOW
-    stride_q_tok: tl.int64, stride_q_head: tl.int64,  #
-    stride_o_tok: tl.int64, stride_o_head: tl.int64,  #
-    stride_kc_blk: tl.int64, stride_kc_off: tl.int64, stride_kc_head: tl.int64,  #
-    stride_vc_blk: tl.int64, stride_vc_off: tl.int64, stride_vc_head: tl.int64,  #
+    stride_q_tok: tl.int64,
+    stride_q_head: tl.int64,  #
+    stride_o_tok: tl.int64,
+    stride_o_head: tl.int64,  #
+    stride_kc_blk: tl.int64,
+    stride_kc_off: tl.int64,
+    stride_kc_head: tl.int64,  #
+    stride_vc_blk: tl.int64,
+    stride_vc_off: tl.int64,
+    stride_vc_head: tl.int64,  #
     stride_bt_seq: tl.int64,  #
     QUERIES_PER_KV: tl.constexpr,  #
     BLOCK_Q: tl.constexpr,  # query tokens per program
@@ -155,8 +175,11 @@ def _paged_prefill_kernel(
     q_pos = ctx_len + q_idx  # absolute position of each row's token
     tok = (q_start + q_idx).to(tl.int64)
     d = tl.arange(0, HEAD_SIZE)
-    q = tl.load(query_ptr + tok[:, None] * stride_q_tok + heads[:, None] * stride_q_head
-                + d[None, :], mask=row_mask[:, None], other=0.0)  # [BLOCK_M, HEAD_SIZE]
+    q = tl.load(
+        query_ptr + tok[:, None] * stride_q_tok + heads[:, None] * stride_q_head + d[None, :],
+        mask=row_mask[:, None],
+        other=0.0,
+    )  # [BLOCK_M, HEAD_SIZE]
 
     # Keys this block can see: up to its last token (causal), from its first token's window.
     # Three runs of tiles (starts are multiples of TILE_N):
@@ -181,21 +204,87 @@ def _paged_prefill_kernel(
     k_base = key_cache_ptr + kv_head * stride_kc_head
     v_base = value_cache_ptr + kv_head * stride_vc_head
     acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_pos, bt_row, k_base, v_base, a, tl.minimum(b, hi), hi,
-        qk_scale, sliding_window, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off,
-        HEAD_SIZE, BLOCK_SIZE, TILE_N, True, USE_WINDOW, DOT_PRECISION)
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        bt_row,
+        k_base,
+        v_base,
+        a,
+        tl.minimum(b, hi),
+        hi,
+        qk_scale,
+        sliding_window,
+        stride_kc_blk,
+        stride_kc_off,
+        stride_vc_blk,
+        stride_vc_off,
+        HEAD_SIZE,
+        BLOCK_SIZE,
+        TILE_N,
+        True,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
     acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_pos, bt_row, k_base, v_base, b, c, hi,
-        qk_scale, sliding_window, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off,
-        HEAD_SIZE, BLOCK_SIZE, TILE_N, False, USE_WINDOW, DOT_PRECISION)
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        bt_row,
+        k_base,
+        v_base,
+        b,
+        c,
+        hi,
+        qk_scale,
+        sliding_window,
+        stride_kc_blk,
+        stride_kc_off,
+        stride_vc_blk,
+        stride_vc_off,
+        HEAD_SIZE,
+        BLOCK_SIZE,
+        TILE_N,
+        False,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
     acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_pos, bt_row, k_base, v_base, c, hi, hi,
-        qk_scale, sliding_window, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off,
-        HEAD_SIZE, BLOCK_SIZE, TILE_N, True, USE_WINDOW, DOT_PRECISION)
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        bt_row,
+        k_base,
+        v_base,
+        c,
+        hi,
+        hi,
+        qk_scale,
+        sliding_window,
+        stride_kc_blk,
+        stride_kc_off,
+        stride_vc_blk,
+        stride_vc_off,
+        HEAD_SIZE,
+        BLOCK_SIZE,
+        TILE_N,
+        True,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + tok[:, None] * stride_o_tok + heads[:, None] * stride_o_head + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+    tl.store(
+        out_ptr + tok[:, None] * stride_o_tok + heads[:, None] * stride_o_head + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None],
+    )
 
 
 def paged_attention_prefill(
@@ -225,8 +314,11 @@ def paged_attention_prefill(
     num_seqs = block_table.shape[0]
     check_shape("seq_lens", seq_lens, (num_seqs,))
     check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
-    for name, t in (("block_table", block_table), ("seq_lens", seq_lens),
-                    ("query_start_loc", query_start_loc)):
+    for name, t in (
+        ("block_table", block_table),
+        ("seq_lens", seq_lens),
+        ("query_start_loc", query_start_loc),
+    ):
         check_dtype(name, t, INDEX_DTYPES)
         check_contiguous(name, t)
     window = check_sliding_window(sliding_window)
@@ -235,27 +327,55 @@ def paged_attention_prefill(
     check_shape("out", out, tuple(query.shape))
     check_dtype("out", out, ATTENTION_DTYPES)
     check_last_dim_contiguous("out", out)
-    check_same_device({"query": query, "key_cache": key_cache, "block_table": block_table,
-                       "seq_lens": seq_lens, "query_start_loc": query_start_loc, "out": out})
+    check_same_device(
+        {
+            "query": query,
+            "key_cache": key_cache,
+            "block_table": block_table,
+            "seq_lens": seq_lens,
+            "query_start_loc": query_start_loc,
+            "out": out,
+        }
+    )
     if num_seqs == 0 or num_tokens == 0:
         return out
-    cfg = config or prefill_config(head_size, group, query.is_cuda,
-                                   query.dtype == torch.float32)
+    cfg = config or prefill_config(head_size, group, query.is_cuda, query.dtype == torch.float32)
     block_q = cfg.block_m // group
     # Upper bound on the query blocks of all sequences (see the module docstring).
     num_q_blocks = num_tokens // block_q + num_seqs
     scale = 1.0 / math.sqrt(head_size) if scale is None else scale
     _paged_prefill_kernel[(num_q_blocks, num_kv_heads)](
-        out, query, key_cache, value_cache, block_table, seq_lens, query_start_loc,
-        scale * LOG2E, num_seqs, window,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        seq_lens,
+        query_start_loc,
+        scale * LOG2E,
+        num_seqs,
+        window,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
         block_table.stride(0),
-        QUERIES_PER_KV=group, BLOCK_Q=block_q, BLOCK_M=cfg.block_m, HEAD_SIZE=head_size,
-        BLOCK_SIZE=block_size, TILE_N=cfg.tile_n, USE_WINDOW=window > 0,
+        QUERIES_PER_KV=group,
+        BLOCK_Q=block_q,
+        BLOCK_M=cfg.block_m,
+        HEAD_SIZE=head_size,
+        BLOCK_SIZE=block_size,
+        TILE_N=cfg.tile_n,
+        USE_WINDOW=window > 0,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     return out
 

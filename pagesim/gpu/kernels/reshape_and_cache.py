@@ -91,18 +91,38 @@ def reshape_and_cache(
         check_last_dim_contiguous(name, t)
     check_dtype("slot_mapping", slot_mapping, INDEX_DTYPES)
     check_contiguous("slot_mapping", slot_mapping)
-    check_same_device({"key": key, "value": value, "key_cache": key_cache,
-                       "value_cache": value_cache, "slot_mapping": slot_mapping})
+    check_same_device(
+        {
+            "key": key,
+            "value": value,
+            "key_cache": key_cache,
+            "value_cache": value_cache,
+            "slot_mapping": slot_mapping,
+        }
+    )
     if num_tokens == 0:
         return
     block_heads = triton.next_power_of_2(num_kv_heads)
     _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, key_cache, value_cache, slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        key,
+        value,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
         num_kv_heads,
-        BLOCK_SIZE=block_size, HEAD_SIZE=head_size, BLOCK_HEADS=block_heads,
+        BLOCK_SIZE=block_size,
+        HEAD_SIZE=head_size,
+        BLOCK_HEADS=block_heads,
         num_warps=4 if block_heads * head_size >= 2048 else 1,
     )
 
