@@ -9,13 +9,13 @@ import pytest
 from pagesim.cli.app import main
 from pagesim.cost.fit import fit_report
 from pagesim.cost.profile import Profile
-from pagesim.sim.build import CALIBRATION_DIR
+from pagesim.data import calibration_dir
 
 
 def test_prints_the_profiles_held_out_report(capsys) -> None:
     assert main(["fit-report", "--model", "llama-3-8b", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    expected = fit_report(Profile.load(CALIBRATION_DIR / "h200" / "llama-3-8b"), seed=3)
+    expected = fit_report(Profile.load(calibration_dir() / "h200" / "llama-3-8b"), seed=3)
     assert expected.to_markdown() in out
     assert "block 16:" in out and "at 8,192" in out
 
@@ -38,7 +38,7 @@ def test_calibrate_ends_with_the_new_profiles_fit_report(capsys, monkeypatch) ->
     import pagesim.gpu.device as device
     import pagesim.gpu.profiler as profiler
 
-    shipped = CALIBRATION_DIR / "h200" / "llama-2-7b"
+    shipped = calibration_dir() / "h200" / "llama-2-7b"
     monkeypatch.setattr(device, "require_cuda", lambda: None)
     monkeypatch.setattr(
         profiler,
@@ -65,7 +65,7 @@ def test_calibrate_decode_batches_reach_the_grid_and_bad_ones_are_one_line(
     assert main(["calibrate", "--decode-batches", "1,x"]) == 2  # before any GPU check
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--decode-batches" in err, err
-    shipped = CALIBRATION_DIR / "h200" / "llama-2-7b"
+    shipped = calibration_dir() / "h200" / "llama-2-7b"
     grids = []
 
     def fake(config, grid, **kwargs):

@@ -13,6 +13,7 @@ import pytest
 
 import pagesim.cli.run as run_module
 from pagesim.cli.app import main
+from pagesim.data import calibration_dir
 from pagesim.metrics import STEP_COLUMNS
 from pagesim.sim.output import REQUEST_COLUMNS
 
@@ -82,7 +83,7 @@ def test_the_last_line_says_what_priced_the_steps(
 ) -> None:
     """A profile given by path is named by it; with none for the model, GPU and TP size, the
     analytical model prices the steps and the line says so."""
-    profile = Path(__file__).resolve().parents[1] / "calibration" / "h200" / "llama-3-8b"
+    profile = calibration_dir() / "h200" / "llama-3-8b"
     out = run_ok(
         capsys, *SMALL, "--num-prompts", "4", "--model", "llama-3-8b", "--profile", str(profile)
     )

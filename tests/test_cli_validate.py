@@ -13,16 +13,19 @@ from pathlib import Path
 import pytest
 
 from pagesim.cli.app import main
+from pagesim.data import calibration_dir
 from pagesim.validate import read_json_file, read_real_run, real_run_files, write_json_file
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT / "results" / "validation" / "staged_inputs7" / "real" / "llama-2-7b"  # newest
-PROFILE = ROOT / "calibration" / "h200" / "llama-2-7b"
+# GPU calls kept as fixtures: real runs, their profiles and the reports made of them then.
+STORED = ROOT / "tests" / "fixtures" / "validation"
+REAL = STORED / "staged_inputs7" / "real" / "llama-2-7b"  # newest
+PROFILE = calibration_dir() / "h200" / "llama-2-7b"
 RUN = "chat-inf-bs16"
 
 
 def _shipped_rows(run: str) -> dict[str, float]:
-    doc = json.loads((ROOT / "results" / "validation" / "validation_llama-2-7b.json").read_text())
+    doc = json.loads((STORED / "validation_llama-2-7b.json").read_text())
     entry = next(e for e in doc["runs"] if e["run"] == run)
     return {r["metric"]: r["error_pct"] for r in entry["rows"]}
 
@@ -112,7 +115,7 @@ def test_the_tp2_reports_are_what_this_code_makes_of_their_runs(tmp_path, call, 
     """`results/validation/tp2*/`: llama-3-70b at tensor parallel size 2 (eager, then with
     CUDA graphs), each run priced with its call's profile; the graph call's profile is the
     shipped default."""
-    tp2 = ROOT / "results" / "validation" / call
+    tp2 = STORED / call
     real = tp2 / "real" / "llama-3-70b-tp2" / f"{run}.json.xz"
     profile = tp2 / "profile" / "h200" / "llama-3-70b-tp2"
     argv = [
@@ -138,7 +141,7 @@ def test_the_tp2_reports_are_what_this_code_makes_of_their_runs(tmp_path, call, 
         assert [s for s in shipped["skipped"] if "chat-85pct" in s]  # cut at its wall clock
     else:
         assert all(r["met"] for e in shipped["runs"] for r in e["rows"])
-        default = ROOT / "calibration" / "h200" / "llama-3-70b-tp2"
+        default = calibration_dir() / "h200" / "llama-3-70b-tp2"
         for f in profile.iterdir():
             assert (default / f.name).read_bytes() == f.read_bytes()
 
@@ -189,7 +192,7 @@ def test_a_profile_of_another_runner_mode_is_warned_about(tmp_path, capsys) -> N
     from pagesim.gpu.modes import RUNNER_MODES
 
     staged = _run_named(tmp_path, RUNNER_MODES[True])
-    earlier = ROOT / "results" / "validation" / "rebuilt_inputs" / "profile" / "h200" / "llama-2-7b"
+    earlier = STORED / "rebuilt_inputs" / "profile" / "h200" / "llama-2-7b"
     assert (
         main(
             [
@@ -233,8 +236,8 @@ def test_the_runner_modes_name_the_stored_profiles() -> None:
         runner_label(profile_runner(Profile.load(p).metadata.attention_backend))
         for p in (
             PROFILE,
-            ROOT / "results/validation/rebuilt_inputs/profile/h200/llama-2-7b",
-            ROOT / "results/validation/tp2/profile/h200/llama-3-70b-tp2",
+            STORED / "rebuilt_inputs/profile/h200/llama-2-7b",
+            STORED / "tp2/profile/h200/llama-3-70b-tp2",
         )
     }
     assert labels == {

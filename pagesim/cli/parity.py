@@ -27,6 +27,8 @@ def parity_command(
     if block_ids not in ("exact", "renamed"):
         raise ConfigError(f"--block-ids {block_ids!r}: choose exact or renamed")
     files = golden or golden_files()
+    if not files:
+        raise ConfigError("no golden files found: nothing to check")
     failed = 0
     for path in files:
         if not Path(path).is_file():

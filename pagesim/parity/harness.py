@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pagesim.data import golden_dir
 from pagesim.parity.compare import ParityReport, compare_logs
 from pagesim.parity.decisions import DecisionLog
 from pagesim.parity.record_pagesim import record
 from pagesim.parity.workloads import ParityWorkload
-
-GOLDEN_DIR = Path(__file__).resolve().parents[2] / "tests" / "parity" / "golden"
 
 
 def run_parity(
@@ -25,6 +24,6 @@ def run_parity(
     return compare_logs(golden, candidate, block_ids=block_ids)
 
 
-def golden_files(directory: str | Path = GOLDEN_DIR) -> list[Path]:
-    """The golden decision files shipped with the tests, sorted by name."""
-    return sorted(Path(directory).glob("*.json*"))
+def golden_files(directory: str | Path | None = None) -> list[Path]:
+    """The golden decision files (the shipped ones by default), sorted by name."""
+    return sorted(Path(directory or golden_dir()).glob("*.json*"))

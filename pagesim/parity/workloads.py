@@ -18,6 +18,7 @@ file also stores a digest of every prompt, so a change in the token synthesis fa
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -28,12 +29,13 @@ from typing import Any
 
 import numpy as np
 
+from pagesim.data import workloads_dir
 from pagesim.errors import WorkloadError
 from pagesim.scheduler.output import synthetic_token
 
 VOCAB_SIZE = 32000  # token ids are drawn from [0, VOCAB_SIZE)
 MOONCAKE_BLOCK_TOKENS = 512  # tokens per Mooncake hash id (FAST'25 README)
-MOONCAKE_TRACE = "kvcache-ai-mooncake/conversation_trace.jsonl"  # under shared/traces
+MOONCAKE_TRACE = "traces/kvcache-ai-mooncake/conversation_trace.jsonl.gz"  # shipped
 
 
 @dataclass(frozen=True)
@@ -290,7 +292,8 @@ def mooncake_slice(
     in `max_model_len`; hash id h becomes 512 tokens of chunk h (the last block of a prompt
     takes the first input_length mod 512 of them); arrival step = timestamp_ms // step_ms."""
     reqs: list[ParityRequest] = []
-    with open(trace_path, encoding="utf-8") as f:
+    opener = gzip.open if str(trace_path).endswith(".gz") else open
+    with opener(trace_path, "rt", encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
             n_in, n_out, hashes = row["input_length"], row["output_length"], row["hash_ids"]
@@ -320,8 +323,8 @@ def mooncake_slice(
 
 
 def default_trace_path() -> Path:
-    """The Mooncake trace beside the checkout (`../shared/traces/...`)."""
-    return Path(__file__).resolve().parents[3] / "shared" / "traces" / MOONCAKE_TRACE
+    """The Mooncake conversation trace shipped with the workloads."""
+    return workloads_dir() / MOONCAKE_TRACE
 
 
 WORKLOADS: dict[str, Callable[[], ParityWorkload]] = {

@@ -19,7 +19,6 @@ from matplotlib.figure import Figure
 
 from pagesim.planning.plots import _finish, log2_x, new_figure, save_figure
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def small_mode() -> bool:
@@ -28,13 +27,14 @@ def small_mode() -> bool:
 
 
 def figures_dir() -> Path:
-    """results/figures, or `PAGESIM_FIGURES_DIR`, or a temporary folder in small mode."""
+    """`PAGESIM_FIGURES_DIR`, or a temporary folder in small mode, or results/figures under the
+    working folder."""
     given = os.environ.get("PAGESIM_FIGURES_DIR")
     if given:
         return Path(given)
     if small_mode():
         return Path(tempfile.gettempdir()) / "pagesim-figures-small"
-    return ROOT / "results" / "figures"
+    return Path("results") / "figures"
 
 
 def publish(fig: Figure, stem: str) -> Path:

@@ -25,10 +25,10 @@ import pandas as pd
 import yaml
 
 from pagesim.config import EngineConfig
+from pagesim.data import workloads_dir
 from pagesim.metrics import MetricsCollector
 from pagesim.request import Request
 from pagesim.sim.cluster import simulate_requests
-from pagesim.workload import WORKLOADS_DIR
 
 
 def _tokens(rng: np.random.Generator, n: int, vocab: int) -> list[int]:
@@ -82,7 +82,7 @@ def probe_attack_table(
 @contextmanager
 def tenant_workload(base: str = "system-prompt", tenants: int = 4) -> Iterator[str]:
     """A spec file: the shipped `base` spec with `tenants` salts (1 = everyone shares)."""
-    spec = yaml.safe_load((WORKLOADS_DIR / f"{base}.yaml").read_text())
+    spec = yaml.safe_load((workloads_dir() / f"{base}.yaml").read_text())
     spec["name"] = f"{base}-tenants"  # one name for every count: the same requests
     spec["tenants"] = {"count": tenants}
     with TemporaryDirectory(prefix="pagesim-tenants-") as tmp:

@@ -14,19 +14,19 @@ from pagesim.config import EngineConfig
 from pagesim.cost.analytical import AnalyticalCostModel
 from pagesim.cost.base import CostModel
 from pagesim.cost.profile import profile_dir
+from pagesim.data import calibration_dir, shipped_relative
 from pagesim.errors import ConfigError
 from pagesim.kvcache.sizing import kv_capacity
 from pagesim.scheduler.factory import make_scheduler
 from pagesim.scheduler.scheduler import Scheduler
 
-# Shipped calibration profiles: calibration/<gpu>/<model>/ in the source tree.
-CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "calibration"
-
 
 def default_profile(config: EngineConfig) -> Path | None:
     """The shipped profile measured for this model on this GPU at this tensor-parallel size
     (`calibration/<gpu>/<model>`, `<model>-tp<N>` for TP N), if there is one."""
-    candidate = profile_dir(CALIBRATION_DIR, config.gpu, config.model, config.tensor_parallel_size)
+    candidate = profile_dir(
+        calibration_dir(), config.gpu, config.model, config.tensor_parallel_size
+    )
     return candidate if (candidate / "profile.json").is_file() else None
 
 
@@ -83,13 +83,8 @@ def _cost_model_name(config: EngineConfig, profile: str | Path | None, analytica
     from pagesim.cost.profile import Profile
 
     meta = Profile.load_metadata(profile)
-    path = Path(profile).resolve()
-    shipped = CALIBRATION_DIR.resolve()
-    name = (
-        f"the shipped profile calibration/{path.relative_to(shipped).as_posix()}"
-        if path.is_relative_to(shipped)
-        else str(profile)
-    )
+    shipped = shipped_relative(profile)
+    name = f"the shipped profile {shipped}" if shipped else str(profile)
     return (
         f"Cost model: calibrated, {name} ({meta.gpu_name}, {meta.dtype}, measured {meta.date[:10]})"
     )

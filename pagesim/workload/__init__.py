@@ -7,7 +7,7 @@
 
 `load_workload` takes a shipped name (`shipped_workloads()`), a YAML spec path, or a trace
 file (.csv Azure/Vidur, .jsonl Mooncake, optionally .gz). The project reads only the files
-shipped under `workloads/`. Arrival times are resolved by `pagesim.sim.arrivals`.
+shipped inside the package (`pagesim.data.workloads_dir()`). Arrival times are resolved by `pagesim.sim.arrivals`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from pagesim.data import workloads_dir
 from pagesim.errors import WorkloadError, unknown_name
 from pagesim.workload.build import Workload
 from pagesim.workload.lengths import RandomLengths
@@ -33,13 +34,11 @@ __all__ = [
     "TraceData",
     "Workload",
     "WorkloadSpec",
-    "WORKLOADS_DIR",
     "WORKLOAD_PARAMS",
     "load_workload",
     "shipped_workloads",
 ]
 
-WORKLOADS_DIR = Path(__file__).resolve().parents[2] / "workloads"
 SPEC_SUFFIXES = (".yaml", ".yml")
 # vLLM bench names (`--random-input-len` ...) and the trace replay time scale.
 WORKLOAD_PARAMS: tuple[str, ...] = (
@@ -52,8 +51,8 @@ WORKLOAD_PARAMS: tuple[str, ...] = (
 
 
 def shipped_workloads() -> list[str]:
-    """Names of the specs shipped in `workloads/`, sorted."""
-    return sorted(p.stem for p in WORKLOADS_DIR.glob("*.yaml"))
+    """Names of the shipped workload specs, sorted."""
+    return sorted(p.stem for p in workloads_dir().glob("*.yaml"))
 
 
 def load_workload(name_or_path: str, **params: Any) -> Workload:
@@ -109,7 +108,7 @@ class _Loader:
             if not (is_trace_path(p) or p.name.lower().endswith(SPEC_SUFFIXES)):
                 raise WorkloadError(f"workload file {str(p)!r}: expected .yaml, .csv or .jsonl")
             return p.resolve()
-        shipped = WORKLOADS_DIR / f"{ref}.yaml"
+        shipped = workloads_dir() / f"{ref}.yaml"
         if not shipped.is_file():
             raise unknown_name("workload", ref, shipped_workloads())
         return shipped.resolve()

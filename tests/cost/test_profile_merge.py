@@ -15,7 +15,7 @@ from pagesim.cost.profile import Profile, ProfileError
 from pagesim.cost.profile_merge import merge_profiles, source_deviation
 from tests.cost.synthetic_profile import make_synthetic_profile
 
-STORED = Path(__file__).resolve().parents[2] / "results" / "validation"
+STORED = Path(__file__).resolve().parents[1] / "fixtures" / "validation"
 
 
 def _with_meta(profile: Profile, **changes) -> Profile:

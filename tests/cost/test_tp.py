@@ -101,7 +101,7 @@ def test_llama3_70b_needs_tp2_on_h200_and_gets_more_blocks_with_tp():
 
 
 def test_tp2_sizing_against_the_blocks_measured_on_two_h200s():
-    """The measured TP-2 profile (`results/validation/tp2/`) found 25,157 blocks per GPU, with
+    """The measured TP-2 profile (`tests/fixtures/validation/tp2/`) found 25,157 blocks per GPU, with
     the communicators started before the memory snapshot as in vLLM 0.33; the estimate
     charges no NCCL buffers to the budget, so TP 2 and TP 1 estimate the same non-torch
     memory, and it lands within 2 % of the measurement (-4.7 % with a 1.75 GiB charge)."""
@@ -109,9 +109,7 @@ def test_tp2_sizing_against_the_blocks_measured_on_two_h200s():
 
     meta = json.loads(
         (
-            Path(__file__).resolve().parents[2]
-            / "results"
-            / "validation"
+            Path(__file__).resolve().parents[1] / "fixtures" / "validation"
             / "tp2"
             / "profile"
             / "h200"

@@ -1,6 +1,6 @@
 """pagesim against the golden decision files recorded from vLLM (no vLLM needed).
 
-Each file under tests/parity/golden/ holds a workload and every decision vLLM's v1 Scheduler and
+Each shipped golden file (pagesim/data/parity/) holds a workload and every decision vLLM's v1 Scheduler and
 KVCacheManager made on it; pagesim must reproduce all of them exactly (docs/parity.md).
 """
 
@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 
 from pagesim.parity import golden_files, run_parity
 from pagesim.parity.workloads import CASES, case_workload, default_trace_path
 
-GOLDEN = golden_files(Path(__file__).parent / "golden")
+GOLDEN = golden_files()
 
 
 def test_golden_files_cover_the_required_workloads():
