@@ -1,12 +1,19 @@
-"""Errors that pagesim raises for bad input.
+"""Errors that pagesim raises.
 
-Every error here carries a one-line message naming the offending field and value; the CLI
-prints that line and exits with code 2 instead of showing a traceback.
+Two families that must never be confused. A `PagesimError` is bad input the user can fix: it
+carries a one-line message naming the offending field and value, and the CLI prints that line
+and exits with code 2. An `InternalError` is a broken invariant inside pagesim's own logic (a
+leaked block, counts that do not add up): a bug, which the CLI reports with its traceback and
+exit code 1, so that a defect is never dressed up as the user's mistake.
 """
 
 
 class PagesimError(Exception):
     """Base class: bad input that the user can fix (the CLI maps it to exit code 2)."""
+
+
+class InternalError(Exception):
+    """A check inside pagesim's own logic failed: a bug, not bad input (CLI exit code 1)."""
 
 
 class ConfigError(PagesimError, ValueError):

@@ -155,3 +155,20 @@ def test_the_console_script_reports_bad_input_in_one_line(bad_files: Path) -> No
             timeout=120,
         )
         assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, needle)
+
+
+def test_an_internal_error_is_reported_as_a_bug_with_exit_1(monkeypatch, capsys) -> None:
+    import importlib
+
+    from pagesim.errors import InternalError
+
+    app_module = importlib.import_module("pagesim.cli.app")  # the module, not the Typer app
+
+    def broken(**_: object) -> None:
+        raise InternalError("block 7 leaked")
+
+    monkeypatch.setattr(app_module, "app", broken)
+    assert app_module.main(["run"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "InternalError: block 7 leaked" in err
+    assert err.strip().splitlines()[-1].startswith("internal error: this is a bug in pagesim")

@@ -7,10 +7,11 @@ and exits with code 2; a traceback is reserved for bugs.
 from __future__ import annotations
 
 import sys
+import traceback
 
 import typer
 
-from pagesim.errors import PagesimError
+from pagesim.errors import InternalError, PagesimError
 
 app = typer.Typer(
     name="pagesim",
@@ -65,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     except PagesimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except InternalError:
+        traceback.print_exc()
+        print("internal error: this is a bug in pagesim, please report it", file=sys.stderr)
+        return 1
     except typer.Exit as exc:
         return int(getattr(exc, "exit_code", 0) or 0)
     except typer.Abort:
