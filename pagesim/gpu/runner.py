@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from pagesim.config import EngineConfig
+from pagesim.errors import InternalError
 from pagesim.gpu.attention import AttentionMetadata
 from pagesim.gpu.cuda_graphs import GraphKey, StepGraphs
 from pagesim.gpu.model import KVCache, RandomWeightDecoder
@@ -310,7 +311,7 @@ class GPUModelRunner:
         if not (out.blocks_to_swap_out or out.blocks_to_swap_in):
             return
         if not self.cpu_caches:
-            raise RuntimeError(
+            raise InternalError(
                 "the scheduler asked for swaps but the runner has no CPU cache (num_cpu_blocks=0)"
             )
         if out.blocks_to_swap_out:

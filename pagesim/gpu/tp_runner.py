@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagesim.config import EngineConfig
+from pagesim.errors import InternalError
 from pagesim.gpu.memory import release_cached
 from pagesim.gpu.parallel import TPGroup
 from pagesim.gpu.runner import GPUModelRunner
@@ -220,7 +221,7 @@ class StepDecoder:
             req = self.requests[e.key]
             output = req.output_token_ids
             if e.keep_output > len(output):
-                raise RuntimeError(
+                raise InternalError(
                     f"request_id={req.request_id!r}: worker holds {len(output)} "
                     f"output tokens, rank 0 assumed {e.keep_output}"
                 )
@@ -291,7 +292,7 @@ class TPDriverRunner:
         cuda_graphs: bool = False,
     ) -> None:
         if not group.is_driver:
-            raise RuntimeError(f"rank {group.rank}: only rank 0 drives the engine")
+            raise InternalError(f"rank {group.rank}: only rank 0 drives the engine")
         self.group = group
         self.encoder = StepEncoder()
         msg = Configure(config, num_gpu_blocks, num_cpu_blocks, temperature, cuda_graphs)
@@ -373,7 +374,7 @@ def run_worker(
 ) -> WorkerReport:
     """Ranks > 0: execute broadcast steps with `model` (this rank's shard) until `Stop`."""
     if group.is_driver:
-        raise RuntimeError("rank 0 drives the engine; run_worker is for ranks > 0")
+        raise InternalError("rank 0 drives the engine; run_worker is for ranks > 0")
     report = WorkerReport()
     slot = LocalRunner()
     decoder = StepDecoder()
@@ -392,7 +393,7 @@ def run_worker(
             msg.fn(group, *msg.args, **msg.kwargs)
         elif isinstance(msg, CaptureGraphs):
             if runner is None:
-                raise RuntimeError("a graph capture arrived before any Configure")
+                raise InternalError("a graph capture arrived before any Configure")
             if runner.graphs is not None:
                 runner.graphs.capture_all(msg.max_batch)
             report.num_captures += 1
@@ -400,7 +401,7 @@ def run_worker(
             slot.use_graphs(msg.on)  # raises, as the branches here do, before any Configure
         elif isinstance(msg, StepMessage):
             if runner is None:
-                raise RuntimeError("a step arrived before any Configure")
+                raise InternalError("a step arrived before any Configure")
             out = decoder.decode(msg)
             runner.skip_attention = msg.skip_attention
             runner.execute_model(out)
@@ -408,7 +409,7 @@ def run_worker(
             if record_digests:
                 report.digests.append(step_digest(out, runner))
         else:
-            raise RuntimeError(f"unknown message {type(msg).__name__}")
+            raise InternalError(f"unknown message {type(msg).__name__}")
 
 
 class LocalRunner:
@@ -444,5 +445,5 @@ class LocalRunner:
 
     def use_graphs(self, on: bool) -> None:
         if self.runner is None:
-            raise RuntimeError("a graph switch arrived before any Configure")
+            raise InternalError("a graph switch arrived before any Configure")
         self.runner.graphs = self.graphs if on else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from pagesim.errors import AllocationError
+from pagesim.errors import InternalError
 
 
 class KVCacheBlock:
@@ -104,16 +104,17 @@ class FreeKVCacheBlockQueue:
         """Take the head (least recently used) block out of the queue."""
         block = self.fake_free_list_head.next_free_block
         if block is self.fake_free_list_tail or block is None:
-            raise AllocationError("free block queue is empty: no block to pop")
+            raise InternalError("free block queue is empty: no block to pop")
         self.remove(block)
         return block
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        """Take the first `n` blocks, head first. Raises `AllocationError` if fewer are free."""
+        """Take the first `n` blocks, head first. Raises `InternalError` if fewer are
+        free: the block pool checks first."""
         if n <= 0:
             return []
         if n > self.num_free_blocks:
-            raise AllocationError(f"num_blocks={n}: only {self.num_free_blocks} blocks are free")
+            raise InternalError(f"num_blocks={n}: only {self.num_free_blocks} blocks are free")
         self.num_free_blocks -= n
         head = self.fake_free_list_head
         block = head.next_free_block
@@ -132,7 +133,7 @@ class FreeKVCacheBlockQueue:
         """Unlink `block` from anywhere in the queue in O(1)."""
         prev, nxt = block.prev_free_block, block.next_free_block
         if prev is None or nxt is None:
-            raise AllocationError(f"block_id={block.block_id}: not in the free block queue")
+            raise InternalError(f"block_id={block.block_id}: not in the free block queue")
         prev.next_free_block = nxt
         nxt.prev_free_block = prev
         block.prev_free_block = block.next_free_block = None

@@ -26,7 +26,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import NamedTuple
 
-from pagesim.errors import AllocationError
+from pagesim.errors import AllocationError, InternalError
 from pagesim.kvcache.invariants import InvariantViolation
 
 
@@ -80,7 +80,7 @@ class BuddyAllocator:
     def allocate(self, size: int) -> Region | None:
         """The lowest free block of the smallest order that fits, split down to ceil_pow2(size)."""
         if size < 1:
-            raise AllocationError(f"size={size}: allocate at least one unit")
+            raise InternalError(f"size={size}: allocate at least one unit")
         order = (size - 1).bit_length()
         j = order
         while j <= self.max_order and not self.free_lists[j]:
@@ -99,7 +99,7 @@ class BuddyAllocator:
         """Return the block at `start`, merging with free buddies as far as they go."""
         order = self.allocated.pop(start, None)
         if order is None:
-            raise AllocationError(f"start={start}: no allocated buddy block starts there")
+            raise InternalError(f"start={start}: no allocated buddy block starts there")
         self.num_free_units += 1 << order
         while order < self.max_order:
             parent = start & ~(1 << order)
@@ -176,7 +176,7 @@ class FirstFitAllocator:
     def allocate(self, size: int) -> Region | None:
         """Carve `size` units from the start of the lowest hole that holds them."""
         if size < 1:
-            raise AllocationError(f"size={size}: allocate at least one unit")
+            raise InternalError(f"size={size}: allocate at least one unit")
         for i, start in enumerate(self.hole_starts):
             hole = self.hole_size[start]
             if hole >= size:
@@ -195,7 +195,7 @@ class FirstFitAllocator:
         """Return the run at `start`; merge it with an adjacent hole on either side."""
         size = self.allocated.pop(start, None)
         if size is None:
-            raise AllocationError(f"start={start}: no allocated run starts there")
+            raise InternalError(f"start={start}: no allocated run starts there")
         self.num_free_units += size
         i = bisect_left(self.hole_starts, start)
         end = start + size

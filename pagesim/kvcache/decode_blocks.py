@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pagesim.errors import AllocationError
+from pagesim.errors import InternalError
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
 
@@ -57,7 +57,7 @@ class DecodeBlockEvents:
             and not late_blocks
             and self.num_cached_block[request_id] != len(row)
         ):
-            raise AllocationError(
+            raise InternalError(
                 f"request_id={request_id!r}: full blocks of its row are not "
                 "cached; use allocate_slots"
             )
@@ -102,7 +102,7 @@ class DecodeBlockEvents:
         index = num_cached[rid]
         row = self.req_to_blocks[rid]
         if not 0 < index < len(row):
-            raise AllocationError(
+            raise InternalError(
                 f"request_id={rid!r}: block {index} of a row of {len(row)} "
                 "is not a decode block to cache"
             )
@@ -148,7 +148,7 @@ class DecodeBlockEvents:
         row = self.req_to_blocks[rid]
         start = self.num_cached_block[rid]
         if not 0 < start < num_full <= len(row) or num_full * self.block_size > request.num_tokens:
-            raise AllocationError(
+            raise InternalError(
                 f"request_id={rid!r}: blocks {start}..{num_full - 1} of a row "
                 f"of {len(row)} ({request.num_tokens} tokens) are not decode "
                 "blocks to cache"

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from pagesim.errors import InternalError
 from pagesim.kvcache.block_pool import BlockPool
 from pagesim.kvcache.lazy_hashes import DeferredBlocks
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from pagesim.kvcache.kv_cache_manager import KVCacheManager
 
 
-class InvariantViolation(AssertionError):
+class InvariantViolation(InternalError, AssertionError):
     """The allocator's state is inconsistent (a bug, never bad user input)."""
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pagesim.errors import AllocationError
+from pagesim.errors import InternalError
 
 if TYPE_CHECKING:
     from pagesim.kvcache.block import KVCacheBlock
@@ -243,7 +243,7 @@ class LazyHashes:
                     stop = min(later)
             hasher.extend(request, stop)
             if len(hashes) < stop:
-                raise AllocationError(
+                raise InternalError(
                     f"request_id={request.request_id!r}: block {len(hashes)} "
                     "is cached but its tokens are unknown"
                 )

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagesim.errors import InternalError
+
 FORMAT = "pagesim-parity/1"
 GZIP_ABOVE_BYTES = 64 * 1024  # larger logs are written gzipped (mtime 0: byte-stable)
 
@@ -243,7 +245,7 @@ def free_queue_edit(
     drop = sorted(b for b in prev[first:] if b not in middle)
     edit = (list(cur[:start]), first, drop, list(cur[end:]))
     if apply_free_queue_edit(prev, edit) != list(cur):  # cannot happen; guards the format
-        raise AssertionError("free-queue edit does not reproduce the queue")
+        raise InternalError("free-queue edit does not reproduce the queue")
     return edit
 
 

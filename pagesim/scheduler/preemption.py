@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from pagesim.errors import ConfigError
+from pagesim.errors import ConfigError, InternalError
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import SchedulerOutput
 from pagesim.specs import GiB
@@ -99,7 +99,7 @@ class CPUSwapPool:
     def free(self, block_ids: list[int]) -> None:
         self._free.extend(block_ids)
         if len(self._free) > self.num_blocks:
-            raise RuntimeError("CPU swap pool: a block was freed twice")
+            raise InternalError("CPU swap pool: a block was freed twice")
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ requests that reached `max_tokens` and frees their blocks at once, in scheduled 
 from __future__ import annotations
 
 from pagesim.config import EngineConfig
-from pagesim.errors import WorkloadError
+from pagesim.errors import InternalError, WorkloadError
 from pagesim.kvcache import sizing
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.admission import kv_fit_check, reject_reason
@@ -429,7 +429,7 @@ class Scheduler:
                 continue  # a prefill chunk that stops inside the prompt samples nothing
             token = sampled.get(request.request_id)
             if token is None:
-                raise RuntimeError(
+                raise InternalError(
                     f"request_id={request.request_id!r}: completed its tokens in step "
                     f"{scheduler_output.step_id} but the runner returned no sampled token"
                 )

@@ -25,7 +25,7 @@ import simpy
 
 from pagesim.config import EngineConfig
 from pagesim.cost.base import CostModel
-from pagesim.errors import ConfigError, PagesimError
+from pagesim.errors import ConfigError, InternalError
 from pagesim.kvcache.waste import WasteAverager
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.request import Request
@@ -75,7 +75,7 @@ class _Frontend:
     def add_request(self, request: Request) -> None:
         i = self.router.choose(request, self.engines)
         if not 0 <= i < len(self.engines):
-            raise PagesimError(
+            raise InternalError(
                 f"router {self.router.name!r} chose replica {i} of {len(self.engines)}"
             )
         self.num_routed[i] += 1
@@ -125,7 +125,7 @@ def simulate_cluster(
 
     total = clients.num_sent
     if sum(len(m.records) for _, m, _ in parts) != total or not clients.all_done:
-        raise PagesimError(
+        raise InternalError(
             f"simulation ended with {total - clients.num_done} of {total} requests unfinished"
         )
     replicas = []
@@ -170,7 +170,7 @@ def merge_metrics(collectors: list[MetricsCollector]) -> MetricsCollector:
         elif isinstance(values[0], array):
             out = array(values[0].typecode, b"".join(v.tobytes() for v in values))
         else:
-            raise PagesimError(
+            raise InternalError(
                 f"merge_metrics: field {f.name!r} of MetricsCollector has no merge rule"
             )
         setattr(merged, f.name, out)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import simpy
 
-from pagesim.errors import PagesimError
+from pagesim.errors import InternalError
 from pagesim.metrics.collector import MetricsCollector
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner
@@ -136,7 +136,7 @@ class ServingEngine:
             or out.blocks_to_swap_out
             or out.blocks_to_swap_in
         ):
-            raise PagesimError(
+            raise InternalError(
                 f"scheduler made no progress at t={start:.6f}s with "
                 f"{scheduler.get_request_counts()} requests (running, waiting)"
             )

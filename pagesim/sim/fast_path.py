@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from pagesim.errors import PagesimError
+from pagesim.errors import InternalError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.metrics.collector import RequestRecord
@@ -167,7 +167,7 @@ class DecodeFastPath:
         if late is not None:
             late.set_frontier(self.tick, -1)  # nothing of this tick filled yet
         if n and (len(running) < n or running[n - 1] is not lazies[-1].request):
-            raise PagesimError("decode fast path: the running list changed outside a step")
+            raise InternalError("decode fast path: the running list changed outside a step")
         if len(running) > n and n < self.budget:
             n = self._convert(running, n, now)
         if not n:
@@ -376,7 +376,7 @@ class DecodeFastPath:
             if c == alloc_at:
                 if quick and hash_at != c:  # both at once (block size 1): the general call
                     if not append_decode_block(lazy.rid, late_blocks=late):
-                        raise PagesimError(
+                        raise InternalError(
                             f"decode fast path: no block for {lazy.rid!r} with its blocks free"
                         )
                     final = lazy.final
@@ -408,7 +408,9 @@ class DecodeFastPath:
                 at = alloc_at
             at -= offset
             if at <= g:
-                raise PagesimError(f"decode fast path: {lazy.rid!r} has an event left in this step")
+                raise InternalError(
+                    f"decode fast path: {lazy.rid!r} has an event left in this step"
+                )
             bucket = buckets.get(at)
             if bucket is None:
                 buckets[at] = [lazy]
@@ -429,7 +431,7 @@ class DecodeFastPath:
         request.num_computed_tokens = c
         self._fill_outputs(lazy, c + 1 - lazy.prompt_len)
         if manager.allocate_slots(request, 1) is None:
-            raise PagesimError(
+            raise InternalError(
                 f"decode fast path: allocate_slots failed for {rid!r} with its blocks free"
             )
         if lazy.alloc_at == c:
@@ -447,7 +449,7 @@ class DecodeFastPath:
                 lazy.hash_at = _NEVER  # its first block is cached: the others join late
                 late.add(lazy, request.block_hashes[0])
         if lazy.alloc_at <= c or lazy.hash_at <= c:
-            raise PagesimError(
+            raise InternalError(
                 f"decode fast path: {rid!r} still has an allocation due after allocate_slots"
             )
 

@@ -19,7 +19,7 @@ import simpy
 
 from pagesim.config import EngineConfig
 from pagesim.cost.base import CostModel
-from pagesim.errors import ConfigError, PagesimError
+from pagesim.errors import ConfigError, InternalError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.waste import WasteAverager
@@ -129,7 +129,7 @@ def simulate(
 
     total = clients.num_sent
     if len(metrics.records) != total or not clients.all_done:
-        raise PagesimError(
+        raise InternalError(
             f"simulation ended with {total - clients.num_done} of {total} requests unfinished"
         )
     if check_invariants:
@@ -171,7 +171,7 @@ class _Clients:
         self._done: dict[str, simpy.Event] = {}
         engine.on_finish.append(self._on_finish)
         if len(arrivals) < plan.num_sessions:
-            raise PagesimError(f"arrivals: {len(arrivals)} times for {plan.num_sessions} sessions")
+            raise InternalError(f"arrivals: {len(arrivals)} times for {plan.num_sessions} sessions")
         # One long-lived timeout per session, made in a burst: the cyclic collector would
         # walk every object made so far several times over while they pile up (at 100k
         # sessions, 0.6 s of 0.7 s), and none of them can be garbage; it is paused meanwhile.
@@ -249,7 +249,7 @@ def _check_drained(manager) -> None:
     else:
         check_kv_cache_manager(manager)
     if manager.num_free_blocks != manager.num_usable_blocks:
-        raise PagesimError(
+        raise InternalError(
             f"KV blocks leaked: {manager.num_usable_blocks - manager.num_free_blocks}"
             " still in use after all requests finished"
         )

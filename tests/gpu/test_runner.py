@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pagesim.config import EngineConfig
+from pagesim.errors import InternalError
 from pagesim.gpu.model import reference_attention_forward
 from pagesim.gpu.runner import GPUModelRunner, table_width
 from pagesim.gpu.serve import make_engine
@@ -197,7 +198,7 @@ def test_swap_without_cpu_cache_is_an_error() -> None:
     from pagesim.scheduler.output import SchedulerOutput
 
     runner = GPUModelRunner(_config(), 8, device="cpu", dtype=torch.float32)
-    with pytest.raises(RuntimeError, match="no CPU cache"):
+    with pytest.raises(InternalError, match="no CPU cache"):
         runner.execute_model(SchedulerOutput(step_id=0, blocks_to_swap_out=[(1, 0)]))
 
 

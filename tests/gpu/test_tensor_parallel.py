@@ -35,6 +35,7 @@ import torch
 
 from pagesim.config import EngineConfig
 from pagesim.cost.profile import Profile
+from pagesim.errors import InternalError
 from pagesim.gpu import tp_runner
 from pagesim.gpu.allreduce_bench import bench_allreduce
 from pagesim.gpu.calibrate import CalibrationGrid
@@ -372,7 +373,7 @@ def test_a_new_configure_frees_the_old_kv_cache_graphs_set_aside_included(monkey
     monkeypatch.setattr(tp_runner, "GPUModelRunner", build)
     msg = Configure(_config(), 40, cuda_graphs=True)
     slot = LocalRunner()
-    with pytest.raises(RuntimeError, match="before any Configure"):
+    with pytest.raises(InternalError, match="before any Configure"):
         slot.use_graphs(False)
     first = slot.configure(msg, model, SEED)
     graphs = first.graphs

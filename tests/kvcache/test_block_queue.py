@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagesim.errors import AllocationError
+from pagesim.errors import InternalError
 from pagesim.kvcache.block import FreeKVCacheBlockQueue, KVCacheBlock
 
 
@@ -82,14 +82,14 @@ def test_append_append_n_prepend_prepend_n_order():
 
 def test_too_many_or_missing_blocks_raise_and_change_nothing():
     blocks, queue = make_queue(3)
-    with pytest.raises(AllocationError, match="num_blocks=4"):
+    with pytest.raises(InternalError, match="num_blocks=4"):
         queue.popleft_n(4)
     assert ids(queue) == [0, 1, 2]
     taken = queue.popleft()
-    with pytest.raises(AllocationError, match="block_id=0"):
+    with pytest.raises(InternalError, match="block_id=0"):
         queue.remove(taken)
     queue.popleft_n(2)
-    with pytest.raises(AllocationError, match="empty"):
+    with pytest.raises(InternalError, match="empty"):
         queue.popleft()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagesim.errors import AllocationError
+from pagesim.errors import AllocationError, InternalError
 from pagesim.kvcache.buddy import BuddyAllocator, FirstFitAllocator, Region, ceil_pow2
 
 
@@ -75,9 +75,9 @@ def test_buddy_errors():
     with pytest.raises(AllocationError, match="capacity=0"):
         BuddyAllocator(0)
     b = BuddyAllocator(8)
-    with pytest.raises(AllocationError, match="start=3"):
+    with pytest.raises(InternalError, match="start=3"):
         b.free(3)
-    with pytest.raises(AllocationError, match="size=0"):
+    with pytest.raises(InternalError, match="size=0"):
         b.allocate(0)
     assert b.allocate(9) is None
 
@@ -117,7 +117,7 @@ def test_first_fit_prefers_lowest_hole():
 
 def test_first_fit_errors():
     f = FirstFitAllocator(4)
-    with pytest.raises(AllocationError, match="start=1"):
+    with pytest.raises(InternalError, match="start=1"):
         f.free(1)
     with pytest.raises(AllocationError, match="capacity=0"):
         FirstFitAllocator(0)

@@ -8,7 +8,7 @@ import struct
 import pytest
 from kv_helpers import admit, make_manager, make_request
 
-from pagesim.errors import AllocationError
+from pagesim.errors import InternalError
 from pagesim.scheduler.output import synthetic_token
 
 
@@ -64,7 +64,7 @@ def test_decode_events_refuse_misuse() -> None:
     mgr = make_manager(6, 4)
     r = make_request("a", list(range(8)), max_tokens=20)
     admit(mgr, r)
-    with pytest.raises(AllocationError, match="not a decode block"):
+    with pytest.raises(InternalError, match="not a decode block"):
         mgr.cache_decode_block(r, b"\0" * 16)  # no block after the cached ones
     assert mgr.append_decode_block("a")
     other = make_request("b", list(range(50, 58)), max_tokens=4)
@@ -75,7 +75,7 @@ def test_decode_events_refuse_misuse() -> None:
     assert not mgr.append_decode_block("a")  # no free block: nothing changes
     assert (mgr.req_to_block_ids["a"], mgr.num_free_blocks) == before
     mgr.num_cached_block["a"] = 1  # a full block not cached would be skipped: refused
-    with pytest.raises(AllocationError, match="not cached"):
+    with pytest.raises(InternalError, match="not cached"):
         mgr.append_decode_block("a")
 
 
@@ -103,5 +103,5 @@ def test_late_decode_blocks_match_allocate_slots(lazy: bool) -> None:
     fast.cache_decode_blocks(r_fast, slow.num_cached_block["a"])
     assert _state(slow) == _state(fast)
     assert r_slow.block_hashes == r_fast.block_hashes
-    with pytest.raises(AllocationError, match="not decode blocks"):
+    with pytest.raises(InternalError, match="not decode blocks"):
         fast.cache_decode_blocks(r_fast, len(fast.req_to_block_ids["a"]) + 1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from sched_helpers import make_config, make_kv, make_scheduler, req, run_step, tokens
 
-from pagesim.errors import WorkloadError
+from pagesim.errors import InternalError, WorkloadError
 from pagesim.request import RequestStatus
 from pagesim.scheduler import ModelRunnerOutput, Scheduler
 
@@ -141,7 +141,7 @@ def test_update_from_output_appends_finishes_and_checks_the_runner() -> None:
     r = req("r", 20, max_tokens=2)
     s.add_request(r)
     out = s.schedule()
-    with pytest.raises(RuntimeError, match="request_id='r'.*no sampled token"):
+    with pytest.raises(InternalError, match="request_id='r'.*no sampled token"):
         s.update_from_output(out, ModelRunnerOutput(0.01, {}))
     assert s.update_from_output(out, ModelRunnerOutput(0.01, {"r": 5})) == []
     assert r.output_token_ids == [5] and r.num_computed_tokens == 20

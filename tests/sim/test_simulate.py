@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pagesim.config import EngineConfig
-from pagesim.errors import PagesimError
+from pagesim.errors import InternalError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
@@ -121,7 +121,7 @@ def test_drained_check_catches_a_leak() -> None:
     kv = KVCacheManager(num_gpu_blocks=8, block_size=16)
     r = Request("held", list(range(20)), 4)
     assert kv.allocate_slots(r, 20) is not None
-    with pytest.raises(PagesimError, match="leaked"):
+    with pytest.raises(InternalError, match="leaked"):
         _check_drained(kv)
     kv.free(r)
     _check_drained(kv)
