@@ -161,9 +161,9 @@ def paged_waste_from_tails(manager, reserved: int, internal: int) -> KVWaste:
 
 def _paged_split(manager, reserved: int, internal: int) -> tuple[int, int, int, int, int]:
     """(total, token states, reserved, internal fragmentation, free) slots."""
-    bs = manager.block_size
-    usable = manager.num_usable_blocks
-    used = (usable - manager.num_free_blocks) * bs
+    pool, bs = manager.block_pool, manager.block_size
+    usable = pool.num_usable_blocks
+    used = (usable - pool.free_block_queue.num_free_blocks) * bs
     tokens = used - reserved - internal
     if tokens < 0:  # tails shared by forked requests counted twice; never below zero
         internal += tokens

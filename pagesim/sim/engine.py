@@ -22,12 +22,18 @@ import simpy
 from pagesim.errors import InternalError
 from pagesim.metrics.collector import MetricsCollector
 from pagesim.request import Request, RequestStatus
-from pagesim.scheduler.output import ModelRunner
+from pagesim.scheduler.output import ModelRunner, ModelRunnerOutput, SchedulerOutput
 from pagesim.sim.fast_path import DecodeFastPath
 
 # () -> (kv_usage, token_state, reserved, internal_frag, external_frag): fractions of KV memory
 KVProbe = Callable[[], tuple[float, float, float, float, float]]
 FinishCallback = Callable[[Request], None]
+
+
+# One step between its schedule and its end: (scheduler output, runner output (both None for
+# a step of the fast path's lazy decodes only), step time (s), prefill tokens, decode requests
+# (lazy ones included), lazy decodes leading the batch (None: a step off the fast path)).
+_Step = tuple[SchedulerOutput | None, ModelRunnerOutput | None, float, int, int, int | None]
 
 
 class ServingEngine:
@@ -59,8 +65,6 @@ class ServingEngine:
             if fast_path and DecodeFastPath.supports(scheduler, runner, kv_probe)
             else None
         )
-        # The probe's all-lead snapshot applies (a paged KV cache).
-        self._lead_probe = self.fast_path is not None and self.fast_path.paged
         self.process = env.process(self._loop())
 
     def add_request(self, request: Request) -> None:
@@ -82,198 +86,96 @@ class ServingEngine:
 
     def _loop(self):
         env, scheduler = self.env, self.scheduler
-        fast = self.fast_path
         timeout = env.timeout
-        peek = env.peek
         while True:
             if not scheduler.has_unfinished_requests():
                 self._idle = env.event()
                 yield self._idle
                 self._idle = None
             start = env.now
-            if fast is not None and fast.begin_step(start):
-                num_lead = len(fast.lazies)
-                if scheduler.skip_lead_only_step(num_lead):  # the common step: decodes only
-                    step_time = self.runner.lead_decode_step_time(
-                        scheduler.block_size,
-                        num_lead,
-                        fast.lead_context_sum(),
-                        fast.lead_contexts(),
-                    )
-                    if peek() > start + step_time:
-                        env._now = start + step_time  # see `_advance`
-                    else:
-                        yield timeout(step_time)
-                    self._lead_only_end(fast, start, step_time)
-                    continue
-                out, result, num_prefill, num_decode = self._fast_begin(fast, start)
-                if peek() > start + result.step_time_s:
-                    env._now = start + result.step_time_s  # see `_advance`
-                else:
-                    yield timeout(result.step_time_s)
-                self._fast_end(fast, start, out, result, num_prefill, num_decode)
-            else:
-                out, result, num_prefill, num_decode = self._slow_begin(start)
-                yield timeout(result.step_time_s)
-                self._slow_end(start, out, result, num_prefill, num_decode)
+            step = self._begin_step(start)
+            yield timeout(step[2])
+            self._end_step(start, *step)
 
-    # `_advance`: when the next scheduled event of the environment comes strictly after a
-    # step's end, `yield env.timeout(step)` would put the step's end on the event queue, pop
-    # it straight back and resume this process at `env.now + step` with nothing run in between;
-    # the fast steps set the clock to that same float instead (SimPy computes the timeout's
-    # time as `now + delay` too). Events at the same time keep their order: a tie (`peek() ==`
-    # the end) takes the queue, where the earlier-scheduled event runs first as before.
-
-    def _slow_begin(self, start: float):
-        """schedule() and execute_model() of a step through the per-request path."""
-        scheduler = self.scheduler
-        out = scheduler.schedule()
-        # A step that only preempts is progress: vLLM 0.23's priority policy stops scheduling
-        # when a request is its own victim, and vLLM then runs an empty step.
-        if not (
-            out.scheduled
-            or out.preempted_req_ids
-            or out.blocks_to_swap_out
-            or out.blocks_to_swap_in
-        ):
-            raise InternalError(
-                f"scheduler made no progress at t={start:.6f}s with "
-                f"{scheduler.get_request_counts()} requests (running, waiting)"
-            )
-        num_prefill, num_decode = self._note_scheduled(out, start)
-        return out, self.runner.execute_model(out), num_prefill, num_decode
-
-    def _slow_end(self, start: float, out, result, num_prefill: int, num_decode: int) -> None:
-        """update_from_output() and the step's records, once its time has passed."""
-        scheduler = self.scheduler
-        now = self.env.now
-        finished = scheduler.update_from_output(out, result)
-        self._note_tokens(result.sampled_token_ids, now, 0)
-        self._close_step(
-            None,
-            now,
-            finished,
-            start,
-            result.step_time_s,
-            len(out.scheduled),
-            out.total_num_scheduled_tokens,
-            num_prefill,
-            num_decode,
-            len(out.preempted_req_ids),
-            out.swap_bytes,
-        )
-
-    def _fast_begin(self, fast: DecodeFastPath, start: float):
-        """A step whose first running requests are the fast path's lazy decodes (their events
-        of this step already run by `begin_step`): the rest of it through the scheduler."""
+    def _begin_step(self, start: float) -> _Step:
+        """schedule() and execute_model() of one step. Where the fast path takes the step, its
+        lazy decodes lead the batch (their events of this step already run by `begin_step`)
+        and the scheduler and runner see only the rest, or nothing when nothing else is due."""
+        scheduler, runner, fast = self.scheduler, self.runner, self.fast_path
+        if fast is None or not fast.begin_step(start):
+            out = scheduler.schedule()
+            # A step that only preempts is progress: vLLM 0.23's priority policy stops
+            # scheduling when a request is its own victim, and vLLM then runs an empty step.
+            if not (
+                out.scheduled
+                or out.preempted_req_ids
+                or out.blocks_to_swap_out
+                or out.blocks_to_swap_in
+            ):
+                raise InternalError(
+                    f"scheduler made no progress at t={start:.6f}s with "
+                    f"{scheduler.get_request_counts()} requests (running, waiting)"
+                )
+            num_prefill, num_decode = self._note_scheduled(out, start)
+            result = runner.execute_model(out)
+            return out, result, result.step_time_s, num_prefill, num_decode, None
         num_lead = len(fast.lazies)
-        out = self.scheduler.schedule(num_lead)
+        if scheduler.skip_lead_only_step(num_lead):  # the common step: lazy decodes only
+            step_time_s = runner.lead_decode_step_time(
+                scheduler.block_size, num_lead, fast.lead_context_sum(), fast.lead_contexts()
+            )
+            return None, None, step_time_s, 0, num_lead, num_lead
+        out = scheduler.schedule(num_lead)
         num_prefill, num_decode = self._note_scheduled(out, start)
-        result = self.runner.execute_with_lead_decodes(
+        result = runner.execute_with_lead_decodes(
             out, num_lead, fast.lead_context_sum(), fast.lead_contexts()
         )
-        return out, result, num_prefill, num_decode + num_lead
+        return out, result, result.step_time_s, num_prefill, num_decode + num_lead, num_lead
 
-    def _fast_end(
-        self, fast: DecodeFastPath, start: float, out, result, num_prefill: int, num_decode: int
-    ) -> None:
-        """`_slow_end` for a fast step: lazy decodes first (as they come first in the batch)."""
-        scheduler = self.scheduler
-        now = self.env.now
-        num_lead = len(fast.lazies)
-        lead_finished = fast.end_step(now)
-        scheduler.finish_decoded(lead_finished)
-        finished = scheduler.update_from_output(out, result)
-        self._note_tokens(result.sampled_token_ids, now, num_lead, now - start)
-        if lead_finished:
-            finished = lead_finished + finished
-        self._close_step(
-            fast,
-            now,
-            finished,
-            start,
-            result.step_time_s,
-            len(out.scheduled) + num_lead,
-            out.total_num_scheduled_tokens + num_lead,
-            num_prefill,
-            num_decode,
-            len(out.preempted_req_ids),
-            out.swap_bytes,
-        )
-
-    def _lead_only_end(self, fast: DecodeFastPath, start: float, step_time_s: float) -> None:
-        """`_fast_end` for a step of lazy decodes only (no scheduler or runner output), with
-        `_close_step` inlined (the most common step)."""
-        scheduler, metrics = self.scheduler, self.metrics
-        now = self.env._now
-        num_lead = len(fast.lazies)
-        finished = fast.end_step(now)
-        if finished:
-            scheduler.finish_decoded(finished)
-        # `_note_tokens` of num_lead >= 1 lazy decodes and nothing sampled, inlined
-        metrics.itl_run_s.append(now - start)
-        metrics.itl_run_counts.append(num_lead)
-        times = metrics.token_times_s
-        if times and times[-1] == now:  # MetricsCollector.on_tokens_visible
-            metrics.token_counts[-1] += num_lead
-        else:
-            times.append(now)
-            metrics.token_counts.append(num_lead)
-        for req in finished:
-            metrics.on_finish(req, now)
-            self._finished(req)
-        running = scheduler.running
-        n = len(fast.lazies)
-        if self._lead_probe and len(running) == n:
-            kv = self.kv_probe.lead_only(
-                fast.lead_context_sum(), fast.min_span_sum, fast.over_final_sum
-            )
-        else:
-            kv = self.kv_probe.with_lead_sums(*fast.probe_sums())
-        metrics.on_step(
-            (
-                start,
-                step_time_s,
-                num_lead,
-                num_lead,
-                0,
-                num_lead,
-                len(running),
-                len(scheduler.waiting) + len(scheduler.swapped),
-                *kv,
-                0,
-                0,
-            )
-        )
-
-    def _close_step(
+    def _end_step(
         self,
-        fast: DecodeFastPath | None,
-        now: float,
-        finished,
         start: float,
+        out: SchedulerOutput | None,
+        result: ModelRunnerOutput | None,
         step_time_s: float,
-        num_reqs: int,
-        num_tokens: int,
         num_prefill: int,
         num_decode: int,
-        num_preempted: int,
-        swap_bytes: int,
+        num_lead: int | None,
     ) -> None:
-        """The end shared by every kind of step: finish its finished requests, then record the
-        step (counts and the KV probe after the finishes; `fast` adds its lazy decodes' sums)."""
-        metrics = self.metrics
+        """Once the step's time has passed: the lazy decodes' tokens first (as they come first
+        in the batch), then update_from_output(); finish the finished requests, then record
+        the step (counts and the KV probe after the finishes). Arguments: `_Step`."""
+        scheduler, metrics, fast = self.scheduler, self.metrics, self.fast_path
+        now = self.env.now
+        finished: list[Request] = []
+        if num_lead is not None and fast is not None:
+            finished = fast.end_step(now)
+            if finished:
+                scheduler.finish_decoded(finished)
+        num_reqs = num_tokens = num_preempted = swap_bytes = 0
+        if out is not None and result is not None:
+            done = scheduler.update_from_output(out, result)
+            finished = finished + done if finished else done
+            sampled = result.sampled_token_ids
+            num_reqs, num_tokens = len(out.scheduled), out.total_num_scheduled_tokens
+            num_preempted, swap_bytes = len(out.preempted_req_ids), out.swap_bytes
+        else:
+            sampled = {}
+        self._note_tokens(sampled, now, num_lead or 0, now - start)
         for req in finished:
             metrics.on_finish(req, now)
             self._finished(req)
-        num_running, num_waiting = self.scheduler.get_request_counts()
-        kv = self.kv_probe() if fast is None else self.kv_probe.with_lead_sums(*fast.probe_sums())
+        num_running, num_waiting = scheduler.get_request_counts()
+        if num_lead is None or fast is None:
+            kv = self.kv_probe()
+        else:
+            kv = self.kv_probe.with_lead_sums(*fast.probe_sums())  # type: ignore[attr-defined]
         metrics.on_step(
             (
                 start,
                 step_time_s,
-                num_reqs,
-                num_tokens,
+                num_reqs + (num_lead or 0),
+                num_tokens + (num_lead or 0),
                 num_prefill,
                 num_decode,
                 num_running,
@@ -299,17 +201,16 @@ class ServingEngine:
         return num_prefill, num_decode
 
     def _note_tokens(
-        self, sampled: dict[str, int], now: float, num_lead: int, lead_gap_s: float = 0.0
+        self, sampled: dict[str, int], now: float, num_lead: int, lead_gap_s: float
     ) -> None:
         """Token metrics of a step: `num_lead` lazy decodes first (each a gap of
-        `lead_gap_s`), then the sampled requests in order (inlined MetricsCollector.on_token)."""
+        `lead_gap_s`), then the sampled requests in order; all visible at `now`."""
         metrics = self.metrics
         records = metrics.records
+        if num_lead:
+            metrics.on_gaps(lead_gap_s, num_lead)
         gaps, counts = metrics.itl_run_s, metrics.itl_run_counts
-        if num_lead:  # one run of equal gaps (MetricsCollector.on_gaps, inlined)
-            gaps.append(lead_gap_s)
-            counts.append(num_lead)
-        for request_id in sampled:
+        for request_id in sampled:  # MetricsCollector.on_token, one visibility for them all
             rec = records[request_id]
             if rec.first_token_time is None:
                 rec.first_token_time = now

@@ -76,35 +76,6 @@ class KVProbe:
             )
         )
 
-    def lead_only(self, computed_sum: int, min_span_sum: int, over_final_sum: int) -> ProbeValues:
-        """`with_lead_sums` of a paged cache whose running requests are all summarised (the
-        common step), with `paged_waste_from_tails` and `_record` inlined: the same values."""
-        manager = self.manager
-        pool = manager.block_pool
-        bs = manager.block_size
-        usable = pool.num_usable_blocks
-        num_free = pool.free_block_queue.num_free_blocks
-        used = (usable - num_free) * bs
-        reserved = min_span_sum - computed_sum
-        internal = over_final_sum
-        tokens = used - reserved - internal
-        if tokens < 0:  # as `_paged_split`
-            internal += tokens
-            tokens = 0
-        total = usable * bs
-        w = KVWaste(tokens / total, reserved / total, internal / total, 0.0, (total - used) / total)
-        now = self.env._now
-        if self._last is not None:
-            self.averager.add(self._last, now - self._last_time)
-        self._last_time, self._last = now, w
-        return (
-            (usable - num_free) / usable,
-            w.token_states,
-            w.reserved,
-            w.internal_fragmentation,
-            w.external_fragmentation,
-        )
-
     def _record(self, w: KVWaste) -> ProbeValues:
         now = self.env.now
         if self._last is not None:
