@@ -154,6 +154,16 @@ CASES: dict[str, Case] = {
         {"num_prompts": 200, "request_rate": 4.0},
         False,
     ),
+    "mistral-sliding-window": (
+        {"model": "mistral-7b", **SMALL_POOL},
+        {"num_prompts": 200, "request_rate": INF},
+        False,
+    ),
+    "mistral-sliding-window-pow2": (
+        {"model": "mistral-7b", "allocator": "pow2"},
+        {"num_prompts": 200, "request_rate": 10.0},
+        False,
+    ),
     "goodput-percentiles": (
         {},
         {

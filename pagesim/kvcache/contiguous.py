@@ -232,6 +232,12 @@ class ContiguousKVCacheManager:
         if self.check_invariants_after_ops:
             self.check_invariants()
 
+    def decode_row_blocks(self, request_id: str) -> int | None:
+        """Blocks of the request's block-table row (its region's first ones); None when it
+        holds no region. The paged manager's query: nothing is shared here."""
+        res = self.reservations.get(request_id)
+        return None if res is None else len(res.row)
+
     # ---- the paged manager's other entry points --------------------------------------------
     num_blocks_to_copy = 0  # no sharing, so no copy-on-write
 

@@ -165,6 +165,15 @@ class KVCacheManager(DecodeBlockEvents):
         """
         return self.req_to_block_ids.get(request_id, [])
 
+    def decode_row_blocks(self, request_id: str) -> int | None:
+        """Blocks of the request's block-table row while its next tokens can be counted as
+        plain decodes, writing only blocks of its own (no copy-on-write pending); None when it
+        holds no row or shares a block it would write."""
+        row = self.req_to_block_ids.get(request_id)
+        if row is None or request_id in self._cow_req_ids:
+            return None
+        return len(row)
+
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         return KVCacheBlocks(list(self.req_to_blocks.get(request_id, ())))
 

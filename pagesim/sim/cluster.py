@@ -31,6 +31,7 @@ from pagesim.metrics import MetricsCollector, summarize
 from pagesim.request import Request
 from pagesim.sim.build import build_cost_model, build_scheduler
 from pagesim.sim.engine import ServingEngine
+from pagesim.sim.fast_path import DecodeFastPath
 from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
 from pagesim.sim.simulate import (
     LoadSpec,
@@ -117,7 +118,12 @@ def simulate_cluster(
             vocab_size=model.vocab_size,
             shared_block_refs=shared_blocks_counter(cost, scheduler),
         )
-        engines.append(ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast_path))
+        fast = (
+            DecodeFastPath.for_config(config, scheduler, runner, metrics.records)
+            if fast_path
+            else None
+        )
+        engines.append(ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast))
         parts.append((scheduler, metrics, averager))
     frontend = _Frontend(engines, router)
     clients = _Clients(env, frontend, plan, arrivals, load.max_concurrency, progress)
@@ -255,7 +261,8 @@ def simulate_requests(
     runner = CostModelRunner(
         cost, config.model_spec.vocab_size, shared_block_refs=shared_blocks_counter(cost, scheduler)
     )
-    engine = ServingEngine(env, scheduler, runner, metrics, probe)
+    fast = DecodeFastPath.for_config(config, scheduler, runner, metrics.records)
+    engine = ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast)
 
     def send(request: Request):
         yield env.timeout(request.arrival_time)

@@ -4,7 +4,7 @@ The engine loop is vLLM's busy loop with time made explicit:
 
     schedule() -> runner.execute_model() -> yield env.timeout(step_time) -> update_from_output()
 
-Where its parts allow it (`DecodeFastPath.supports`), steps go through the decode fast path
+Where the simulator gives it one (`DecodeFastPath.for_config`), steps go through the decode fast path
 (`pagesim/sim/fast_path.py`): running requests that only decode are advanced in bulk and
 brought up to date when anything can observe them, with the same results byte for byte;
 `fast_path=False` keeps every step on the per-request path.
@@ -50,7 +50,7 @@ class ServingEngine:
         runner: ModelRunner,
         metrics: MetricsCollector,
         kv_probe: KVProbe,
-        fast_path: bool = True,
+        fast_path: DecodeFastPath | None = None,
     ) -> None:
         self.env = env
         self.scheduler = scheduler
@@ -59,12 +59,9 @@ class ServingEngine:
         self.kv_probe = kv_probe
         self.on_finish: list[FinishCallback] = []
         self._idle: simpy.Event | None = None
-        # The decode fast path (same results, less work per step) where its parts allow it.
-        self.fast_path = (
-            DecodeFastPath(scheduler, runner, metrics.records)
-            if fast_path and DecodeFastPath.supports(scheduler, runner, kv_probe)
-            else None
-        )
+        # The decode fast path (same results, less work per step): the simulator builds it
+        # for the parts it built (`DecodeFastPath.for_config`); None: every step per request.
+        self.fast_path = fast_path
         self.process = env.process(self._loop())
 
     def add_request(self, request: Request) -> None:

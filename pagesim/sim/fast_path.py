@@ -56,15 +56,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
+from pagesim.config import EngineConfig
 from pagesim.errors import InternalError
-from pagesim.kvcache.contiguous import ContiguousKVCacheManager
-from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.metrics.collector import RequestRecord
 from pagesim.request import Request
 from pagesim.scheduler.output import SyntheticTokenTable, synthetic_tokens
 from pagesim.scheduler.scheduler import Scheduler
 from pagesim.sim.pending_blocks import PendingBlocks
-from pagesim.sim.probe import KVProbe
 from pagesim.sim.runner import CostModelRunner
 
 _by_seq = attrgetter("seq")
@@ -108,7 +106,10 @@ class _Lazy:
 class DecodeFastPath:
     """The lazy requests of one replica and their events (see the module docstring)."""
 
-    def __init__(self, scheduler: Scheduler, runner: CostModelRunner, records) -> None:
+    def __init__(
+        self, scheduler: Scheduler, runner: CostModelRunner, records, *, paged: bool
+    ) -> None:
+        """`paged`: the scheduler's manager is the paged one (else a contiguous baseline)."""
         manager = scheduler.kv_cache_manager
         self.scheduler = scheduler
         self.manager = manager
@@ -116,7 +117,7 @@ class DecodeFastPath:
         self.vocab_size = runner.vocab_size
         table = SyntheticTokenTable(runner.vocab_size)
         self.table = table if table.usable else None  # output tokens as table windows
-        self.paged = isinstance(manager, KVCacheManager)
+        self.paged = paged
         self.caching = self.paged and manager.enable_caching
         self.block_size = manager.block_size
         self.max_model_len = scheduler.max_model_len
@@ -143,17 +144,17 @@ class DecodeFastPath:
             else None
         )
 
-    @staticmethod
-    def supports(scheduler, runner, probe) -> bool:
-        """Whether this engine's parts are ones whose per-step behaviour the fast path knows."""
-        if type(scheduler) is not Scheduler or type(runner) is not CostModelRunner:
-            return False
-        if not isinstance(probe, KVProbe):
-            return False
-        manager = scheduler.kv_cache_manager
-        if type(manager) is KVCacheManager:
-            return manager.sliding_window is None  # a window frees blocks on every call
-        return type(manager) is ContiguousKVCacheManager
+    @classmethod
+    def for_config(
+        cls, config: EngineConfig, scheduler: Scheduler, runner: CostModelRunner, records
+    ) -> DecodeFastPath | None:
+        """The fast path for an engine the simulator built from `config` (its scheduler,
+        runner and KV probe), or None where it does not apply: a sliding window frees blocks
+        on every paged allocation."""
+        paged = config.allocator == "paged"
+        if paged and config.model_spec.sliding_window is not None:
+            return None
+        return cls(scheduler, runner, records, paged=paged)
 
     # ---- one step --------------------------------------------------------------------------
     def begin_step(self, now: float) -> bool:
@@ -274,12 +275,9 @@ class DecodeFastPath:
         bs = self.block_size
         paged, caching = self.paged, self.caching
         manager = self.manager
+        row_blocks = manager.decode_row_blocks
         if paged:
-            rows = manager.req_to_block_ids
             cached = manager.num_cached_block
-            cow = manager._cow_req_ids
-        else:
-            reservations = manager.reservations
         last_c = self.max_model_len - 2  # a decode past it gets no token (max_model_len cap)
         table = self.table
         late = self.late
@@ -297,18 +295,14 @@ class DecodeFastPath:
             record = records[rid]
             if record.last_token_time != now:
                 break
+            num_blocks = row_blocks(rid)
+            if num_blocks is None:
+                break
+            span = num_blocks * bs
             if paged:
-                row = rows.get(rid)
-                if row is None or rid in cow:
-                    break
-                span = len(row) * bs
                 joins_late = late is not None and cached[rid] > 0
                 hash_at = (cached[rid] + 1) * bs - 1 if caching and not joins_late else _NEVER
             else:
-                res = reservations.get(rid)
-                if res is None:
-                    break
-                span = len(res.row) * bs
                 hash_at = _NEVER
             if span < c or hash_at < c:
                 break
@@ -435,11 +429,7 @@ class DecodeFastPath:
                 f"decode fast path: allocate_slots failed for {rid!r} with its blocks free"
             )
         if lazy.alloc_at == c:
-            span = (
-                len(manager.req_to_block_ids[rid])
-                if self.paged
-                else len(manager.reservations[rid].row)
-            ) * bs
+            span = manager.decode_row_blocks(rid) * bs
             self._add_span(lazy.final, lazy.span, -1)
             self._add_span(lazy.final, span, 1)
             lazy.span = lazy.alloc_at = span

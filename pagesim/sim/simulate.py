@@ -29,6 +29,7 @@ from pagesim.request import Request
 from pagesim.sim.arrivals import session_arrival_times
 from pagesim.sim.build import build_cost_model, build_scheduler
 from pagesim.sim.engine import ServingEngine
+from pagesim.sim.fast_path import DecodeFastPath
 from pagesim.sim.probe import KVProbe
 from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
 from pagesim.workload import load_workload
@@ -123,7 +124,10 @@ def simulate(
     metrics = MetricsCollector()
     averager = WasteAverager()
     probe = _kv_probe(scheduler, manager, averager, env)
-    engine = ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast_path)
+    fast = (
+        DecodeFastPath.for_config(config, scheduler, runner, metrics.records) if fast_path else None
+    )
+    engine = ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast)
     clients = _Clients(env, engine, plan, arrivals, load.max_concurrency, progress)
     env.run()
 

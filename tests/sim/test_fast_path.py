@@ -29,6 +29,7 @@ from pagesim.scheduler.scheduler import Scheduler
 from pagesim.sim.build import default_profile
 from pagesim.sim.cluster import simulate_cluster
 from pagesim.sim.engine import ServingEngine
+from pagesim.sim.fast_path import DecodeFastPath
 from pagesim.sim.output import requests_table, result_json, steps_table
 from pagesim.sim.probe import KVProbe
 from pagesim.sim.runner import CostModelRunner
@@ -206,10 +207,9 @@ def _run(
     metrics = MetricsCollector()
     averager = WasteAverager()
     probe = KVProbe(scheduler, kv, averager, env)
-    engine = ServingEngine(
-        env, scheduler, CostModelRunner(_Linear(), vocab_size=1000), metrics, probe, fast_path=fast
-    )
-    assert (engine.fast_path is not None) == fast
+    runner = CostModelRunner(_Linear(), vocab_size=1000)
+    path = DecodeFastPath(scheduler, runner, metrics.records, paged=allocator == "paged")
+    engine = ServingEngine(env, scheduler, runner, metrics, probe, fast_path=path if fast else None)
     made: list[Request] = []
     for i, (at, prompt_len, max_tokens, family) in enumerate(requests):
         prompt = [(family * 37 + j) % 1000 for j in range(prompt_len)]  # shared prefixes
