@@ -84,7 +84,7 @@ def _peaks(records: list[RequestRecord], metrics: MetricsCollector) -> tuple[flo
     if not done:
         return 0.0, 0
     start = min(r.arrival_time for r in done)
-    n = math.ceil(max(r.finish_time for r in done) - start) + 1  # type: ignore[operator]
+    n = math.ceil(max(r.finish_time for r in done) - start) + 1  # type: ignore[operator, type-var]
     # +1 at each start's bucket, -1 after each finish's (truncation, as int(); both >= 0)
     arrival = np.array([r.arrival_time for r in done], dtype=np.float64)
     finish = np.array([r.finish_time for r in done], dtype=np.float64)
@@ -110,7 +110,7 @@ def summarize(
     done = [r for r in records if r.reject_reason is None and r.finish_time is not None]
     # vllm bench times the benchmark from its start (t = 0), before the first arrival's delay.
     t0 = min(0.0, min((r.arrival_time for r in records), default=0.0))
-    duration = max(max((r.finish_time for r in done), default=0.0) - t0, 1e-9)
+    duration = max(max((r.finish_time for r in done), default=0.0) - t0, 1e-9)  # type: ignore[operator, type-var]
     total_in = sum(r.num_prompt_tokens for r in done)
     total_out = sum(r.num_output_tokens for r in done)
     arrays = request_arrays(records)

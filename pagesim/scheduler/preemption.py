@@ -169,6 +169,7 @@ class Preemptor:
     def _swap_out(self, request: Request, out: SchedulerOutput) -> bool:
         """Copy the blocks holding written K/V to the CPU pool; False if it has no room."""
         pool = self.swap_pool
+        assert pool is not None  # only called with a swap pool
         n = -(-request.num_computed_tokens // self.block_size)  # blocks with written K/V
         cpu_ids = pool.allocate(n)
         if cpu_ids is None:
@@ -188,14 +189,16 @@ class Preemptor:
 
     def swap_in(self, request: Request, gpu_block_ids: list[int], out: SchedulerOutput) -> None:
         """Record the copy of a swapped request's CPU blocks into its new GPU blocks."""
+        pool = self.swap_pool
+        assert pool is not None  # only swapped requests come here
         cpu_ids = self._cpu_blocks.pop(request.request_id)
         n = len(cpu_ids)
         out.blocks_to_swap_in.extend(zip(cpu_ids, gpu_block_ids[:n], strict=True))
-        nbytes = n * self.swap_pool.page_size_bytes
+        nbytes = n * pool.page_size_bytes
         out.swap_bytes += nbytes
         self.stats.swapped_in_blocks += n
         self.stats.swapped_in_bytes += nbytes
-        self.swap_pool.free(cpu_ids)
+        pool.free(cpu_ids)
 
     def on_readmit(self, request: Request, num_hit_tokens: int) -> None:
         """A recomputed request is admitted again with `num_hit_tokens` found in the cache."""
@@ -207,5 +210,5 @@ class Preemptor:
         """Forget an aborted request: give back its CPU blocks if it was swapped out."""
         self._dropped.pop(request.request_id, None)
         cpu_ids = self._cpu_blocks.pop(request.request_id, None)
-        if cpu_ids is not None:
+        if cpu_ids is not None and self.swap_pool is not None:
             self.swap_pool.free(cpu_ids)

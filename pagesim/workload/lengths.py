@@ -95,7 +95,7 @@ def parse_dist(obj: Any, where: str, *, integer: bool) -> Dist:
                 f"{where}.{key}: unknown key for dist {kind!r} "
                 f"(allowed: {', '.join(sorted(allowed))})"
             )
-    fields: dict[str, float | None] = {}
+    fields: dict[str, float] = {}
     for key in (*_DIST_PARAMS[kind], "min", "max"):
         if key in obj:
             fields[key] = _number(obj[key], f"{where}.{key}")

@@ -90,6 +90,7 @@ def _read_csv(p: Path) -> TraceData:
     ) as e:
         raise WorkloadError(f"trace {str(p)!r}: cannot parse CSV: {_one_line(e)}") from None
     cols = set(df.columns)
+    tcol: str | None
     if set(AZURE_COLUMNS) <= cols:
         fmt, pcol, ocol, tcol = "azure", "ContextTokens", "GeneratedTokens", "TIMESTAMP"
     elif set(VIDUR_COLUMNS) <= cols:
