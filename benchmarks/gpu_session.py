@@ -180,6 +180,7 @@ def run_plan(dry: bool, plan: str = "validate") -> list[dict]:
                 "name": "random-r2-bs32",
                 "workload": "random",
                 "rate": 2.0,
+                "burstiness": 0.5,
                 "block_size": 32,
                 "num_prompts": 3,
                 **rnd,
@@ -189,6 +190,8 @@ def run_plan(dry: bool, plan: str = "validate") -> list[dict]:
         return _repeat_plan()
     if plan == "drift":
         return _drift_plan()
+    if plan == "oos":
+        return _out_of_sample_plan()
     return [
         {
             "name": "chat-inf-bs16",
@@ -278,6 +281,56 @@ def _drift_plan() -> list[dict]:
     return plan
 
 
+def _out_of_sample_plan() -> list[dict]:
+    """Out-of-sample validation: chat at 85 % of capacity on every calibrated block size, then
+    chat at 50 and 95 %, bursty chat and system-prompt (prefix sharing, at 85 % of chat's
+    capacity), each served twice, the second pass (`-r2`) after the first, so that repeats
+    lie minutes apart; then, once each if time is left, a conversation trace replay at its
+    own arrivals and long outputs (bwb, at a fraction of its own capacity, bwb-inf-bs16)."""
+    inf = {"rate": "inf", "block_size": 16, "num_prompts": 150}
+    first = [{"name": "chat-inf-bs16", "workload": "chat", **inf}]
+    loads = [
+        {"name": f"chat-85pct-bs{bs}", "workload": "chat", "rate": 0.85, "block_size": bs}
+        for bs in (16, 64, 8, 32, 128)
+    ]
+    loads += [
+        {"name": "chat-50pct-bs16", "workload": "chat", "rate": 0.50, "block_size": 16},
+        {"name": "chat-95pct-bs16", "workload": "chat", "rate": 0.95, "block_size": 16},
+        {
+            "name": "chat-bursty-85pct-bs16",
+            "workload": "chat",
+            "rate": 0.85,
+            "block_size": 16,
+            "burstiness": 0.5,
+        },
+        {
+            "name": "system-prompt-chat85pct-bs16",
+            "workload": "system-prompt",
+            "rate": 0.85,
+            "block_size": 16,
+        },
+    ]
+    extra = [
+        {
+            "name": "conversation-trace-bs16",
+            "workload": "conversation",
+            "rate": None,
+            "block_size": 16,
+            "num_prompts": 60,
+        },
+        {"name": "bwb-inf-bs16", "workload": "bwb", **inf, "num_prompts": 48},
+        {
+            "name": "bwb-85pct-bs16",
+            "workload": "bwb",
+            "rate": 0.85,
+            "block_size": 16,
+            "of": "bwb-inf-bs16",
+            "num_prompts": 40,
+        },
+    ]
+    return first + loads + [{**s, "name": s["name"] + "-r2"} for s in loads] + extra
+
+
 def _repeat_plan() -> list[dict]:
     base = [
         {
@@ -335,6 +388,11 @@ def main() -> int:
         default=None,
         help="decode batch sizes to calibrate, comma separated (default: the grid's)",
     )
+    ap.add_argument(
+        "--full-block-sizes",
+        default=None,
+        help="block sizes calibrated with every table, comma separated (default: the grid's)",
+    )
     ap.add_argument("--arrival-window-s", type=float, default=10.0)
     ap.add_argument(
         "--max-prompts",
@@ -353,7 +411,7 @@ def main() -> int:
     )
     ap.add_argument(
         "--plan",
-        choices=("validate", "repeat", "drift"),
+        choices=("validate", "repeat", "drift", "oos"),
         default="validate",
         help="repeat: the runs that missed targets, each served twice in a row",
     )
@@ -379,6 +437,11 @@ def main() -> int:
         None
         if args.decode_batches is None
         else tuple(sorted(set(parse_int_list(args.decode_batches, "decode-batches"))))
+    )
+    full = (
+        {}
+        if args.full_block_sizes is None
+        else {"full_block_sizes": tuple(parse_int_list(args.full_block_sizes, "full-block-sizes"))}
     )
     skip = set(filter(None, args.skip_runs.split(",")))
     plan = [spec for spec in run_plan(args.dry_run_cpu, args.plan) if spec["name"] not in skip]
@@ -439,9 +502,9 @@ def main() -> int:
             else:
                 config = EngineConfig.create(model=name, gpu="h200", block_size=16)
                 grid = (
-                    CalibrationGrid()
+                    CalibrationGrid(**full)
                     if decode_batches is None
-                    else CalibrationGrid(decode_batches=decode_batches)
+                    else CalibrationGrid(decode_batches=decode_batches, **full)
                 )
                 err = check_model(name, dtype, device)
                 ms["check_rel_err"] = err
@@ -508,13 +571,13 @@ def main() -> int:
             for spec in [] if args.calibrate_only else plan:
                 rate = spec["rate"]
                 base = throughput.get(spec.get("of", "chat-inf-bs16"))
-                if rate != "inf" and not dry:
+                if rate not in ("inf", None) and not dry:
                     if base is None:
                         log(f"skip {spec['name']}: no capacity measured")
                         continue
                     rate = round(rate * base, 3)
                 n = spec.get("num_prompts") or int(
-                    min(args.max_prompts, max(60, round(rate * args.arrival_window_s)))
+                    min(args.max_prompts, max(60, round((rate or 0) * args.arrival_window_s)))
                 )
                 remaining = left(args.budget_s)
                 if remaining < (20 if dry else 45):
@@ -525,7 +588,12 @@ def main() -> int:
                 blocks = res.capacity.num_gpu_blocks[bs]
                 params = {k: v for k, v in spec.items() if k.startswith("random_")}
                 load = load_dict(
-                    spec["workload"], n, 0, math.inf if rate == "inf" else rate, **params
+                    spec["workload"],
+                    n,
+                    0,
+                    math.inf if rate == "inf" else rate,
+                    spec.get("burstiness", 1.0),
+                    **params,
                 )
                 if args.probe:
                     ms.setdefault("probes", {})[f"before {spec['name']}"] = speed_probe(

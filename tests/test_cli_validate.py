@@ -294,3 +294,40 @@ def test_runs_of_other_traffic_are_not_repeats(tmp_path) -> None:
     assert _validate(tmp_path, REAL / f"{RUN}.json.xz", tmp_path / f"{RUN}-r2.json") == 0
     report = json.loads((tmp_path / "out" / "v.json").read_text())
     assert "repeat_groups" not in report and report["num_runs"] == 2
+
+
+def test_repeat_targets_widen_to_half_the_repeats_spread() -> None:
+    """Throughput, mean TPOT and mean E2E are held to max(3 %, half the real runs' spread);
+    mean TTFT to 5 % and P99s to 10 % whatever the spread."""
+    import pagesim.validate as v
+
+    spread = {m: 8.0 for m in v.REPEAT_TARGETS_PCT}
+    spread["mean_e2el_ms"] = 4.0
+    targets = v.repeat_targets(spread)
+    assert targets["mean_tpot_ms"] == 4.0 and targets["request_throughput"] == 4.0
+    assert targets["mean_e2el_ms"] == 3.0
+    assert targets["mean_ttft_ms"] == 5.0 and targets["p99_tpot_ms"] == 10.0
+    assert "median_tpot_ms" not in targets
+    assert "mean_itl_ms" not in v.repeat_targets({"mean_tpot_ms": 1.0})
+
+
+def test_repeats_report_says_which_targets_were_met(tmp_path) -> None:
+    """The report counts the repeats' targets met against their mean and names the misses."""
+    import pagesim.validate as v
+
+    doc = read_json_file(REAL / f"{RUN}.json.xz")
+    slower = json.loads(json.dumps(doc))
+    slower["result"]["p99_tpot_ms"] *= 1.5
+    first, second = tmp_path / f"{RUN}.json", tmp_path / f"{RUN}-r2.json"
+    write_json_file(first, doc)
+    write_json_file(second, slower)
+    assert _validate(tmp_path, first, second) == 0
+    report = json.loads((tmp_path / "out" / "v.json").read_text())
+    rows = report["repeat_groups"][0]["rows"]
+    assert {r["metric"] for r in rows} == set(v.REPEAT_TARGETS_PCT)
+    met = sum(r["met"] for r in rows)
+    assert report["repeat_targets_met"] == met and report["repeat_targets_checked"] == 8
+    text = (tmp_path / "out" / "v.md").read_text()
+    assert v.REPEATS_MET_HEADING in text and f"| all | | {met}/8 | |" in text
+    tpot = next(r for r in rows if r["metric"] == "p99_tpot_ms")
+    assert tpot["met"] == (abs(tpot["error_pct"]) <= 10.0)
