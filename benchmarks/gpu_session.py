@@ -489,7 +489,8 @@ def main() -> int:
                     num_gpu_blocks_override=128,
                 )
                 grid = CalibrationGrid(
-                    block_sizes=(16, 32),
+                    block_sizes=tuple(sorted({16, 32, *full.get("full_block_sizes", ())})),
+                    **full,
                     decode_batches=(1, 2),
                     decode_contexts=(16, 40),
                     prefill_tokens=(16,),
