@@ -1,8 +1,8 @@
 """`pagesim validate --real`: a stored real run against the simulator, on any machine.
 
-The shipped report (`results/validation/validation_<model>.json`) is what this code makes of
-the runs of the newest GPU call with the shipped profile; a run cut at its wall-clock limit
-is skipped with a note, not compared."""
+The stored report of a GPU call (`tests/fixtures/validation/`) is what this code makes of
+that call's runs with the shipped profile; a run cut at its wall-clock limit is skipped with
+a note, not compared."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_only_cut_runs_or_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys) ->
 
 @pytest.mark.parametrize("call, run", [("tp2", "chat-inf-bs16"), ("tp2_graphs", "chat-85pct-bs16")])
 def test_the_tp2_reports_are_what_this_code_makes_of_their_runs(tmp_path, call, run) -> None:
-    """`results/validation/tp2*/`: llama-3-70b at tensor parallel size 2 (eager, then with
+    """`tests/fixtures/validation/tp2*/`: llama-3-70b at tensor parallel size 2 (eager, then with
     CUDA graphs), each run priced with its call's profile; the graph call's profile is the
     shipped default."""
     tp2 = STORED / call

@@ -41,7 +41,7 @@ class AnalyticalConstants:
     """Efficiencies and fixed costs of the roofline, each with where it comes from."""
 
     # The efficiencies, the per-layer time, the host terms and the all-reduce terms below are
-    # fitted to measurements: `python benchmarks/analytical_vs_measured.py` fits them by least
+    # fitted to measurements: `benchmarks/analytical_vs_measured.py` (commit ba7aed8) fitted them by least
     # squares (on the log ratio) to every decode and prefill row at block size 16 of three
     # H200 profiles (llama-2-7b and llama-3-8b on one GPU as shipped before the runner staged
     # its inputs, `results/validation/rebuilt_inputs/`, and the shipped llama-3-70b at TP 2,
