@@ -31,6 +31,13 @@ BlockSize = Annotated[
 ]
 GpuMemUtil = Annotated[float | None, typer.Option(help="[0.92]", rich_help_panel=ENGINE)]
 NumBlocksOverride = Annotated[int | None, typer.Option(rich_help_panel=ENGINE)]
+KVCacheMemoryBytes = Annotated[
+    int | None,
+    typer.Option(
+        help="KV cache size in bytes, as vLLM's flag: overrides --gpu-memory-utilization",
+        rich_help_panel=ENGINE,
+    ),
+]
 MaxNumSeqs = Annotated[
     int | None, typer.Option(help="[GPU-dependent, as vLLM]", rich_help_panel=ENGINE)
 ]

@@ -26,6 +26,7 @@ from pagesim.planning.capacity import (
     max_sustainable_rate,
     replicas_for_rate,
 )
+from pagesim.planning.capacity_report import binding_slo, capacity_table
 from pagesim.planning.kv_sizing import min_kv_memory
 from pagesim.planning.router import ROUTERS, make_router
 from pagesim.planning.slo import DEFAULT_ATTAINMENT, parse_slos
@@ -33,6 +34,8 @@ from pagesim.sim.build import (
     block_size_note,
     cost_model_line,
     default_profile,
+    profile_path,
+    profile_record,
     scaled_cost_model,
 )
 from pagesim.specs import GiB
@@ -67,6 +70,14 @@ def plan_command(
         float,
         typer.Option(help="Share of requests that must meet goodput items", rich_help_panel=PLAN),
     ] = DEFAULT_ATTAINMENT,
+    allow_rejected: Annotated[
+        bool,
+        typer.Option(
+            help="Plan for the served requests when some are rejected (too long for "
+            "max_model_len); without it, a rate that rejects requests is not sustainable",
+            rich_help_panel=PLAN,
+        ),
+    ] = False,
     target_rate: Annotated[
         float | None,
         typer.Option(
@@ -119,6 +130,7 @@ def plan_command(
     block_size: o.BlockSize = None,
     gpu_memory_utilization: o.GpuMemUtil = None,
     num_gpu_blocks_override: o.NumBlocksOverride = None,
+    kv_cache_memory_bytes: o.KVCacheMemoryBytes = None,
     max_num_seqs: o.MaxNumSeqs = None,
     max_num_batched_tokens: o.MaxBatchedTokens = None,
     max_model_len: o.MaxModelLen = None,
@@ -153,6 +165,7 @@ def plan_command(
     for key in (
         "slo",
         "slo_attainment",
+        "allow_rejected",
         "target_rate",
         "router",
         "max_replicas",
@@ -168,7 +181,7 @@ def plan_command(
         flags.pop(key)
     scale = check_step_time_scale(step_time_scale)
     values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
-    slos = parse_slos(slo, attainment=slo_attainment)
+    slos = parse_slos(slo, attainment=slo_attainment, allow_rejected=allow_rejected)
     if slos.empty:
         raise ConfigError("--slo: give at least one objective, e.g. --slo p99_ttft_ms<=500")
     if kv_sizing and target_rate is None:
@@ -216,6 +229,7 @@ def plan_command(
     else:
         prof = None if analytical else values.get("profile") or default_profile(engine)
         print(_cost_line(engine, prof, analytical, scale))
+        doc["profile"] = profile_record(prof)
         cost = scaled_cost_model(engine, prof, scale)
         if kv_sizing:
             doc["kv_sizing"] = _kv(
@@ -231,7 +245,7 @@ def plan_command(
                 min_duration_s=min_duration,
                 cost_model=cost,
             )
-            doc["capacity"] = _capacity(cap)
+            doc["capacity"] = _capacity(cap, load.num_prompts)
             if target_rate is not None:
                 doc["replicas"] = _replicas(
                     engine,
@@ -319,8 +333,8 @@ def _plan_tp(
         return {"tp": tp, "error": str(e)}
     entry: dict[str, Any] = {
         "tp": tp,
-        "cost_model": "analytical" if prof is None else str(prof),
-        "capacity": _capacity(cap),
+        "cost_model": "analytical" if prof is None else profile_path(prof),
+        "capacity": _capacity(cap, load.num_prompts),
     }
     if target_rate is not None and cap.max_rate is not None:
         entry["replicas"] = _replicas(
@@ -408,27 +422,21 @@ def _metrics_lines(result: dict[str, Any] | None) -> list[str]:
     return [f"  {k:<28} {result[k]:.4g}" for k in SHOWN if isinstance(result.get(k), int | float)]
 
 
-def _capacity(cap: CapacityResult) -> dict[str, Any]:
-    print(f"Saturated throughput (all requests at t=0): {cap.saturated_throughput:.3f} req/s")
+def _capacity(cap: CapacityResult, num_prompts: int) -> dict[str, Any]:
     for p in cap.probes:
         print(
             f"  rate {p.value:9.3f} req/s  {'pass' if p.passed else 'FAIL'}  "
             + "; ".join(p.violations)
         )
-    if cap.max_rate is None:
-        print(f"No rate down to {cap.first_failing_rate:g} req/s meets the SLOs")
-    else:
-        bound = (
-            f"(fails at {cap.first_failing_rate:.3f})"
-            if cap.first_failing_rate
-            else "(the search's upper limit)"
-        )
-        print(f"Max sustainable rate: {cap.max_rate:.3f} req/s {bound}")
+    print("\n".join(capacity_table(cap, num_prompts)))
+    if cap.max_rate is not None:
         print("\n".join(_metrics_lines(cap.result)))
     return {
         "max_rate": cap.max_rate,
         "first_failing_rate": cap.first_failing_rate,
         "saturated_throughput": cap.saturated_throughput,
+        "binding_slo": binding_slo(cap),
+        "refused": cap.refused,
         "probes": [
             {"rate": p.value, "passed": p.passed, "violations": list(p.violations)}
             for p in cap.probes
@@ -508,6 +516,11 @@ def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration, cost):
             f"Smallest KV cache at {target_rate:g} req/s: {k.num_gpu_blocks} blocks = "
             f"{k.kv_cache_memory_bytes / GiB:.2f} GiB (--kv-cache-memory-bytes "
             f"{k.kv_cache_memory_bytes}), --gpu-memory-utilization {util}"
+        )
+        print(
+            f"Check it: pagesim run --model {engine.model} --gpu {engine.gpu} "
+            f"--block-size {engine.block_size} --workload {load.workload} "
+            f"--request-rate {target_rate:g} --kv-cache-memory-bytes {k.kv_cache_memory_bytes}"
         )
         print("\n".join(_metrics_lines(k.result)))
     return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from datetime import datetime
@@ -12,12 +13,16 @@ import typer
 
 from pagesim.cli import options as o
 from pagesim.cli.app import app
+from pagesim.cli.traffic import default_num_prompts, rate_label, trace_note, traffic_of
 from pagesim.errors import ConfigError
 from pagesim.metrics import format_benchmark_block
+from pagesim.metrics.report import rejection_line
+from pagesim.planning.mix import workload_ref
 from pagesim.sim.build import (
     block_size_note,
     cost_model_line,
     default_profile,
+    profile_record,
     scaled_cost_model,
 )
 from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
@@ -34,6 +39,7 @@ def run_command(
     block_size: o.BlockSize = None,
     gpu_memory_utilization: o.GpuMemUtil = None,
     num_gpu_blocks_override: o.NumBlocksOverride = None,
+    kv_cache_memory_bytes: o.KVCacheMemoryBytes = None,
     max_num_seqs: o.MaxNumSeqs = None,
     max_num_batched_tokens: o.MaxBatchedTokens = None,
     max_model_len: o.MaxModelLen = None,
@@ -85,26 +91,35 @@ def run_command(
         "step_time_scale",
     ):
         flags.pop(key)
-    values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
-    engine = o.engine_config(values)
-    load = o.load_spec(values)
-    prof = values.get("profile") or default_profile(engine)
-    cost = scaled_cost_model(engine, prof, step_time_scale)
-    note = block_size_note(prof, engine.block_size) if prof is not None else None
-    if note:
-        typer.echo(note, err=True)
-    directory = result_dir or Path(".")
-    if save_result or result_dir is not None:
-        _make_dir(directory)  # before simulating: a bad --result-dir fails at once
-    with _progress(load.num_prompts, quiet) as hook:
-        sim = simulate(
-            engine,
-            load,
-            profile=prof,
-            check_invariants=check_invariants,
-            progress=hook,
-            cost_model=cost,
-        )
+    file_values = o.read_config_file(config)
+    values = o.merge({**DEFAULTS, **file_values}, flags)
+    with workload_ref(str(values["workload"])) as ref:
+        traffic = traffic_of({**values, "workload": ref})
+        defaulted = num_prompts is None and "num_prompts" not in file_values
+        if defaulted:
+            values["num_prompts"] = default_num_prompts(traffic, DEFAULTS["num_prompts"])
+        engine = o.engine_config(values)
+        load = o.load_spec(values)
+        prof = values.get("profile") or default_profile(engine)
+        cost = scaled_cost_model(engine, prof, step_time_scale)
+        for note in (
+            block_size_note(prof, engine.block_size) if prof is not None else None,
+            trace_note(traffic, load.num_prompts, defaulted),
+        ):
+            if note:
+                typer.echo(note, err=True)
+        directory = result_dir or Path(".")
+        if save_result or result_dir is not None:
+            _make_dir(directory)  # before simulating: a bad --result-dir fails at once
+        with _progress(load.num_prompts, quiet) as hook:
+            sim = simulate(
+                engine,
+                dataclasses.replace(load, workload=ref),
+                profile=prof,
+                check_invariants=check_invariants,
+                progress=hook,
+                cost_model=cost,
+            )
     rate = load.request_rate if load.request_rate is not None else math.inf
     print(
         format_benchmark_block(
@@ -116,13 +131,19 @@ def run_command(
     )
     print(format_kv_block(sim.result))
     print(cost_model_line(engine, prof, step_time_scale=step_time_scale))
+    rejected = rejection_line(sim.result)
+    if rejected:
+        typer.echo(rejected, err=True)
     if save_result or result_dir is not None:
         metadata = result_metadata(engine, load)
-        metadata["cost_model"] = str(prof) if prof else "analytical"
+        metadata["cost_model"] = "calibrated" if prof else "analytical"
+        metadata["profile"] = profile_record(prof)
         if cost is not None:
             metadata["step_time_scale"] = step_time_scale
         date = datetime.now().strftime("%Y%m%d-%H%M%S")
-        name = result_filename or default_result_filename(metadata, date)
+        name = result_filename or default_result_filename(
+            metadata, date, arrival=rate_label(traffic)
+        )
         path = directory / name
         try:
             path.write_text(result_json(sim.result, metadata, date=date))

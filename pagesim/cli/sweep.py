@@ -9,6 +9,7 @@ failed (each reported with its settings), 2 a bad grid or flag.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -19,6 +20,7 @@ import yaml
 from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
+from pagesim.metrics.report import rejection_line
 from pagesim.planning.backends import BACKENDS, require_ray
 from pagesim.planning.grid import build_grid, coerce, parse_axis, read_param_file
 from pagesim.planning.sweep import run_sweep
@@ -39,7 +41,7 @@ def sweep_command(
     block_size: _list("e.g. 8,16,32", E) = None,
     gpu_memory_utilization: _list("e.g. 0.8,0.92", E) = None,
     num_gpu_blocks_override: _list("", E) = None,
-    kv_cache_memory_bytes: _list("", E) = None,
+    kv_cache_memory_bytes: _list("KV cache bytes (vLLM's flag)", E) = None,
     max_num_seqs: _list("", E) = None,
     max_num_batched_tokens: _list("", E) = None,
     max_model_len: _list("", E) = None,
@@ -170,16 +172,39 @@ def sweep_command(
         progress=not quiet and sys.stderr.isatty(),
     )
     ran = len(result.summary) - result.num_skipped
+    rejecting = _rejections(result.summary)
     print(
         f"{len(grid)} points x {num_runs} runs: {ran} run, {result.num_skipped} already done, "
-        f"{len(result.failures)} failed"
+        f"{len(result.failures)} failed, {len(rejecting)} with rejected requests"
     )
     print(f"Results in {result.directory} (summary.csv, summary.parquet)")
+    for line in rejecting:
+        print(line, file=sys.stderr)
     for f in result.failures:
         settings = ", ".join(f"{k}={v}" for k, v in f["settings"].items())
         print(f"failed: {f['point']} run={f['run']} ({settings}): {f['error']}", file=sys.stderr)
     if result.failures:
         raise typer.Exit(1)
+
+
+def _rejections(summary) -> list[str]:
+    """One line per run that rejected requests: its point, and how many and why."""
+    if "num_rejected" not in summary:
+        return []
+    lines = []
+    for row in summary[summary["num_rejected"].fillna(0) > 0].to_dict("records"):
+        reasons = row.get("rejected_reasons")
+        line = rejection_line(
+            {
+                "num_rejected": row["num_rejected"],
+                "completed": row["completed"],
+                "failed": row["failed"],
+                "rejected_reasons": json.loads(reasons) if isinstance(reasons, str) else {},
+                "engine_config": {"max_model_len": row.get("max_model_len")},
+            }
+        )
+        lines.append(f"rejected: {row['point']} run={row['run']}: {line}")
+    return lines
 
 
 def _print_plan(grid, num_runs: int) -> None:

@@ -237,3 +237,32 @@ def engine_keys(metrics: MetricsCollector, stats, num_gpu_blocks: int) -> dict[s
         "kv_cache_usage_peak": float(usage.max(initial=0.0)),
         "num_gpu_blocks": num_gpu_blocks,
     }
+
+
+# What each rejection code means, as a user would fix it (codes: `scheduler.admission`).
+REJECT_HINTS = {
+    "prompt_too_long": "prompt > max_model_len{len}",
+    "max_tokens_too_large": "prompt + max_tokens > max_model_len{len}",
+    "kv_cache_too_small": "more K/V than the whole cache holds",
+    "empty_prompt": "no prompt tokens",
+    "invalid_max_tokens": "max_tokens < 1",
+}
+
+
+def rejection_line(result: Mapping[str, Any]) -> str | None:
+    """One line: how many of the submitted requests were rejected and why, grouped by reason;
+    None when none was. Submitted = completed + failed (a rejected request counts as failed,
+    as vllm bench counts an HTTP 400)."""
+    rejected = int(result.get("num_rejected", 0))
+    if rejected == 0:
+        return None
+    submitted = int(result["completed"]) + int(result["failed"])
+    reasons = result.get("rejected_reasons") or {}
+    max_len = (result.get("engine_config") or {}).get("max_model_len")
+    shown = "" if max_len is None else f" {max_len}"
+    parts = [
+        f"{n} {code}"
+        + (f" ({REJECT_HINTS[code].format(len=shown)})" if code in REJECT_HINTS else "")
+        for code, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+    return f"Rejected {rejected} of {submitted} requests, never served: " + ", ".join(parts)

@@ -32,6 +32,7 @@ from typing import Any
 from pagesim.config import EngineConfig
 from pagesim.cost.base import CostModel
 from pagesim.errors import ConfigError
+from pagesim.metrics.report import rejection_line
 from pagesim.planning.router import make_router
 from pagesim.planning.search import search_max
 from pagesim.planning.slo import SLOSpec
@@ -62,6 +63,9 @@ class CapacityResult:
     saturated_throughput: float  # req/s with every request sent at t=0
     probes: tuple[Probe, ...]  # rate probes in the order run
     slos: SLOSpec
+    # why no rate was searched (the saturated run rejected requests, which no rate can
+    # change, and `slos` does not allow it); None: the search ran
+    refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,9 @@ def max_sustainable_rate(
         config, plan_load(load, slos, math.inf), profile=profile, cost_model=cost_model
     )
     throughput = float(saturated.result["request_throughput"])
+    if saturated.result.get("num_rejected") and not slos.allow_rejected:
+        why = f"{rejection_line(saturated.result)}; --allow-rejected plans for the rest"
+        return CapacityResult(None, None, None, throughput, (), slos, why)
     ceiling = max_rate_limit if max_rate_limit is not None else max(2.0 * throughput, min_rate)
     start = min(max(0.5 * throughput, min_rate), ceiling)
     probes: list[Probe] = []

@@ -20,7 +20,6 @@ from matplotlib.figure import Figure
 from pagesim.planning.plots import _finish, log2_x, new_figure, save_figure
 
 
-
 def small_mode() -> bool:
     """Whether the notebooks run with small parameters (`PAGESIM_NOTEBOOK_SMALL=1`)."""
     return os.environ.get("PAGESIM_NOTEBOOK_SMALL", "") not in ("", "0")

@@ -105,6 +105,9 @@ class SLOSpec:
     bounds: tuple[Bound, ...] = ()
     goodput_ms: tuple[tuple[str, float], ...] = ()  # (("ttft", 500.0), ...), vllm bench order
     attainment: float = DEFAULT_ATTAINMENT
+    # False: a run that rejected any request meets no SLO (its latencies describe only the
+    # requests it served); True: plan for the served requests alone (--allow-rejected).
+    allow_rejected: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.attainment <= 1.0:
@@ -123,6 +126,9 @@ class SLOSpec:
     def check(self, result: Mapping[str, Any]) -> tuple[bool, tuple[str, ...]]:
         """(all met, one line per violated objective with the value found)."""
         violations = []
+        rejected = int(result.get("num_rejected") or 0)
+        if rejected and not self.allow_rejected:
+            violations.append(f"{rejected} requests rejected (--allow-rejected plans without them)")
         for b in self.bounds:
             if not b.holds(result):
                 found = result.get(b.key)
@@ -135,6 +141,26 @@ class SLOSpec:
                 got = "n/a" if share is None else f"{share:.3f}"
                 violations.append(f"goodput {slos} attainment>={self.attainment:g} (got {got})")
         return not violations, tuple(violations)
+
+    def usage(self, result: Mapping[str, Any]) -> list[tuple[str, float, str]]:
+        """(objective, share of its limit used, value found) per objective; a share > 1
+        is a violation. For `<=` bounds the share is value / limit; for `>=`, limit / value;
+        for goodput, the attainment asked / the attainment found."""
+        out = []
+        for b in self.bounds:
+            x = result.get(b.key)
+            x = math.nan if x is None else float(x)
+            if b.op in ("<=", "<"):
+                used = x / b.value if b.value > 0 else (math.inf if x > 0 else 0.0)
+            else:
+                used = b.value / x if x > 0 else math.inf
+            out.append((str(b), used, f"{x:.4g}"))
+        if self.goodput_ms:
+            share = goodput_attainment(result)
+            slos = "goodput " + " ".join(f"{k}:{v:g}" for k, v in self.goodput_ms)
+            used = self.attainment / share if share else math.inf
+            out.append((slos, used, "n/a" if share is None else f"{share:.3f} attained"))
+        return out
 
     def __str__(self) -> str:
         parts = [str(b) for b in self.bounds]
@@ -204,11 +230,13 @@ def _parse_goodput(part: str, whole: str) -> tuple[str, float]:
 
 
 def parse_slos(
-    items: Iterable[str] | Mapping[str, Any] | None, attainment: float = DEFAULT_ATTAINMENT
+    items: Iterable[str] | Mapping[str, Any] | None,
+    attainment: float = DEFAULT_ATTAINMENT,
+    allow_rejected: bool = False,
 ) -> SLOSpec:
     """Many `--slo` strings, or the JSON/YAML mapping form {"p99_e2el_ms": "<=500"}."""
     if items is None:
-        return SLOSpec(attainment=attainment)
+        return SLOSpec(attainment=attainment, allow_rejected=allow_rejected)
     if isinstance(items, Mapping):
         items = [
             f"{k}{v}" if str(v).lstrip()[:1] in "<>" else f"{k}<={v}" for k, v in items.items()
@@ -221,4 +249,4 @@ def parse_slos(
                 bounds.append(slo)
             else:
                 goodput[slo[0]] = slo[1]
-    return SLOSpec(tuple(bounds), tuple(goodput.items()), attainment)
+    return SLOSpec(tuple(bounds), tuple(goodput.items()), attainment, allow_rejected)

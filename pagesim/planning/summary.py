@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from pagesim.errors import ConfigError
+from pagesim.sim.build import profile_path
 
 # Run metadata written before the metrics; its settings already have columns of their own.
 METADATA_KEYS = frozenset(
@@ -33,6 +34,7 @@ METADATA_KEYS = frozenset(
         "max_concurrency",
         "seed",
         "cost_model",
+        "profile",
         "sweep_point",
         "run",
         "sweep_params",
@@ -58,7 +60,7 @@ def settings_row(task: Any) -> dict[str, Any]:
     """Point, run and every resolved setting of a `RunTask`."""
     row: dict[str, Any] = {"point": task.point.name, "run": task.run, "status": "ok", "error": None}
     row.update(dataclasses.asdict(task.config))
-    row["profile"] = task.profile or "analytical"
+    row["profile"] = profile_path(task.profile) if task.profile else "analytical"
     for key in LOAD_COLUMNS:  # request_rate None: the workload's own arrivals
         row[key] = getattr(task.load, key)
     return row

@@ -34,7 +34,7 @@ from pagesim.planning.backends import BACKENDS, execute
 from pagesim.planning.grid import SweepGrid, SweepPoint
 from pagesim.planning.mix import workload_ref
 from pagesim.planning.summary import metrics_row, settings_row, summary_frame
-from pagesim.sim.build import default_profile
+from pagesim.sim.build import default_profile, profile_record
 from pagesim.sim.output import requests_table, result_json, steps_table
 from pagesim.sim.simulate import LoadSpec, result_metadata, simulate
 
@@ -78,7 +78,8 @@ def run_one(task: RunTask) -> RunOutcome:
             )
         metadata = result_metadata(task.config, task.load)
         metadata.update(
-            cost_model=task.profile or "analytical",
+            cost_model="calibrated" if task.profile else "analytical",
+            profile=profile_record(task.profile),
             sweep_point=task.point.name,
             run=task.run,
             sweep_params=task.point.settings,

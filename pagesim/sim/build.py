@@ -7,8 +7,10 @@ setting means the same thing everywhere.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from pagesim.config import EngineConfig
 from pagesim.cost.analytical import AnalyticalCostModel
@@ -88,6 +90,30 @@ def _cost_model_name(config: EngineConfig, profile: str | Path | None, analytica
     return (
         f"Cost model: calibrated, {name} ({meta.gpu_name}, {meta.dtype}, measured {meta.date[:10]})"
     )
+
+
+def profile_path(profile: str | Path) -> str:
+    """A profile's directory as a saved result names it: `calibration/<gpu>/<model>` inside the
+    shipped data, else relative to the working folder; never absolute, so that a result reads
+    the same on every machine."""
+    return shipped_relative(profile) or Path(os.path.relpath(Path(profile).resolve())).as_posix()
+
+
+def profile_record(profile: str | Path | None) -> dict[str, Any] | None:
+    """What a saved result says of the profile that priced it (None: the analytical model):
+    its name (`<gpu>/<model>`), format version, date measured and `profile_path`."""
+    if profile is None:
+        return None
+    from pagesim.cost.profile import Profile
+
+    meta = Profile.load_metadata(profile)
+    tp = f"-tp{meta.tensor_parallel_size}" if meta.tensor_parallel_size > 1 else ""
+    return {
+        "name": f"{meta.gpu}/{meta.model}{tp}",
+        "format_version": meta.format_version,
+        "measured": meta.date,
+        "path": profile_path(profile),
+    }
 
 
 def scaled_cost_model(

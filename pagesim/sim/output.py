@@ -58,13 +58,19 @@ def result_json(
     return json.dumps(_jsonable(doc), indent=2, allow_nan=False) + "\n"
 
 
-def default_result_filename(metadata: dict[str, Any], date: str) -> str:
-    """vllm bench's default: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json."""
+def default_result_filename(
+    metadata: dict[str, Any], date: str, *, arrival: str | None = None
+) -> str:
+    """vllm bench's default: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json.
+
+    `arrival` names what timed the requests when it is not `--request-rate` (`trace` for a
+    trace's own timestamps, `4qps` for a spec's Poisson process); without it, the rate.
+    """
     rate = metadata.get("request_rate")
-    rate_s = "inf" if rate in (None, "inf") else f"{rate:g}"
+    rate_s = arrival or ("infqps" if rate in (None, "inf") else f"{rate:g}qps")
     conc = metadata.get("max_concurrency")
     conc_s = f"-concurrency{conc}" if conc else ""
-    return f"pagesim-{rate_s}qps{conc_s}-{metadata['model_id']}-{date}.json"
+    return f"pagesim-{rate_s}{conc_s}-{metadata['model_id']}-{date}.json"
 
 
 def requests_table(metrics: MetricsCollector) -> pa.Table:

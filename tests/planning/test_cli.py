@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -189,7 +190,13 @@ def test_plan_reports_rate_and_replicas(tmp_path: Path, capsys) -> None:
     assert rc == 0, out
     doc = json.loads(out_file.read_text())
     rate = doc["capacity"]["max_rate"]
-    assert f"Max sustainable rate: {rate:.3f} req/s" in out
+    assert re.search(rf"^Rate found within SLOs \(offered\): +{rate:.3f} req/s", out, re.M)
+    got = doc["capacity"]["result"]["request_throughput"]
+    assert re.search(rf"^Throughput achieved at it: +{got:.3f} req/s", out, re.M)
+    sat = doc["capacity"]["saturated_throughput"]
+    assert re.search(rf"^Saturated capacity: +{sat:.3f} req/s \(40 requests", out, re.M)
+    assert doc["capacity"]["binding_slo"].startswith("p99_ttft_ms<=400 (")
+    assert f"Binding SLO:{' ' * 25}{doc['capacity']['binding_slo']}" in out
     assert doc["capacity"]["result"]["p99_ttft_ms"] <= 400
     n = doc["replicas"]["num_replicas"]
     assert f"Replicas needed: {n} ({n} GPUs)" in out and n >= 2
