@@ -53,7 +53,9 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     allocator: str = "paged"  # paged, or a contiguous baseline: reserve-max | pow2 | oracle
-    contiguous_placement: str = "buddy"  # where contiguous regions go: buddy | first-fit
+    # where contiguous regions go: buddy | first-fit; None (not given): the allocator's own,
+    # `default_placement`, resolved when the config is made
+    contiguous_placement: str | None = None
     swap_space: float = 4.0  # GiB of CPU swap per GPU (swap preemption only)
     # ---- scheduler ----
     max_num_seqs: int = 1024
@@ -91,7 +93,9 @@ class EngineConfig:
             )
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _check_choice("allocator", self.allocator, ALLOCATORS)
-        _check_choice("contiguous_placement", self.contiguous_placement, PLACEMENTS)
+        if self.contiguous_placement is None:
+            object.__setattr__(self, "contiguous_placement", default_placement(self.allocator))
+        _check_choice("contiguous_placement", str(self.contiguous_placement), PLACEMENTS)
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _check_choice("vllm_compat", self.vllm_compat, VLLM_COMPAT)
@@ -161,7 +165,26 @@ class EngineConfig:
         return cls(**given)
 
     def replace(self, **changes: Any) -> EngineConfig:
+        """A copy with `changes`. A new `allocator` without a placement takes that allocator's
+        default placement, unless this config's placement differs from its own allocator's
+        default (then it was chosen, and is kept)."""
+        if (
+            "allocator" in changes
+            and "contiguous_placement" not in changes
+            and self.contiguous_placement == default_placement(self.allocator)
+        ):
+            changes["contiguous_placement"] = None
         return dataclasses.replace(self, **changes)
+
+
+def default_placement(allocator: str) -> str:
+    """Where an allocator's regions go unless `contiguous_placement` says: `oracle` regions
+    first-fit, the others in a buddy allocator (as the vLLM paper assumes for Orca). A buddy
+    can place an exact region only in a free block of the next power of two (it then gives
+    the tail back, `pagesim.kvcache.buddy`), so under it `oracle` admits about as many
+    requests as `pow2`; first-fit places exact regions where they fit, which is what an exact
+    reservation is for. Paged blocks ignore it (buddy, the value results have always shown)."""
+    return "first-fit" if allocator == "oracle" else "buddy"
 
 
 def _check(ok: bool, name: str, value: object, why: str = "must be >= 1") -> None:

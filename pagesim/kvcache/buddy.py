@@ -4,15 +4,22 @@ The contiguous KV baselines place each request's whole reservation in one run of
 (a unit is `block_size` token slots). These two placers are real allocators, so external
 fragmentation comes out of the placement history rather than a formula:
 
-- `BuddyAllocator`: sizes round up to a power of two; a free block of order k splits into two
-  buddies of order k-1; on free, a block merges with its buddy while the buddy is free and
-  whole. The line need not be a power of two: it starts as the greedy cover of [0, capacity)
-  by aligned power-of-two blocks (12 = [0,8) + [8,12)), and a merge happens only if the
-  parent block lies inside the line, so those top blocks never merge with each other.
+- `BuddyAllocator`: a region of `size` units is placed in the lowest free block of the
+  smallest order that holds it (ceil_pow2(size) units), split down as a buddy system does (a
+  free block of order k splits into two buddies of order k-1); then the block is split
+  exactly: the region keeps [start, start + size) as aligned power-of-two pieces and the
+  tail goes back to the free lists at once (as Linux's `alloc_pages_exact` does), so an exact
+  reservation stays exact and the rounding never shows as waste. On free, each piece merges
+  with its buddy while the buddy is free and whole. The line need not be a power of two: it
+  starts as the greedy cover of [0, capacity) by aligned power-of-two blocks
+  (12 = [0,8) + [8,12)), and a merge happens only if the parent block lies inside the line,
+  so those top blocks never merge with each other.
 
       order 3: [0 ............ 8)
       order 2: [0 .... 4)[4 .... 8)[8 .... 12)
       order 1: [0 2)[2 4)  ...           buddy of (start, k) = start ^ (1 << k)
+
+      allocate(5) from [0, 8): region [0,4)+[4,5), tail [5,6)+[6,8) freed
 
 - `FirstFitAllocator`: an address-ordered list of holes; an allocation takes the lowest hole
   that fits, from its start; a free coalesces with the holes on both sides.
@@ -51,6 +58,18 @@ def ceil_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def aligned_cover(start: int, end: int) -> list[tuple[int, int]]:
+    """[start, end) as the fewest aligned power-of-two blocks, left to right: (start, order)."""
+    pieces = []
+    while start < end:
+        order = (end - start).bit_length() - 1
+        if start:
+            order = min(order, (start & -start).bit_length() - 1)
+        pieces.append((start, order))
+        start += 1 << order
+    return pieces
+
+
 class BuddyAllocator:
     """Binary buddy allocator. `free_lists[k]` holds the sorted starts of free blocks of 2**k."""
 
@@ -62,23 +81,27 @@ class BuddyAllocator:
         self.capacity = capacity
         self.max_order = capacity.bit_length() - 1
         self.free_lists: list[list[int]] = [[] for _ in range(self.max_order + 1)]
-        self.allocated: dict[int, int] = {}  # start -> order
+        self.allocated: dict[int, int] = {}  # start -> order, one entry per allocated piece
+        self.regions: dict[int, int] = {}  # region start -> size (units)
         self.num_free_units = capacity
-        start = 0
-        while start < capacity:  # greedy cover by aligned powers of two
-            order = min(
-                (start & -start).bit_length() - 1 if start else self.max_order,
-                (capacity - start).bit_length() - 1,
-            )
+        for start, order in aligned_cover(0, capacity):
             self.free_lists[order].append(start)
-            start += 1 << order
 
     def rounded_size(self, size: int) -> int:
-        """Units an allocation of `size` really takes (a power of two)."""
-        return ceil_pow2(size)
+        """Units an allocation of `size` takes: exactly `size` (the tail is split off)."""
+        return size
+
+    def can_place(self, size: int) -> bool:
+        """Whether an empty line could place `size` units: a block of ceil_pow2(size) fits."""
+        return 1 <= size and (size - 1).bit_length() <= self.max_order
+
+    def region_size(self, start: int) -> int | None:
+        """Units of the region allocated at `start`, None if none starts there."""
+        return self.regions.get(start)
 
     def allocate(self, size: int) -> Region | None:
-        """The lowest free block of the smallest order that fits, split down to ceil_pow2(size)."""
+        """The lowest free block of the smallest order that fits, split down to
+        ceil_pow2(size), then split exactly: [start, start + size) is kept, the rest freed."""
         if size < 1:
             raise InternalError(f"size={size}: allocate at least one unit")
         order = (size - 1).bit_length()
@@ -91,15 +114,25 @@ class BuddyAllocator:
         while j > order:  # keep the lower half, free the upper buddy
             j -= 1
             insort(self.free_lists[j], start + (1 << j))
-        self.allocated[start] = order
-        self.num_free_units -= 1 << order
-        return Region(start, 1 << order)
+        for piece, k in aligned_cover(start, start + size):
+            self.allocated[piece] = k
+        # the tail's greedy pieces are maximal: no two are buddies, none merges yet
+        for piece, k in aligned_cover(start + size, start + (1 << order)):
+            insort(self.free_lists[k], piece)
+        self.regions[start] = size
+        self.num_free_units -= size
+        return Region(start, size)
 
     def free(self, start: int) -> None:
-        """Return the block at `start`, merging with free buddies as far as they go."""
-        order = self.allocated.pop(start, None)
-        if order is None:
-            raise InternalError(f"start={start}: no allocated buddy block starts there")
+        """Return the region at `start`: each piece merges with free buddies as far as they go."""
+        size = self.regions.pop(start, None)
+        if size is None:
+            raise InternalError(f"start={start}: no allocated buddy region starts there")
+        for piece, order in reversed(aligned_cover(start, start + size)):
+            del self.allocated[piece]
+            self._free_block(piece, order)
+
+    def _free_block(self, start: int, order: int) -> None:
         self.num_free_units += 1 << order
         while order < self.max_order:
             parent = start & ~(1 << order)
@@ -145,6 +178,8 @@ class BuddyAllocator:
         _require(pos == self.capacity, f"blocks cover {pos} units, capacity is {self.capacity}")
         free = sum(n for _, n, is_free in blocks if is_free)
         _require(free == self.num_free_units, f"num_free_units={self.num_free_units}, lists={free}")
+        pieces = {p: k for s, n in self.regions.items() for p, k in aligned_cover(s, s + n)}
+        _require(pieces == self.allocated, "allocated pieces do not tile the regions")
         for k, lst in enumerate(self.free_lists):
             _require(lst == sorted(set(lst)), f"free list {k} unsorted or duplicated")
             members = set(lst)
@@ -172,6 +207,19 @@ class FirstFitAllocator:
 
     def rounded_size(self, size: int) -> int:
         return size
+
+    def can_place(self, size: int) -> bool:
+        """Whether an empty line could place `size` units."""
+        return 1 <= size <= self.capacity
+
+    def region_size(self, start: int) -> int | None:
+        """Units of the run allocated at `start`, None if none starts there."""
+        return self.allocated.get(start)
+
+    @property
+    def regions(self) -> dict[int, int]:
+        """Run start -> size (units)."""
+        return self.allocated
 
     def allocate(self, size: int) -> Region | None:
         """Carve `size` units from the start of the lowest hole that holds them."""

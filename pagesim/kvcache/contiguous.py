@@ -11,7 +11,8 @@ The region is placed by a real allocator over the line of usable blocks (`buddy.
 buddy, as the vLLM paper assumes for Orca, or first-fit with coalescing), so external
 fragmentation comes from the placement history. The unit of placement is one block of
 `block_size` slots, so region sizes round up to whole blocks (`block_size=1` gives
-token-granular regions); the buddy rounds the blocks up to a power of two as well.
+token-granular regions); neither placer rounds further (the buddy splits its block exactly),
+so `oracle` reserves exactly what a request will fill, under either placement.
 
 Same calling shape as the paged `KVCacheManager`: the scheduler cannot tell them apart.
 Block ids: block 0 stays the null block, as in the paged pool; unit u of the line is block
@@ -112,7 +113,7 @@ class ContiguousKVCacheManager:
     def can_fit(self, num_tokens: int) -> bool:
         """Whether a request of final length `num_tokens` could get its region in an empty
         cache (schedulers reject requests for which this is False)."""
-        return self.region_units(num_tokens) <= self.allocator.capacity
+        return self.allocator.can_place(self.region_units(num_tokens))
 
     def can_fit_request(self, request: Request) -> bool:
         return self.can_fit(request.max_num_tokens)
@@ -274,15 +275,13 @@ class ContiguousKVCacheManager:
         a.check_invariants()
         bs = self.block_size
         _require(
-            len(a.allocated) == len(self.reservations),
-            f"{len(a.allocated)} regions allocated, {len(self.reservations)} reservations",
+            len(a.regions) == len(self.reservations),
+            f"{len(a.regions)} regions allocated, {len(self.reservations)} reservations",
         )
         reserved = fillable = 0
         for rid, res in self.reservations.items():
             start, size = res.region
-            held = a.allocated.get(start)
-            if held is not None and self.placement == "buddy":
-                held = 1 << held  # the buddy records orders
+            held = a.region_size(start)
             _require(
                 held == size,
                 f"request {rid!r}: region {res.region} is not allocated with that size",

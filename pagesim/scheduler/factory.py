@@ -34,7 +34,7 @@ def build_kv_cache_manager(
         num_gpu_blocks=num_gpu_blocks,
         block_size=config.block_size,
         policy=config.allocator,
-        placement=config.contiguous_placement,
+        placement=str(config.contiguous_placement),
         max_model_len=config.max_model_len,
         check_invariants=check_invariants,
     )

@@ -27,25 +27,41 @@ def test_buddy_initial_cover_non_power_of_two():
 def test_buddy_split_and_merge_exact():
     b = BuddyAllocator(16)
     assert _lists(b) == {16: [0]}
-    r1 = b.allocate(3)  # rounds to 4: 16 -> 8+8 -> 4+4
-    assert r1 == Region(0, 4)
+    r1 = b.allocate(3)  # a block of 4 (16 -> 8+8 -> 4+4), split exactly: [0,2)+[2,3)
+    assert r1 == Region(0, 3)
+    assert _lists(b) == {1: [3], 4: [4], 8: [8]} and b.num_free_units == 13
+    assert b.allocated == {0: 1, 2: 0} and b.regions == {0: 3}
+    r2 = b.allocate(1)  # the smallest free block that holds it: the 1 at 3
+    assert r2 == Region(3, 1)
     assert _lists(b) == {4: [4], 8: [8]}
-    r2 = b.allocate(1)  # from the 4 at 4: 4 -> 2+2 -> 1+1
-    assert r2 == Region(4, 1)
-    assert _lists(b) == {1: [5], 2: [6], 8: [8]}
     r3 = b.allocate(8)
     assert r3 == Region(8, 8)
-    assert _lists(b) == {1: [5], 2: [6]}
-    assert b.allocate(4) is None  # 3 units free, but no block of 4: nothing changes
-    assert _lists(b) == {1: [5], 2: [6]} and b.num_free_units == 3
+    assert _lists(b) == {4: [4]}
+    assert b.allocate(5) is None  # 4 units free, no block of 8: nothing changes
+    assert _lists(b) == {4: [4]} and b.num_free_units == 4
     b.check_invariants()
-    b.free(0)  # its buddy [4,8) is split: no merge
-    assert _lists(b) == {1: [5], 2: [6], 4: [0]}
-    b.free(4)  # 4+5 -> [4,6); + [6,8) -> [4,8); + [0,4) -> [0,8); buddy [8,16) used: stop
+    b.free(0)  # [2,3)'s buddy [3,4) is used; [0,2)'s buddy [2,4) is not whole: no merge
+    assert _lists(b) == {1: [2], 2: [0], 4: [4]}
+    b.free(3)  # [3,4) + [2,3) -> [2,4); + [0,2) -> [0,4); + [4,8) -> [0,8); [8,16) used: stop
     assert _lists(b) == {8: [0]}
     b.free(8)
     assert _lists(b) == {16: [0]}
-    assert b.num_free_units == 16 and not b.allocated
+    assert b.num_free_units == 16 and not b.allocated and not b.regions
+    b.check_invariants()
+
+
+def test_buddy_exact_region_frees_its_tail_at_once():
+    b = BuddyAllocator(16)
+    assert b.allocate(5) == Region(0, 5)  # block [0,8): region [0,4)+[4,5); tail [5,6)+[6,8)
+    assert _lists(b) == {1: [5], 2: [6], 8: [8]} and b.num_free_units == 11
+    assert b.allocate(3) == Region(8, 3)  # a block of 4 from [8,16): the 2 at 6 is too small
+    assert _lists(b) == {1: [5, 11], 2: [6], 4: [12]} and b.num_free_units == 8
+    assert b.usable_free(3) == 4 and b.usable_free(2) == 6 and b.usable_free(1) == 8
+    assert not b.can_place(17) and b.can_place(9) and b.rounded_size(9) == 9
+    b.check_invariants()
+    b.free(8)
+    b.free(0)
+    assert _lists(b) == {16: [0]} and b.num_free_units == 16
     b.check_invariants()
 
 

@@ -41,7 +41,7 @@ def _mgr(
         ("pow2", "buddy", 16),  # 256 tokens = 16 blocks
         ("pow2", "first-fit", 16),
         ("oracle", "first-fit", 9),  # 130 tokens -> 9 blocks (144 slots)
-        ("oracle", "buddy", 16),  # 9 blocks -> the buddy's 16
+        ("oracle", "buddy", 9),  # 9 blocks: the buddy splits its block of 16 exactly
     ],
 )
 def test_region_size_per_policy(policy, placement, units):
