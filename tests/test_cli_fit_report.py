@@ -39,7 +39,7 @@ def test_calibrate_ends_with_the_new_profiles_fit_report(capsys, monkeypatch) ->
     import pagesim.gpu.profiler as profiler
 
     shipped = calibration_dir() / "h200" / "llama-2-7b"
-    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(device, "require_cuda", lambda *hint: None)
     monkeypatch.setattr(
         profiler,
         "run_calibration",
@@ -62,7 +62,8 @@ def test_calibrate_decode_batches_reach_the_grid_and_bad_ones_are_one_line(
     from pagesim.gpu.calibrate import CalibrationGrid
 
     assert DEFAULT_DECODE_BATCHES == CalibrationGrid().decode_batches
-    assert main(["calibrate", "--decode-batches", "1,x"]) == 2  # before any GPU check
+    monkeypatch.setattr(device, "require_cuda", lambda *hint: None)
+    assert main(["calibrate", "--decode-batches", "1,x"]) == 2  # before the GPU is touched
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--decode-batches" in err, err
     shipped = calibration_dir() / "h200" / "llama-2-7b"
@@ -74,7 +75,7 @@ def test_calibrate_decode_batches_reach_the_grid_and_bad_ones_are_one_line(
             profile=Profile.load(shipped), directory=shipped, elapsed_s=1.0
         )
 
-    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(device, "require_cuda", lambda *hint: None)
     monkeypatch.setattr(profiler, "run_calibration", fake)
     assert main(["calibrate", "--quiet", "--decode-batches", "24,1,8,24,16"]) == 0
     assert grids[0].decode_batches == (1, 8, 16, 24)

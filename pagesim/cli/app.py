@@ -6,6 +6,7 @@ and exits with code 2; a traceback is reserved for bugs.
 
 from __future__ import annotations
 
+import re
 import sys
 import traceback
 
@@ -49,6 +50,7 @@ def _register() -> None:
         fit_report,
         kv_capacity,
         merge_profiles,
+        models,
         parity,
         plan,
         plot,
@@ -58,11 +60,61 @@ def _register() -> None:
     )
 
 
+# Commands that need a GPU, with what works without one. Checked before the commands are
+# imported: importing them (pandas, matplotlib) and torch takes seconds, and the answer
+# "no GPU here" should not.
+GPU_COMMANDS = {
+    "calibrate": "",
+    "validate": " (--real RUN.json compares stored real runs on any machine)",
+}
+
+
+def _require_gpu_first(argv: list[str] | None) -> None:
+    """Fail at once when a GPU command runs on a machine without a GPU (not for --help, nor
+    for `validate --real`, which reads stored runs)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] not in GPU_COMMANDS or "--help" in args:
+        return
+    if args[0] == "validate" and any(a == "--real" or a.startswith("--real=") for a in args):
+        return
+    from pagesim.gpu import device
+
+    device.require_cuda(GPU_COMMANDS[args[0]])
+
+
+# Options that take several space-separated items after one flag, as `vllm bench serve
+# --goodput ttft:500 tpot:50` does (argparse nargs="+"); click takes one value per flag.
+MULTI_ITEM_OPTIONS = ("--goodput", "--slo")
+GOODPUT_ITEM = re.compile(r"^(ttft|tpot|e2el):[^\s]+$")
+
+
+def split_multi_items(args: list[str]) -> list[str]:
+    """`--goodput ttft:500 tpot:50` -> `--goodput ttft:500 --goodput tpot:50`: each further
+    item of the form METRIC:MS after such a flag gets the flag of its own."""
+    out: list[str] = []
+    flag: str | None = None  # the multi-item flag whose items may follow
+    value_next = False  # the next argument is the flag's own value
+    for arg in args:
+        if flag is not None and not value_next and GOODPUT_ITEM.match(arg):
+            out += [flag, arg]
+            continue
+        if arg in MULTI_ITEM_OPTIONS:
+            flag, value_next = arg, True
+        elif value_next:
+            value_next = False
+        else:
+            flag = None
+        out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `pagesim` console script."""
-    _register()
     try:
-        result = app(args=argv, standalone_mode=False)
+        _require_gpu_first(argv)
+        _register()
+        args = split_multi_items(sys.argv[1:] if argv is None else list(argv))
+        result = app(args=args, standalone_mode=False)
     except PagesimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from pagesim.kvcache.sizing import kv_capacity
 @app.command("kv-capacity")
 def kv_capacity_command(
     model: Annotated[str, typer.Option(help="Model name (see `pagesim models`).")] = "llama-2-7b",
-    gpu: Annotated[str, typer.Option(help="GPU name.")] = "h200",
+    gpu: Annotated[str, typer.Option(help="GPU name (see `pagesim models`).")] = "h200",
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
     max_model_len: Annotated[int | None, typer.Option(help="Default: the model's.")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option()] = 0.92,

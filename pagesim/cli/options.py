@@ -16,6 +16,7 @@ import yaml
 
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError
+from pagesim.metrics.report import LATENCY_METRICS
 from pagesim.sim.simulate import LoadSpec
 
 ENGINE = "Engine (vllm serve flags)"
@@ -73,7 +74,11 @@ AllocatorOpt = Annotated[
     typer.Option(help="paged | reserve-max | pow2 | oracle [paged]", rich_help_panel=ENGINE),
 ]
 Placement = Annotated[
-    str | None, typer.Option(help="buddy | first-fit (contiguous only)", rich_help_panel=ENGINE)
+    str | None,
+    typer.Option(
+        help="buddy | first-fit (contiguous only) [first-fit for oracle, else buddy]",
+        rich_help_panel=ENGINE,
+    ),
 ]
 KVDtype = Annotated[str | None, typer.Option(help="auto | fp8 [auto]", rich_help_panel=ENGINE)]
 TP = Annotated[int | None, typer.Option(help="[1]", rich_help_panel=ENGINE)]
@@ -104,7 +109,13 @@ StepTimeScale = Annotated[
 # ---- load ----
 WorkloadOpt = Annotated[
     str | None,
-    typer.Option(help="Shipped name, YAML spec or trace file [chat]", rich_help_panel=LOAD),
+    typer.Option(
+        "--workload",
+        "--dataset-name",
+        help="Shipped name (sharegpt = chat), YAML spec, trace file or mix chat:0.7+code:0.3 "
+        "[chat]",
+        rich_help_panel=LOAD,
+    ),
 ]
 NumPrompts = Annotated[int | None, typer.Option(help="[1000]", rich_help_panel=LOAD)]
 RequestRate = Annotated[
@@ -128,6 +139,14 @@ Goodput = Annotated[
 ]
 MetricPercentiles = Annotated[
     str | None, typer.Option(help="Comma list [99]", rich_help_panel=LOAD)
+]
+PercentileMetrics = Annotated[
+    str | None,
+    typer.Option(
+        help="Metrics the printed block shows, comma list of ttft, tpot, itl, e2el (the JSON "
+        "keeps all) [all four]",
+        rich_help_panel=LOAD,
+    ),
 ]
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", help="YAML with the same names; flags override it")
@@ -246,6 +265,19 @@ def parse_percentiles(text: str | list | None) -> tuple[float, ...]:
         raise ConfigError(
             f"--metric-percentiles {text!r}: expected numbers like 50,90,99"
         ) from None
+
+
+def parse_percentile_metrics(text: str | None) -> tuple[str, ...]:
+    """`--percentile-metrics ttft,tpot` -> ("ttft", "tpot"); None: all four."""
+    if text is None:
+        return LATENCY_METRICS
+    names = tuple(p.strip() for p in str(text).split(",") if p.strip())
+    bad = [n for n in names if n not in LATENCY_METRICS]
+    if bad or not names:
+        raise ConfigError(
+            f"--percentile-metrics {text!r}: expected a comma list of {', '.join(LATENCY_METRICS)}"
+        )
+    return tuple(n for n in LATENCY_METRICS if n in names)
 
 
 def load_spec(values: dict[str, Any]) -> LoadSpec:

@@ -68,6 +68,7 @@ def run_command(
     random_prefix_len: o.RandomPrefixLen = None,
     goodput: o.Goodput = None,
     metric_percentiles: o.MetricPercentiles = None,
+    percentile_metrics: o.PercentileMetrics = None,
     save_result: Annotated[bool, typer.Option(help="Write the result JSON.")] = False,
     result_dir: Annotated[
         Path | None,
@@ -89,8 +90,10 @@ def run_command(
         "check_invariants",
         "quiet",
         "step_time_scale",
+        "percentile_metrics",
     ):
         flags.pop(key)
+    shown = o.parse_percentile_metrics(percentile_metrics)
     file_values = o.read_config_file(config)
     values = o.merge({**DEFAULTS, **file_values}, flags)
     with workload_ref(str(values["workload"])) as ref:
@@ -127,6 +130,7 @@ def run_command(
             request_rate=rate,
             max_concurrency=load.max_concurrency,
             percentiles=load.percentiles,
+            metrics=shown,
         )
     )
     print(format_kv_block(sim.result))

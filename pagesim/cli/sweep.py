@@ -57,7 +57,15 @@ def sweep_command(
     tensor_parallel_size: _list("", E) = None,
     vllm_compat: _list("0.33,0.23", E) = None,
     profile: _list("Calibration directories, or analytical", E) = None,
-    workload: _list("Names, files or mixes (chat:0.7+code:0.3)", L) = None,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            "--workload",
+            "--dataset-name",
+            help="Names, files or mixes (chat:0.7+code:0.3)",
+            rich_help_panel=L,
+        ),
+    ] = None,
     num_prompts: _list("", L) = None,
     request_rate: _list("req/s, inf = all at once", L) = None,
     burstiness: _list("", L) = None,

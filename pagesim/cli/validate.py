@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 
 from pagesim.cli import options as o
-from pagesim.cli.app import app
+from pagesim.cli.app import GPU_COMMANDS, app
 from pagesim.errors import ConfigError
 
 
@@ -140,7 +140,7 @@ def _serve_now(
     (the second as `<stem>-r2`, ...); returns their paths."""
     from pagesim.gpu.device import require_cuda, torch_dtype
 
-    require_cuda()
+    require_cuda(GPU_COMMANDS["validate"])
     import torch
 
     from pagesim.config import EngineConfig

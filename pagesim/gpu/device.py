@@ -28,18 +28,50 @@ DTYPES: dict[str, str] = {
 }
 
 
-def require_cuda() -> None:
-    """Raise `GPUUnavailableError` unless torch, triton and a CUDA device are present."""
+def cuda_driver_devices() -> int | None:
+    """CUDA devices the driver sees, asked through libcuda itself (milliseconds, where
+    importing torch takes seconds to tens of seconds): 0 without a driver or device, None
+    when the answer is unknown (libcuda loaded but the query is unavailable)."""
+    import ctypes
+    import ctypes.util
+
+    names = ["libcuda.so.1", "libcuda.so", ctypes.util.find_library("cuda"), "nvcuda.dll"]
+    for name in [n for n in names if n]:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        try:
+            if lib.cuInit(0) != 0:
+                return 0
+            count = ctypes.c_int(0)
+            return count.value if lib.cuDeviceGetCount(ctypes.byref(count)) == 0 else 0
+        except AttributeError:
+            return None
+    return 0
+
+
+def require_cuda(hint: str = "") -> None:
+    """Raise `GPUUnavailableError` unless torch, triton and a CUDA device are present.
+
+    The driver is asked first (`cuda_driver_devices`), so a machine without a GPU hears so
+    at once rather than after torch's import; `hint` ends the message (what works instead)."""
+    if cuda_driver_devices() == 0:
+        raise GPUUnavailableError(
+            f"this command needs a CUDA GPU; the CUDA driver finds none on this machine{hint}"
+        )
     for module in ("torch", "triton"):
         if importlib.util.find_spec(module) is None:
             raise GPUUnavailableError(
-                f"this command needs a CUDA GPU with torch and triton; {module} is not installed"
+                f"this command needs a CUDA GPU with torch and triton; {module} is not "
+                f"installed{hint}"
             )
     import torch
 
     if not torch.cuda.is_available():
         raise GPUUnavailableError(
-            "this command needs a CUDA GPU; torch.cuda.is_available() is False on this machine"
+            "this command needs a CUDA GPU; torch.cuda.is_available() is False on this "
+            f"machine{hint}"
         )
 
 

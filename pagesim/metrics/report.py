@@ -164,8 +164,11 @@ def format_benchmark_block(
     request_rate: float,
     max_concurrency: int | None,
     percentiles: Iterable[float] = (99,),
+    metrics: Iterable[str] = LATENCY_METRICS,
 ) -> str:
-    """The `Serving Benchmark Result` block, line for line as vllm bench prints it."""
+    """The `Serving Benchmark Result` block, line for line as vllm bench prints it; `metrics`
+    are the latency sections shown (vllm bench's --percentile-metrics)."""
+    shown = set(metrics)
     lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="=")]
     row_i = "{:<40} {:<10}"
     row_f = "{:<40} {:<10.2f}"
@@ -187,7 +190,7 @@ def format_benchmark_block(
     )
     lines.append(row_f.format("Peak concurrent requests:", result["max_concurrent_requests"]))
     lines.append(row_f.format("Total token throughput (tok/s):", result["total_token_throughput"]))
-    for name in LATENCY_METRICS:
+    for name in (m for m in LATENCY_METRICS if m in shown):
         title, short = METRIC_TITLES[name]
         lines.append("{s:{c}^{n}}".format(s=title, n=50, c="-"))
         lines.append(row_f.format(f"Mean {short} (ms):", result[f"mean_{name}_ms"]))

@@ -18,7 +18,7 @@ from tempfile import TemporaryDirectory
 import yaml
 
 from pagesim.errors import ConfigError
-from pagesim.workload import shipped_workloads
+from pagesim.workload import VLLM_DATASETS, shipped_workloads
 
 
 def is_mix(text: str) -> bool:
@@ -48,7 +48,11 @@ def check_workload(text: str) -> None:
     names = [n for n, _ in parse_mix(text)] if is_mix(text) else [text]
     known = shipped_workloads()
     for name in names:
-        if name not in known and not Path(name).expanduser().is_file():
+        if (
+            name not in known
+            and name not in VLLM_DATASETS
+            and not Path(name).expanduser().is_file()
+        ):
             raise ConfigError(
                 f"workload {name!r}: not a shipped workload ({', '.join(known)}) nor a file"
             )

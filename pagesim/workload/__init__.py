@@ -50,6 +50,10 @@ WORKLOAD_PARAMS: tuple[str, ...] = (
 )
 
 
+# `vllm bench serve --dataset-name` values that name a shipped workload by another name.
+VLLM_DATASETS: dict[str, str] = {"sharegpt": "chat"}
+
+
 def shipped_workloads() -> list[str]:
     """Names of the shipped workload specs, sorted."""
     return sorted(p.stem for p in workloads_dir().glob("*.yaml"))
@@ -108,7 +112,7 @@ class _Loader:
             if not (is_trace_path(p) or p.name.lower().endswith(SPEC_SUFFIXES)):
                 raise WorkloadError(f"workload file {str(p)!r}: expected .yaml, .csv or .jsonl")
             return p.resolve()
-        shipped = workloads_dir() / f"{ref}.yaml"
+        shipped = workloads_dir() / f"{VLLM_DATASETS.get(ref, ref)}.yaml"
         if not shipped.is_file():
             raise unknown_name("workload", ref, shipped_workloads())
         return shipped.resolve()
