@@ -20,6 +20,7 @@ from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.cost.scaled import check_step_time_scale
 from pagesim.errors import ConfigError
+from pagesim.planning.blocksize import best_block_size, block_size_table, compare_block_sizes
 from pagesim.planning.capacity import (
     DEFAULT_MIN_DURATION_S,
     CapacityResult,
@@ -39,6 +40,7 @@ from pagesim.sim.build import (
     scaled_cost_model,
 )
 from pagesim.specs import GiB
+from pagesim.utils import parse_int_list
 
 PLAN = "Plan"
 DEFAULTS = {"workload": "chat", "num_prompts": 500}
@@ -115,6 +117,15 @@ def plan_command(
             rich_help_panel=PLAN,
         ),
     ] = None,
+    compare_block_sizes: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma list of block sizes, e.g. 8,16,32,64,128: the max rate within the SLOs "
+            "for each at the same KV memory, with the kernel's step cost, internal "
+            "fragmentation and prefix hits behind it, then the best block size",
+            rich_help_panel=PLAN,
+        ),
+    ] = None,
     analytical: Annotated[
         bool,
         typer.Option(
@@ -175,6 +186,7 @@ def plan_command(
         "save_result",
         "config",
         "compare_tp",
+        "compare_block_sizes",
         "analytical",
         "step_time_scale",
     ):
@@ -204,7 +216,22 @@ def plan_command(
     }
     if scale != 1.0:
         doc["step_time_scale"] = scale
-    if sizes:
+    if compare_block_sizes is not None:
+        doc["compare_block_sizes"] = _plan_block_sizes(
+            compare_block_sizes,
+            values,
+            sizes,
+            kv_sizing,
+            engine,
+            load,
+            slos,
+            analytical,
+            rel_tol,
+            min_duration,
+            scale,
+        )
+        doc["best"] = best_block_size(doc["compare_block_sizes"])
+    elif sizes:
         doc["compare_tp"] = [
             _plan_tp(
                 values,
@@ -272,6 +299,34 @@ def _cost_line(engine, prof, analytical: bool = False, scale: float = 1.0) -> st
     return cost_model_line(engine, prof, analytical=analytical, step_time_scale=scale) + (
         f"\n{note}" if note else ""
     )
+
+
+def _plan_block_sizes(
+    text, values, tp_sizes, kv_sizing, engine, load, slos, analytical, rel_tol, min_duration, scale
+) -> list[dict[str, Any]]:
+    """`--compare-block-sizes`: one capacity search per block size, printed as a table."""
+    sizes = sorted(set(parse_int_list(text, "compare-block-sizes")))
+    for clash, given in (
+        ("--block-size", values.get("block_size")),
+        ("--compare-tp", tp_sizes or None),
+        ("--kv-sizing", kv_sizing or None),
+    ):
+        if given is not None:
+            raise ConfigError(f"--compare-block-sizes sets each plan's block size: drop {clash}")
+    prof = None if analytical else values.get("profile") or default_profile(engine)
+    print(_cost_line(engine, prof, analytical, scale).splitlines()[0])
+    rows = compare_block_sizes(
+        engine,
+        load,
+        slos,
+        sizes,
+        profile=prof,
+        rel_tol=rel_tol,
+        min_duration_s=min_duration,
+        step_time_scale=scale,
+    )
+    print("\n".join(block_size_table(rows, profiled=prof is not None, rel_tol=rel_tol)))
+    return rows
 
 
 def _tp_sizes(compare_tp: str | None, values: dict[str, Any], kv_sizing: bool) -> list[int]:
