@@ -1,5 +1,8 @@
 """`pagesim plot`: figures from a sweep directory (PNG and SVG, under DIR/plots by default).
 
+A figure that would show zeros only (no preemption, no prefix hit anywhere) is not drawn: one
+line says why instead.
+
     pagesim plot results/20260101_120000                    every figure the grid supports
     pagesim plot DIR --kind latency --curve-by block_size   one kind, curves by a setting
 
@@ -56,9 +59,29 @@ def plot_command(
     out = output_dir or Path(directory) / "plots"
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     for k in wanted:
+        empty = _all_zero(k, df)
+        if empty:
+            print(f"No {k}.png: {empty}")
+            continue
         fig = _figure(k, df, directory, varying, curve_by)
         for path in plots.save_figure(fig, out, k, fmts):
             print(f"Saved {path}")
+
+
+# What a kind of figure would show, and what it means when that is zero in every run.
+ZERO_MEANS = {
+    "preemption": ("num_preemptions", "no run preempted a request (the KV cache never ran out)"),
+    "prefix": ("prefix_cache_hit_rate", "no run had a prefix cache hit"),
+}
+
+
+def _all_zero(kind: str, df: pd.DataFrame) -> str | None:
+    """Why `kind` would be a figure of zeros only, or None when it shows something."""
+    col, why = ZERO_MEANS.get(kind, (None, ""))
+    ok = df[df["status"] == "ok"] if "status" in df else df
+    if col is None or col not in ok or ok[col].fillna(0).abs().sum() > 0:
+        return None
+    return f"{why}; {col} is 0 everywhere"
 
 
 def _varying(directory: Path, df: pd.DataFrame) -> list[str]:
@@ -110,9 +133,7 @@ def _figure(kind: str, df: pd.DataFrame, directory: Path, varying: list[str], cu
         )
     if kind == "prefix":
         x = _cache_x(varying) or "num_gpu_blocks_override"
-        return plots.plot_prefix_hit_vs_cache(
-            df, x=x, xlabel=x, curve_by=_pick_curve(varying, x, curve_by)
-        )
+        return plots.plot_prefix_hit_vs_cache(df, x=x, curve_by=_pick_curve(varying, x, curve_by))
     if kind == "waste":
         table = df[df["status"] == "ok"].groupby("allocator", sort=False).mean(numeric_only=True)
         return plots.plot_waste_bars(table, plots.describe(df, "KV waste by allocator"))
@@ -121,4 +142,5 @@ def _figure(kind: str, df: pd.DataFrame, directory: Path, varying: list[str], cu
         for path in sorted(Path(directory).glob("*/run=0.steps.parquet"))[:8]:
             timelines[path.parent.name] = waste_timeline_from_steps(pd.read_parquet(path))
         return plots.plot_kv_timeline(timelines, plots.describe(df, "KV memory over time"))
-    return plots.plot_pareto(df, label_by=curve_by)
+    settings = [c for c in varying if c not in ("workload", "seed", curve_by)]
+    return plots.plot_pareto(df, label_by=curve_by, label_points=settings)

@@ -1,7 +1,7 @@
 """Figures of the studies in notebooks/ (the sweep figures are in `plots.py`).
 
 Same conventions: a Figure on an Agg canvas, axes with units, a title naming model, GPU and
-workload. `publish` saves PNG and SVG where the notebooks' figures go: results/figures/, or a
+workload. `publish` saves PNG where the notebooks' figures go: results/figures/, or a
 temporary folder when the notebooks run small (`PAGESIM_NOTEBOOK_SMALL=1`, as in CI), so that
 a test run never overwrites the published figures.
 """
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pagesim.planning.plots import _finish, log2_x, new_figure, save_figure
+from pagesim.planning.plots import _finish, log2_x, log_y, new_figure, save_figure, wrap_title
 
 
 def small_mode() -> bool:
@@ -37,8 +37,9 @@ def figures_dir() -> Path:
 
 
 def publish(fig: Figure, stem: str) -> Path:
-    """Save `stem`.png and `stem`.svg under `figures_dir()`; return the PNG's path."""
-    return save_figure(fig, figures_dir(), stem)[0]
+    """Save `stem`.png under `figures_dir()` (PNG only: the published figures stay small);
+    return its path."""
+    return save_figure(fig, figures_dir(), stem, ("png",))[0]
 
 
 def plot_metric_bars(table: pd.DataFrame, metrics: Mapping[str, str], title: str) -> Figure:
@@ -50,7 +51,7 @@ def plot_metric_bars(table: pd.DataFrame, metrics: Mapping[str, str], title: str
         ax.tick_params(axis="x", rotation=30)
         _finish(ax, "", label, legend=False)
         ax.set_title(label.split(" (")[0], fontsize=10)
-    fig.suptitle(title)
+    fig.suptitle(wrap_title(title))
     return fig
 
 
@@ -63,7 +64,7 @@ def plot_step_time_by_block_size(df: pd.DataFrame, title: str) -> Figure:
     for ax, label in zip(axes, ("Step time (ms)", "Step time / smallest block's"), strict=True):
         log2_x(ax)
         _finish(ax, "Block size (tokens)", label)
-    fig.suptitle(title)
+    fig.suptitle(wrap_title(title))
     return fig
 
 
@@ -83,7 +84,7 @@ def plot_probe_attack(df: pd.DataFrame, title: str) -> Figure:
             "per-tenant cache_salt" if salted else "shared prefix cache (no salt)", fontsize=10
         )
         _finish(ax, "Victim's prefix length (tokens)", "Attacker's TTFT (ms)")
-    fig.suptitle(title)
+    fig.suptitle(wrap_title(title))
     return fig
 
 
@@ -103,10 +104,10 @@ def plot_hit_miss_ttft(records: Mapping[str, pd.DataFrame], title: str) -> Figur
                 color=color,
                 label=f"{'hit' if hit else 'miss'} ({share:.0f}%)",
             )
-        ax.set_yscale("log")
+        log_y(ax)
         ax.set_title(name, fontsize=10)
         _finish(ax, "Prompt length (tokens)", "TTFT (ms)")
-    fig.suptitle(title)
+    fig.suptitle(wrap_title(title))
     return fig
 
 
@@ -137,5 +138,5 @@ def plot_vs_host_link(df: pd.DataFrame, rate: float, title: str) -> Figure:
                 )
         log2_x(ax)
         _finish(ax, "Host link bandwidth (GB/s, one way)", label)
-    fig.suptitle(title)
+    fig.suptitle(wrap_title(title))
     return fig

@@ -9,6 +9,7 @@ the GPU and the workload found in the data; axes carry units.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +41,12 @@ def new_figure(
     return fig, axes.ravel()
 
 
+def wrap_title(text: str, width: int = 72) -> str:
+    """A title broken into lines of at most `width` characters (its own line breaks kept), so
+    that no title is cut off at the figure's edge."""
+    return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
+
+
 def save_figure(
     fig: Figure, directory: Path | str, stem: str, formats: Sequence[str] = ("png", "svg")
 ) -> list[Path]:
@@ -57,7 +64,8 @@ def save_figure(
 
 
 def describe(df: pd.DataFrame, extra: str = "") -> str:
-    """`llama-2-7b on h200, workload chat` from the data's model, gpu and workload columns."""
+    """`llama-2-7b on h200, workload chat` from the data's model, gpu and workload columns;
+    with `extra`, that below it on a line of its own."""
 
     def values(col: str) -> str:
         if col not in df:
@@ -66,7 +74,7 @@ def describe(df: pd.DataFrame, extra: str = "") -> str:
         return ", ".join(vals) if len(vals) <= 3 else f"{len(vals)} {col}s"
 
     text = f"{values('model')} on {values('gpu')}, workload {values('workload')}"
-    return f"{extra} ({text})" if extra else text
+    return f"{extra}\n{text}" if extra else text
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
@@ -82,7 +90,10 @@ def _curves(df: pd.DataFrame, x: str, ys: Sequence[str], curve_by: str | None):
     groups = (
         [("all", df)]
         if curve_by is None
-        else [(f"{curve_by}={k}", g) for k, g in df.groupby(curve_by, sort=True, dropna=False)]
+        else [
+            (setting_label(curve_by, k), g)
+            for k, g in df.groupby(curve_by, sort=True, dropna=False)
+        ]
     )
     for label, g in groups:
         yield label, g.groupby(x, sort=True)[list(ys)].mean(numeric_only=True).reset_index()
@@ -93,6 +104,14 @@ def log2_x(ax) -> None:
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def log_y(ax) -> None:
+    """A log y axis ticked with plain numbers (20,000 rather than 2 x 10^4)."""
+    ax.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
 
 
 def _finish(ax, xlabel: str, ylabel: str, legend: bool = True) -> None:
@@ -128,7 +147,7 @@ def plot_kv_timeline(
     axes[-1].set_xlabel("Simulated time (s)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=5, fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(wrap_title(title))
     return fig
 
 
@@ -149,7 +168,7 @@ def plot_waste_bars(table: pd.DataFrame, title: str) -> Figure:
     ax.set_ylim(0, 100)
     _finish(ax, "KV allocator", "KV memory, time-weighted (%)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title(title)
+    fig.suptitle(wrap_title(title, 64))
     return fig
 
 
@@ -176,8 +195,8 @@ def plot_latency_vs_rate(
                     label=f"{label} {y.split('_')[0]}" if curve_by else y.split("_")[0],
                 )
         _finish(ax, "Request rate (req/s)", f"{m.upper()} (ms)")
-        ax.set_yscale("log")
-    fig.suptitle(title or describe(df, "Latency vs request rate"))
+        log_y(ax)
+    fig.suptitle(wrap_title(title or describe(df, "Latency vs request rate")))
     return fig
 
 
@@ -203,8 +222,16 @@ def plot_block_size_curves(
             ax.plot(g["block_size"], scale * g[col], "-o", ms=4, label=name)
         log2_x(ax)
         _finish(ax, "Block size (tokens)", label, legend=curve_by is not None)
-    fig.suptitle(title or describe(df, "Block size trade-off"))
+    fig.suptitle(wrap_title(title or describe(df, "Block size trade-off")))
     return fig
+
+
+# Cache-size columns a prefix figure can have on its x axis: (axis label, divisor).
+CACHE_AXES: dict[str, tuple[str, float]] = {
+    "num_gpu_blocks_override": ("KV cache size (blocks)", 1.0),
+    "kv_cache_memory_bytes": ("KV cache memory (GiB)", float(2**30)),
+    "gpu_memory_utilization": ("GPU memory utilization (fraction)", 1.0),
+}
 
 
 def plot_prefix_hit_vs_cache(
@@ -215,13 +242,20 @@ def plot_prefix_hit_vs_cache(
     xlabel: str | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Prefix cache hit rate (% of prompt tokens) against KV cache size."""
+    """Prefix cache hit rate (% of prompt tokens) against KV cache size, ticked at the sizes
+    run (bytes shown in GiB)."""
+    label, scale = CACHE_AXES.get(x, (x, 1.0))
     fig, (ax,) = new_figure()
+    ticks: set[float] = set()
     for name, g in _curves(df, x, ["prefix_cache_hit_rate"], curve_by):
-        ax.plot(g[x], 100.0 * g["prefix_cache_hit_rate"], "-o", ms=4, label=name)
+        xs = g[x].astype(float) / scale
+        ticks.update(xs)
+        ax.plot(xs, 100.0 * g["prefix_cache_hit_rate"], "-o", ms=4, label=name)
     ax.set_xscale("log")
-    _finish(ax, xlabel or "KV cache size (blocks)", "Prefix cache hit rate (% of tokens)")
-    ax.set_title(title or describe(df, "Prefix hit rate vs cache size"))
+    ax.set_xticks(sorted(ticks), [f"{t:.3g}" for t in sorted(ticks)])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    _finish(ax, xlabel or label, "Prefix cache hit rate (% of tokens)")
+    ax.set_title(wrap_title(title or describe(df, "Prefix hit rate vs cache size"), 60))
     return fig
 
 
@@ -233,18 +267,22 @@ def plot_preemption_vs_load(
     title: str | None = None,
 ) -> Figure:
     """Preemptions and swapped bytes (GiB, out + in) against load."""
-    fig, axes = new_figure(1, 2, width=5.0)
     d = _ok(df).copy()
     d["swapped_gib"] = (d["swapped_out_bytes"] + d["swapped_in_bytes"]) / 2**30
-    for ax, (col, label) in zip(
-        axes,
-        (("num_preemptions", "Preemptions"), ("swapped_gib", "Swapped, out + in (GiB)")),
-        strict=True,
-    ):
+    panels = [
+        (col, label)
+        for col, label in (
+            ("num_preemptions", "Preemptions"),
+            ("swapped_gib", "Swapped, out + in (GiB)"),
+        )
+        if d[col].abs().sum() > 0  # a panel of zeros says nothing: left out
+    ] or [("num_preemptions", "Preemptions")]
+    fig, axes = new_figure(1, len(panels), width=5.0)
+    for ax, (col, label) in zip(axes, panels, strict=True):
         for name, g in _curves(d, x, [col], curve_by):
             ax.plot(g[x], g[col], "-o", ms=4, label=name)
         _finish(ax, "Request rate (req/s)" if x == "request_rate" else x, label)
-    fig.suptitle(title or describe(df, "Preemption under memory pressure"))
+    fig.suptitle(wrap_title(title or describe(df, "Preemption under memory pressure")))
     return fig
 
 
@@ -275,28 +313,68 @@ def pareto_front(points: pd.DataFrame) -> pd.DataFrame:
     return points.loc[keep].sort_values("tokens_per_user")
 
 
+def setting_label(column: str, value) -> str:
+    """A setting as a reader says it: `4 req/s`, `2.79 GiB KV`, `block 32`, `oracle`."""
+    if column == "request_rate":
+        return "inf req/s" if value == math.inf else f"{float(value):g} req/s"
+    if column == "kv_cache_memory_bytes":
+        return f"{float(value) / 2**30:.3g} GiB KV"
+    if column == "block_size":
+        return f"block {value}"
+    if column == "max_concurrency":
+        return f"{value} users"
+    if column in ("allocator", "workload", "preemption_mode", "scheduling_policy"):
+        return str(value)
+    return f"{column} {value}"
+
+
 def plot_pareto(
-    df: pd.DataFrame, *, label_by: str | None = None, title: str | None = None
+    df: pd.DataFrame,
+    *,
+    label_by: str | None = None,
+    label_points: Sequence[str] = (),
+    title: str | None = None,
 ) -> Figure:
-    """All runs and their Pareto front: tokens/s/user (x) vs tokens/s/GPU (y)."""
+    """Runs and their Pareto fronts, tokens/s/user (x) vs tokens/s/GPU (y): one front per
+    workload (a front across workloads would compare different traffic), points coloured by
+    `label_by` (default: the workload) and each labelled with its `label_points` settings."""
     pts = pareto_points(df)
-    front = pareto_front(pts)
-    fig, (ax,) = new_figure()
-    groups = (
-        [("all runs", pts)]
-        if label_by is None
-        else [(f"{label_by}={k}", g) for k, g in pts.groupby(label_by, sort=True)]
-    )
-    for name, g in groups:
-        ax.scatter(g["tokens_per_user"], g["tokens_per_gpu"], s=18, alpha=0.7, label=name)
-    ax.plot(
-        front["tokens_per_user"],
-        front["tokens_per_gpu"],
-        "-",
-        color="black",
-        lw=1.2,
-        label="Pareto front",
-    )
+    group = label_by or ("workload" if "workload" in pts else None)
+    fig, (ax,) = new_figure(width=7.0, height=4.8)
+    groups = [("all runs", pts)] if group is None else list(pts.groupby(group, sort=True))
+    for k, (name, g) in enumerate(groups):
+        shown = name if group in (None, "workload") else setting_label(str(group), name)
+        ax.scatter(
+            g["tokens_per_user"], g["tokens_per_gpu"], s=18, alpha=0.7, color=f"C{k}", label=shown
+        )
+    by_workload = "workload" in pts and group == "workload"
+    fronts = list(pts.groupby("workload", sort=True)) if "workload" in pts else [("", pts)]
+    mid = (pts["tokens_per_user"].min() + pts["tokens_per_user"].max()) / 2
+    for k, (name, g) in enumerate(fronts):
+        front = pareto_front(g)
+        color = f"C{k}" if by_workload else "black"
+        ax.plot(
+            front["tokens_per_user"],
+            front["tokens_per_gpu"],
+            "-",
+            color=color,
+            lw=1.2,
+            label=f"Pareto front {name}".rstrip(),
+        )
+        for _, row in front.iterrows():  # the front's points are the choices: say what they are
+            text = ", ".join(setting_label(c, row[c]) for c in label_points if c in row)
+            if text:
+                right = row["tokens_per_user"] > mid  # labels point inwards, never off the axes
+                ax.annotate(
+                    text,
+                    (row["tokens_per_user"], row["tokens_per_gpu"]),
+                    fontsize=7,
+                    xytext=(-4 if right else 4, 4),
+                    textcoords="offset points",
+                    ha="right" if right else "left",
+                    color=color,
+                )
+    ax.margins(x=0.05, y=0.1)
     _finish(ax, "Output tokens/s per user", "Output tokens/s per GPU")
-    ax.set_title(title or describe(df, "Pareto front"))
+    ax.set_title(wrap_title(title or describe(df, "Pareto front per workload"), 70))
     return fig

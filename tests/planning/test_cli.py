@@ -83,7 +83,7 @@ def test_sweep_then_plot(tmp_path: Path, capsys) -> None:
     )
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "4 points x 1 runs: 4 run, 0 already done, 0 failed" in out
+    assert "4 points x 1 runs: 4 run, 0 already done, 0 failed, 0 with rejected requests" in out
     (sweep_dir,) = (tmp_path / "res").iterdir()
     assert (sweep_dir / "summary.csv").is_file()
     rc = main(
@@ -105,8 +105,11 @@ def test_sweep_then_plot(tmp_path: Path, capsys) -> None:
     rc = main(["plot", str(sweep_dir), "--format", "png"])
     out = capsys.readouterr().out
     assert rc == 0
-    for kind in ("latency", "block-size", "preemption", "pareto"):
+    for kind in ("latency", "block-size", "pareto"):
         assert (sweep_dir / "plots" / f"{kind}.png").is_file(), out
+    # nothing preempted: no figure of zeros, one line saying why
+    assert not (sweep_dir / "plots" / "preemption.png").exists()
+    assert "No preemption.png: no run preempted a request" in out
     assert not (sweep_dir / "plots" / "waste.png").exists()  # allocator did not vary
     assert main(["plot", str(sweep_dir), "--kind", "bogus"]) == 2
     assert main(["plot", str(tmp_path)]) == 2

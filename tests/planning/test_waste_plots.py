@@ -65,7 +65,8 @@ def summary() -> pd.DataFrame:
 
 def test_every_figure(summary: pd.DataFrame, comparison, tmp_path: Path) -> None:
     title = plots.describe(summary, "Test")
-    assert title == "Test (llama-2-7b on h200, workload system-prompt)"
+    assert title == "Test\nllama-2-7b on h200, workload system-prompt"
+    assert plots.wrap_title("a " * 50, 20).count("\n") == 4  # no line cut off at the edge
     figs = {
         "timeline": plots.plot_kv_timeline(comparison.timelines, "t"),
         "bars": plots.plot_waste_bars(comparison.table, "t"),
@@ -110,3 +111,30 @@ def test_pareto_axes_as_vllm(summary: pd.DataFrame) -> None:
     assert plots.pareto_points(capped).iloc[0]["tokens_per_user"] == pytest.approx(
         row["output_throughput"] / 8
     )
+
+
+def test_prefix_axis_in_gib_and_pareto_fronts_per_workload() -> None:
+    df = pd.DataFrame(
+        {
+            "model": "llama-2-7b",
+            "gpu": "h200",
+            "workload": ["chat", "chat", "code", "code"],
+            "kv_cache_memory_bytes": [3 * 2**30, 9 * 2**30] * 2,
+            "request_rate": [4.0, 8.0, 4.0, 8.0],
+            "prefix_cache_hit_rate": [0.1, 0.2, 0.3, 0.4],
+            "request_throughput": [1.0, 2.0, 1.0, 2.0],
+            "mean_e2el_ms": [1000.0, 1000.0, 500.0, 500.0],
+            "output_throughput": [100.0, 150.0, 80.0, 90.0],
+        }
+    )
+    fig = plots.plot_prefix_hit_vs_cache(df, x="kv_cache_memory_bytes", curve_by="workload")
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "KV cache memory (GiB)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["3", "9"]
+    assert sorted(line.get_label() for line in ax.get_lines()) == ["chat", "code"]
+    fig = plots.plot_pareto(df, label_points=["request_rate", "kv_cache_memory_bytes"])
+    (ax,) = fig.axes
+    fronts = [line.get_label() for line in ax.get_lines()]
+    assert fronts == ["Pareto front chat", "Pareto front code"]
+    labels = {t.get_text() for t in ax.texts}
+    assert "8 req/s, 9 GiB KV" in labels and not any("=" in t for t in labels)
