@@ -17,6 +17,7 @@ Every constant lives in `AnalyticalConstants` with its source; "assumption" mean
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagesim.config import KV_CACHE_DTYPES
@@ -297,7 +298,7 @@ class AnalyticalCostModel:
             paged += max(mem + ((visible + q) / bs + partial) * block_s, flops) - base
         return attn, paged
 
-    def _windowed_sum(self, contexts: list[int], total: int) -> int:
+    def _windowed_sum(self, contexts: Sequence[int], total: int) -> int:
         """Sum of contexts capped at the sliding window (one pass only for windowed models)."""
         if self._window is None:
             return total

@@ -199,7 +199,7 @@ class CalibratedCostModel:
             size = (
                 self.padded_tokens(tokens) if graph and not isinstance(row, DecodeRow) else tokens
             )
-            other[graph][size].append((row.other_ms - self._drift_ms[row]) * MS)
+            other[graph][size].append((row.other_ms - self._drift_ms[row]) * MS)  # type: ignore[index]  # a graph row has a padded size
         if not self._token_sizes or not other[False] or not other[True]:
             merged: dict[float, list[float]] = defaultdict(list)
             for table in other.values():
@@ -366,7 +366,7 @@ class CalibratedCostModel:
         host = 0.0
         if self._host:
             num_reqs = b.num_decode_seqs + len(b.prefill_new_tokens)
-            host = self._host_memo.get(num_reqs)
+            host = self._host_memo.get(num_reqs)  # type: ignore[assignment]  # None: not yet memoized
             if host is None:
                 host = self._host_memo[num_reqs] = self._host(num_reqs)
             if b.prefill_new_tokens:
@@ -421,7 +421,8 @@ class CalibratedCostModel:
     def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
         """The step's launch, its shared-prefix reads discounted (`reread`: the fraction to
         use; default the fitted one, none without rows or without the shared count)."""
-        return self._discounted(shape_launch(self._varlen_kernel, b, padded), b, reread)
+        kernel = self._varlen_kernel  # set whenever varlen rows were fitted (`self._varlen`)
+        return self._discounted(shape_launch(kernel, b, padded), b, reread)  # type: ignore[arg-type]
 
     def _discounted(self, launch, b: BatchShape, reread: float | None = None):
         """`launch` (the shape's own, `shape_launch`) with its shared-prefix reads discounted
@@ -441,7 +442,7 @@ class CalibratedCostModel:
     def _spread_s(self, b: BatchShape, padded: int, graph: bool) -> float:
         """Seconds the decode step's unequal programs add (see `pagesim.cost.spread`)."""
         kappa = self._blended(self._spread_frac, self._spread, b.block_size)
-        return kappa * self._decode_kernel.program_spread(
+        return kappa * self._decode_kernel.program_spread(  # type: ignore[union-attr]
             padded,
             graph,
             b.decode_context_sum / b.num_decode_seqs,
@@ -515,7 +516,7 @@ class CalibratedCostModel:
         if b.prefill_new_tokens and self._varlen:
             padded = self.padded_tokens(b.total_tokens)
             graph = padded is not None
-            other = self._other_for(graph, padded if graph else b.total_tokens)
+            other = self._other_for(graph, padded if padded is not None else b.total_tokens)
             launch = self._varlen_launch(b, padded)
             attention = sum(
                 w * fit(launch, graph)
@@ -542,7 +543,7 @@ class CalibratedCostModel:
         else:
             padded = self.padded_tokens(b.total_tokens)
             graph = padded is not None
-            tokens = padded if graph else b.total_tokens
+            tokens = padded if padded is not None else b.total_tokens
             total = other = self._other_for(graph, tokens)
         parts = 0
         if n:
@@ -550,7 +551,7 @@ class CalibratedCostModel:
             # rows, plus the unequal programs (`pagesim.cost.spread`)
             spread = self._spread and not b.prefill_new_tokens
             rows = n if spread else b.num_decode_seqs
-            work = b.decode_context_sum
+            work: float = b.decode_context_sum
             shared = b.shared_context_tokens
             if shared and (self._reread or reread is not None):
                 frac = (

@@ -56,14 +56,14 @@ def decode_only_pricer(model) -> DecodePricer | None:
         # ---- `_parts`, decode-only branch
         graph, n, other = base
         total = other
-        work = context_sum
-        if reread:
+        work: float = context_sum
+        if reread and shared:  # reread is truthy only with shared tokens
             work -= (1.0 - frac) * min(shared, context_sum)
         c = work / (n if spread else num_seqs)
         for w, s in weights[0]:
             total += w * s(n, c)
         if spread:
-            total += kappa * model._decode_kernel.program_spread(
+            total += kappa * model._decode_kernel.program_spread(  # type: ignore[union-attr]
                 n, graph, context_sum / num_seqs, longest_context(contexts)
             )
         # ---- `_components`

@@ -24,6 +24,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ class PrefillBias:
 
 
 def single_prefill_bias(
-    rows: Iterable[tuple[str, int, object]],
+    rows: Iterable[tuple[str, int, Any]],
     eager: Callable[[int], bool],
     measured_s: Callable[[object], float],
     priced_s: Callable[[BatchShape], float],

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from statistics import median
+from typing import Any
 
 from pagesim.cost.base import BatchShape
 
@@ -195,9 +196,9 @@ KEY_COLUMNS = {
 }  # leading int columns
 
 
-def row_shapes(profile) -> list[tuple[str, int, object]]:
+def row_shapes(profile) -> list[tuple[str, int, Any]]:
     """(kind, tokens of the step, row) for every step row of the profile."""
-    rows: list[tuple[str, int, object]] = []
+    rows: list[tuple[str, int, Any]] = []
     rows += [("decode", r.batch_size, r) for r in profile.decode]
     rows += [("prefill", r.num_new_tokens, r) for r in profile.prefill]
     rows += [("mixed", r.num_new_tokens + r.decode_batch_size, r) for r in profile.mixed]
@@ -218,7 +219,7 @@ def other_key(kind: str, r) -> tuple:
     return kind, r.num_entries, r.num_new_tokens
 
 
-def section_drift_ms(rows: list[tuple[str, int, object]]) -> dict[object, float]:
+def section_drift_ms(rows: list[tuple[str, int, Any]]) -> dict[Any, float]:
     """Row -> how far its `other_ms` sits from the median over block sizes of the same
     timing (`other_key`; each block size's own median first), in ms.
 

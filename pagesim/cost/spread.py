@@ -54,13 +54,14 @@ class DecodeKernel:
         meta = profile.metadata
         sms = meta.device.get("num_sms") if isinstance(meta.device, dict) else None
         spec = MODELS.get(meta.model)
-        if not (meta.decode_tile_n and meta.decode_programs_per_sm and sms and spec):
+        heads = meta.kv_heads_per_gpu  # None only for a model pagesim does not know (no spec)
+        if not (meta.decode_tile_n and meta.decode_programs_per_sm and sms and spec and heads):
             return None
         return cls(
             meta.decode_tile_n,
             meta.decode_programs_per_sm,
             int(sms),
-            meta.kv_heads_per_gpu,
+            heads,
             spec.max_position_embeddings,
             spec.sliding_window,
         )

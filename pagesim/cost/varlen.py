@@ -252,6 +252,8 @@ def launch_of(
     decode_sum = sum(decode_contexts)
     work = (decode_sum + num_decodes) / tile + num_decodes * fixed
     context_work = decode_sum / tile
+    most: float
+    last: float
     longest, most, at_most, last = 0.0, 0, 0, 0
     if num_decodes:
         most, last = max(decode_contexts), decode_contexts[-1]
@@ -294,7 +296,7 @@ def launch_of(
 def shape_launch(kernel: VarlenKernel, b: BatchShape, padded_tokens: int | None) -> Launch:
     """`launch_of` a `BatchShape` (decode contexts from its list, else all at their mean)."""
     n = b.num_decode_seqs
-    ctx = b.decode_context_tokens
+    ctx: Sequence[float] = b.decode_context_tokens
     if len(ctx) != n:
         ctx = [b.decode_context_sum / n] * n
     return launch_of(
@@ -354,6 +356,7 @@ def fit_varlen(rows: list[tuple[Launch, bool, float, float]]) -> VarlenFit | Non
         sse = float(np.sum(((pred - att) * weight) ** 2))
         if best is None or sse < best[0]:
             best = (sse, slots, coef)
+    assert best is not None  # SLOTS_GRID is not empty
     sse, slots, coef = best
     a_graph, a_eager = coef[0], coef[1]
     if not graph.any():
