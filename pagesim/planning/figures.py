@@ -140,3 +140,25 @@ def plot_vs_host_link(df: pd.DataFrame, rate: float, title: str) -> Figure:
         _finish(ax, "Host link bandwidth (GB/s, one way)", label)
     fig.suptitle(wrap_title(title))
     return fig
+
+
+def plot_grouped_bars(table: pd.DataFrame, metrics: Mapping[str, str], title: str) -> Figure:
+    """One panel per metric (column -> axis label); `table` is indexed by (group, name): a
+    cluster of bars per name (an allocator), a bar per group (a load) in each cluster."""
+    groups = list(dict.fromkeys(table.index.get_level_values(0)))
+    names = list(dict.fromkeys(table.index.get_level_values(1)))
+    fig, axes = new_figure(1, len(metrics), width=3.8, height=3.8)
+    width = 0.8 / len(groups)
+    x = np.arange(len(names))
+    for ax, (col, label) in zip(axes, metrics.items(), strict=True):
+        for k, group in enumerate(groups):
+            vals = [float(table.loc[(group, n), col]) for n in names]
+            ax.bar(x + (k - (len(groups) - 1) / 2) * width, vals, width, label=str(group))
+        ax.set_xticks(x, names)
+        ax.tick_params(axis="x", rotation=20)
+        _finish(ax, "", label, legend=False)
+        ax.set_title(label.split(" (")[0], fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(groups), fontsize=8)
+    fig.suptitle(wrap_title(title))
+    return fig

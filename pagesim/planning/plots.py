@@ -281,6 +281,11 @@ def plot_preemption_vs_load(
     for ax, (col, label) in zip(axes, panels, strict=True):
         for name, g in _curves(d, x, [col], curve_by):
             ax.plot(g[x], g[col], "-o", ms=4, label=name)
+        if x == "request_rate" and d[x].max() > 4 * d[x].min() > 0:  # rates far apart
+            rates = sorted(d[x].unique())
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(rates, [f"{r:.3g}" for r in rates])
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         _finish(ax, "Request rate (req/s)" if x == "request_rate" else x, label)
     fig.suptitle(wrap_title(title or describe(df, "Preemption under memory pressure")))
     return fig
@@ -323,7 +328,7 @@ def setting_label(column: str, value) -> str:
         return f"block {value}"
     if column == "max_concurrency":
         return f"{value} users"
-    if column in ("allocator", "workload", "preemption_mode", "scheduling_policy"):
+    if column in ("allocator", "workload", "preemption_mode", "scheduling_policy", "curve"):
         return str(value)
     return f"{column} {value}"
 

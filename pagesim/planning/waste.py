@@ -9,7 +9,8 @@ read from the running batch: the mean and peak number of running requests at the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +110,33 @@ def fit_gain(
 ) -> pd.Series:
     """How many times more requests run at once under `baseline` than under each policy."""
     return table.loc[baseline, column] / table[column].astype(float)
+
+
+def saturated_throughput(
+    config: EngineConfig, load: LoadSpec, *, profile: str | Path | None = None
+) -> float:
+    """Requests per second `config` completes with every request of `load` sent at t=0: the
+    capacity that realistic loads are a share of."""
+    run = simulate(config, replace(load, request_rate=math.inf), profile=profile)
+    return float(run.result["request_throughput"])
+
+
+def compare_at_loads(
+    config: EngineConfig,
+    load: LoadSpec,
+    shares: tuple[float, ...] = (0.7, 0.9),
+    *,
+    profile: str | Path | None = None,
+) -> tuple[pd.DataFrame, float]:
+    """`compare_allocators` at each share of the paged engine's capacity (Poisson arrivals
+    at share x `saturated_throughput` of `config` with paged blocks): where users operate,
+    rather than saturated. Returns (table indexed by (load, allocator), capacity in req/s)."""
+    capacity = saturated_throughput(config.replace(allocator="paged"), load, profile=profile)
+    tables = []
+    for share in shares:
+        at = replace(load, request_rate=round(share * capacity, 3))
+        table = compare_allocators(config, at, profile=profile).table
+        table.insert(0, "request_rate", at.request_rate)
+        tables.append(table.assign(load=f"{100 * share:.0f}% of capacity"))
+    both = pd.concat(tables).reset_index().set_index(["load", "allocator"])
+    return both, capacity
