@@ -162,3 +162,24 @@ def plot_grouped_bars(table: pd.DataFrame, metrics: Mapping[str, str], title: st
     fig.legend(handles, labels, loc="outside lower center", ncols=len(groups), fontsize=8)
     fig.suptitle(wrap_title(title))
     return fig
+
+
+def plot_block_size_answer(rows: Mapping[str, list[dict]], title: str) -> Figure:
+    """Per workload (a line each), against block size: the max rate within the SLOs, the
+    decode step's cost, and at that rate the internal fragmentation and prefix hit rate
+    (`blocksize.compare_block_sizes` rows)."""
+    panels = (
+        ("max_rate", "Max rate within SLOs (req/s)", 1.0),
+        ("decode_step_ms", "Decode step, batch 32 x 2048 (ms)", 1.0),
+        ("internal_frag", "Internal fragmentation (% of KV)", 100.0),
+        ("prefix_hit_rate", "Prefix cache hit rate (%)", 100.0),
+    )
+    fig, axes = new_figure(1, len(panels), width=3.8, height=3.6)
+    for ax, (col, label, scale) in zip(axes, panels, strict=True):
+        for name, table in rows.items():
+            d = pd.DataFrame(table)
+            ax.plot(d["block_size"], scale * d[col].astype(float), "-o", ms=4, label=name)
+        log2_x(ax)
+        _finish(ax, "Block size (tokens)", label)
+    fig.suptitle(wrap_title(title))
+    return fig
