@@ -21,6 +21,7 @@ def test_there_are_four_notebooks() -> None:
     assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PAGESIM_NOTEBOOK_SMALL", "1")

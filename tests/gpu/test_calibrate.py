@@ -227,6 +227,7 @@ def test_gpu_key() -> None:
     assert gpu_key("Some New GPU") == "some-new-gpu"
 
 
+@pytest.mark.slow
 def test_dry_run_calibration_writes_a_loadable_profile(tmp_path, monkeypatch) -> None:
     from pagesim.gpu import calibrate
 

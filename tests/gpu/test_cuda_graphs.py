@@ -79,6 +79,7 @@ def test_span_bucket_is_a_power_of_two_within_limits() -> None:
     assert span_bucket(3000, 3500) == 3500  # capped at max_model_len, never below the step
 
 
+@pytest.mark.slow
 def test_static_padded_path_equals_unpadded_eager_path() -> None:
     cfg = _config()
     blocks = 64
@@ -227,6 +228,7 @@ def test_graph_replay_matches_eager_on_the_gpu() -> None:
     assert replayed >= 5
 
 
+@pytest.mark.slow
 def test_graph_vs_eager_rows_switch_modes_and_compare_outputs() -> None:
     from pagesim.gpu.graph_check import graph_vs_eager_rows
 
@@ -257,6 +259,7 @@ def test_graph_vs_eager_rows_switch_modes_and_compare_outputs() -> None:
     assert runner.step_records[0].padded_reqs == 4  # 3 decodes padded to the size-4 buffers
 
 
+@pytest.mark.slow
 def test_graph_and_eager_decode_splits_are_reported_and_explain_the_outputs() -> None:
     """A decode graph splits contexts for its span bucket, an eager step for its longest
     context. Where both cut contexts at the same offsets the two are bit-identical; where
@@ -307,6 +310,7 @@ def test_partition_cuts() -> None:
     )
 
 
+@pytest.mark.slow
 def test_mixed_graph_steps_equal_eager_ones_for_an_odd_query_group() -> None:
     """Seven query heads per KV head (qwen2.5-7b's group): the padded mixed path (decodes
     beside a chunk, tokens and sequences padded) computes exactly what the eager step does,

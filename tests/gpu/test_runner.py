@@ -149,6 +149,7 @@ def _lockstep(
     return seen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
 def test_lockstep_with_prefix_hits_and_chunked_prefill(graphs: bool) -> None:
     shared = [(7 * j + 3) % 500 for j in range(40)]  # 2.5 blocks of a shared system prompt
@@ -164,6 +165,7 @@ def test_lockstep_with_prefix_hits_and_chunked_prefill(graphs: bool) -> None:
     assert (seen["graph_steps"] > 0) == graphs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,graphs", [("swap", False), ("swap", True), ("recompute", True)])
 def test_lockstep_through_preemption(mode: str, graphs: bool) -> None:
     """A cache too small for both requests: one is preempted and resumed. Swapped, its K/V

@@ -141,6 +141,7 @@ def test_wall_clock_limit_aborts_the_rest() -> None:
     assert len(run.metrics.records) == 10 and 5 <= len(failed) <= 8
 
 
+@pytest.mark.slow
 def test_warm_up_runs_eager_shapes_and_leaves_no_records() -> None:
     torch = pytest.importorskip("torch")
     from pagesim.gpu.runner import GPUModelRunner

@@ -253,6 +253,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(TP)]
 
 
+@pytest.mark.slow
 def test_sharded_model_equals_the_whole_model(ranks):
     for facts in ranks:
         assert facts["max_logit_error"] < 1e-5
@@ -260,6 +261,7 @@ def test_sharded_model_equals_the_whole_model(ranks):
         assert 2 * facts["shard_bytes"] == facts["full_bytes"] + facts["norm_bytes"]
 
 
+@pytest.mark.slow
 def test_broadcast_drives_identical_steps_on_both_ranks(ranks):
     driver, worker = ranks
     assert driver["finished"] == 3
@@ -268,6 +270,7 @@ def test_broadcast_drives_identical_steps_on_both_ranks(ranks):
     assert worker["digests"] == driver["digests"]
 
 
+@pytest.mark.slow
 def test_allreduce_bench_runs_on_gloo(ranks):
     rows = ranks[0]["rows"]
     assert [r[:2] for r in rows] == [[2, 64], [2, 4096]]
@@ -275,6 +278,7 @@ def test_allreduce_bench_runs_on_gloo(ranks):
         assert 0 < p10 <= median <= p90
 
 
+@pytest.mark.slow
 def test_tp_calibration_dry_run_writes_a_tp2_profile(ranks):
     cal = ranks[0]["calibration"]
     assert cal["profile_dir"] == "cpu/tiny-llama-tp2" and cal["profile_equal"]
@@ -284,6 +288,7 @@ def test_tp_calibration_dry_run_writes_a_tp2_profile(ranks):
     assert ranks[1]["calibration"] == {}
 
 
+@pytest.mark.slow
 def test_every_rank_runs_with_multicast_off(ranks):
     for facts in ranks:
         assert facts["env"] == dict(MULTICAST_OFF_ENV)
@@ -408,6 +413,7 @@ def test_sharding_ranges():
         kv_head_range(8, 0, 3)
 
 
+@pytest.mark.slow
 def test_serve_tp_keeps_the_runners_record_of_every_step(ranks):
     served = ranks[0]["serve_tp"]
     assert served["completed"] == 2 and served["truncated"] is False
@@ -416,6 +422,7 @@ def test_serve_tp_keeps_the_runners_record_of_every_step(ranks):
     assert ranks[1]["serve_tp"] == {}
 
 
+@pytest.mark.slow
 def test_graph_check_switches_every_rank_together(ranks):
     rows = ranks[0]["graph_check"]
     assert [r["shape"] for r in rows] == ["decode 3x40", "chunk with decodes"]

@@ -111,6 +111,7 @@ def test_save_records_and_in_memory_grid(tmp_path: Path) -> None:
     assert mem.loc[0, "mean_ttft_ms"] == pytest.approx(disk.loc[0, "mean_ttft_ms"], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_ray_backend_gives_the_local_results(tmp_path: Path) -> None:
     pytest.importorskip("ray", reason="ray is not installed (pip install 'pagesim[ray]')")
     grid = small_grid()

@@ -63,6 +63,7 @@ def summary() -> pd.DataFrame:
     return run_grid(grid)
 
 
+@pytest.mark.slow
 def test_every_figure(summary: pd.DataFrame, comparison, tmp_path: Path) -> None:
     title = plots.describe(summary, "Test")
     assert title == "Test\nllama-2-7b on h200, workload system-prompt"
