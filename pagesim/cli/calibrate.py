@@ -32,7 +32,7 @@ def calibrate_command(
         typer.Option(
             help="Block sizes that also get prefill and mixed rows (the others: decode only)."
         ),
-    ] = "16,32",
+    ] = "16,32,64",
     decode_batches: Annotated[
         str,
         typer.Option(
