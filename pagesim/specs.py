@@ -361,6 +361,27 @@ _GPU_LIST: tuple[GPUSpec, ...] = (
         fp16_flops=125e12,
         host_link_bytes_per_s=32e9,
     ),
+    # A40 48GB: NVIDIA A40 datasheet (696 GB/s GDDR6, 149.7 TFLOPS fp16/bf16 dense, NVLink
+    # bridge 112.5 GB/s bidirectional, PCIe gen4). Memory: the same 46,068 MiB GDDR6 with ECC
+    # as the L40S, assumed to report the same 44.40 GiB.
+    GPUSpec(
+        "a40",
+        memory_bytes=_gib(44.40),
+        hbm_bandwidth_bytes_per_s=696e9,
+        fp16_flops=149.7e12,
+        host_link_bytes_per_s=32e9,
+        nvlink_bytes_per_s=56.25e9,
+    ),
+    # L4 24GB: NVIDIA L4 datasheet (300 GB/s GDDR6, 121 TFLOPS fp16/bf16 dense (242 with
+    # sparsity), PCIe gen4 x16, no NVLink). Memory: 23,034 MiB with ECC on; torch's OOM
+    # messages on L4 cards report 22.03 GiB total capacity.
+    GPUSpec(
+        "l4",
+        memory_bytes=_gib(22.03),
+        hbm_bandwidth_bytes_per_s=300e9,
+        fp16_flops=121e12,
+        host_link_bytes_per_s=32e9,
+    ),
 )
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _MODEL_LIST}

@@ -8,6 +8,7 @@ setting means the same thing everywhere.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,17 @@ def default_profile(config: EngineConfig) -> Path | None:
         calibration_dir(), config.gpu, config.model, config.tensor_parallel_size
     )
     return candidate if (candidate / "profile.json").is_file() else None
+
+
+def transfer_profile(config: EngineConfig) -> Path | None:
+    """The shipped profile of another GPU that prices this config by transfer
+    (`pagesim.cost.transfer`): the source GPU's profile of the same model and TP, when no
+    profile of this GPU ships (None on the source GPU itself, or when it has none either)."""
+    from pagesim.cost.transfer import SOURCE_GPU, transfer_source_dir
+
+    if config.gpu == SOURCE_GPU or default_profile(config) is not None:
+        return None
+    return transfer_source_dir(calibration_dir(), config.model, config.tensor_parallel_size)
 
 
 def block_size_note(profile: str | Path, block_size: int) -> str | None:
@@ -75,15 +87,25 @@ def cost_model_line(
 
 
 def _cost_model_name(config: EngineConfig, profile: str | Path | None, analytical: bool) -> str:
+    from pagesim.cost.profile import Profile
+
     if analytical:
         return "Cost model: analytical"
+    if profile is None and transfer_profile(config) is not None:
+        from pagesim.cost.transfer_error import transfer_note
+
+        source = transfer_profile(config)
+        meta = Profile.load_metadata(source)
+        return (
+            f"Cost model: transfer of the shipped profile {shipped_relative(source)} "
+            f"({meta.gpu_name}, measured {meta.date[:10]}) to {config.gpu} by each part's "
+            f"bounding rate; {transfer_note(config.gpu)}"
+        )
     if profile is None:
         return (
             f"Cost model: analytical (no calibration profile for {config.model} on "
             f"{config.gpu} at TP {config.tensor_parallel_size}; --profile DIR uses one)"
         )
-    from pagesim.cost.profile import Profile
-
     meta = Profile.load_metadata(profile)
     shipped = shipped_relative(profile)
     name = f"the shipped profile {shipped}" if shipped else str(profile)
@@ -129,12 +151,15 @@ def scaled_cost_model(
 
 
 def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostModel:
-    """The calibrated model for `profile` (a directory), else the analytical default.
+    """The calibrated model for `profile` (a directory); without one, the source GPU's
+    shipped profile carried to this GPU (`transfer_profile`), else the analytical default.
 
     A calibrated model is fitted once per process for a profile's files as they are on disk
     (names, sizes, modification times) and engine: a sweep or a capacity search runs many
     simulations of one profile, and the fit (tenths of a second) would be paid by each. The
     model only memoizes pure arithmetic, so sharing it changes no result."""
+    if profile is None and transfer_profile(config) is not None:
+        return _transferred(config, transfer_profile(config))
     if profile is None:
         return AnalyticalCostModel(
             config.model_spec,
@@ -187,6 +212,22 @@ def _calibrated(
         raise ConfigError(f"profile {shown} was measured for model {meta.model!r}, not {model!r}")
     return CalibratedCostModel(
         loaded, model=model_spec, gpu=gpu_spec, tensor_parallel_size=tensor_parallel_size
+    )
+
+
+def _transferred(config: EngineConfig, source: Path) -> CostModel:
+    from pagesim.cost.transfer import SOURCE_GPU, TransferCostModel
+    from pagesim.specs import GPUSpec
+
+    src_gpu = GPUSpec.from_name(SOURCE_GPU)
+    calibrated = build_cost_model(replace(config, gpu=SOURCE_GPU), source)
+    return TransferCostModel(
+        calibrated,  # type: ignore[arg-type]
+        config.model_spec,
+        src_gpu,
+        config.gpu_spec,
+        tensor_parallel_size=config.tensor_parallel_size,
+        kv_cache_dtype=config.kv_cache_dtype,
     )
 
 
