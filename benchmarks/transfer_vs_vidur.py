@@ -150,7 +150,7 @@ def analytical_kernel_ms(op, widths: LayerWidths, gpu: GPUSpec) -> float:
     )
     t = kernel_time(op, rates)
     if op.family == "elementwise":
-        per_layer = sum(o.count for o in layer_operations(widths, 1) if o.family == "elementwise")
+        per_layer = sum(o.runs for o in layer_operations(widths, 1) if o.family == "elementwise")
         t += c.per_layer_overhead_s * widths.layers / per_layer
     return t * 1e3
 
@@ -251,6 +251,19 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+def gpu_errors(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """pagesim GPU -> family -> median |transfer error| in % over every case, checked and
+    held out: the figures that `pagesim.cost.transfer_error.MEASURED` carries."""
+    errs: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        fam = errs.setdefault(r["gpu"], {}).setdefault(r["family"], [])
+        fam.append(abs(r["transfer_error_pct"]))
+    return {
+        gpu: {fam: statistics.median(v) for fam, v in sorted(fams.items())}
+        for gpu, fams in sorted(errs.items())
+    }
+
+
 def markdown(table: list[dict], held_out: bool) -> str:
     lines = [
         "| GPU | family | ops | transfer median / mean abs err | analytical median / mean "
@@ -308,6 +321,9 @@ def main() -> None:
     if not args.checked_only:
         print("\nheld out until the model was frozen:")
         print(markdown(table, True))
+        print("\nper GPU, every case (pagesim.cost.transfer_error.MEASURED):")
+        for gpu, fams in gpu_errors(rows).items():
+            print(f"  {gpu}: " + ", ".join(f"{k} {v:.1f} %" for k, v in fams.items()))
     if args.update_doc:
         _update_doc(table)
 

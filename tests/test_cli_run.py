@@ -96,10 +96,11 @@ def test_the_last_line_says_what_priced_the_steps(
         capsys, *SMALL, "--num-prompts", "4", "--model", "llama-3-8b", "--profile", str(other)
     )
     assert out.splitlines()[-1].startswith(f"Cost model: calibrated, {other} (NVIDIA H200, ")
-    out = run_ok(capsys, *SMALL, "--num-prompts", "4", "--gpu", "a100-80gb")
+    args = ("--num-prompts", "4", "--gpu", "a100-80gb", "--model", "mistral-7b")
+    out = run_ok(capsys, *SMALL, *args)  # no profile of mistral-7b on any GPU
     assert out.splitlines()[-1] == (
         "Cost model: analytical (no calibration profile for "
-        "llama-2-7b on a100-80gb at TP 1; --profile DIR uses one)"
+        "mistral-7b on a100-80gb at TP 1; --profile DIR uses one)"
     )
 
 

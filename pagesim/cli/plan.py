@@ -35,6 +35,7 @@ from pagesim.sim.build import (
     block_size_note,
     cost_model_line,
     default_profile,
+    pricing_profile,
     profile_path,
     profile_record,
     scaled_cost_model,
@@ -256,8 +257,8 @@ def plan_command(
     else:
         prof = None if analytical else values.get("profile") or default_profile(engine)
         print(_cost_line(engine, prof, analytical, scale))
-        doc["profile"] = profile_record(prof)
-        cost = scaled_cost_model(engine, prof, scale)
+        doc["profile"] = profile_record(pricing_profile(engine, prof, not analytical))
+        cost = scaled_cost_model(engine, prof, scale, transfer=not analytical)
         if kv_sizing:
             doc["kv_sizing"] = _kv(
                 engine, load, slos, target_rate, prof, rel_tol, min_duration, cost
@@ -373,7 +374,7 @@ def _plan_tp(
         engine = o.engine_config({**values, "tensor_parallel_size": tp})
         prof = None if analytical else default_profile(engine)
         print(_cost_line(engine, prof, analytical, scale))
-        cost = scaled_cost_model(engine, prof, scale)
+        cost = scaled_cost_model(engine, prof, scale, transfer=not analytical)
         cap = max_sustainable_rate(
             engine,
             load,
@@ -388,7 +389,7 @@ def _plan_tp(
         return {"tp": tp, "error": str(e)}
     entry: dict[str, Any] = {
         "tp": tp,
-        "cost_model": "analytical" if prof is None else profile_path(prof),
+        "cost_model": _cost_name(engine, prof, analytical),
         "capacity": _capacity(cap, load.num_prompts),
     }
     if target_rate is not None and cap.max_rate is not None:
@@ -467,7 +468,17 @@ def _best(entries: list[dict[str, Any]], target_rate: float | None) -> dict[str,
     return best
 
 
+def _cost_name(engine, prof, analytical: bool) -> str:
+    """A plan entry's cost model: the profile's path, `transfer:<path>`, or `analytical`."""
+    source = pricing_profile(engine, prof, transfer=not analytical)
+    if source is None:
+        return "analytical"
+    return profile_path(source) if prof is not None else f"transfer:{profile_path(source)}"
+
+
 def _costs(cost_model: str) -> str:
+    if cost_model.startswith("transfer:"):
+        return "transfer"
     return "analytical" if cost_model == "analytical" else "calibrated"
 
 

@@ -20,8 +20,10 @@ from pagesim.metrics.report import rejection_line
 from pagesim.planning.mix import workload_ref
 from pagesim.sim.build import (
     block_size_note,
+    cost_model_label,
     cost_model_line,
     default_profile,
+    pricing_profile,
     profile_record,
     scaled_cost_model,
 )
@@ -104,7 +106,7 @@ def run_command(
         engine = o.engine_config(values)
         load = o.load_spec(values)
         prof = values.get("profile") or default_profile(engine)
-        cost = scaled_cost_model(engine, prof, step_time_scale)
+        cost = scaled_cost_model(engine, prof, step_time_scale, transfer=True)
         for note in (
             block_size_note(prof, engine.block_size) if prof is not None else None,
             trace_note(traffic, load.num_prompts, defaulted),
@@ -140,8 +142,8 @@ def run_command(
         typer.echo(rejected, err=True)
     if save_result or result_dir is not None:
         metadata = result_metadata(engine, load)
-        metadata["cost_model"] = "calibrated" if prof else "analytical"
-        metadata["profile"] = profile_record(prof)
+        metadata["cost_model"] = cost_model_label(engine, prof, transfer=True)
+        metadata["profile"] = profile_record(pricing_profile(engine, prof, transfer=True))
         if cost is not None:
             metadata["step_time_scale"] = step_time_scale
         date = datetime.now().strftime("%Y%m%d-%H%M%S")

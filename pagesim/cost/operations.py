@@ -43,7 +43,7 @@ class Operation(NamedTuple):
 
     name: str
     family: Family
-    count: int  # how many times a step runs it (layers, or 1)
+    runs: int  # how many times a step runs it (layers, or 1)
     flops: float  # per run
     bytes: float  # per run: read + written
 
@@ -130,9 +130,9 @@ def is_compute_bound(op: Operation, rates: BoundingRates) -> bool:
 
 def total_time(ops: tuple[Operation, ...], rates: BoundingRates, latency_s: float = 0.0) -> float:
     """Seconds of every run of every operation, one after another."""
-    return sum(op.count * kernel_time(op, rates, latency_s) for op in ops)
+    return sum(op.runs * kernel_time(op, rates, latency_s) for op in ops)
 
 
 def num_kernels(ops: tuple[Operation, ...]) -> int:
     """Kernel launches of a step: every run of every operation."""
-    return sum(op.count for op in ops)
+    return sum(op.runs for op in ops)

@@ -97,18 +97,17 @@ class TransferCostModel:
         self.source_rates = BoundingRates.of(source_gpu, c)
         self.target_rates = BoundingRates.of(target_gpu, c)
         self.widths = LayerWidths.of(model, tensor_parallel_size)
-        kw = {"tensor_parallel_size": tensor_parallel_size, "kv_cache_dtype": kv_cache_dtype}
+        tp, kv = tensor_parallel_size, kv_cache_dtype
         self._src_analytical = AnalyticalCostModel(
-            model, rated_spec(source_gpu, self.source_rates, c), **kw
+            model, rated_spec(source_gpu, self.source_rates, c), tp, kv
         )
         self._tgt_analytical = AnalyticalCostModel(
-            model, rated_spec(target_gpu, self.target_rates, c), **kw
+            model, rated_spec(target_gpu, self.target_rates, c), tp, kv
         )
-        self._swap_copy = AnalyticalCostModel(model, target_gpu, **kw)
+        self._swap_copy = AnalyticalCostModel(model, target_gpu, tp, kv)
         smallest = source.step_time_breakdown(BatchShape.decode(1, 1))
-        self.latency_s = kernel_latency_s(
-            self.widths, self.source_rates, smallest["other"] + smallest["allreduce"]
-        )
+        # `other` is without the all-reduces (priced apart, by their own ratio)
+        self.latency_s = kernel_latency_s(self.widths, self.source_rates, smallest["other"])
         self._other_ratio: dict[tuple[int, int], float] = {}  # (tokens, reqs) -> ratio
 
     # ---- public API ----
@@ -151,8 +150,7 @@ class TransferCostModel:
         proportion to their times by the roofline plus latency, each scaled by its own ratio."""
         ops = step_operations(self.widths, num_tokens, num_reqs)
         shape = BatchShape.prefill(num_tokens)
-        src = self.source.step_time_breakdown(shape)
-        measured = src["other"] + src["allreduce"]
+        measured = self.source.step_time_breakdown(shape)["other"]
         scale = measured / total_time(ops, self.source_rates, self.latency_s)
         return {
             op.name: (

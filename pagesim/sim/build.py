@@ -91,10 +91,10 @@ def _cost_model_name(config: EngineConfig, profile: str | Path | None, analytica
 
     if analytical:
         return "Cost model: analytical"
-    if profile is None and transfer_profile(config) is not None:
+    source = transfer_profile(config) if profile is None else None
+    if source is not None:
         from pagesim.cost.transfer_error import transfer_note
 
-        source = transfer_profile(config)
         meta = Profile.load_metadata(source)
         return (
             f"Cost model: transfer of the shipped profile {shipped_relative(source)} "
@@ -139,27 +139,52 @@ def profile_record(profile: str | Path | None) -> dict[str, Any] | None:
 
 
 def scaled_cost_model(
-    config: EngineConfig, profile: str | Path | None, step_time_scale: float
+    config: EngineConfig,
+    profile: str | Path | None,
+    step_time_scale: float,
+    transfer: bool = False,
 ) -> CostModel | None:
     """The model that prices every step `step_time_scale` times `build_cost_model`'s; None at
-    1.0, where the simulation builds its own (`pagesim.cost.scaled`)."""
+    1.0, where the simulation builds its own (`pagesim.cost.scaled`). With `transfer` and no
+    `profile`, the transfer model where `transfer_profile` finds a source (what `pagesim run`
+    and `pagesim plan` price a GPU without a profile with)."""
     from pagesim.cost.scaled import ScaledCostModel, check_step_time_scale
 
-    if check_step_time_scale(step_time_scale) == 1.0:
+    scale = check_step_time_scale(step_time_scale)
+    source = transfer_profile(config) if transfer and profile is None else None
+    if source is not None:
+        model = _transferred(config, source)
+        return model if scale == 1.0 else ScaledCostModel(model, scale)
+    if scale == 1.0:
         return None
-    return ScaledCostModel(build_cost_model(config, profile), step_time_scale)
+    return ScaledCostModel(build_cost_model(config, profile), scale)
+
+
+def pricing_profile(
+    config: EngineConfig, profile: str | Path | None, transfer: bool
+) -> str | Path | None:
+    """The profile whose measurements price a run: `profile`, else with `transfer` the source
+    GPU's (`transfer_profile`), else None (the analytical model)."""
+    if profile is not None or not transfer:
+        return profile
+    return transfer_profile(config)
+
+
+def cost_model_label(config: EngineConfig, profile: str | Path | None, transfer: bool) -> str:
+    """What kind of model priced a run, for its result JSON: `calibrated`, `transfer` or
+    `analytical` (the same choice as `scaled_cost_model`'s)."""
+    if profile is not None:
+        return "calibrated"
+    return "transfer" if pricing_profile(config, None, transfer) is not None else "analytical"
 
 
 def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostModel:
-    """The calibrated model for `profile` (a directory); without one, the source GPU's
-    shipped profile carried to this GPU (`transfer_profile`), else the analytical default.
+    """The calibrated model for `profile` (a directory), else the analytical default.
 
     A calibrated model is fitted once per process for a profile's files as they are on disk
     (names, sizes, modification times) and engine: a sweep or a capacity search runs many
     simulations of one profile, and the fit (tenths of a second) would be paid by each. The
     model only memoizes pure arithmetic, so sharing it changes no result."""
-    if profile is None and transfer_profile(config) is not None:
-        return _transferred(config, transfer_profile(config))
     if profile is None:
         return AnalyticalCostModel(
             config.model_spec,

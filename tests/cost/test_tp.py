@@ -109,7 +109,9 @@ def test_tp2_sizing_against_the_blocks_measured_on_two_h200s():
 
     meta = json.loads(
         (
-            Path(__file__).resolve().parents[1] / "fixtures" / "validation"
+            Path(__file__).resolve().parents[1]
+            / "fixtures"
+            / "validation"
             / "tp2"
             / "profile"
             / "h200"

@@ -1,0 +1,127 @@
+"""The transfer cost model: each part of a measured H200 step moves with the rate that bounds
+it, GEMMs change regime at the target's ridge point, host time stays, and `pagesim run` /
+`pagesim plan` use it for a GPU without a profile of its own."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pagesim.cli.app import main
+from pagesim.config import EngineConfig
+from pagesim.cost.base import BatchShape
+from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.gpu_rates import BoundingRates
+from pagesim.cost.operations import LayerWidths, is_compute_bound, layer_operations
+from pagesim.cost.transfer import TransferCostModel
+from pagesim.sim.build import build_cost_model, scaled_cost_model, transfer_profile
+from pagesim.specs import GPUSpec, ModelSpec
+
+SHAPES = [
+    BatchShape.decode(1, 512),
+    BatchShape.decode(64, 1024),
+    BatchShape.prefill(2048),
+    BatchShape.mixed(256, 0, 32, 512),
+]
+
+
+def transfer_to(gpu: str, model: str = "llama-2-7b") -> TransferCostModel:
+    engine = EngineConfig(model=model, gpu=gpu)
+    source = transfer_profile(engine)
+    assert source is not None
+    cost = scaled_cost_model(engine, None, 1.0, transfer=True)
+    assert isinstance(cost, TransferCostModel)
+    return cost
+
+
+def test_carried_to_the_same_rates_it_is_the_calibrated_model() -> None:
+    t = transfer_to("h100-sxm")
+    same = TransferCostModel(t.source, t.model, t.source_gpu, t.source_gpu)
+    for shape in SHAPES:
+        assert same.step_time_breakdown(shape) == pytest.approx(
+            t.source.step_time_breakdown(shape), rel=1e-12
+        )
+
+
+def test_each_part_moves_with_its_bounding_rate() -> None:
+    t = transfer_to("a100-80gb")
+    src, tgt = t.source_rates, t.target_rates
+    bw = src.memory_bytes_per_s / tgt.memory_bytes_per_s  # H200 / A100: 2.34
+    flops = src.gemm_flops / tgt.gemm_flops  # 3.17
+    # a long prefill's GEMMs are compute-bound on both: the tensor-rate ratio, near enough
+    assert t.other_ratio(8192, 1) == pytest.approx(flops, rel=0.03)
+    # a one-token step is weight streaming plus kernel latency, which stays
+    assert 1.0 < t.other_ratio(1, 1) < bw
+    shape = BatchShape.decode(64, 2048)
+    a, b = t.source.step_time_breakdown(shape), t.step_time_breakdown(shape)
+    assert b["host_overhead"] == a["host_overhead"] > 0
+    # paged decode attention is memory-bound: the bandwidth ratio
+    assert b["attention"] / a["attention"] == pytest.approx(bw, rel=1e-6)
+    assert t.step_time(shape) == pytest.approx(sum(b.values()))
+
+
+def test_a_gemm_memory_bound_on_h200_is_compute_bound_on_a100() -> None:
+    h200 = BoundingRates.of(GPUSpec.from_name("h200"))
+    a100 = BoundingRates.of(GPUSpec.from_name("a100-80gb"))
+    assert a100.ridge_flops_per_byte < h200.ridge_flops_per_byte
+    widths = LayerWidths.of(ModelSpec.from_name("llama-2-7b"))
+    up = next(op for op in layer_operations(widths, 120) if op.name == "mlp_up_proj")
+    assert up.flops / up.bytes == pytest.approx(116.0, abs=0.5)
+    assert not is_compute_bound(up, h200) and is_compute_bound(up, a100)
+
+
+def test_slower_gpus_price_every_shape_slower() -> None:
+    base = transfer_to("h100-sxm")
+    for shape in SHAPES:
+        times = [transfer_to(g).step_time(shape) for g in ("h100-sxm", "a100-80gb", "a10g")]
+        assert base.source.step_time(shape) < times[0] < times[1] < times[2]
+
+
+@pytest.mark.parametrize("gpu, slower", [("h100-sxm", False), ("a100-80gb", True)])
+def test_tensor_parallel_transfer_moves_the_allreduce_with_the_link(gpu, slower) -> None:
+    engine = EngineConfig(model="llama-3-70b", gpu=gpu, tensor_parallel_size=2)
+    t = scaled_cost_model(engine, None, 1.0, transfer=True)
+    assert isinstance(t, TransferCostModel) and isinstance(t.source, CalibratedCostModel)
+    shape = BatchShape.prefill(1024)
+    src, tgt = t.source.step_time_breakdown(shape), t.step_time_breakdown(shape)
+    assert src["allreduce"] > 0
+    if slower:  # NVLink 300 GB/s a direction against the H200's 450
+        assert tgt["allreduce"] > 1.2 * src["allreduce"]
+    else:  # the same NVLink as the H200's
+        assert tgt["allreduce"] == pytest.approx(src["allreduce"], rel=1e-12)
+    # the kernel latency comes from the one-token step's kernels, its all-reduces left out
+    assert 0 < t.latency_s < 20e-6
+
+
+def test_no_transfer_on_the_source_gpu_nor_when_asked_for_the_analytical_model() -> None:
+    assert transfer_profile(EngineConfig(model="llama-2-7b", gpu="h200")) is None
+    assert transfer_profile(EngineConfig(model="llama-2-70b", gpu="h100-sxm")) is None
+    engine = EngineConfig(model="llama-2-7b", gpu="l40s")
+    assert scaled_cost_model(engine, None, 1.0) is None  # sweeps, plan --analytical
+    assert type(build_cost_model(engine, None)).__name__ == "AnalyticalCostModel"
+
+
+def test_run_says_it_transferred_and_saves_it(capsys, tmp_path) -> None:
+    out_file = tmp_path / "r.json"
+    args = ["--gpu", "h100-sxm", "--num-prompts", "20", "--workload", "random"]
+    rc = main(["run", "--quiet", *args, "--save-result", "--result-filename", str(out_file)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("Cost model:"))
+    assert line.startswith(
+        "Cost model: transfer of the shipped profile calibration/h200/llama-2-7b (NVIDIA H200"
+    )
+    assert "to h100-sxm" in line and "GEMMs 14 %" in line
+    saved = json.loads(out_file.read_text())
+    assert saved["cost_model"] == "transfer" and saved["profile"]["name"] == "h200/llama-2-7b"
+    rc = main(["run", "--quiet", "--gpu", "l4", "--num-prompts", "5", "--workload", "random"])
+    out, _ = capsys.readouterr()
+    assert rc == 0 and "transfer error not measured on l4" in out
+
+
+def test_a_gpu_without_a_spec_is_one_line_and_exit_2(capsys) -> None:
+    rc = main(["run", "--quiet", "--gpu", "v100"])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert (out + err).strip().count("\n") == 0 and "unknown GPU 'v100'" in out + err

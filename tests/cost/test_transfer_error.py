@@ -1,0 +1,48 @@
+"""The transfer errors that the cost-model line prints are the ones the Vidur check measures:
+recomputed here from the shipped subset of Vidur's tables (tests/fixtures/vidur/)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from pagesim.cost.transfer_error import MEASURED, transfer_note
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import transfer_vs_vidur as check  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return check.all_rows()
+
+
+def test_the_shipped_errors_are_the_measured_ones(rows) -> None:
+    measured = check.gpu_errors(rows)
+    assert set(measured) == set(MEASURED)
+    for gpu, err in MEASURED.items():
+        assert err.gemm == pytest.approx(measured[gpu]["gemm"], abs=0.05)
+        assert err.elementwise == pytest.approx(measured[gpu]["elementwise"], abs=0.05)
+        if err.allreduce is None:
+            assert "allreduce" not in measured[gpu]
+        else:
+            assert err.allreduce == pytest.approx(measured[gpu]["allreduce"], abs=0.05)
+
+
+def test_every_gpu_has_a_held_out_model_and_every_table_is_read(rows) -> None:
+    for gpu in ("h100", "a100", "a40"):
+        cases = {(r["model"], r["held_out"]) for r in rows if r["vidur_gpu"] == gpu and r["model"]}
+        assert any(held for _, held in cases) and any(not held for _, held in cases)
+    per_case = {(r["vidur_gpu"], r["model"], r["tp"]) for r in rows if r["model"]}
+    assert len(per_case) == len(check.CASES)
+    # 13 token counts (Vidur measured 2048 and 4096 twice) x 9 operations per case
+    assert sum(1 for r in rows if r["family"] != "allreduce") == 15 * 9 * len(check.CASES)
+
+
+def test_the_note_names_the_check_or_says_there_was_none() -> None:
+    assert "GEMMs 14 %" in transfer_note("h100-sxm")
+    assert "not measured on l40s" in transfer_note("l40s")
