@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from pagesim.errors import KernelInputError
+from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.checks import (
     BLOCK_SIZES,
     HEAD_SIZES,
@@ -161,7 +162,12 @@ class PagedAttentionBackend:
                     if device.type == "cuda"
                     else DEFAULT_NUM_SMS
                 )
-            cfg = decode_config(self.head_size, self.num_queries_per_kv, device.type == "cuda")
+            cfg = decode_config(
+                self.head_size,
+                self.num_queries_per_kv,
+                device.type == "cuda",
+                device_arch(device),
+            )
             md.decode_partition = decode_partition(
                 num_seqs,
                 self.num_kv_heads,

@@ -63,6 +63,7 @@ from pagesim.gpu.input_buffers import (
     decode_slots,
     token_slots,
 )
+from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.configs import DecodePartition, decode_config, decode_partition
 from pagesim.gpu.kernels.paged_attention import DecodeWorkspace
 from pagesim.kvcache.block_table import PAD_SLOT_ID
@@ -191,7 +192,10 @@ class StepGraphs:
             else DEFAULT_NUM_SMS
         )
         self._decode_cfg = decode_config(
-            model.head_size, model.num_heads // model.num_kv_heads, self.device.type == "cuda"
+            model.head_size,
+            model.num_heads // model.num_kv_heads,
+            self.device.type == "cuda",
+            device_arch(self.device),
         )
         self.max_seqs = self.sizes[-1]
         m = max(self.max_seqs, *self.token_sizes) if self.token_sizes else self.max_seqs

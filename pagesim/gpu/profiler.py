@@ -32,6 +32,7 @@ from pagesim.gpu.calibrate import (
 )
 from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
+from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.configs import decode_config, prefill_config
 from pagesim.gpu.memory import (
     MeasuredKVCapacity,
@@ -277,8 +278,9 @@ def varlen_tiles(
     (`decode_config`)."""
     group = model.num_heads // model.num_kv_heads
     on_gpu = device.type == "cuda"
-    cfg = prefill_config(model.head_size, group, on_gpu, dtype == torch.float32)
-    dec = decode_config(model.head_size, group, on_gpu)
+    arch = device_arch(device)
+    cfg = prefill_config(model.head_size, group, on_gpu, dtype == torch.float32, arch)
+    dec = decode_config(model.head_size, group, on_gpu, arch)
     return {
         "varlen_block_q": cfg.block_m // group,
         "varlen_tile_n": cfg.tile_n,

@@ -31,6 +31,7 @@ from pagesim.cost.decode_launch import (
     fixed_partition,
     split_rule,
 )
+from pagesim.gpu.kernels.arch import SM90, Arch, decode_programs_per_sm, shared_bytes
 
 __all__ = [
     "MAX_PARTITIONS",
@@ -59,7 +60,9 @@ class KernelConfig(NamedTuple):
     programs_per_sm: int = 1
 
 
-def decode_config(head_size: int, num_queries_per_kv: int, on_gpu: bool) -> KernelConfig:
+def decode_config(
+    head_size: int, num_queries_per_kv: int, on_gpu: bool, arch: Arch = SM90
+) -> KernelConfig:
     """Decode: all query heads of one KV head in one program, padded to the 16-row dot minimum.
 
     On an H200 (`benchmarks/attention.py`, results/attention_h200*.csv): a 64-token tile,
@@ -69,27 +72,38 @@ def decode_config(head_size: int, num_queries_per_kv: int, on_gpu: bool) -> Kern
     batch x context >= 64K tokens and 0.95-1.11 (median 1.03) on the 32 below 16K, where
     latency rather than bandwidth rules. Head size 256: 64 tokens, 8 warps,
     2 stages (2 per SM; best of three on one shape); head size 64: 66 registers, 7 per SM
-    (compiler report only, not timed). The CPU interpreter gets small tiles.
+    (compiler report only, not timed). The CPU interpreter gets small tiles. On another SM
+    (`arch`) the tiles stay and the programs per SM are capped by its shared memory
+    (`arch.decode_programs_per_sm`): 2 on sm_89 at head size 128, 4 on sm_80; not timed there.
     """
     block_m = max(16, triton.next_power_of_2(num_queries_per_kv))
     if not on_gpu:
         return KernelConfig(block_m, 16, 1, 1, 1)
     if head_size > 128:
-        return KernelConfig(block_m, 64, 8, 2, 2)
-    if head_size < 128:
-        return KernelConfig(block_m, 64, 4, 3, 7)
-    return KernelConfig(block_m, 64, 4, 3, 4)
+        warps, stages, per_sm = 8, 2, 2
+    elif head_size < 128:
+        warps, stages, per_sm = 4, 3, 7
+    else:
+        warps, stages, per_sm = 4, 3, 4
+    return KernelConfig(block_m, 64, warps, stages, decode_programs_per_sm(head_size, per_sm, arch))
 
 
 def prefill_config(
-    head_size: int, num_queries_per_kv: int, on_gpu: bool, fp32: bool = False
+    head_size: int,
+    num_queries_per_kv: int,
+    on_gpu: bool,
+    fp32: bool = False,
+    arch: Arch = SM90,
 ) -> KernelConfig:
     """Prefill: `block_m` rows = `block_m // num_queries_per_kv` query tokens x their heads.
 
     GPU tiles follow the flash-attention tutorial's Hopper choice for head size <= 128
     (128 x 64, 8 warps, 3 stages: best or within 5% of six configs swept on an H200); head
     size 256 halves the query tile to stay within registers. fp32 inputs (exact IEEE dots, no
-    tensor cores; tests only) get small tiles that do not spill.
+    tensor cores; tests only) get small tiles that do not spill. On an SM with less shared
+    memory (`arch`; sm_86/sm_89: 99 KiB a program) the first of the H200's tile, then halved
+    query tiles, then fewer stages, whose bound (`arch.shared_bytes`) fits is taken: on sm_80
+    the H200's tiles, on sm_89 128 x 64 with 2 stages at head size 128. Not timed there.
     """
     floor = max(16, triton.next_power_of_2(num_queries_per_kv))
     if not on_gpu:
@@ -97,8 +111,18 @@ def prefill_config(
     if fp32:
         return KernelConfig(max(32, floor), 32, 4, 1)
     if head_size > 128:
-        return KernelConfig(max(64, floor), 32, 4, 2)
-    return KernelConfig(max(128, floor), 64, 8, 3)
+        choices = ((max(64, floor), 32, 4, 2), (max(32, floor), 32, 4, 2), (floor, 32, 4, 1))
+    else:
+        choices = (
+            (max(128, floor), 64, 8, 3),
+            (max(128, floor), 64, 8, 2),
+            (max(64, floor), 64, 4, 2),
+            (max(32, floor), 32, 4, 2),
+        )
+    for m, n, warps, stages in choices:
+        if shared_bytes(m, n, head_size, stages) <= arch.shared_per_block_bytes:
+            return KernelConfig(m, n, warps, stages)
+    return KernelConfig(floor, 16, 4, 1)
 
 
 def decode_partition(

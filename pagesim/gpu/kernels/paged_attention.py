@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.checks import (
     ATTENTION_DTYPES,
     INDEX_DTYPES,
@@ -269,7 +270,7 @@ def paged_attention_decode(
             "out": out,
         }
     )
-    cfg = config or decode_config(head_size, group, query.is_cuda)
+    cfg = config or decode_config(head_size, group, query.is_cuda, device_arch(query.device))
     split = partition.num_partitions > 1
     if split and workspace is None:
         workspace = DecodeWorkspace.allocate(

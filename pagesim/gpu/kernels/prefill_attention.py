@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.checks import (
     ATTENTION_DTYPES,
     INDEX_DTYPES,
@@ -339,7 +340,9 @@ def paged_attention_prefill(
     )
     if num_seqs == 0 or num_tokens == 0:
         return out
-    cfg = config or prefill_config(head_size, group, query.is_cuda, query.dtype == torch.float32)
+    cfg = config or prefill_config(
+        head_size, group, query.is_cuda, query.dtype == torch.float32, device_arch(query.device)
+    )
     block_q = cfg.block_m // group
     # Upper bound on the query blocks of all sequences (see the module docstring).
     num_q_blocks = num_tokens // block_q + num_seqs
