@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pagesim.cost.analytical import AnalyticalConstants, AnalyticalCostModel
 from pagesim.cost.base import BatchShape
-from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.calibrated import BREAKDOWN_KEYS, CalibratedCostModel
 from pagesim.cost.gpu_rates import BoundingRates
 from pagesim.cost.operations import (
     LayerWidths,
@@ -45,15 +45,6 @@ from pagesim.specs import GPUSpec, ModelSpec
 
 #: The GPU whose shipped profiles are carried to others.
 SOURCE_GPU = "h200"
-
-BREAKDOWN_KEYS: tuple[str, ...] = (
-    "other",
-    "attention",
-    "allreduce",
-    "host_overhead",
-    "swap",
-    "copy",
-)
 
 
 def rated_spec(gpu: GPUSpec, rates: BoundingRates, c: AnalyticalConstants) -> GPUSpec:
@@ -116,7 +107,8 @@ class TransferCostModel:
         return sum(self.step_time_breakdown(batch).values())
 
     def step_time_breakdown(self, batch: BatchShape) -> dict[str, float]:
-        """Seconds per component on the target GPU, keyed by `BREAKDOWN_KEYS`."""
+        """Seconds per component on the target GPU, keyed by the calibrated model's
+        `BREAKDOWN_KEYS`."""
         moves = batch.swap_bytes or batch.num_blocks_to_copy
         plain = replace(batch, swap_bytes=0, num_blocks_to_copy=0) if moves else batch
         src = self.source.step_time_breakdown(plain)
