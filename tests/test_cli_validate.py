@@ -247,6 +247,17 @@ def test_the_runner_modes_name_the_stored_profiles() -> None:
     }
 
 
+def _run_and_repeat(tmp_path, doc: dict, metric: str, factor: float) -> tuple:
+    """`doc` stored twice as a run and its repeat (`-r2`), the repeat's `metric` times
+    `factor`; returns the two paths."""
+    repeat = json.loads(json.dumps(doc))
+    repeat["result"][metric] *= factor
+    first, second = tmp_path / f"{RUN}.json", tmp_path / f"{RUN}-r2.json"
+    write_json_file(first, doc)
+    write_json_file(second, repeat)
+    return first, second
+
+
 def test_repeats_of_one_run_are_simulated_once_and_compared_by_their_mean(
     tmp_path, capsys, monkeypatch
 ) -> None:
@@ -255,11 +266,7 @@ def test_repeats_of_one_run_are_simulated_once_and_compared_by_their_mean(
     import pagesim.validate as v
 
     doc = read_json_file(REAL / f"{RUN}.json.xz")
-    slower = json.loads(json.dumps(doc))
-    slower["result"]["mean_tpot_ms"] *= 1.1
-    first, second = tmp_path / f"{RUN}.json", tmp_path / f"{RUN}-r2.json"
-    write_json_file(first, doc)
-    write_json_file(second, slower)
+    first, second = _run_and_repeat(tmp_path, doc, "mean_tpot_ms", 1.1)
     calls = []
     simulate_like = v.simulate_like
     monkeypatch.setattr(
@@ -315,12 +322,9 @@ def test_repeats_report_says_which_targets_were_met(tmp_path) -> None:
     """The report counts the repeats' targets met against their mean and names the misses."""
     import pagesim.validate as v
 
-    doc = read_json_file(REAL / f"{RUN}.json.xz")
-    slower = json.loads(json.dumps(doc))
-    slower["result"]["p99_tpot_ms"] *= 1.5
-    first, second = tmp_path / f"{RUN}.json", tmp_path / f"{RUN}-r2.json"
-    write_json_file(first, doc)
-    write_json_file(second, slower)
+    first, second = _run_and_repeat(
+        tmp_path, read_json_file(REAL / f"{RUN}.json.xz"), "p99_tpot_ms", 1.5
+    )
     assert _validate(tmp_path, first, second) == 0
     report = json.loads((tmp_path / "out" / "v.json").read_text())
     rows = report["repeat_groups"][0]["rows"]
