@@ -9,6 +9,7 @@ pagesim plan --model llama-3-70b ... --target-rate 20 --compare-tp 2,4,8
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -18,6 +19,7 @@ import typer
 
 from pagesim.cli import options as o
 from pagesim.cli.app import app
+from pagesim.config import EngineConfig
 from pagesim.cost.scaled import check_step_time_scale
 from pagesim.errors import ConfigError
 from pagesim.planning.blocksize import best_block_size, block_size_table, compare_block_sizes
@@ -25,6 +27,7 @@ from pagesim.planning.capacity import (
     DEFAULT_MIN_DURATION_S,
     CapacityResult,
     max_sustainable_rate,
+    plan_load,
     replicas_for_rate,
 )
 from pagesim.planning.capacity_report import binding_slo, capacity_table
@@ -40,8 +43,10 @@ from pagesim.sim.build import (
     profile_record,
     scaled_cost_model,
 )
+from pagesim.sim.simulate import LoadSpec
 from pagesim.specs import GiB
 from pagesim.utils import parse_int_list
+from pagesim.workload import WORKLOAD_PARAMS
 
 PLAN = "Plan"
 DEFAULTS = {"workload": "chat", "num_prompts": 500}
@@ -583,11 +588,7 @@ def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration, cost):
             f"{k.kv_cache_memory_bytes / GiB:.2f} GiB (--kv-cache-memory-bytes "
             f"{k.kv_cache_memory_bytes}), --gpu-memory-utilization {util}"
         )
-        print(
-            f"Check it: pagesim run --model {engine.model} --gpu {engine.gpu} "
-            f"--block-size {engine.block_size} --workload {load.workload} "
-            f"--request-rate {target_rate:g} --kv-cache-memory-bytes {k.kv_cache_memory_bytes}"
-        )
+        print("Check it: " + _run_command(engine, load, slos, target_rate, min_duration, k))
         print("\n".join(_metrics_lines(k.result)))
     return {
         "target_rate": target_rate,
@@ -597,6 +598,36 @@ def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration, cost):
         "max_num_gpu_blocks": k.max_num_gpu_blocks,
         "result": _slim(k.result),
     }
+
+
+def _run_command(engine, load, slos, target_rate, min_duration, k) -> str:
+    """The `pagesim run` that serves the plan's probe load on the KV cache found: every
+    engine setting that differs from the defaults for this model and GPU, every load setting
+    given, and the probe's request count."""
+    base = EngineConfig.create(
+        model=engine.model, gpu=engine.gpu, tensor_parallel_size=engine.tensor_parallel_size
+    )
+    flags = {"model": engine.model, "gpu": engine.gpu}
+    for f in dataclasses.fields(engine):
+        value = getattr(engine, f.name)
+        if f.name not in ("kv_cache_memory_bytes", "num_gpu_blocks_override", "model", "gpu"):
+            if value != getattr(base, f.name):
+                flags[f.name] = value
+    probe = plan_load(load, slos, target_rate, min_duration_s=min_duration)
+    for name in ("workload", "burstiness", "max_concurrency", "seed", *WORKLOAD_PARAMS):
+        value = getattr(probe, name)
+        if value is not None and value != getattr(LoadSpec(), name):
+            flags[name] = value
+    flags |= {"num_prompts": probe.num_prompts, "request_rate": f"{target_rate:g}"}
+    flags["kv_cache_memory_bytes"] = k.kv_cache_memory_bytes
+    parts = []
+    for name, value in flags.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            parts.append(flag if value else flag.replace("--", "--no-", 1))
+        else:
+            parts.append(f"{flag} {value}")
+    return "pagesim run " + " ".join(parts)
 
 
 def _slim(result: dict[str, Any] | None) -> dict[str, Any] | None:

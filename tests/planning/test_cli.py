@@ -331,3 +331,22 @@ def test_plan_with_slower_steps_has_proportionally_less_capacity(tmp_path: Path,
     fast, slow = (d["capacity"]["saturated_throughput"] for d in docs)
     assert slow == pytest.approx(fast / 1.25, rel=1e-6)
     assert docs[1]["step_time_scale"] == 1.25 and "step_time_scale" not in docs[0]
+
+
+def test_kv_sizing_prints_a_run_command_that_serves_its_load(capsys) -> None:
+    import shlex
+
+    args = ["plan", "--workload", "random", "--random-input-len", "512"]
+    args += ["--random-output-len", "64", "--num-prompts", "40", "--max-num-seqs", "16"]
+    args += ["--slo", "p99_ttft_ms<=400", "--min-duration", "5", "--rel-tol", "0.1"]
+    assert main([*args, "--target-rate", "10", "--kv-sizing"]) == 0
+    out = capsys.readouterr().out
+    blocks = int(re.search(r"Smallest KV cache at 10 req/s: (\d+) blocks", out).group(1))
+    (command,) = [x.removeprefix("Check it: ") for x in out.splitlines() if x.startswith("Check")]
+    assert "--random-input-len 512" in command and "--max-num-seqs 16" in command
+    argv = shlex.split(command)
+    assert argv[:2] == ["pagesim", "run"]
+    assert main([*argv[1:], "--quiet"]) == 0
+    run = capsys.readouterr().out
+    assert re.search(rf"GPU KV cache blocks: +{blocks}\b", run)
+    assert float(re.search(r"P99 TTFT \(ms\): +([0-9.]+)", run).group(1)) <= 400
