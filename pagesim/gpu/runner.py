@@ -364,7 +364,7 @@ class GPUModelRunner:
         ctx = 0
         for sr in out.scheduled:
             ctx += sr.num_computed_tokens
-            if sr.num_new_tokens == 1 and sr.num_computed_tokens > 0:
+            if sr.is_decode:
                 num_decode += 1
             else:
                 prefill += sr.num_new_tokens

@@ -198,7 +198,7 @@ def _on_step(metrics, out, scheduler, probe, start: float, step_time: float) -> 
     num_prefill = 0
     num_decode = 0
     for sr in out.scheduled:
-        if sr.num_new_tokens == 1 and sr.num_computed_tokens > 0:
+        if sr.is_decode:
             num_decode += 1
         else:
             num_prefill += sr.num_new_tokens

@@ -189,7 +189,7 @@ class ServingEngine:
         num_prefill = num_decode = 0
         for sr in out.scheduled:
             computed = sr.num_computed_tokens
-            if sr.num_new_tokens == 1 and computed > 0:
+            if sr.is_decode:
                 num_decode += 1
             else:
                 num_prefill += sr.num_new_tokens
