@@ -33,14 +33,13 @@ import numpy as np
 
 from pagesim.config import EngineConfig
 from pagesim.errors import WorkloadError
+from pagesim.kvcache.waste import KVProbe, ProbeValues
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.metrics.report import engine_keys
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.factory import make_scheduler
 from pagesim.scheduler.scheduler import Scheduler
 
-# () -> (kv_usage, token_state, reserved, internal_frag, external_frag), fractions of KV memory
-KVProbe = Callable[[], tuple[float, float, float, float, float]]
 # A request is admitted once the clock is within this of its arrival: the clock's float
 # rounding (t0 + arrival - t0 != arrival) must not leave a due request waiting forever.
 ARRIVAL_SLACK_S = 1e-9
@@ -304,7 +303,7 @@ def _usage_probe(scheduler) -> KVProbe:
     kv = scheduler.kv_cache_manager
     nan = float("nan")
 
-    def probe() -> tuple[float, float, float, float, float]:
+    def probe() -> ProbeValues:
         return float(kv.usage), nan, nan, nan, nan
 
     return probe

@@ -31,13 +31,19 @@ the running requests' sums themselves (the simulator's decode fast path) pass th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from pagesim.errors import ConfigError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.request import Request
+
+# (kv_usage, token_state, reserved, internal_frag, external_frag): fractions of KV memory
+ProbeValues = tuple[float, float, float, float, float]
+# The KV snapshot an engine takes after each step, in either world: the simulator's
+# time-weighted `pagesim.sim.probe.WasteProbe`, or the GPU replay's usage-only probe.
+KVProbe = Callable[[], ProbeValues]
 
 
 class KVWaste(NamedTuple):

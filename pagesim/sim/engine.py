@@ -20,13 +20,12 @@ from collections.abc import Callable
 import simpy
 
 from pagesim.errors import InternalError
+from pagesim.kvcache.waste import KVProbe
 from pagesim.metrics.collector import MetricsCollector
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner, ModelRunnerOutput, SchedulerOutput
 from pagesim.sim.fast_path import DecodeFastPath
 
-# () -> (kv_usage, token_state, reserved, internal_frag, external_frag): fractions of KV memory
-KVProbe = Callable[[], tuple[float, float, float, float, float]]
 FinishCallback = Callable[[Request], None]
 
 

@@ -44,7 +44,7 @@ the budget the lazy requests left. Any other step is a slow step: every lazy req
 up to date first (`dissolve`).
 
 The time-weighted waste split needs, after each step, sum(computed), sum(min(span, final)) and
-sum(span - min(span, final)) over the lazy requests (`KVProbe.with_lead_sums`): the first is
+sum(span - min(span, final)) over the lazy requests (`WasteProbe.with_lead_sums`): the first is
 `sum(offset) + n * g`, the other two change only at allocation events.
 """
 

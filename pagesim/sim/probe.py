@@ -19,6 +19,7 @@ import simpy
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.waste import (
     KVWaste,
+    ProbeValues,
     WasteAverager,
     contiguous_slots,
     kv_waste,
@@ -26,12 +27,10 @@ from pagesim.kvcache.waste import (
     paged_waste_from_tails,
 )
 
-# (kv_usage, token_state, reserved, internal_frag, external_frag): fractions of KV memory
-ProbeValues = tuple[float, float, float, float, float]
 
-
-class KVProbe:
-    """Snapshots of one replica's KV memory, fed to `averager` (see the module docstring)."""
+class WasteProbe:
+    """The simulator's `KVProbe`: snapshots of one replica's KV memory, fed to `averager`
+    (see the module docstring)."""
 
     def __init__(self, scheduler, manager, averager: WasteAverager, env: simpy.Environment) -> None:
         self.scheduler = scheduler

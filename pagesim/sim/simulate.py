@@ -30,7 +30,7 @@ from pagesim.sim.arrivals import session_arrival_times
 from pagesim.sim.build import build_cost_model, build_scheduler
 from pagesim.sim.engine import ServingEngine
 from pagesim.sim.fast_path import DecodeFastPath
-from pagesim.sim.probe import KVProbe
+from pagesim.sim.probe import WasteProbe
 from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
 from pagesim.workload import load_workload
 from pagesim.workload.sessions import Session
@@ -237,9 +237,9 @@ class _Clients:
             yield from self._send(request)
 
 
-def _kv_probe(scheduler, manager, averager: WasteAverager, env: simpy.Environment) -> KVProbe:
+def _kv_probe(scheduler, manager, averager: WasteAverager, env: simpy.Environment) -> WasteProbe:
     """Per-step KV state: usage and the four-way waste split, time-weighted into `averager`."""
-    return KVProbe(scheduler, manager, averager, env)
+    return WasteProbe(scheduler, manager, averager, env)
 
 
 def _check_drained(manager) -> None:

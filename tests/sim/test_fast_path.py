@@ -31,7 +31,7 @@ from pagesim.sim.cluster import simulate_cluster
 from pagesim.sim.engine import ServingEngine
 from pagesim.sim.fast_path import DecodeFastPath
 from pagesim.sim.output import requests_table, result_json, steps_table
-from pagesim.sim.probe import KVProbe
+from pagesim.sim.probe import WasteProbe
 from pagesim.sim.runner import CostModelRunner
 from pagesim.sim.simulate import LoadSpec, simulate
 
@@ -206,7 +206,7 @@ def _run(
     env = simpy.Environment()
     metrics = MetricsCollector()
     averager = WasteAverager()
-    probe = KVProbe(scheduler, kv, averager, env)
+    probe = WasteProbe(scheduler, kv, averager, env)
     runner = CostModelRunner(_Linear(), vocab_size=1000)
     path = DecodeFastPath(scheduler, runner, metrics.records, paged=allocator == "paged")
     engine = ServingEngine(env, scheduler, runner, metrics, probe, fast_path=path if fast else None)
