@@ -6,6 +6,7 @@ names (`ModelSpec.from_name("llama-9b")`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,17 +33,60 @@ class ModelSpec:
     dtype_bytes: int = 2  # fp16/bf16 weights
     sliding_window: int | None = None  # tokens, for sliding-window attention models
     hf_id: str = ""
+    # Per-layer attention kinds, "full" or "sliding" (HF `layer_types`). Empty: every layer
+    # is sliding when `sliding_window` is set, else full.
+    layer_types: tuple[str, ...] = ()
+    # ---- mixture of experts (num_experts == 0: a dense MLP in every layer) ----
+    num_experts: int = 0  # routed experts per MoE layer
+    num_experts_per_tok: int = 0  # top-k
+    moe_intermediate_size: int = 0  # one expert's intermediate size
+    num_shared_experts: int = 0  # always-active experts of moe_intermediate_size (DeepSeek)
+    num_dense_layers: int = 0  # leading layers that keep the dense MLP (first_k_dense_replace)
+    num_expert_params: int = 0  # of num_params, the routed experts' weights
+    expert_bytes_per_param: float | None = None  # None: dtype_bytes; 0.53125 for MXFP4
+    # ---- multi-head latent attention (kv_lora_rank None: plain K/V heads) ----
+    kv_lora_rank: int | None = None  # the cached latent, per token per layer
+    qk_rope_head_dim: int = 0  # the cached rope part of the key, per token per layer
+    v_head_dim: int = 0
 
     @property
     def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+        if self.expert_bytes_per_param is None:
+            return self.num_params * self.dtype_bytes
+        dense = (self.num_params - self.num_expert_params) * self.dtype_bytes
+        return dense + math.ceil(self.num_expert_params * self.expert_bytes_per_param)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def use_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def attention_kinds(self) -> tuple[str, ...]:
+        """One entry per layer: "full" or "sliding"."""
+        if self.layer_types:
+            return self.layer_types
+        kind = "full" if self.sliding_window is None else "sliding"
+        return (kind,) * self.num_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Sliding-window and full-attention layers in one model (Gemma 2, GPT-OSS)."""
+        return len(set(self.attention_kinds)) > 1
 
     @classmethod
     def from_name(cls, name: str) -> ModelSpec:
+        """A shipped model by name or Hugging Face id, or a `config.json` (a path, or a folder
+        holding one), as `vllm serve --model` takes it."""
         key = name.lower()
-        if key not in MODELS:
-            raise unknown_name("model", name, list(MODELS))
-        return MODELS[key]
+        if key in MODELS:
+            return MODELS[key]
+        from pagesim.hf_config import resolve_model  # hf_config builds on this module
+
+        return resolve_model(name)
 
 
 @dataclass(frozen=True)

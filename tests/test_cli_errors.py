@@ -24,6 +24,9 @@ FILES = {
     "badspec.yaml": "name: x\nlengths: {random: {input_len: [\n",
     "schema.yaml": "name: x\nlengths: {random: {input_len: 10}}\nbogus_section: 1\n",
     "missing.csv": "timestamp,input_length\n0,10\n",
+    "mamba.json": '{"architectures": ["MambaForCausalLM"], "hidden_size": 64}',
+    "partial.json": '{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}',
+    "notjson.json": "{architectures",
     "negative.csv": (
         "TIMESTAMP,ContextTokens,GeneratedTokens\n"
         "2023-11-16 18:15:46.6805900,-5,10\n2023-11-16 18:15:47.6805900,20,10\n"
@@ -47,6 +50,9 @@ BAD = [
     (["--workload", "negative.csv"], "-5"),
     (["--workload", "nosuch"], "unknown workload 'nosuch'"),
     (["--model", "nosuch"], "unknown model 'nosuch'"),
+    (["--model", "mamba.json"], "architecture MambaForCausalLM is not modelled"),
+    (["--model", "partial.json"], "missing 'num_attention_heads'"),
+    (["--model", "notjson.json"], "not valid JSON"),
     (["--gpu", "nosuch"], "unknown GPU 'nosuch'"),
     (["--num-gpu-blocks-override", "0"], "num_gpu_blocks_override=0"),
     (["--num-gpu-blocks-override", "1"], "num_gpu_blocks=1"),  # the null block only

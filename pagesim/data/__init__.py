@@ -1,5 +1,5 @@
 """The data pagesim ships inside the package: workloads and their traces, calibration
-profiles, and the parity golden files.
+profiles, the parity golden files and the models' config.json files.
 
 Everything is found through `importlib.resources`, so a built wheel installed anywhere finds
 its own files from any working folder. pagesim is never installed zipped; the folders are real
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pagesim.errors import PagesimError
 
-__all__ = ["calibration_dir", "golden_dir", "shipped_relative", "workloads_dir"]
+__all__ = ["calibration_dir", "golden_dir", "models_dir", "shipped_relative", "workloads_dir"]
 
 
 def _shipped(name: str) -> Path:
@@ -39,6 +39,11 @@ def calibration_dir() -> Path:
 def golden_dir() -> Path:
     """The parity golden files: vLLM's own scheduling decisions, recorded per release."""
     return _shipped("parity")
+
+
+def models_dir() -> Path:
+    """The shipped Hugging Face model configs, `<name>.json` (sources in its README)."""
+    return _shipped("models")
 
 
 def shipped_relative(path: str | Path) -> str | None:
