@@ -14,7 +14,12 @@ from pagesim.kvcache.sizing import kv_capacity
 
 @app.command("kv-capacity")
 def kv_capacity_command(
-    model: Annotated[str, typer.Option(help="Model name (see `pagesim models`).")] = "llama-2-7b",
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Model name or Hugging Face id (see `pagesim models`), or a config.json."
+        ),
+    ] = "llama-2-7b",
     gpu: Annotated[str, typer.Option(help="GPU name (see `pagesim models`).")] = "h200",
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
     max_model_len: Annotated[int | None, typer.Option(help="Default: the model's.")] = None,
@@ -22,6 +27,10 @@ def kv_capacity_command(
     tensor_parallel_size: Annotated[int, typer.Option()] = 1,
     kv_cache_dtype: Annotated[str, typer.Option(help="auto | fp8")] = "auto",
     num_gpu_blocks_override: Annotated[int | None, typer.Option()] = None,
+    disable_hybrid_kv_cache_manager: Annotated[
+        bool,
+        typer.Option(help="Serve sliding-window layers as full attention, in one group."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
 ) -> None:
     """Print 'Available KV cache memory', 'GPU KV cache size' and 'Maximum concurrency'."""
@@ -35,7 +44,7 @@ def kv_capacity_command(
         tensor_parallel_size=tensor_parallel_size,
         num_gpu_blocks_override=num_gpu_blocks_override,
     )
-    cap = kv_capacity(config)
+    cap = kv_capacity(config, hybrid_kv_cache_manager=not disable_hybrid_kv_cache_manager)
     if as_json:
         print(json.dumps(cap.to_dict(), indent=2, default=str))
     else:

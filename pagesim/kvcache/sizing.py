@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError
@@ -70,40 +70,99 @@ def num_kv_heads_per_gpu(model: ModelSpec, tensor_parallel_size: int = 1) -> int
     return max(1, model.num_kv_heads // tensor_parallel_size)
 
 
+def kv_bytes_per_token_per_layer(
+    model: ModelSpec, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+) -> int:
+    """What one token caches in one layer on one GPU (vLLM's page_size_bytes / block_size).
+
+    Plain attention: K and V, 2 * kv_heads_per_gpu * head_size * dtype_bytes. MLA
+    (DeepSeek): the compressed latent plus the rope part of the key, one vector of
+    kv_lora_rank + qk_rope_head_dim per token (vLLM's MLAAttentionSpec: one KV head, no
+    separate V), held whole on every GPU under tensor parallelism.
+    """
+    dtype = kv_cache_dtype_bytes(model, kv_cache_dtype)
+    if model.kv_lora_rank is not None:
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * dtype
+    return 2 * num_kv_heads_per_gpu(model, tensor_parallel_size) * model.head_size * dtype
+
+
 def kv_bytes_per_token(
     model: ModelSpec, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
 ) -> int:
-    """K and V of one token over all layers, on one GPU:
-    2 * num_layers * kv_heads_per_gpu * head_size * dtype_bytes."""
-    return (
-        2
-        * model.num_layers
-        * num_kv_heads_per_gpu(model, tensor_parallel_size)
-        * model.head_size
-        * kv_cache_dtype_bytes(model, kv_cache_dtype)
+    """What one token caches over all layers on one GPU (every layer holding it)."""
+    return model.num_layers * kv_bytes_per_token_per_layer(
+        model, kv_cache_dtype, tensor_parallel_size
     )
 
 
+class KVCacheGroup(NamedTuple):
+    """Layers that share one block table (vLLM's KVCacheGroupSpec): one attention kind."""
+
+    kind: str  # "full" or "sliding"
+    num_layers: int  # layers whose pages one block holds (padding layers included)
+
+
+def kv_cache_groups(model: ModelSpec, hybrid_kv_cache_manager: bool = False) -> list[KVCacheGroup]:
+    """The KV cache groups vLLM forms over one block pool
+    (`kv_cache_planning._get_kv_cache_groups_uniform_page_size`, 0.33).
+
+    A model with one attention kind is one group of all layers. A hybrid model's layers are
+    bucketed by kind; every group holds `group_size` layers, the smallest bucket's size
+    (the largest's when it is under 1.5 times the smallest, to pad less), and each bucket
+    is split into ceil(len / group_size) groups, the last one padded. Without the hybrid
+    manager (vLLM's --disable-hybrid-kv-cache-manager) sliding layers are served as full
+    attention in one group.
+    """
+    kinds = model.attention_kinds
+    if not hybrid_kv_cache_manager and model.is_hybrid:
+        return [KVCacheGroup("full", len(kinds))]
+    buckets = {kind: kinds.count(kind) for kind in dict.fromkeys(kinds)}
+    smallest, largest = min(buckets.values()), max(buckets.values())
+    size = largest if largest < 1.5 * smallest else smallest
+    return [
+        KVCacheGroup(kind, size)
+        for kind, count in buckets.items()
+        for _ in range(-(-count // size))
+    ]
+
+
 def page_size_bytes(
-    model: ModelSpec, block_size: int, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+    model: ModelSpec,
+    block_size: int,
+    kv_cache_dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    hybrid_kv_cache_manager: bool = False,
 ) -> int:
-    """One KV block over all layers on one GPU (vLLM: per-layer page_size_bytes * layers)."""
-    return block_size * kv_bytes_per_token(model, kv_cache_dtype, tensor_parallel_size)
+    """One block of the pool on one GPU: block_size tokens of every layer of the largest
+    KV cache group (vLLM's bytes_per_block; all layers for a model of one attention kind)."""
+    per_layer = block_size * kv_bytes_per_token_per_layer(
+        model, kv_cache_dtype, tensor_parallel_size
+    )
+    groups = kv_cache_groups(model, hybrid_kv_cache_manager)
+    return per_layer * max(g.num_layers for g in groups)
 
 
 def blocks_per_request(
-    model: ModelSpec, num_tokens: int, block_size: int, max_num_batched_tokens: int
+    model: ModelSpec,
+    num_tokens: int,
+    block_size: int,
+    max_num_batched_tokens: int,
+    hybrid_kv_cache_manager: bool = False,
 ) -> int:
-    """Most blocks one request of `num_tokens` holds at once (vLLM's max_memory_usage_bytes).
+    """Most blocks one request of `num_tokens` holds at once (vLLM's max_memory_usage_bytes),
+    summed over the KV cache groups, which all draw from one pool.
 
     Full attention: ceil(num_tokens / block_size). Sliding window W: the last W - 1 computed
     tokens plus one step's new tokens, min(W - 1 + max_num_batched_tokens, num_tokens), plus
     one block because the window need not start at a block boundary.
     """
+    full = -(-num_tokens // block_size)
     if model.sliding_window is None:
-        return -(-num_tokens // block_size)
+        return full
     tokens = min(model.sliding_window - 1 + max_num_batched_tokens, num_tokens)
-    return -(-tokens // block_size) + 1
+    sliding = -(-tokens // block_size) + 1
+    groups = kv_cache_groups(model, hybrid_kv_cache_manager)
+    return sum(full if g.kind == "full" else sliding for g in groups)
 
 
 def max_concurrency(num_gpu_blocks: int, blocks_per_req: int) -> float:
@@ -133,6 +192,8 @@ def estimate_activation_peak_bytes(
     mlp_width = (
         3 * model.intermediate_size if model.arch == "llama" else 2 * model.intermediate_size
     )
+    if model.is_moe:  # fused MoE: gate_up and activation outputs of every routed copy
+        mlp_width = 3 * model.moe_intermediate_size * model.num_experts_per_tok
     forward = t * (2 * model.hidden_size + mlp_width // tp) * act
     logits = min(max_num_seqs, t) * model.vocab_size * LOGITS_BYTES_PER_ELEMENT
     return forward + logits
@@ -160,8 +221,8 @@ class KVCapacity:
     block_size: int
     kv_cache_dtype: str
     max_model_len: int
-    kv_bytes_per_token: int  # K+V, all layers, one GPU
-    page_size_bytes: int  # one block, all layers, one GPU
+    kv_bytes_per_token: int  # K+V (MLA: latent + rope), all layers, one GPU
+    page_size_bytes: int  # one block of the pool: the largest KV cache group's layers
     available_kv_cache_memory_bytes: int
     num_gpu_blocks: int
     blocks_per_request: int  # at max_model_len
@@ -196,16 +257,26 @@ class KVCapacity:
         )
 
 
-def kv_capacity(config: EngineConfig, non_kv: NonKVMemory | None = None) -> KVCapacity:
+def kv_capacity(
+    config: EngineConfig, non_kv: NonKVMemory | None = None, hybrid_kv_cache_manager: bool = False
+) -> KVCapacity:
     """Size the KV cache of `config` on one GPU. `non_kv` replaces the estimate if measured.
+
+    `hybrid_kv_cache_manager`: size a hybrid model's pool as vLLM's default does, in KV cache
+    groups (`kv_cache_groups`); off, as with vLLM's --disable-hybrid-kv-cache-manager, every
+    layer is one full-attention group, which is how the simulator's one block table serves a
+    hybrid model. Models of one attention kind size the same either way.
 
     Raises `ConfigError` (one line) when the weights do not fit, when nothing is left for the
     KV cache, or, as vLLM does, when one request of max_model_len does not fit.
     """
     model, gpu = config.model_spec, config.gpu_spec
     tp, bs = config.tensor_parallel_size, config.block_size
-    page = page_size_bytes(model, bs, config.kv_cache_dtype, tp)
-    per_req = blocks_per_request(model, config.max_model_len, bs, config.max_num_batched_tokens)
+    hybrid = hybrid_kv_cache_manager
+    page = page_size_bytes(model, bs, config.kv_cache_dtype, tp, hybrid)
+    per_req = blocks_per_request(
+        model, config.max_model_len, bs, config.max_num_batched_tokens, hybrid
+    )
     source: KVSource
     if config.num_gpu_blocks_override is not None:
         source, non_kv = "num_gpu_blocks_override", None
@@ -228,7 +299,7 @@ def kv_capacity(config: EngineConfig, non_kv: NonKVMemory | None = None) -> KVCa
         block_size=bs,
         kv_cache_dtype=config.kv_cache_dtype,
         max_model_len=config.max_model_len,
-        kv_bytes_per_token=page // bs,
+        kv_bytes_per_token=kv_bytes_per_token(model, config.kv_cache_dtype, tp),
         page_size_bytes=page,
         available_kv_cache_memory_bytes=available,
         num_gpu_blocks=blocks,

@@ -25,7 +25,7 @@ def build_kv_cache_manager(
             num_gpu_blocks=num_gpu_blocks,
             block_size=config.block_size,
             enable_caching=config.enable_prefix_caching,
-            sliding_window=config.model_spec.sliding_window,
+            sliding_window=_uniform_window(config),
             vllm_compat=config.vllm_compat,
             check_invariants=check_invariants,
             lazy_hashing=lazy_hashing,
@@ -38,6 +38,14 @@ def build_kv_cache_manager(
         max_model_len=config.max_model_len,
         check_invariants=check_invariants,
     )
+
+
+def _uniform_window(config: EngineConfig) -> int | None:
+    """The window of a model whose every layer slides. A hybrid model's one block table is
+    served as full attention (vLLM's --disable-hybrid-kv-cache-manager), as its pool is
+    sized (`sizing.kv_capacity`)."""
+    model = config.model_spec
+    return None if model.is_hybrid else model.sliding_window
 
 
 def make_scheduler(
