@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from pagesim.config import KV_CACHE_DTYPES
 from pagesim.cost.base import BatchShape
+from pagesim.cost.moe import MoELinear
 from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
@@ -203,11 +204,23 @@ class AnalyticalCostModel:
         kv_bytes_per_token = (
             2 * layers * kv_heads * model.head_size * kv_dtype_bytes(model, kv_cache_dtype)
         )  # K and V, all layers, this GPU
-        self.kv_bytes_per_token = kv_bytes_per_token
-        self._kv_s_per_token = kv_bytes_per_token / mem_a
         self._attn_s_per_qk = (
             4.0 * layers * (model.num_attention_heads / tp) * model.head_size / attn_flops
         )  # per (query token, key token) pair
+        self._prefill_attn_s_per_qk = self._attn_s_per_qk
+        if model.kv_lora_rank is not None:
+            # MLA: the cache is one latent + rope vector per token and layer, whole on every
+            # GPU. Decode absorbs the up-projections: per head, QK over rank + rope and PV over
+            # rank. Prefill expands K/V: QK over nope + rope (head_size), PV over v_head_dim.
+            latent = model.kv_lora_rank + model.qk_rope_head_dim
+            kv_bytes_per_token = layers * latent * kv_dtype_bytes(model, kv_cache_dtype)
+            heads = model.num_attention_heads / tp
+            self._attn_s_per_qk = 2.0 * layers * heads * (latent + model.kv_lora_rank) / attn_flops
+            self._prefill_attn_s_per_qk = (
+                2.0 * layers * heads * (model.head_size + model.v_head_dim) / attn_flops
+            )
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self._kv_s_per_token = kv_bytes_per_token / mem_a
         self._block_tokens = c.paged_block_overhead_tokens
         self._copy_s_per_token = 2.0 * kv_bytes_per_token / mem_w  # read + write
         self._swap_s_per_byte = 1.0 / (gpu.host_link_bytes_per_s * c.host_link_efficiency)
@@ -220,7 +233,12 @@ class AnalyticalCostModel:
         self._ar_s_per_token = (
             self.num_allreduces * 2.0 * (tp - 1) / tp * self.allreduce_bytes_per_token / link
         )
-        self._window = model.sliding_window
+        # A hybrid model's attention is priced as full attention on every layer (an upper
+        # bound: its sliding layers read at most the window).
+        self._window = None if model.is_hybrid else model.sliding_window
+        self._moe = MoELinear.of(model, tp) if model.is_moe else None
+        self._mem_w, self._gemm = mem_w, gemm
+        self._lm_head_params = lm_head_params
 
     # ---- public API ----
     def step_time(self, batch: BatchShape) -> float:
@@ -252,7 +270,9 @@ class AnalyticalCostModel:
         overhead = c.step_overhead_s + c.per_request_overhead_s * n_reqs
         tokens = b.total_tokens
         layers = self._layers_s if tokens else 0.0
-        if tokens:
+        if tokens and self._moe is not None:
+            linear = self._moe_linear(tokens, n_reqs)
+        elif tokens:
             linear = max(
                 self._weights_s, self._gemm_s_per_token * tokens + self._lm_head_s_per_req * n_reqs
             )
@@ -263,6 +283,17 @@ class AnalyticalCostModel:
         swap = b.swap_bytes * self._swap_s_per_byte
         copy = b.num_blocks_to_copy * b.block_size * self._copy_s_per_token
         return overhead, layers, linear, attn, paged, allreduce, swap, copy
+
+    def _moe_linear(self, tokens: int, n_reqs: int) -> float:
+        """Roofline of an MoE step's linear layers: the experts it touches, read once, against
+        the routed GEMM work with its per-expert padding (`pagesim.cost.moe`)."""
+        moe = self._moe
+        assert moe is not None
+        model = self.model
+        read = moe.weight_bytes_read(tokens, model.dtype_bytes, model.expert_bytes_per_param)
+        weights = (read + self._lm_head_params * model.dtype_bytes) / self._mem_w
+        gemm = 2.0 * moe.gemm_params_rows(tokens) / self._gemm + self._lm_head_s_per_req * n_reqs
+        return max(weights, gemm)
 
     def _attention(self, b: BatchShape) -> tuple[float, float]:
         """(attention without the per-block cost, the per-block cost) in seconds.
@@ -292,7 +323,7 @@ class AnalyticalCostModel:
         for q, ctx in zip(b.prefill_new_tokens, b.prefill_context_tokens, strict=True):
             visible = ctx if self._window is None else min(ctx, self._window)
             mem = (visible + 2 * q) * kv_s  # read prefix and chunk, write the chunk
-            flops = (q * visible + q * (q + 1) / 2.0) * self._attn_s_per_qk  # causal new part
+            flops = (q * visible + q * (q + 1) / 2.0) * self._prefill_attn_s_per_qk  # causal
             base = mem if mem > flops else flops
             attn += base
             paged += max(mem + ((visible + q) / bs + partial) * block_s, flops) - base
