@@ -10,15 +10,18 @@ import typer
 
 from pagesim.cli.app import app
 from pagesim.data import calibration_dir
+from pagesim.hf_config import shipped_models
 from pagesim.kvcache.sizing import kv_bytes_per_token
-from pagesim.specs import GPUS, MODELS, GiB
+from pagesim.specs import GPUS, MODELS, GiB, ModelSpec
 
 
 def model_rows() -> list[dict[str, Any]]:
-    """One row per known model: shape, context, weights, KV bytes per token (16-bit K/V)."""
+    """One row per shipped model config: shape, context, weights, KV bytes per token."""
     root = calibration_dir()
     rows = []
-    for name, m in MODELS.items():
+    names = [*MODELS, *(name for name in shipped_models() if name not in MODELS)]
+    for name in names:
+        m = ModelSpec.from_name(name)
         profiled = sorted(g.name for g in root.iterdir() if (g / name / "profile.json").is_file())
         rows.append(
             {
@@ -76,7 +79,8 @@ def models_command(
             f"{r['weights_gib']:5.3g} GiB {r['kv_kib_per_token']:5.3g} KiB  {r['profiles']}"
         )
     print(
-        "(KV/token: K and V of one token over all layers at 16 bits, on one GPU; profiles: "
+        "(KV/token: K and V (MLA: latent + rope) of one token over all layers at 16 bits, on "
+        "one GPU; profiles: "
         "GPUs with a shipped calibration profile)"
     )
     print()
