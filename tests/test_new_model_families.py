@@ -70,7 +70,7 @@ def test_run_sweep_plan(model: str, tmp_path: Path, capsys) -> None:
     )
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "Max sustainable rate" in out
+    assert "Capacity plan (one replica)" in out and "Rate found within SLOs" in out
 
 
 def test_run_from_a_config_folder(tmp_path: Path, capsys) -> None:
