@@ -14,6 +14,11 @@ from typing import Any, Literal
 
 from pagesim.errors import ConfigError
 from pagesim.specs import GiB, GPUSpec, ModelSpec
+from pagesim.utils import MAX_BLOCKS, MAX_TOKENS, check_number
+
+MAX_SWAP_SPACE_GIB = float(1 << 20)  # 1 PiB of host memory per GPU
+MAX_TENSOR_PARALLEL_SIZE = 1024
+MAX_BLOCK_SIZE = 1 << 16
 
 Allocator = Literal["paged", "reserve-max", "pow2", "oracle"]
 ALLOCATORS: tuple[str, ...] = ("paged", "reserve-max", "pow2", "oracle")
@@ -72,6 +77,7 @@ class EngineConfig:
     vllm_compat: str = "0.33"  # "0.23": freed unhashed blocks go to the tail, not the head
 
     def __post_init__(self) -> None:
+        self._check_sizes()
         _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size)
         _check(self.block_size >= 1, "block_size", self.block_size)
         _check(
@@ -124,6 +130,26 @@ class EngineConfig:
                 f"must be >= max_model_len ({self.max_model_len}) without chunked prefill",
             )
 
+    def _check_sizes(self) -> None:
+        """Types and upper bounds of the numeric fields (the lower bounds follow)."""
+        ints = {
+            "tensor_parallel_size": MAX_TENSOR_PARALLEL_SIZE,
+            "block_size": MAX_BLOCK_SIZE,
+            "max_num_seqs": MAX_TOKENS,
+            "max_num_batched_tokens": MAX_TOKENS,
+            "max_model_len": MAX_TOKENS,
+            "long_prefill_token_threshold": MAX_TOKENS,
+            "max_num_partial_prefills": MAX_TOKENS,
+            "num_gpu_blocks_override": MAX_BLOCKS,
+            "kv_cache_memory_bytes": 1 << 50,
+        }
+        for name, high in ints.items():
+            value = getattr(self, name)
+            if value is not None:
+                check_number(name, value, integer=True, high=high)
+        check_number("gpu_memory_utilization", self.gpu_memory_utilization)
+        check_number("swap_space", self.swap_space, high=MAX_SWAP_SPACE_GIB)
+
     @property
     def model_spec(self) -> ModelSpec:
         return ModelSpec.from_name(self.model)
@@ -162,7 +188,32 @@ class EngineConfig:
             given["max_num_batched_tokens"] = (
                 tokens if chunked else max(tokens, given["max_model_len"])
             )
-        return cls(**given)
+        config = cls(**given)
+        config.verify_as_vllm()
+        return config
+
+    def verify_as_vllm(self) -> None:
+        """The contradictions that vLLM's own config checks refuse, in vLLM's words.
+
+        Run on every config built from user settings (`create`); tests and internal callers
+        that build the dataclass directly may use small budgets vLLM would refuse.
+        """
+        heads = self.model_spec.num_attention_heads
+        if heads % self.tensor_parallel_size:
+            raise ConfigError(
+                f"Total number of attention heads ({heads}) must be divisible by tensor "
+                f"parallel size ({self.tensor_parallel_size})."
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater "
+                f"than or equal to max_num_seqs ({self.max_num_seqs})."
+            )
+        if self.long_prefill_token_threshold > self.max_model_len:
+            raise ConfigError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) cannot "
+                f"be greater than the max_model_len ({self.max_model_len})."
+            )
 
     def replace(self, **changes: Any) -> EngineConfig:
         """A copy with `changes`. A new `allocator` without a placement takes that allocator's

@@ -7,9 +7,24 @@ scripts share with the CLI lives here, in the first row of the layer table, rath
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 from pagesim.errors import ConfigError
 
-__all__ = ["parse_int_list"]
+__all__ = [
+    "MAX_BLOCKS",
+    "MAX_COUNT",
+    "MAX_TOKENS",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "check_number",
+    "check_output_dir",
+    "check_output_file",
+    "parse_int_list",
+    "write_new_file",
+]
 
 
 def parse_int_list(text: str, name: str) -> tuple[int, ...]:
@@ -21,3 +36,108 @@ def parse_int_list(text: str, name: str) -> tuple[int, ...]:
     if not values or min(values) < 1:
         raise ConfigError(f"--{name} {text!r}: expected integers >= 1")
     return values
+
+
+# Bounds on sizes that enter from the user, set by what one machine could hold or what any
+# model could serve; each is far above every real setting, so that only an absurd value (a
+# typo, an exponent too many) is refused, at the boundary, before any memory is asked for.
+MAX_TOKENS = 1 << 24  # one sequence or one step: 16,777,216 tokens, above any model's context
+MAX_COUNT = 10_000_000  # requests, sessions, prefix groups or tenants of one run
+MAX_BLOCKS = 1 << 24  # KV blocks of one engine (pagesim holds a Python object per block)
+
+
+def check_number(
+    name: str,
+    value: object,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    integer: bool = False,
+    error: type[Exception] = ConfigError,
+    allow_inf: bool = False,
+) -> None:
+    """Raise `error` with one line naming `name` unless `value` is a finite number (an int if
+    `integer`) in [low, high] ((low, high] if `low_open`); `allow_inf`: +inf passes too.
+
+    Called where a value enters (a flag, a file, a spec), never on a hot path.
+    """
+    import math
+
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise error(f"{name}={value!r}: expected {kind}")
+    if integer and not isinstance(value, int):
+        raise error(f"{name}={value!r}: expected {kind}")
+    if not math.isfinite(value) and not (allow_inf and value == math.inf):
+        raise error(f"{name}={value!r}: must be finite")
+    if low is not None and (value <= low if low_open else value < low):
+        raise error(f"{name}={value!r}: must be {'>' if low_open else '>='} {low:g}")
+    if high is not None and value > high:
+        raise error(f"{name}={value!r}: must be <= {high:,}")
+
+
+NAME_MAX = 255  # bytes in one path component (Linux, macOS)
+
+
+def check_output_file(path: str | os.PathLike, flag: str) -> None:
+    """Refuse, before any work, an output file that could not be written: a directory in its
+    place, a file where a parent folder must be, a folder that is not writable, a name too
+    long for the filesystem. Creates nothing."""
+    p = Path(path)
+    if len(p.name.encode()) > NAME_MAX:
+        raise ConfigError(f"{flag} {str(path)[:80]}...: file name longer than {NAME_MAX} bytes")
+    if p.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory; give a file name")
+    check_output_dir(p.parent, flag, shown=path)
+
+
+def check_output_dir(path: str | os.PathLike, flag: str, shown: object = None) -> None:
+    """The same for a folder that will be created if missing."""
+    shown = path if shown is None else shown
+    p = Path(path)
+    for part in p.parts:
+        if len(part.encode()) > NAME_MAX:
+            raise ConfigError(f"{flag} {shown}: a folder name longer than {NAME_MAX} bytes")
+    existing = p
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {shown}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {shown}: {existing} is not writable")
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same folder and a rename, so
+    that a reader (or `--resume`) sees the old file or the whole new one, never a torn one."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:64]}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_new_file(path: str | os.PathLike, data: bytes) -> bool:
+    """Write `data` to `path` atomically only if no file is there (a hard link of a complete
+    temporary file, which fails when the name is taken); False if it was taken."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:64]}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.link(tmp, p)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """`atomic_write_bytes` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))

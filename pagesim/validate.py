@@ -294,6 +294,8 @@ def read_real_run(path: str | Path) -> dict[str, Any]:
         doc = read_json_file(p)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError, lzma.LZMAError) as e:
         raise ConfigError(f"real run {str(p)!r}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"real run {str(p)!r}: expected a JSON object, not {type(doc).__name__}")
     if doc.get("format") != REAL_RUN_FORMAT:
         raise ConfigError(
             f"real run {str(p)!r}: format={doc.get('format')!r} is not {REAL_RUN_FORMAT}"

@@ -14,7 +14,7 @@ import typer
 from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
-from pagesim.utils import parse_int_list
+from pagesim.utils import check_number, check_output_dir, parse_int_list
 
 #: `CalibrationGrid.decode_batches`' default, repeated here: the CLI imports `pagesim.gpu` only
 #: inside the commands that need it (a test holds the two equal).
@@ -75,14 +75,22 @@ def calibrate_command(
     --tensor-parallel-size N: one process per GPU, steps through rank 0's broadcast, plus the
     all-reduce table (profile <root>/<gpu>/<model>-tp<N>/), CUDA graphs on every rank with
     their NCCL all-reduces inside unless --enforce-eager."""
+    from pagesim.config import EngineConfig
+    from pagesim.data import calibration_dir
     from pagesim.gpu.device import require_cuda, torch_dtype
 
-    batches = parse_int_list(decode_batches, "decode-batches")  # bad input first, GPU or not
-    require_cuda()
-    from pagesim.config import EngineConfig
-    from pagesim.gpu.calibrate import CalibrationGrid
-    from pagesim.gpu.profiler import run_calibration
-
+    # bad input first, GPU or not
+    batches = parse_int_list(decode_batches, "decode-batches")
+    sizes = parse_int_list(block_sizes, "block-sizes")
+    full_sizes = parse_int_list(full_block_sizes, "full-block-sizes")
+    check_number("--time-budget-s", time_budget_s, low=0, low_open=True)
+    check_output_dir(output_dir, "--output-dir")
+    shipped = Path(str(calibration_dir())).resolve()
+    if output_dir.resolve() == shipped or shipped in output_dir.resolve().parents:
+        raise ConfigError(
+            f"--output-dir {output_dir}: is inside the shipped profiles ({shipped}); write "
+            "elsewhere and pass the profile with --profile"
+        )
     config = EngineConfig.create(
         model=model or "llama-2-7b",
         gpu="h200",
@@ -92,9 +100,13 @@ def calibrate_command(
         max_model_len=max_model_len,
         tensor_parallel_size=tensor_parallel_size,
     )
+    require_cuda()
+    from pagesim.gpu.calibrate import CalibrationGrid
+    from pagesim.gpu.profiler import run_calibration
+
     grid = CalibrationGrid(
-        block_sizes=parse_int_list(block_sizes, "block-sizes"),
-        full_block_sizes=parse_int_list(full_block_sizes, "full-block-sizes"),
+        block_sizes=sizes,
+        full_block_sizes=full_sizes,
         decode_batches=tuple(sorted(set(batches))),
     )
     if config.tensor_parallel_size > 1 or shard_only:

@@ -11,6 +11,7 @@ import typer
 
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
+from pagesim.utils import check_output_dir
 
 
 @app.command("merge-profiles")
@@ -27,6 +28,9 @@ def merge_profiles_command(
             "--output-dir", "-o", help="Profile directory to write (not one of the sources)."
         ),
     ],
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace a profile already in --output-dir (refused otherwise).")
+    ] = False,
 ) -> None:
     """Write the profile whose every grid point is the median over the sources that measured
     it, and print how far each source's decode rows sat from that median. A GPU session's
@@ -39,6 +43,14 @@ def merge_profiles_command(
     if any(src.resolve() == out for src in sources):
         raise ConfigError(
             f"--output-dir {output_dir}: is one of the sources; write the merged profile elsewhere"
+        )
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output-dir {output_dir}: is a file, not a directory")
+    check_output_dir(output_dir, "--output-dir")
+    if output_dir.is_dir() and any(output_dir.iterdir()) and not overwrite:
+        raise ConfigError(
+            f"--output-dir {output_dir}: not empty (holds a profile?); give --overwrite to "
+            "replace it"
         )
     loaded = [Profile.load(src) for src in sources]
     merged = merge_profiles(loaded)

@@ -229,7 +229,15 @@ def merge(file_values: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
 
 
 def engine_config(values: dict[str, Any]) -> EngineConfig:
-    return EngineConfig.create(**{k: v for k, v in values.items() if k in ENGINE_FIELDS})
+    """The engine of one run or plan; a placement given with the paged allocator is refused
+    (it would be silently ignored)."""
+    config = EngineConfig.create(**{k: v for k, v in values.items() if k in ENGINE_FIELDS})
+    if values.get("contiguous_placement") is not None and config.allocator == "paged":
+        raise ConfigError(
+            f"--contiguous-placement {config.contiguous_placement}: applies to the contiguous "
+            "allocators (reserve-max, pow2, oracle), not --allocator paged"
+        )
+    return config
 
 
 def parse_goodput(items: list[str] | dict | None) -> tuple[tuple[str, float], ...]:

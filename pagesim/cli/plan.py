@@ -45,10 +45,12 @@ from pagesim.sim.build import (
 )
 from pagesim.sim.simulate import LoadSpec
 from pagesim.specs import GiB
-from pagesim.utils import parse_int_list
+from pagesim.utils import atomic_write_text, check_number, check_output_file, parse_int_list
 from pagesim.workload import WORKLOAD_PARAMS
 
 PLAN = "Plan"
+MAX_REPLICAS = 4096
+MAX_MIN_DURATION_S = 86_400.0  # probes of a day of arrivals at most
 DEFAULTS = {"workload": "chat", "num_prompts": 500}
 SHOWN = (
     "request_throughput",
@@ -198,6 +200,9 @@ def plan_command(
     ):
         flags.pop(key)
     scale = check_step_time_scale(step_time_scale)
+    _check_plan_numbers(slo_attainment, target_rate, max_replicas, rel_tol, min_duration)
+    if save_result is not None:  # before the search: a bad path must not cost the plan
+        check_output_file(save_result, "--save-result")
     values = o.merge({**DEFAULTS, **o.read_config_file(config)}, flags)
     slos = parse_slos(slo, attainment=slo_attainment, allow_rejected=allow_rejected)
     if slos.empty:
@@ -295,8 +300,23 @@ def plan_command(
                 )
     if save_result is not None:
         save_result.parent.mkdir(parents=True, exist_ok=True)
-        save_result.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+        atomic_write_text(save_result, json.dumps(doc, indent=2, default=str) + "\n")
         print(f"Saved plan to {save_result}")
+
+
+def _check_plan_numbers(
+    attainment: float,
+    target_rate: float | None,
+    max_replicas: int,
+    rel_tol: float,
+    min_duration: float,
+) -> None:
+    check_number("--slo-attainment", attainment, low=0, low_open=True, high=1)
+    if target_rate is not None:
+        check_number("--target-rate", target_rate, low=0, low_open=True)
+    check_number("--max-replicas", max_replicas, integer=True, low=1, high=MAX_REPLICAS)
+    check_number("--rel-tol", rel_tol, low=0, low_open=True, high=1)
+    check_number("--min-duration", min_duration, low=0, high=MAX_MIN_DURATION_S)
 
 
 def _cost_line(engine, prof, analytical: bool = False, scale: float = 1.0) -> str:

@@ -25,6 +25,7 @@ from pagesim.errors import ConfigError
 from pagesim.planning import plots
 from pagesim.planning.summary import read_summary
 from pagesim.planning.waste import waste_timeline_from_steps
+from pagesim.utils import check_output_dir
 
 KINDS = ("latency", "block-size", "prefix", "preemption", "waste", "timeline", "pareto")
 X_OF = {
@@ -33,6 +34,16 @@ X_OF = {
     "preemption": "request_rate",
     "waste": "allocator",
 }
+
+
+def _check_formats(fmts: list[str]) -> None:
+    import matplotlib.pyplot as plt
+
+    known = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    for f in fmts or [""]:
+        if f not in known:
+            raise ConfigError(f"--format {f!r}: choose from {', '.join(sorted(known))}")
 
 
 @app.command("plot")
@@ -58,12 +69,19 @@ def plot_command(
     wanted = kind or [k for k in KINDS if _applies(k, varying, directory)]
     out = output_dir or Path(directory) / "plots"
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
+    _check_formats(fmts)
+    check_output_dir(out, "--output-dir")
     for k in wanted:
         empty = _all_zero(k, df)
         if empty:
             print(f"No {k}.png: {empty}")
             continue
-        fig = _figure(k, df, directory, varying, curve_by)
+        try:
+            fig = _figure(k, df, directory, varying, curve_by)
+        except KeyError as exc:
+            raise ConfigError(
+                f"{directory}: the summary has no column {exc} that --kind {k} plots"
+            ) from None
         for path in plots.save_figure(fig, out, k, fmts):
             print(f"Saved {path}")
 

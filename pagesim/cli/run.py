@@ -29,6 +29,7 @@ from pagesim.sim.build import (
 )
 from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
 from pagesim.sim.simulate import result_metadata, simulate
+from pagesim.utils import atomic_write_bytes, check_output_file, write_new_file
 
 DEFAULTS = {"workload": "chat", "num_prompts": 1000}
 
@@ -77,6 +78,9 @@ def run_command(
         typer.Option(help="Where results go; also writes per-request and per-step Parquet."),
     ] = None,
     result_filename: Annotated[str | None, typer.Option()] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace an existing --result-filename (refused otherwise).")
+    ] = False,
     check_invariants: Annotated[
         bool, typer.Option(help="Check KV allocator invariants after every operation (slow).")
     ] = False,
@@ -89,6 +93,7 @@ def run_command(
         "save_result",
         "result_dir",
         "result_filename",
+        "overwrite",
         "check_invariants",
         "quiet",
         "step_time_scale",
@@ -116,6 +121,8 @@ def run_command(
         directory = result_dir or Path(".")
         if save_result or result_dir is not None:
             _make_dir(directory)  # before simulating: a bad --result-dir fails at once
+            if result_filename is not None:
+                _check_result_filename(directory, result_filename, overwrite)
         with _progress(load.num_prompts, quiet) as hook:
             sim = simulate(
                 engine,
@@ -147,18 +154,48 @@ def run_command(
         if cost is not None:
             metadata["step_time_scale"] = step_time_scale
         date = datetime.now().strftime("%Y%m%d-%H%M%S")
-        name = result_filename or default_result_filename(
-            metadata, date, arrival=rate_label(traffic)
-        )
-        path = directory / name
+        text = result_json(sim.result, metadata, date=date).encode("utf-8")
+        default = default_result_filename(metadata, date, arrival=rate_label(traffic))
         try:
-            path.write_text(result_json(sim.result, metadata, date=date))
+            path = _save(directory, result_filename, default, text, overwrite)
+            name = path.name
             print(f"Saved result to {path}")
             if result_dir is not None:
                 for p in write_parquet(sim.metrics, directory, Path(name).stem):
                     print(f"Saved records to {p}")
         except OSError as exc:
-            raise ConfigError(f"cannot write {exc.filename or path}: {exc.strerror}") from None
+            raise ConfigError(f"cannot write {exc.filename or directory}: {exc.strerror}") from None
+
+
+def _check_result_filename(directory: Path, name: str, overwrite: bool) -> None:
+    """A --result-filename is one file name in --result-dir, not taken unless --overwrite."""
+    if Path(name).name != name or name in ("", ".", ".."):
+        raise ConfigError(f"--result-filename {name!r}: a file name, without folders")
+    check_output_file(directory / name, "--result-filename")
+    if (directory / name).exists() and not overwrite:
+        raise ConfigError(
+            f"--result-filename {name}: {directory / name} exists; give --overwrite to replace it"
+        )
+
+
+def _save(directory: Path, given: str | None, default: str, text: bytes, overwrite: bool) -> Path:
+    """Write the result JSON without replacing another run's: a given name is replaced only
+    with --overwrite (checked before the run); a default name that is taken (runs started in
+    the same second) gets a -2, -3, ... suffix."""
+    if given is not None:
+        path = directory / given
+        if overwrite:
+            atomic_write_bytes(path, text)
+            return path
+        if write_new_file(path, text):
+            return path
+        raise ConfigError(f"--result-filename {given}: {path} exists; give --overwrite")
+    stem, suffix = default[: -len(".json")], ".json"
+    for n in range(1, 10_000):
+        path = directory / (default if n == 1 else f"{stem}-{n}{suffix}")
+        if write_new_file(path, text):
+            return path
+    raise ConfigError(f"--result-dir {directory}: 10,000 results named {default} already")
 
 
 def _make_dir(directory: Path) -> None:

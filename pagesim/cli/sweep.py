@@ -24,9 +24,11 @@ from pagesim.metrics.report import rejection_line
 from pagesim.planning.backends import BACKENDS, require_ray
 from pagesim.planning.grid import build_grid, coerce, parse_axis, read_param_file
 from pagesim.planning.sweep import run_sweep
+from pagesim.utils import check_number, check_output_dir
 
 E, L = o.ENGINE, o.LOAD
 SWEEP = "Sweep"
+MAX_RUNS = 1_000_000  # simulations of one sweep (points x runs)
 
 
 def _list(help_text: str, panel: str):
@@ -145,6 +147,10 @@ def sweep_command(
         flags.pop(key)
     if backend not in BACKENDS:
         raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if jobs is not None:
+        check_number("--jobs", jobs, integer=True, low=1, high=4096)
+    check_number("--num-runs", num_runs, integer=True, low=1, high=MAX_RUNS)
+    check_output_dir(output_dir, "--output-dir")
     file_values, file_axes = _read_config(config)
     percentiles = o.parse_percentiles(
         metric_percentiles or file_values.pop("metric_percentiles", None)
@@ -161,6 +167,11 @@ def sweep_command(
         engine_params=read_param_file(engine_params, "engine") if engine_params else None,
         load_params=read_param_file(load_params, "load") if load_params else None,
     )
+    if len(grid) * num_runs > MAX_RUNS:
+        raise ConfigError(
+            f"sweep: {len(grid):,} points x {num_runs:,} runs; at most {MAX_RUNS:,} runs: "
+            "split the sweep"
+        )
     if dry_run:
         _print_plan(grid, num_runs)
         return

@@ -23,6 +23,7 @@ import typer
 from pagesim.cli import options as o
 from pagesim.cli.app import GPU_COMMANDS, app
 from pagesim.errors import ConfigError
+from pagesim.utils import check_output_dir
 
 
 @app.command("validate")
@@ -61,6 +62,7 @@ def validate_command(
     and report per metric the real value, the prediction and the error in %."""
     from pagesim.validate import TruncatedRunError, validate_real_run, write_report
 
+    check_output_dir(output_dir, "--output-dir")
     predictions: dict = {}  # one simulation per traffic: repeats are priced once
     if real:
         entries, skipped = [], []
@@ -138,12 +140,19 @@ def _serve_now(
 ) -> list[Path]:
     """Measure the KV cache, serve the load on this GPU `repeats` times, store each real run
     (the second as `<stem>-r2`, ...); returns their paths."""
+    from pagesim.config import EngineConfig
+    from pagesim.sim.simulate import LoadSpec
+
+    # bad input first, GPU or not
+    LoadSpec(
+        request_rate=request_rate, burstiness=burstiness or 1.0, num_prompts=num_prompts or 200
+    )
+    check_output_dir(output_dir, "--output-dir")
     from pagesim.gpu.device import require_cuda, torch_dtype
 
     require_cuda(GPU_COMMANDS["validate"])
     import torch
 
-    from pagesim.config import EngineConfig
     from pagesim.gpu.device import device_info
     from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
     from pagesim.gpu.model import RandomWeightDecoder

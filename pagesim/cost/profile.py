@@ -398,6 +398,7 @@ class Profile:
                 tables[name] = ()
                 continue
             tables[name] = _read_table(csv_path, row_cls)
+        _check_measured(path, tables)
         return cls(meta, **tables)
 
 
@@ -410,6 +411,15 @@ def profile_dir(root: str | Path, gpu: str, model: str, tensor_parallel_size: in
 
 def _read_table(path: Path, row_cls: type) -> tuple:
     cols = [(f.name, int if f.type == "int" else float) for f in fields(row_cls)]
+    try:
+        return _read_rows(path, row_cls, cols)
+    except UnicodeDecodeError:
+        raise ProfileError(f"{path}: not UTF-8 text (a CSV table was expected)") from None
+    except csv.Error as e:
+        raise ProfileError(f"{path}: malformed CSV ({e})") from None
+
+
+def _read_rows(path: Path, row_cls: type, cols: list[tuple[str, type]]) -> tuple:
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -434,6 +444,25 @@ def _read_table(path: Path, row_cls: type) -> tuple:
             ]
             rows.append(row_cls(*values))
     return tuple(rows)
+
+
+def _check_measured(path: Path, tables: dict[str, tuple]) -> None:
+    """What a measured table must hold to price a step: step times > 0, and a decode grid of
+    at least two batch sizes and two context lengths for each block size (the cost model
+    interpolates between grid points; one point prices nothing)."""
+    for name, rows in tables.items():
+        for i, r in enumerate(rows):
+            t = getattr(r, "step_time_ms", None)
+            if t is not None and not t > 0:
+                raise ProfileError(f"{path / name}.csv row {i + 1}: step_time_ms={t!r} must be > 0")
+    for bs in sorted({r.block_size for r in tables["decode"]}):
+        rows = [r for r in tables["decode"] if r.block_size == bs]
+        batches, contexts = {r.batch_size for r in rows}, {r.context_len for r in rows}
+        if len(batches) < 2 or len(contexts) < 2:
+            raise ProfileError(
+                f"{path / 'decode.csv'}: block size {bs} has {len(batches)} batch size(s) and "
+                f"{len(contexts)} context length(s); a profile needs at least 2 of each"
+            )
 
 
 def _parse(path: Path, line_no: int, name: str, kind: type, text: str) -> int | float:

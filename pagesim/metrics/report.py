@@ -85,18 +85,26 @@ def _peaks(records: list[RequestRecord], metrics: MetricsCollector) -> tuple[flo
         return 0.0, 0
     start = min(r.arrival_time for r in done)
     n = math.ceil(max(r.finish_time for r in done) - start) + 1  # type: ignore[operator, type-var]
+    # Only buckets that something happens in are kept, so a long idle run (a low rate) costs
+    # nothing: the concurrency is constant between events and the token sums are per bucket.
     # +1 at each start's bucket, -1 after each finish's (truncation, as int(); both >= 0)
     arrival = np.array([r.arrival_time for r in done], dtype=np.float64)
     finish = np.array([r.finish_time for r in done], dtype=np.float64)
-    concurrent = np.bincount((arrival - start).astype(np.int64), minlength=n + 1) - np.bincount(
-        (finish - start).astype(np.int64) + 1, minlength=n + 1
+    where = np.concatenate(
+        [(arrival - start).astype(np.int64), (finish - start).astype(np.int64) + 1]
     )
+    delta = np.concatenate([np.ones(len(done), np.int64), -np.ones(len(done), np.int64)])
+    order = np.argsort(where, kind="stable")
+    where, level = where[order], np.cumsum(delta[order])
+    last = np.append(where[1:] != where[:-1], True)  # the level after a bucket's last event
+    concurrent = level[last & (where < n)]
     times = np.frombuffer(metrics.token_times_s, dtype=np.float64)
     counts = np.frombuffer(metrics.token_counts, dtype=np.int64)
     buckets = (times - start).astype(np.int64)  # truncation, as int()
     keep = (buckets >= 0) & (buckets < n)
-    tokens = np.bincount(buckets[keep], weights=counts[keep], minlength=n)
-    return float(tokens.max(initial=0.0)), int(np.cumsum(concurrent)[:n].max(initial=0))
+    _, index = np.unique(buckets[keep], return_inverse=True)
+    tokens = np.bincount(index, weights=counts[keep])
+    return float(tokens.max(initial=0.0)), int(concurrent.max(initial=0))
 
 
 def summarize(

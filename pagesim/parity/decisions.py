@@ -35,10 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pagesim.errors import InternalError
+from pagesim.errors import InternalError, PagesimError
 
 FORMAT = "pagesim-parity/1"
 GZIP_ABOVE_BYTES = 64 * 1024  # larger logs are written gzipped (mtime 0: byte-stable)
+
+
+class ParityFileError(PagesimError, ValueError):
+    """A golden or recorded decision file that cannot be read as one."""
 
 
 @dataclass(slots=True)
@@ -177,10 +181,21 @@ class DecisionLog:
 
     @classmethod
     def read(cls, path: str | Path) -> DecisionLog:
-        raw = Path(path).read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        return cls.loads(raw.decode())
+        """A decision file (JSON, or gzipped JSON); a file that is not one raises
+        `ParityFileError` naming it and what is wrong."""
+        try:
+            raw = Path(path).read_bytes()
+            if raw[:2] == b"\x1f\x8b":
+                raw = gzip.decompress(raw)
+            return cls.loads(raw.decode())
+        except OSError as exc:
+            raise ParityFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        except (EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ParityFileError(f"{path}: not a decision file ({type(exc).__name__})") from None
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise ParityFileError(
+                f"{path}: not a decision file (missing or malformed {exc})"
+            ) from None
 
 
 def ids_to_text(ids: Sequence[int]) -> str:

@@ -19,6 +19,7 @@ grid: `ENGINE-block_size=16-LOAD-request_rate=4` (`default` when nothing varies)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import math
@@ -36,6 +37,8 @@ from pagesim.errors import ConfigError, PagesimError
 from pagesim.planning.mix import check_workload, is_mix, mix_name
 from pagesim.sim.simulate import LoadSpec
 
+MAX_POINTS = 100_000  # grid points of one sweep
+MAX_NAME_CHARS = 200  # a point's folder name; longer ones are hashed
 ENGINE_KEYS: tuple[str, ...] = (*(f.name for f in dataclasses.fields(EngineConfig)), "profile")
 LOAD_KEYS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(LoadSpec) if f.name not in ("percentiles", "goodput_slos_ms")
@@ -108,20 +111,18 @@ def parse_axis(key: str, text: str) -> list[Any]:
 
 
 def read_param_file(path: Path | str, kind: str) -> list[dict[str, Any]]:
-    """A JSON or YAML list of dicts (one dict alone is a list of one), keys snake or kebab."""
+    """A JSON or YAML list of dicts, keys snake or kebab."""
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError:
-        raise ConfigError(f"--{kind}-params {p}: cannot read the file") from None
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise ConfigError(f"--{kind}-params {p}: cannot read the file as UTF-8 text") from None
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError):
         raise ConfigError(
             f"--{kind}-params {p}: malformed {'JSON' if p.suffix == '.json' else 'YAML'}"
         ) from None
-    if isinstance(data, dict):
-        data = [data]
     if not isinstance(data, list) or not data or not all(isinstance(d, dict) for d in data):
         raise ConfigError(f"--{kind}-params {p}: expected a non-empty list of mappings")
     allowed = ENGINE_KEYS if kind == "engine" else LOAD_KEYS
@@ -212,6 +213,7 @@ def build_grid(
     unknown = sorted(set(axes) - set(engine_axes) - set(load_axes))
     if unknown:
         raise ConfigError(f"sweep: unknown setting {unknown[0]!r}")
+    _check_grid_size(engine_params, engine_axes, load_params, load_axes)
     engines = _combos(engine_params or [{}], engine_axes)
     loads = _combos(load_params or [{}], load_axes)
     combos = [{**base, **e, **ld} for e in engines for ld in loads]
@@ -224,6 +226,18 @@ def build_grid(
     for p in points:
         _validate(p)
     return SweepGrid(points, varying)
+
+
+def _check_grid_size(engine_params, engine_axes, load_params, load_axes) -> None:
+    """Count the points before building any, and refuse a grid too large to run."""
+    sizes = [len(engine_params or [{}]), len(load_params or [{}])]
+    sizes += [len(v) for v in (*engine_axes.values(), *load_axes.values())]
+    count = math.prod(sizes)
+    if count > MAX_POINTS:
+        raise ConfigError(
+            f"sweep: {count:,} points ({' x '.join(str(n) for n in sizes if n > 1)}); "
+            f"at most {MAX_POINTS:,}: split the sweep"
+        )
 
 
 def _validate(point: SweepPoint) -> None:
@@ -254,8 +268,10 @@ def point_name(settings: dict[str, Any], varying: tuple[str, ...]) -> str:
         items = [f"{k}={_value_text(k, settings.get(k))}" for k in varying if k in keys]
         if items:
             parts.append("-".join([section, *items]))
-    name = "-".join(parts) or "default"
-    return re.sub(r"[^A-Za-z0-9._=+-]", "_", name)
+    name = re.sub(r"[^A-Za-z0-9._=+-]", "_", "-".join(parts) or "default")
+    if len(name) > MAX_NAME_CHARS:  # too long for a folder: a short hash (sweep.json maps it)
+        return "point-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+    return name
 
 
 def _unique(names: list[str]) -> list[str]:

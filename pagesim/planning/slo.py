@@ -210,6 +210,8 @@ def _parse_bound(s: str) -> Bound:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"--slo {s!r}: {raw!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"--slo {s!r}: the bound must be a finite number >= 0")
     return Bound(key, op, value)
 
 
@@ -224,8 +226,8 @@ def _parse_goodput(part: str, whole: str) -> tuple[str, float]:
         ms = float(raw)
     except ValueError:
         raise ConfigError(f"--slo {whole!r}: {raw!r} is not a number") from None
-    if not ms > 0:
-        raise ConfigError(f"--slo {whole!r}: {metric} threshold must be > 0 ms")
+    if not (ms > 0 and math.isfinite(ms)):
+        raise ConfigError(f"--slo {whole!r}: {metric} threshold must be a finite number > 0 ms")
     return metric, ms
 
 

@@ -99,8 +99,13 @@ def summary_frame(directory: Path, tasks: list[Any]) -> pd.DataFrame:
 def read_summary(directory: Path | str) -> pd.DataFrame:
     """A sweep's summary (Parquet if present, else CSV)."""
     d = Path(directory)
-    if (d / "summary.parquet").is_file():
-        return pd.read_parquet(d / "summary.parquet")
-    if (d / "summary.csv").is_file():
-        return pd.read_csv(d / "summary.csv")
+    for name, read in (("summary.parquet", pd.read_parquet), ("summary.csv", pd.read_csv)):
+        if (d / name).is_file():
+            try:
+                df = read(d / name)
+            except (ValueError, UnicodeDecodeError, OSError) as exc:
+                raise ConfigError(f"{d / name}: unreadable ({type(exc).__name__})") from None
+            if df.empty:
+                raise ConfigError(f"{d / name}: no runs in the summary")
+            return df
     raise ConfigError(f"{d}: no summary.csv or summary.parquet (not a sweep directory)")

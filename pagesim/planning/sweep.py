@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow.parquet as pq
 
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError
@@ -35,8 +34,9 @@ from pagesim.planning.grid import SweepGrid, SweepPoint
 from pagesim.planning.mix import workload_ref
 from pagesim.planning.summary import metrics_row, settings_row, summary_frame
 from pagesim.sim.build import default_profile, profile_record
-from pagesim.sim.output import requests_table, result_json, steps_table
+from pagesim.sim.output import requests_table, result_json, steps_table, write_parquet_atomic
 from pagesim.sim.simulate import LoadSpec, result_metadata, simulate
+from pagesim.utils import atomic_write_text
 
 MANIFEST = "sweep.json"
 
@@ -167,7 +167,7 @@ def run_sweep(
         percentiles=percentiles,
         goodput_slos_ms=goodput_slos_ms,
     )
-    todo = [t for t in tasks if not run_file(directory, t).is_file()]
+    todo = [t for t in tasks if not is_done(run_file(directory, t))]
     skipped = len(tasks) - len(todo)
     outcomes = execute(run_one, todo, backend=backend, n_jobs=n_jobs, address=address)
     with _Progress(len(grid), num_runs, tasks, todo, enabled=progress) as bar:
@@ -204,7 +204,7 @@ def _open_directory(
         stored_path = directory / MANIFEST
         if not stored_path.is_file():
             raise ConfigError(f"--resume {resume}: no {MANIFEST} in {directory}")
-        stored = json.loads(stored_path.read_text())
+        stored = _read_manifest(stored_path, resume)
         if stored.get("points") != json.loads(text)["points"]:
             raise ConfigError(
                 f"--resume {resume}: the grid differs from the one in "
@@ -212,7 +212,7 @@ def _open_directory(
             )
         if num_runs > stored.get("num_runs", 0):  # more seeds per point than before
             stored["num_runs"] = num_runs
-            stored_path.write_text(json.dumps(stored, indent=1) + "\n")
+            atomic_write_text(stored_path, json.dumps(stored, indent=1) + "\n")
         return directory, stored["timestamp"]
     date = timestamp or datetime.now().strftime("%Y%m%d_%H%M%S")
     directory = output_dir / date
@@ -220,8 +220,36 @@ def _open_directory(
         raise ConfigError(f"{directory} already holds a sweep; use --resume {date}")
     directory.mkdir(parents=True, exist_ok=True)
     doc = {"timestamp": date, "num_runs": num_runs, **json.loads(text)}
-    (directory / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n")
+    atomic_write_text(directory / MANIFEST, json.dumps(doc, indent=1) + "\n")
     return directory, date
+
+
+def _read_manifest(path: Path, resume: Path | str) -> dict[str, Any]:
+    """A stored sweep.json, or a one-line error saying why it cannot be resumed from."""
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else type(exc).__name__
+        raise ConfigError(f"--resume {resume}: {path} is unreadable ({why})") from None
+    ok = (
+        isinstance(stored, dict)
+        and isinstance(stored.get("points"), list)
+        and isinstance(stored.get("timestamp"), str)
+        and isinstance(stored.get("num_runs", 0), int)
+    )
+    if not ok:
+        raise ConfigError(
+            f"--resume {resume}: {path} is not a sweep manifest (needs points, timestamp)"
+        )
+    return stored
+
+
+def is_done(path: Path) -> bool:
+    """A run whose JSON exists and parses (a torn or corrupted file is run again)."""
+    try:
+        return isinstance(json.loads(path.read_text(encoding="utf-8")), dict)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
 
 
 def _json_default(value: Any) -> Any:
@@ -233,7 +261,8 @@ def _write_outcome(directory: Path, task: RunTask, outcome: RunOutcome) -> None:
     failed = run_file(directory, task, ".failed.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     if outcome.document is None:
-        failed.write_text(
+        atomic_write_text(
+            failed,
             json.dumps(
                 {
                     "point": task.point.name,
@@ -245,19 +274,14 @@ def _write_outcome(directory: Path, task: RunTask, outcome: RunOutcome) -> None:
                 indent=2,
                 default=str,
             )
-            + "\n"
+            + "\n",
         )
         return
-    path.write_text(outcome.document)
+    atomic_write_text(path, outcome.document)
     failed.unlink(missing_ok=True)
     if outcome.tables is not None:
         for table, kind in zip(outcome.tables, ("requests", "steps"), strict=True):
-            pq.write_table(
-                table,
-                run_file(directory, task, f".{kind}.parquet"),
-                compression="zstd",
-                write_statistics=False,
-            )
+            write_parquet_atomic(table, run_file(directory, task, f".{kind}.parquet"))
 
 
 class _Progress:

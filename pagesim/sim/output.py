@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pagesim.metrics import STEP_COLUMNS, MetricsCollector
+from pagesim.utils import atomic_write_bytes
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "request_id",
@@ -89,8 +90,16 @@ def write_parquet(metrics: MetricsCollector, directory: Path, stem: str) -> list
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / f"{stem}.requests.parquet", directory / f"{stem}.steps.parquet"]
     for table, path in zip((requests_table(metrics), steps_table(metrics)), paths, strict=True):
-        pq.write_table(table, path, compression="zstd", write_statistics=False)
+        write_parquet_atomic(table, path)
     return paths
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    """One Parquet file (zstd, no statistics), written whole or not at all (a temporary file
+    in the same folder, then a rename)."""
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf, compression="zstd", write_statistics=False)
+    atomic_write_bytes(path, buf.getvalue().to_pybytes())
 
 
 def format_kv_block(result: dict[str, Any]) -> str:

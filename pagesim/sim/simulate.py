@@ -32,6 +32,7 @@ from pagesim.sim.engine import ServingEngine
 from pagesim.sim.fast_path import DecodeFastPath
 from pagesim.sim.probe import WasteProbe
 from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
+from pagesim.utils import MAX_COUNT, MAX_TOKENS, check_number
 from pagesim.workload import load_workload
 from pagesim.workload.sessions import Session
 
@@ -55,6 +56,24 @@ class LoadSpec:
     goodput_slos_ms: tuple[tuple[str, float], ...] = ()  # (("ttft", 500.0), ...)
 
     def __post_init__(self) -> None:
+        check_number("num_prompts", self.num_prompts, integer=True, high=MAX_COUNT)
+        if self.request_rate is not None:
+            check_number("request_rate", self.request_rate, allow_inf=True)
+        check_number("burstiness", self.burstiness, low=1e-3, high=1e3)
+        if self.max_concurrency is not None:
+            check_number("max_concurrency", self.max_concurrency, integer=True)
+        check_number("seed", self.seed, integer=True, low=0)
+        for name in ("random_input_len", "random_output_len", "random_prefix_len"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), integer=True, high=MAX_TOKENS)
+        if self.random_range_ratio is not None:
+            check_number("random_range_ratio", self.random_range_ratio)
+        if self.time_scale is not None:
+            check_number("time_scale", self.time_scale, low=0, low_open=True)
+        for key, ms in self.goodput_slos_ms:
+            check_number(f"goodput {key}", ms, low=0, low_open=True)
+        for p in self.percentiles:
+            check_number("metric percentile", p)
         if self.num_prompts < 1:
             raise ConfigError(f"num_prompts={self.num_prompts}: must be >= 1")
         if self.request_rate is not None and not self.request_rate > 0:

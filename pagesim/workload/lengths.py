@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from pagesim.errors import WorkloadError
+from pagesim.utils import MAX_TOKENS
 
 DIST_KINDS: tuple[str, ...] = ("fixed", "uniform", "normal", "lognormal", "exponential")
 _DIST_PARAMS: dict[str, tuple[str, ...]] = {
@@ -130,6 +131,11 @@ def _checked(d: Dist, where: str, integer: bool) -> Dist:
         raise bad("max", d.max, f"must be >= min ({d.min})")
     if integer and d.max is not None and d.max < 1:
         raise bad("max", d.max, "must be >= 1 token")
+    if integer:  # token counts: bounded so that a draw fits int64 and a machine's memory
+        for name in ("value", "low", "high", "mean", "std", "min", "max"):
+            v = getattr(d, name, None)
+            if v is not None and v > MAX_TOKENS:
+                raise bad(name, v, f"must be <= {MAX_TOKENS:,} tokens")
     return d
 
 
@@ -181,6 +187,8 @@ class RandomLengths:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise WorkloadError(f"random_{name} = {v!r}: must be an integer >= 0")
+            if v > MAX_TOKENS:
+                raise WorkloadError(f"random_{name} = {v!r}: must be <= {MAX_TOKENS:,} tokens")
         r = self.range_ratio
         if isinstance(r, bool) or not isinstance(r, int | float) or not 0.0 <= r < 1.0:
             raise WorkloadError(f"random_range_ratio = {r!r}: must be in [0, 1)")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pagesim.errors import WorkloadError
+from pagesim.utils import MAX_COUNT
 from pagesim.workload.lengths import (
     Dist,
     LengthModel,
@@ -75,12 +76,14 @@ class ArrivalSpec:
                 f"{', '.join(ARRIVAL_PROCESSES)}"
             )
         if self.process in ("poisson", "gamma"):
-            if self.rate is None or not self.rate > 0:
+            if self.rate is None or not (self.rate > 0 and math.isfinite(self.rate)):
                 raise WorkloadError(
                     f"arrival.rate = {self.rate!r}: must be > 0 for process {self.process!r}"
                 )
-        if not self.burstiness > 0:
-            raise WorkloadError(f"arrival.burstiness = {self.burstiness!r}: must be > 0")
+        if not 1e-3 <= self.burstiness <= 1e3:
+            raise WorkloadError(
+                f"arrival.burstiness = {self.burstiness!r}: must be in [0.001, 1000]"
+            )
         if self.process == "poisson" and self.burstiness != 1.0:
             raise WorkloadError(
                 f"arrival.burstiness = {self.burstiness!r}: poisson means 1.0 (use process: gamma)"
@@ -336,6 +339,8 @@ def _non_negative(v: Any, where: str) -> float:
 def _count(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise WorkloadError(f"{where} = {v!r}: must be an integer >= 1")
+    if v > MAX_COUNT:
+        raise WorkloadError(f"{where} = {v!r}: must be <= {MAX_COUNT:,}")
     return v
 
 
