@@ -55,7 +55,7 @@ def encode_extra_keys(lora_name: str | None = None, cache_salt: str | None = Non
     if lora_name is not None:
         raw = lora_name.encode()
         out += _LORA_TAG + len(raw).to_bytes(4, "little") + raw
-    if cache_salt is not None:
+    if cache_salt:  # vLLM: an empty salt is no salt (it tests the salt's truth)
         raw = cache_salt.encode()
         out += _SALT_TAG + len(raw).to_bytes(4, "little") + raw
     return out
@@ -159,7 +159,7 @@ class BlockHasher:
         parent = hashes[-1] if start else self.none_hash
         offset = 0
         if start == 0:  # the salt goes into the first block only
-            first_extra = encode_extra_keys(lora, salt) if salt is not None else extra
+            first_extra = encode_extra_keys(lora, salt) if salt else extra
             parent = blake2b(parent + prefix + data[:nbytes] + first_extra).digest()[:16]
             hashes.append(parent)
             offset = nbytes

@@ -132,3 +132,20 @@ def test_bad_input():
         BlockHasher(2).extend(Request("r", [1, 2**32], 1))
     with pytest.raises(WorkloadError, match="block_token_ids"):
         hash_block_tokens(None, [-(2**31) - 1])
+
+
+def test_an_empty_salt_is_no_salt_as_in_vllm():
+    """vLLM adds the salt to the first block's extra keys only when it is truthy, so a request
+    with cache_salt="" shares its blocks with unsalted requests of the same prompt."""
+    tokens = list(range(100, 123))
+    empty, plain, lora_empty = (
+        Request("e", tokens, 8, cache_salt=""),
+        Request("p", tokens, 8),
+        Request("l", tokens, 8, cache_salt="", lora_name="x"),
+    )
+    hasher = BlockHasher(BS)
+    for req in (empty, plain, lora_empty):
+        hasher.extend(req)
+    assert empty.block_hashes == plain.block_hashes == chain(tokens, BS, None, None)
+    assert lora_empty.block_hashes == chain(tokens, BS, "x", None)
+    assert encode_extra_keys(None, "") == b""
