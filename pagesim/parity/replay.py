@@ -13,7 +13,9 @@ differently. Per engine step:
 
 When nothing is running or waiting, the clock jumps to the next arrival: idle steps decide
 nothing. A step that schedules nothing while requests wait and none can arrive is a stall and
-raises (the workload must fit the pool).
+raises (the workload must fit the pool), unless it preempted: a preemption frees blocks, and
+under vLLM 0.23's priority rules a request can preempt itself and be scheduled the next step.
+Two such steps in a row are a stall.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def replay(
         steps=[],
     )
     t = 0
+    preempted_only = False  # the previous step preempted and decided nothing else
     while pending or engine.has_unfinished_requests():
         ready = [r for r in pending if (a := _arrival(r, finished_at)) is not None and a <= t]
         for r in ready:
@@ -104,10 +107,14 @@ def replay(
         rec.free_queue_edit = free_queue_edit(queue, obs.free_queue)
         queue = obs.free_queue
         log.steps.append(rec)
-        if not obs.scheduled and not obs.finished:
+        idle = not obs.scheduled and not obs.finished
+        if idle and obs.preempted and not preempted_only:
+            t += 1  # a preemption frees blocks: the next step may schedule (not a stall yet)
+        elif idle:
             t = _next_arrival(pending, finished_at, t, stalled=True)
         else:
             t += 1
+        preempted_only = idle and bool(obs.preempted)
         if len(log.steps) > max_steps:
             raise ReplayError(f"max_steps={max_steps}: replay did not finish")
     return log
