@@ -157,6 +157,7 @@ def simulate(
         )
     if check_invariants:
         _check_drained(manager)
+    check_no_leak(manager)  # every run: two counters, so a leak is a bug report, not exit 0
     result = summarize(
         metrics, percentiles=load.percentiles, goodput_slos_ms=dict(load.goodput_slos_ms) or None
     )
@@ -271,6 +272,11 @@ def _check_drained(manager) -> None:
         manager.check_invariants()
     else:
         check_kv_cache_manager(manager)
+
+
+def check_no_leak(manager) -> None:
+    """The cheap end-of-run check every run makes: with all requests finished, every usable
+    block is free (or cached-free). A leak is a bug in pagesim: `InternalError`."""
     if manager.num_free_blocks != manager.num_usable_blocks:
         raise InternalError(
             f"KV blocks leaked: {manager.num_usable_blocks - manager.num_free_blocks}"

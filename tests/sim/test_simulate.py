@@ -116,15 +116,16 @@ def test_invariants_hold_and_every_block_comes_back(name: str, built_schedulers)
 
 def test_drained_check_catches_a_leak() -> None:
     """simulate's end-of-run check fails when a request still holds blocks."""
-    from pagesim.sim.simulate import _check_drained
+    from pagesim.sim.simulate import _check_drained, check_no_leak
 
     kv = KVCacheManager(num_gpu_blocks=8, block_size=16)
     r = Request("held", list(range(20)), 4)
     assert kv.allocate_slots(r, 20) is not None
     with pytest.raises(InternalError, match="leaked"):
-        _check_drained(kv)
+        check_no_leak(kv)
     kv.free(r)
     _check_drained(kv)
+    check_no_leak(kv)
 
 
 def test_unservable_requests_are_rejected_with_their_reason() -> None:
@@ -362,3 +363,26 @@ def test_rejections_release_their_concurrency_slot() -> None:
     assert_nothing_lost(sim, 30)
     assert sim.result["num_rejected"] > 0 and sim.result["completed"] > 0
     assert in_flight_peak(list(sim.metrics.records.values())) <= 2
+
+
+def test_every_run_checks_for_leaked_blocks_at_its_end(monkeypatch):
+    """A block still held after all requests finished is a bug (InternalError, exit 1), found
+    by every run, not only under --check-invariants."""
+    from pagesim.errors import InternalError
+    from pagesim.kvcache.kv_cache_manager import KVCacheManager
+    from pagesim.sim import simulate as sim_module
+
+    real_free = KVCacheManager.free
+    leaked: list[str] = []
+
+    def leaky_free(self, request):  # the first request's blocks are never returned
+        if not leaked:
+            leaked.append(request.request_id)
+            return None
+        return real_free(self, request)
+
+    monkeypatch.setattr(KVCacheManager, "free", leaky_free)
+    config = EngineConfig.create(model="llama-2-7b", gpu="h200")
+    load = LoadSpec(workload="chat", num_prompts=5, request_rate=math.inf)
+    with pytest.raises(InternalError, match="leaked"):
+        sim_module.simulate(config, load, profile=None)
