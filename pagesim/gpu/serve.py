@@ -202,25 +202,18 @@ def _on_step(metrics, out, scheduler, probe, start: float, step_time: float) -> 
         else:
             num_prefill += sr.num_new_tokens
     num_running, num_waiting = scheduler.get_request_counts()
-    usage, token_state, reserved, internal, external = probe()
     metrics.on_step(
-        (
-            start,
-            step_time,
-            len(out.scheduled),
-            out.total_num_scheduled_tokens,
-            num_prefill,
-            num_decode,
-            num_running,
-            num_waiting,
-            usage,
-            token_state,
-            reserved,
-            internal,
-            external,
-            len(out.preempted_req_ids),
-            out.swap_bytes,
-        )
+        start,
+        step_time,
+        len(out.scheduled),
+        out.total_num_scheduled_tokens,
+        num_prefill,
+        num_decode,
+        num_running,
+        num_waiting,
+        probe(),
+        len(out.preempted_req_ids),
+        out.swap_bytes,
     )
     return len(out.scheduled) - num_decode
 

@@ -11,12 +11,15 @@ the pooled gaps are kept as runs of equal gaps (a step of n decodes adds n equal
 
 from __future__ import annotations
 
+import tempfile
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from pagesim.errors import PagesimError
+from pagesim.errors import InternalError
 from pagesim.metrics.runs import expand
 from pagesim.request import Request
 
@@ -41,23 +44,29 @@ class RequestRecord:
     cache_salt: str | None = None
 
 
-STEP_COLUMNS: tuple[str, ...] = (
-    "start_time_s",  # simulated time the step began
-    "step_time_s",  # its duration from the cost model (or the GPU)
-    "num_reqs",  # requests in the batch
-    "num_tokens",  # tokens computed (prefill chunks + decodes)
-    "num_prefill_tokens",  # tokens of requests that are not in the decode shape
-    "num_decode_reqs",  # requests in the decode shape (1 new token on a context)
-    "num_running",  # running requests after the step's scheduling
-    "num_waiting",  # waiting (incl. preempted and swapped) requests
-    "kv_usage",  # used / usable blocks (paged) or slots (contiguous)
-    "kv_token_state_frac",  # waste breakdown, fractions of KV memory
-    "kv_reserved_frac",
-    "kv_internal_frag_frac",
-    "kv_external_frag_frac",
-    "num_preempted",  # preemptions decided in this step
-    "swap_bytes",  # bytes over the host link this step
-)
+class StepRecord(NamedTuple):
+    """One engine step, as `MetricsCollector.on_step` stores it (every field as a float64)."""
+
+    start_time_s: float  # simulated time the step began
+    step_time_s: float  # its duration from the cost model (or the GPU)
+    num_reqs: int  # requests in the batch
+    num_tokens: int  # tokens computed (prefill chunks + decodes)
+    num_prefill_tokens: int  # tokens of requests that are not in the decode shape
+    num_decode_reqs: int  # requests in the decode shape (1 new token on a context)
+    num_running: int  # running requests after the step's scheduling
+    num_waiting: int  # waiting (incl. preempted and swapped) requests
+    kv_usage: float  # used / usable blocks (paged) or slots (contiguous)
+    kv_token_state_frac: float  # waste breakdown, fractions of KV memory
+    kv_reserved_frac: float
+    kv_internal_frag_frac: float
+    kv_external_frag_frac: float
+    num_preempted: int  # preemptions decided in this step
+    swap_bytes: int  # bytes over the host link this step
+
+
+STEP_COLUMNS: tuple[str, ...] = StepRecord._fields
+# Steps kept in memory before they go to the spill file (1,966,080 bytes a chunk).
+SPILL_STEPS = 1 << 14
 
 
 @dataclass
@@ -73,9 +82,12 @@ class MetricsCollector:
     # number of tokens seen then; vllm bench's peak output tok/s buckets each token by its time.
     token_times_s: array = field(default_factory=lambda: array("d"))
     token_counts: array = field(default_factory=lambda: array("q"))
-    # Per-step values, one step's `STEP_COLUMNS` after the other's (one C call per step);
-    # `steps` gives them by column.
+    # Per-step values, one step's `STEP_COLUMNS` after the other's (one C call per step), the
+    # latest steps only: every `SPILL_STEPS` steps they move to `step_spill`, an anonymous
+    # temporary file, so that a run of millions of steps holds a few MB of them in memory.
+    # `steps` and `step_column` read both back, in order.
     step_values: array = field(default_factory=lambda: array("d"))
+    step_spill: StepSpill = field(default_factory=lambda: StepSpill())
 
     def on_arrival(self, request: Request, now: float) -> None:
         self.records[request.request_id] = RequestRecord(
@@ -139,28 +151,120 @@ class MetricsCollector:
         rec.finish_time = now
         rec.num_preemptions = request.num_preemptions
 
-    def on_step(self, values: tuple[float, ...]) -> None:
-        """Append one step's values, in `STEP_COLUMNS` order (each stored as a float64)."""
-        self.step_values.extend(values)
+    def on_step(
+        self,
+        start_time_s: float,
+        step_time_s: float,
+        num_reqs: int,
+        num_tokens: int,
+        num_prefill_tokens: int,
+        num_decode_reqs: int,
+        num_running: int,
+        num_waiting: int,
+        kv: tuple[float, float, float, float, float],
+        num_preempted: int,
+        swap_bytes: int,
+    ) -> None:
+        """Record one step: the one place a `StepRecord`'s values are laid out. `kv` is the
+        KV probe's (kv_usage, token_state, reserved, internal, external) fractions."""
+        values = self.step_values
+        values.extend(
+            (
+                start_time_s,
+                step_time_s,
+                num_reqs,
+                num_tokens,
+                num_prefill_tokens,
+                num_decode_reqs,
+                num_running,
+                num_waiting,
+                *kv,
+                num_preempted,
+                swap_bytes,
+            )
+        )
+        if len(values) >= _SPILL_VALUES:
+            self.step_spill.write(values)
+            del values[:]
 
     @property
     def steps(self) -> dict[str, array]:
         """Column -> its values over the steps, in order (new arrays, `STEP_COLUMNS` order)."""
-        table = self._step_table()
-        return {c: array("d", table[:, i].tobytes()) for i, c in enumerate(STEP_COLUMNS)}
+        return {c: array("d", self.step_column(c).tobytes()) for c in STEP_COLUMNS}
+
+    def step(self, index: int) -> StepRecord:
+        """One step's record (for tests and inspection; reads the spill file if needed)."""
+        return StepRecord(*(float(self.step_column(c)[index]) for c in STEP_COLUMNS))
 
     def step_column(self, name: str) -> np.ndarray:
-        """One column of `steps` as a new contiguous float64 array."""
-        return np.ascontiguousarray(self._step_table()[:, STEP_COLUMNS.index(name)])
+        """One column of `steps` as a new contiguous float64 array [num_steps]."""
+        i = STEP_COLUMNS.index(name)
+        tail = _as_table(self.step_values)
+        return np.concatenate([*self.step_spill.columns(i), tail[:, i]])
 
-    def _step_table(self) -> np.ndarray:
-        flat = np.frombuffer(self.step_values, dtype=np.float64)
-        if flat.size % len(STEP_COLUMNS):
-            raise PagesimError(
-                f"step_values: {flat.size} values are not whole steps of {len(STEP_COLUMNS)}"
-            )
-        return flat.reshape(-1, len(STEP_COLUMNS))
+    def extend_steps(self, other: MetricsCollector) -> None:
+        """Append `other`'s steps after this collector's (replicas merged into one)."""
+        self.step_spill.write(self.step_values)
+        del self.step_values[:]
+        for chunk in other.step_spill.chunks():
+            self.step_spill.write(array("d", chunk.tobytes()))
+        self.step_spill.write(other.step_values)
 
     @property
     def num_steps(self) -> int:
-        return len(self.step_values) // len(STEP_COLUMNS)
+        return self.step_spill.num_steps + len(self.step_values) // len(STEP_COLUMNS)
+
+
+_SPILL_VALUES = SPILL_STEPS * len(STEP_COLUMNS)
+
+
+def _as_table(values: array | np.ndarray) -> np.ndarray:
+    flat = np.frombuffer(values, dtype=np.float64) if isinstance(values, array) else values
+    if flat.size % len(STEP_COLUMNS):
+        raise InternalError(
+            f"step values: {flat.size} values are not whole steps of {len(STEP_COLUMNS)}"
+        )
+    return flat.reshape(-1, len(STEP_COLUMNS))
+
+
+class StepSpill:
+    """Whole chunks of step rows in an anonymous temporary file (deleted when closed or
+    collected), appended in order and read back a chunk at a time."""
+
+    def __init__(self) -> None:
+        self.file: Any = None  # opened on the first chunk: short runs never touch the disk
+        self.num_steps = 0
+        self.chunk_steps: list[int] = []
+
+    def write(self, values: array) -> None:
+        if not values:
+            return
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="pagesim-steps-")
+        self.file.seek(0, 2)
+        values.tofile(self.file)
+        n = len(values) // len(STEP_COLUMNS)
+        self.chunk_steps.append(n)
+        self.num_steps += n
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        """Each chunk as a [steps, len(STEP_COLUMNS)] table, in order."""
+        if self.file is None:
+            return
+        self.file.flush()
+        self.file.seek(0)
+        for n in self.chunk_steps:
+            flat = np.fromfile(self.file, dtype=np.float64, count=n * len(STEP_COLUMNS))
+            yield _as_table(flat)
+
+    def columns(self, i: int) -> Iterator[np.ndarray]:
+        for table in self.chunks():
+            yield table[:, i].copy()
+
+    def __getstate__(self) -> dict[str, Any]:  # a collector crossing processes takes its rows
+        return {"tables": [t.copy() for t in self.chunks()]}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        for t in state["tables"]:
+            self.write(array("d", t.tobytes()))

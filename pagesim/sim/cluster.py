@@ -162,7 +162,11 @@ def merge_metrics(collectors: list[MetricsCollector]) -> MetricsCollector:
     if len(collectors) == 1:
         return collectors[0]
     merged = MetricsCollector()
+    for c in collectors:
+        merged.extend_steps(c)
     for f in dataclasses.fields(MetricsCollector):
+        if f.name in ("step_values", "step_spill"):  # done above
+            continue
         values = [getattr(c, f.name) for c in collectors]
         if isinstance(values[0], dict) and f.name == "records":
             out: Any = {}

@@ -167,19 +167,17 @@ class ServingEngine:
         else:
             kv = self.kv_probe.with_lead_sums(*fast.probe_sums())  # type: ignore[attr-defined]
         metrics.on_step(
-            (
-                start,
-                step_time_s,
-                num_reqs + (num_lead or 0),
-                num_tokens + (num_lead or 0),
-                num_prefill,
-                num_decode,
-                num_running,
-                num_waiting,
-                *kv,
-                num_preempted,
-                swap_bytes,
-            )
+            start,
+            step_time_s,
+            num_reqs + (num_lead or 0),
+            num_tokens + (num_lead or 0),
+            num_prefill,
+            num_decode,
+            num_running,
+            num_waiting,
+            kv,
+            num_preempted,
+            swap_bytes,
         )
 
     def _note_scheduled(self, out, start: float) -> tuple[int, int]:

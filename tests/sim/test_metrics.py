@@ -270,3 +270,28 @@ def test_block_optional_lines_and_percentiles() -> None:
     assert "P90 TTFT (ms):                           5000.00   " in text
     assert "P99 E2EL (ms):                           99999.99  " in text
     assert len(text) == len(EXAMPLE_BLOCK.splitlines()) - 3 + 4
+
+
+def test_steps_spill_to_disk_and_read_back_in_order():
+    """Past SPILL_STEPS steps the rows go to a temporary file; the columns read back are the
+    same as if every row had stayed in memory, also after merging two collectors."""
+    from pagesim.metrics.collector import SPILL_STEPS, STEP_COLUMNS, StepRecord
+    from pagesim.sim.cluster import merge_metrics
+
+    def fill(m: MetricsCollector, n: int, base: float) -> list[StepRecord]:
+        rows = []
+        for i in range(n):
+            kv = (i / n, 0.1, 0.2, 0.3, 0.4)
+            args = (base + i * 0.5, 0.01 * i, i % 7, i, i % 3, i % 5, 9, 2, kv, i % 2, 4 * i)
+            m.on_step(*args)
+            rows.append(StepRecord(*args[:8], *kv, *args[9:]))
+        return rows
+
+    a, b = MetricsCollector(), MetricsCollector()
+    rows = fill(a, 2 * SPILL_STEPS + 17, 0.0) + fill(b, SPILL_STEPS + 3, 1e6)
+    assert a.step_spill.num_steps == 2 * SPILL_STEPS and len(a.step_values) == 17 * 15
+    assert a.step(SPILL_STEPS + 1) == rows[SPILL_STEPS + 1]
+    merged = merge_metrics([a, b])
+    assert merged.num_steps == len(rows)
+    for j, name in enumerate(STEP_COLUMNS):
+        assert merged.step_column(name).tolist() == [float(r[j]) for r in rows]
