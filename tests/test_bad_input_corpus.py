@@ -541,11 +541,6 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
     ("sweep-empty-list", [*SWEEP, "--block-size", ","], {}),
     ("sweep-engine-params-garbage", [*SWEEP, "--engine-params", "e.json"], {"e.json": "{not json"}),
     (
-        "sweep-engine-params-dict",
-        [*SWEEP, "--engine-params", "e.json"],
-        {"e.json": '{"block_size": 16}'},
-    ),
-    (
         "sweep-engine-params-unknown",
         [*SWEEP, "--engine-params", "e.json"],
         {"e.json": '[{"bogus": 1}]'},

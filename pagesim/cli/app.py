@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except typer.Exit as exc:
         return int(getattr(exc, "exit_code", 0) or 0)
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         print("aborted", file=sys.stderr)
         return 130
     except _usage_error_types() as exc:  # bad flags, bad values: one line, exit 2

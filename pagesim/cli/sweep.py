@@ -9,8 +9,13 @@ failed (each reported with its settings), 2 a bad grid or flag.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shlex
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -23,7 +28,7 @@ from pagesim.errors import ConfigError
 from pagesim.metrics.report import rejection_line
 from pagesim.planning.backends import BACKENDS, require_ray
 from pagesim.planning.grid import build_grid, coerce, parse_axis, read_param_file
-from pagesim.planning.sweep import run_sweep
+from pagesim.planning.sweep import SweepInterrupted, run_sweep
 from pagesim.utils import check_number, check_output_dir
 
 E, L = o.ENGINE, o.LOAD
@@ -177,19 +182,24 @@ def sweep_command(
         return
     if backend == "ray":
         require_ray()
-    result = run_sweep(
-        grid,
-        num_runs=num_runs,
-        output_dir=output_dir,
-        resume=resume,
-        backend=backend,
-        n_jobs=jobs,
-        address=address,
-        save_records=save_records,
-        percentiles=percentiles,
-        goodput_slos_ms=slos,
-        progress=not quiet and sys.stderr.isatty(),
-    )
+    try:
+        with _sigterm_as_interrupt():
+            result = run_sweep(
+                grid,
+                num_runs=num_runs,
+                output_dir=output_dir,
+                resume=resume,
+                backend=backend,
+                n_jobs=jobs,
+                address=address,
+                save_records=save_records,
+                percentiles=percentiles,
+                goodput_slos_ms=slos,
+                progress=not quiet and sys.stderr.isatty(),
+            )
+    except SweepInterrupted as exc:
+        print(f"{exc}; resume with:\n  {_resume_command(exc.directory)}", file=sys.stderr)
+        raise typer.Exit(130) from None
     ran = len(result.summary) - result.num_skipped
     rejecting = _rejections(result.summary)
     print(
@@ -206,24 +216,10 @@ def sweep_command(
         raise typer.Exit(1)
 
 
-def _rejections(summary) -> list[str]:
-    """One line per run that rejected requests: its point, and how many and why."""
-    if "num_rejected" not in summary:
-        return []
-    lines = []
-    for row in summary[summary["num_rejected"].fillna(0) > 0].to_dict("records"):
-        reasons = row.get("rejected_reasons")
-        line = rejection_line(
-            {
-                "num_rejected": row["num_rejected"],
-                "completed": row["completed"],
-                "failed": row["failed"],
-                "rejected_reasons": json.loads(reasons) if isinstance(reasons, str) else {},
-                "engine_config": {"max_model_len": row.get("max_model_len")},
-            }
-        )
-        lines.append(f"rejected: {row['point']} run={row['run']}: {line}")
-    return lines
+import contextlib
+import json
+import shlex
+import signal
 
 
 def _print_plan(grid, num_runs: int) -> None:

@@ -111,7 +111,7 @@ def parse_axis(key: str, text: str) -> list[Any]:
 
 
 def read_param_file(path: Path | str, kind: str) -> list[dict[str, Any]]:
-    """A JSON or YAML list of dicts, keys snake or kebab."""
+    """A JSON or YAML list of dicts (one dict alone is a list of one), keys snake or kebab."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -123,6 +123,8 @@ def read_param_file(path: Path | str, kind: str) -> list[dict[str, Any]]:
         raise ConfigError(
             f"--{kind}-params {p}: malformed {'JSON' if p.suffix == '.json' else 'YAML'}"
         ) from None
+    if isinstance(data, dict):
+        data = [data]
     if not isinstance(data, list) or not data or not all(isinstance(d, dict) for d in data):
         raise ConfigError(f"--{kind}-params {p}: expected a non-empty list of mappings")
     allowed = ENGINE_KEYS if kind == "engine" else LOAD_KEYS

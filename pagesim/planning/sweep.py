@@ -61,6 +61,14 @@ class RunOutcome:
     tables: tuple | None = None  # (requests, steps) pyarrow tables with save_records
 
 
+class SweepInterrupted(Exception):
+    """Ctrl-C or SIGTERM during a sweep: the runs written so far are kept for --resume."""
+
+    def __init__(self, directory: Path, num_done: int, num_runs: int) -> None:
+        super().__init__(f"interrupted: {num_done} of {num_runs} runs done in {directory}")
+        self.directory, self.num_done, self.num_runs = directory, num_done, num_runs
+
+
 @dataclass(frozen=True)
 class SweepResult:
     directory: Path
@@ -170,10 +178,15 @@ def run_sweep(
     todo = [t for t in tasks if not is_done(run_file(directory, t))]
     skipped = len(tasks) - len(todo)
     outcomes = execute(run_one, todo, backend=backend, n_jobs=n_jobs, address=address)
-    with _Progress(len(grid), num_runs, tasks, todo, enabled=progress) as bar:
-        for i, outcome in outcomes:
-            _write_outcome(directory, todo[i], outcome)
-            bar.advance(todo[i])
+    done = 0
+    try:
+        with _Progress(len(grid), num_runs, tasks, todo, enabled=progress) as bar:
+            for i, outcome in outcomes:
+                _write_outcome(directory, todo[i], outcome)
+                bar.advance(todo[i])
+                done += 1
+    except KeyboardInterrupt:
+        raise SweepInterrupted(directory, skipped + done, len(tasks)) from None
     summary = summary_frame(directory, tasks)
     summary.to_csv(directory / "summary.csv", index=False)
     summary.to_parquet(directory / "summary.parquet", index=False)

@@ -124,3 +124,40 @@ def test_unknown_backend(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--backend 'dask'"):
         run_sweep(small_grid(), output_dir=tmp_path, backend="dask")
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_resume_redoes_a_torn_run_file(tmp_path: Path) -> None:
+    """A run file cut short (a crash mid-write before writes were atomic, a full disk) does
+    not count as done: --resume runs it again, to the same bytes."""
+    first = run_sweep(small_grid(), output_dir=tmp_path, timestamp="t", n_jobs=1)
+    torn = tmp_path / "t" / first.summary.loc[1, "point"] / "run=0.json"
+    whole = torn.read_bytes()
+    torn.write_bytes(whole[:100])
+    again = run_sweep(small_grid(), output_dir=tmp_path, resume="t", n_jobs=1)
+    assert again.num_skipped == 3
+    assert torn.read_bytes() == whole
+
+
+def test_an_interrupted_sweep_keeps_its_runs_and_says_how_to_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from pagesim.cli.app import main
+    from pagesim.planning import sweep as sweep_module
+
+    real_execute = sweep_module.execute
+
+    def interrupted(fn, tasks, **kw):  # one run finishes, then Ctrl-C
+        for i, outcome in real_execute(fn, tasks, **kw):
+            yield i, outcome
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "execute", interrupted)
+    argv = ["sweep", "--quiet", "--workload", "random", "--num-prompts", "8"]
+    argv += ["--block-size", "8,16", "--jobs", "1", "--output-dir", str(tmp_path)]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: 1 of 2 runs done" in err and "--resume" in err
+    (directory,) = tmp_path.iterdir()
+    monkeypatch.setattr(sweep_module, "execute", real_execute)
+    assert main([*argv, "--resume", str(directory)]) == 0
+    assert "1 run, 1 already done" in capsys.readouterr().out
