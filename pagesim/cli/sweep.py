@@ -216,10 +216,58 @@ def sweep_command(
         raise typer.Exit(1)
 
 
-import contextlib
-import json
-import shlex
-import signal
+def _rejections(summary) -> list[str]:
+    """One line per run that rejected requests: its point, and how many and why."""
+    if "num_rejected" not in summary:
+        return []
+    lines = []
+    for row in summary[summary["num_rejected"].fillna(0) > 0].to_dict("records"):
+        reasons = row.get("rejected_reasons")
+        line = rejection_line(
+            {
+                "num_rejected": row["num_rejected"],
+                "completed": row["completed"],
+                "failed": row["failed"],
+                "rejected_reasons": json.loads(reasons) if isinstance(reasons, str) else {},
+                "engine_config": {"max_model_len": row.get("max_model_len")},
+            }
+        )
+        lines.append(f"rejected: {row['point']} run={row['run']}: {line}")
+    return lines
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends a sweep as Ctrl-C does: its workers stop, its written runs stay."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _resume_command(directory: Path) -> str:
+    """The command line that resumes this sweep: its own arguments (from the console script)
+    with --resume DIRECTORY in place of any --resume given."""
+    argv = sys.argv[1:]
+    if argv[:1] != ["sweep"]:  # called in process, not from the console script
+        return f"pagesim sweep <the same arguments> --resume {directory}"
+    args, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--resume":
+            skip = True
+        elif not a.startswith("--resume="):
+            args.append(a)
+    return shlex.join(["pagesim", *args, "--resume", str(directory)])
 
 
 def _print_plan(grid, num_runs: int) -> None:

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from pagesim.planning.plots import _finish, log2_x, log_y, new_figure, save_figure, wrap_title
 
+
 def small_mode() -> bool:
     """Whether the notebooks run with small parameters (`PAGESIM_NOTEBOOK_SMALL=1`)."""
     return os.environ.get("PAGESIM_NOTEBOOK_SMALL", "") not in ("", "0")
