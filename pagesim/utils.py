@@ -7,6 +7,8 @@ scripts share with the CLI lives here, in the first row of the layer table, rath
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import tempfile
 from pathlib import Path
@@ -62,12 +64,10 @@ def check_number(
 
     Called where a value enters (a flag, a file, a spec), never on a hot path.
     """
-    import math
-
     kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(f"{name}={value!r}: expected {kind}")
-    if integer and not isinstance(value, int):
+    if integer and not isinstance(value, numbers.Integral):
         raise error(f"{name}={value!r}: expected {kind}")
     if not math.isfinite(value) and not (allow_inf and value == math.inf):
         raise error(f"{name}={value!r}: must be finite")
