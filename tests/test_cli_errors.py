@@ -112,7 +112,7 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_a_result_file_that_cannot_be_written_is_one_line(
     bad_files: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The run itself is fine (its blocks are printed); saving into a directory's name fails."""
+    """Saving into a directory's name is refused before the run, in one line."""
     (bad_files / "taken.json").mkdir()
     rc = main(
         [
@@ -134,7 +134,7 @@ def test_a_result_file_that_cannot_be_written_is_one_line(
     out, err = capsys.readouterr()
     assert rc == 2 and "Traceback" not in out + err
     assert [line for line in err.splitlines() if line.strip()] == [
-        "error: cannot write taken.json: Is a directory"
+        "error: --result-filename taken.json: is a directory; give a file name"
     ]
 
 
