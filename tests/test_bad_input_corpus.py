@@ -441,7 +441,6 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
         {"PROFILE/decode.csv": b"\x80\x81\x82\xff\xfe\n\x00\x00"},
     ),
     ("profile-csv-zero-times", [*RUN, "--profile", "prof"], {"PROFILE/decode.csv": "ZERO_DECODE"}),
-    ("profile-csv-one-row", [*RUN, "--profile", "prof"], {"PROFILE/decode.csv": "ONE_ROW_DECODE"}),
     ("profile-csv-empty", [*RUN, "--profile", "prof"], {"PROFILE/decode.csv": ""}),
     ("profile-csv-nan", [*RUN, "--profile", "prof"], {"PROFILE/decode.csv": "NAN_DECODE"}),
     ("profile-csv-neg", [*RUN, "--profile", "prof"], {"PROFILE/decode.csv": "NEG_DECODE"}),

@@ -227,7 +227,7 @@ def _parse_goodput(part: str, whole: str) -> tuple[str, float]:
     except ValueError:
         raise ConfigError(f"--slo {whole!r}: {raw!r} is not a number") from None
     if not (ms > 0 and math.isfinite(ms)):
-        raise ConfigError(f"--slo {whole!r}: {metric} threshold must be a finite number > 0 ms")
+        raise ConfigError(f"--slo {whole!r}: {metric} threshold must be > 0 ms and finite")
     return metric, ms
 
 

@@ -76,7 +76,7 @@ class ArrivalSpec:
                 f"{', '.join(ARRIVAL_PROCESSES)}"
             )
         if self.process in ("poisson", "gamma"):
-            if self.rate is None or not (self.rate > 0 and math.isfinite(self.rate)):
+            if self.rate is None or not self.rate > 0:
                 raise WorkloadError(
                     f"arrival.rate = {self.rate!r}: must be > 0 for process {self.process!r}"
                 )
