@@ -71,9 +71,10 @@ def check_number(
         raise error(f"{name}={value!r}: expected {kind}")
     if not math.isfinite(value) and not (allow_inf and value == math.inf):
         raise error(f"{name}={value!r}: must be finite")
-    if low is not None and (value <= low if low_open else value < low):
+    number = float(value)  # numbers.Real has no ordering in its stubs
+    if low is not None and (number <= low if low_open else number < low):
         raise error(f"{name}={value!r}: must be {'>' if low_open else '>='} {low:g}")
-    if high is not None and value > high:
+    if high is not None and number > high:
         raise error(f"{name}={value!r}: must be <= {high:,}")
 
 

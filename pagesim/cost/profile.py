@@ -78,6 +78,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -419,7 +420,7 @@ def _read_table(path: Path, row_cls: type) -> tuple:
         raise ProfileError(f"{path}: malformed CSV ({e})") from None
 
 
-def _read_rows(path: Path, row_cls: type, cols: list[tuple[str, type]]) -> tuple:
+def _read_rows(path: Path, row_cls: type, cols: Sequence[tuple[str, type]]) -> tuple:
     with open(path, encoding="utf-8", newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)

@@ -194,7 +194,7 @@ class MetricsCollector:
 
     def step(self, index: int) -> StepRecord:
         """One step's record (for tests and inspection; reads the spill file if needed)."""
-        return StepRecord(*(float(self.step_column(c)[index]) for c in STEP_COLUMNS))
+        return StepRecord(*(float(self.step_column(c)[index]) for c in STEP_COLUMNS))  # type: ignore[arg-type]  # all stored as float64
 
     def step_column(self, name: str) -> np.ndarray:
         """One column of `steps` as a new contiguous float64 array [num_steps]."""

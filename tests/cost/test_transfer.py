@@ -105,7 +105,18 @@ def test_no_transfer_on_the_source_gpu_nor_when_asked_for_the_analytical_model()
 def test_run_says_it_transferred_and_saves_it(capsys, tmp_path) -> None:
     out_file = tmp_path / "r.json"
     args = ["--gpu", "h100-sxm", "--num-prompts", "20", "--workload", "random"]
-    rc = main(["run", "--quiet", *args, "--save-result", "--result-filename", str(out_file)])
+    rc = main(
+        [
+            "run",
+            "--quiet",
+            *args,
+            "--save-result",
+            "--result-dir",
+            str(tmp_path),
+            "--result-filename",
+            "r.json",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0, err
     line = next(x for x in out.splitlines() if x.startswith("Cost model:"))
