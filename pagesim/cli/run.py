@@ -168,9 +168,10 @@ def run_command(
 
 
 def _check_result_filename(directory: Path, name: str, overwrite: bool) -> None:
-    """A --result-filename is one file name in --result-dir, not taken unless --overwrite."""
-    if Path(name).name != name or name in ("", ".", ".."):
-        raise ConfigError(f"--result-filename {name!r}: a file name, without folders")
+    """A --result-filename is joined to --result-dir (an absolute one stands alone, as in
+    `vllm bench serve`), and must not be taken unless --overwrite."""
+    if Path(name).name in ("", ".", ".."):
+        raise ConfigError(f"--result-filename {name!r}: a file name was expected")
     check_output_file(directory / name, "--result-filename")
     if (directory / name).exists() and not overwrite:
         raise ConfigError(
