@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -225,11 +226,13 @@ class _progress:
             return
         self.last = done
         if self.bar is None:
-            if time.monotonic() - self.start < 1.0:
+            # The bar is for a person at a terminal: on stderr, never in piped output.
+            if time.monotonic() - self.start < 1.0 or not sys.stderr.isatty():
                 return
+            from rich.console import Console
             from rich.progress import Progress
 
-            self.bar = Progress(transient=True)
+            self.bar = Progress(transient=True, console=Console(stderr=True))
             self.bar.start()
             self.task = self.bar.add_task("simulating", total=total)
         self.bar.update(self.task, completed=done)
