@@ -11,6 +11,8 @@ import math
 import numbers
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pagesim.errors import ConfigError
@@ -109,34 +111,37 @@ def check_output_dir(path: str | os.PathLike, flag: str, shown: object = None) -
         raise ConfigError(f"{flag} {shown}: {existing} is not writable")
 
 
+@contextmanager
+def _complete_temporary(path: Path, data: bytes) -> Iterator[str]:
+    """A temporary file beside `path` that already holds all of `data`; removed on exit
+    (after a rename it is gone already)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        yield tmp
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` through a temporary file in the same folder and a rename, so
     that a reader (or `--resume`) sees the old file or the whole new one, never a torn one."""
     p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:64]}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+    with _complete_temporary(p, data) as tmp:
         os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_new_file(path: str | os.PathLike, data: bytes) -> bool:
     """Write `data` to `path` atomically only if no file is there (a hard link of a complete
     temporary file, which fails when the name is taken); False if it was taken."""
     p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:64]}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.link(tmp, p)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with _complete_temporary(p, data) as tmp:
+        try:
+            os.link(tmp, p)
+        except FileExistsError:
+            return False
+    return True
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
