@@ -50,6 +50,7 @@ def _register() -> None:
         fit_report,
         kv_capacity,
         merge_profiles,
+        migrate_profile,
         models,
         parity,
         plan,

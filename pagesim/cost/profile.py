@@ -43,22 +43,11 @@ spent between steps (input preparation), outside the measured device time.
 Tensor parallelism: `tensor_parallel_size` N > 1 says the step rows time an N-way sharded
 model. `allreduce_in_step_times` says how: true, the steps ran on N GPUs and include their
 all-reduces; false, one rank's shard ran alone on one GPU (no communication) and the cost
-model adds the all-reduces (from `allreduce.csv`, else the analytical term). Format history:
-version 2 added `allreduce_in_step_times` and `allreduce.csv`; version 1 files load unchanged
-(read as `allreduce_in_step_times=true`) and save as version 1 again, without the new key.
-Version 3 added `cuda_graph_sizes`: the batch sizes at which the runner replayed CUDA graphs
-for decode-only steps (a step of n decodes runs the graph of the smallest size >= n, so it
-costs what that padded batch costs); empty when every step ran eagerly. Version 1 and 2 files
-(eager runners) load with it empty and save without it. Version 4 added
-`cuda_graph_token_sizes`: the token counts at which every other step (prefill, chunked
-prefill, mixed) replayed a CUDA graph (a step of T tokens runs the graph of the smallest size
->= T; larger steps ran eagerly), and the optional `multi_prefill.csv`; earlier files load with
-it empty and save without it. Version 4 also records the variable-length attention kernel's
-`varlen_block_q` and `varlen_tile_n` (0 when unknown), which `pagesim.cost.varlen` needs.
-Version 5 records the decode kernel's `decode_tile_n` and `decode_programs_per_sm` (0 when
-unknown), which `pagesim.cost.spread` needs to know a decode step's partitions. Version 6
-records the host time of steps that admit prompts beyond the decode-only `overhead.csv`
-(`overhead_prefill_step_ms`, `overhead_per_prefill_ms`; None when not measured).
+model adds the all-reduces (from `allreduce.csv`, else the analytical term).
+
+The reader takes only the current `format_version` (`PROFILE_FORMAT_VERSION`); an older
+profile is refused with one line naming `pagesim migrate-profile`, which converts it
+(`pagesim.cost.profile_migrate` says what each version added).
 
 The GPU calibrator fills the records and saves them; the simulator loads them:
 
@@ -103,7 +92,6 @@ from pagesim.specs import MODELS
 
 __all__ = [
     "PROFILE_FORMAT_VERSION",
-    "SUPPORTED_FORMAT_VERSIONS",
     "TABLES",
     "AllReduceRow",
     "DecodeRow",
@@ -121,13 +109,8 @@ __all__ = [
     "profile_dir",
 ]
 
-PROFILE_FORMAT_VERSION = 6
-SUPPORTED_FORMAT_VERSIONS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)  # what `Profile.load` reads
+PROFILE_FORMAT_VERSION = 6  # the one version `Profile.load` reads
 PROFILE_JSON = "profile.json"
-
-
-_DECODE_KERNEL_KEYS = ("decode_tile_n", "decode_programs_per_sm")
-_ADMISSION_KEYS = ("overhead_prefill_step_ms", "overhead_per_prefill_ms")
 
 
 class ProfileError(ConfigError):
@@ -197,19 +180,6 @@ class ProfileMetadata:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["num_gpu_blocks"] = {str(k): v for k, v in self.num_gpu_blocks.items()}
-        if self.format_version < 2:  # a version-1 file stays a valid version-1 file
-            del out["allreduce_in_step_times"]
-        if self.format_version < 3:  # likewise for version 2
-            del out["cuda_graph_sizes"]
-        if self.format_version < 4:  # and for version 3
-            for key in ("cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n"):
-                del out[key]
-        if self.format_version < 5:  # and for version 4
-            for key in _DECODE_KERNEL_KEYS:
-                del out[key]
-        if self.format_version < 6:  # and for version 5
-            for key in _ADMISSION_KEYS:
-                del out[key]
         return out
 
     @classmethod
@@ -217,25 +187,17 @@ class ProfileMetadata:
         if not isinstance(data, dict):
             raise ProfileError(f"{where}: expected a JSON object")
         version = data.get("format_version")
-        if type(version) is not int or version not in SUPPORTED_FORMAT_VERSIONS:
+        if type(version) is int and 1 <= version < PROFILE_FORMAT_VERSION:
+            raise ProfileError(
+                f"{where}: format_version={version} is older than this pagesim reads "
+                f"({PROFILE_FORMAT_VERSION}); convert it with "
+                f"`pagesim migrate-profile {Path(where).parent}`"
+            )
+        if version != PROFILE_FORMAT_VERSION or type(version) is not int:
             raise ProfileError(
                 f"{where}: format_version={version!r} is not supported "
-                f"(this pagesim reads "
-                f"{', '.join(map(str, SUPPORTED_FORMAT_VERSIONS))})"
+                f"(this pagesim reads {PROFILE_FORMAT_VERSION})"
             )
-        if version < 2 and "allreduce_in_step_times" in data:
-            raise ProfileError(f"{where}: allreduce_in_step_times needs format_version 2")
-        if version < 3 and "cuda_graph_sizes" in data:
-            raise ProfileError(f"{where}: cuda_graph_sizes needs format_version 3")
-        for key in ("cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n"):
-            if version < 4 and key in data:
-                raise ProfileError(f"{where}: {key} needs format_version 4")
-        for key in _DECODE_KERNEL_KEYS:
-            if version < 5 and key in data:
-                raise ProfileError(f"{where}: {key} needs format_version 5")
-        for key in _ADMISSION_KEYS:
-            if version < 6 and key in data:
-                raise ProfileError(f"{where}: {key} needs format_version 6")
         known = {f.name for f in fields(cls)}
         for key in data:
             if key not in known:
@@ -269,6 +231,10 @@ class ProfileMetadata:
             value = getattr(self, f.name)
             if f.type == "str" and not isinstance(value, str):
                 raise ProfileError(f"{where}: {f.name}={value!r} must be a string")
+        if self.format_version != PROFILE_FORMAT_VERSION:
+            raise ProfileError(
+                f"{where}: format_version={self.format_version!r} must be {PROFILE_FORMAT_VERSION}"
+            )
         for name in ("gpu", "model"):
             if not getattr(self, name):
                 raise ProfileError(f"{where}: {name} must not be empty")
@@ -306,7 +272,7 @@ class ProfileMetadata:
                 raise ProfileError(
                     f"{where}: {name}={sizes!r} must be ascending distinct integers >= 1"
                 )
-        for name in ("varlen_block_q", "varlen_tile_n", *_DECODE_KERNEL_KEYS):
+        for name in ("varlen_block_q", "varlen_tile_n", "decode_tile_n", "decode_programs_per_sm"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ProfileError(f"{where}: {name}={value!r} must be an integer >= 0")
@@ -376,31 +342,41 @@ class Profile:
     def load_metadata(directory: str | Path) -> ProfileMetadata:
         """A profile directory's `profile.json`, validated, without reading its tables (for
         callers that need only what was measured where and when)."""
-        meta_path = Path(directory) / PROFILE_JSON
-        if not meta_path.is_file():
-            raise ProfileError(f"{meta_path}: no such calibration profile")
-        try:
-            data = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ProfileError(f"{meta_path}: not valid JSON ({e})") from None
-        return ProfileMetadata.from_json(data, str(meta_path))
+        return ProfileMetadata.from_json(
+            read_profile_json(directory), str(Path(directory) / PROFILE_JSON)
+        )
 
     @classmethod
     def load(cls, directory: str | Path) -> Profile:
         """Read and validate a profile directory written by `save` (or by hand)."""
-        path = Path(directory)
-        meta = cls.load_metadata(path)
-        tables: dict[str, tuple] = {}
-        for name, (row_cls, required) in TABLES.items():
-            csv_path = path / f"{name}.csv"
-            if not csv_path.is_file():
-                if required:
-                    raise ProfileError(f"{csv_path}: missing (the {name} table is required)")
-                tables[name] = ()
-                continue
-            tables[name] = _read_table(csv_path, row_cls)
-        _check_measured(path, tables)
-        return cls(meta, **tables)
+        return cls(cls.load_metadata(directory), **load_tables(directory))
+
+
+def read_profile_json(directory: str | Path) -> Any:
+    """The parsed `profile.json` of a profile directory, not yet validated."""
+    meta_path = Path(directory) / PROFILE_JSON
+    if not meta_path.is_file():
+        raise ProfileError(f"{meta_path}: no such calibration profile")
+    try:
+        return json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{meta_path}: not valid JSON ({e})") from None
+
+
+def load_tables(directory: str | Path) -> dict[str, tuple]:
+    """A profile directory's tables by name (absent optional ones empty), each row checked."""
+    path = Path(directory)
+    tables: dict[str, tuple] = {}
+    for name, (row_cls, required) in TABLES.items():
+        csv_path = path / f"{name}.csv"
+        if not csv_path.is_file():
+            if required:
+                raise ProfileError(f"{csv_path}: missing (the {name} table is required)")
+            tables[name] = ()
+            continue
+        tables[name] = _read_table(csv_path, row_cls)
+    _check_measured(path, tables)
+    return tables
 
 
 def profile_dir(root: str | Path, gpu: str, model: str, tensor_parallel_size: int = 1) -> Path:

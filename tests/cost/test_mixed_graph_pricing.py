@@ -5,7 +5,6 @@ several parts fitted from multi-prefill rows."""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
@@ -133,29 +132,15 @@ def test_shared_cost_is_fitted_from_multi_prefill_rows(clean_profile):
         assert model.step_time(shape) * 1e3 == pytest.approx(r.step_time_ms, rel=0.02)
 
 
-def test_token_sizes_round_trip_and_need_version_4(tmp_path, clean_profile):
+def test_token_sizes_round_trip(tmp_path, clean_profile):
     multi = (MultiPrefillRow(16, 4, 64, 0, 5.0, 4.9, 5.2, 1.0, 4.0),)
     path = mixed_graph_profile(clean_profile, multi).save(tmp_path / "v4")
     loaded = Profile.load(path)
     assert loaded.metadata.cuda_graph_token_sizes == TOKEN_SIZES
     assert loaded.multi_prefill == multi
-    data = json.loads((path / "profile.json").read_text())
-    data["format_version"] = 3
-    (path / "profile.json").write_text(json.dumps(data))
-    with pytest.raises(ProfileError, match="cuda_graph_token_sizes needs format_version 4"):
-        Profile.load(path)
     (path / "multi_prefill.csv").write_text(
         "block_size,num_entries,num_new_tokens,num_cached_tokens,step_time_ms,"
         "step_time_p10_ms,step_time_p90_ms,attention_ms,other_ms\n16,0,64,0,1,1,1,1,1\n"
     )
-    data["format_version"] = 4
-    for key in (
-        "decode_tile_n",
-        "decode_programs_per_sm",  # version-5 and -6 keys
-        "overhead_prefill_step_ms",
-        "overhead_per_prefill_ms",
-    ):
-        data.pop(key, None)
-    (path / "profile.json").write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="multi_prefill.csv row 1: num_entries=0"):
         Profile.load(path)

@@ -236,33 +236,6 @@ def test_allreduce_table_round_trips(tmp_path, clean_profile):
     )
 
 
-def test_version_1_files_load_and_save_as_version_1(tmp_path, clean_profile):
-    path = clean_profile.save(tmp_path / "v1")
-    data = json.loads((path / "profile.json").read_text())
-    del data["allreduce_in_step_times"]
-    for key in (
-        "cuda_graph_sizes",
-        "cuda_graph_token_sizes",
-        "varlen_block_q",
-        "varlen_tile_n",
-        "decode_tile_n",
-        "decode_programs_per_sm",
-        "overhead_prefill_step_ms",
-        "overhead_per_prefill_ms",
-    ):
-        del data[key]  # version-3 to -6 keys
-    data["format_version"] = 1
-    (path / "profile.json").write_text(json.dumps(data))
-    old = Profile.load(path)
-    assert old.metadata.format_version == 1 and old.metadata.allreduce_in_step_times is True
-    again = json.loads((old.save(tmp_path / "again") / "profile.json").read_text())
-    assert again == data
-    data["allreduce_in_step_times"] = True
-    (path / "profile.json").write_text(json.dumps(data))
-    with pytest.raises(ProfileError, match="allreduce_in_step_times needs format_version 2"):
-        Profile.load(path)
-
-
 def test_bad_tp_metadata_and_rows_are_one_line_errors(tmp_path, clean_profile):
     with pytest.raises(
         ProfileError, match="allreduce_in_step_times=false needs tensor_parallel_size > 1"
