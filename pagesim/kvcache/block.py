@@ -9,8 +9,12 @@ threads its links through these same objects, so allocating and freeing create n
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from pagesim.errors import InternalError
+
+if TYPE_CHECKING:
+    from pagesim.kvcache.lazy_hashes import DeferredBlocks
 
 
 class KVCacheBlock:
@@ -46,8 +50,10 @@ class KVCacheBlock:
     ) -> None:
         self.block_id = block_id  # index into the KV cache: slots block_id * block_size ...
         self.ref_cnt = ref_cnt  # requests whose block table holds this block (0: free queue)
-        self._block_hash = block_hash  # bytes, a DeferredBlocks (hash pending) or None
-        self.prev_free_block = prev_free_block  # free-queue links; None while the block is used
+        self._block_hash: bytes | DeferredBlocks | None = block_hash  # None: not cached
+        # Free-queue links; None while the block is used. Inside the queue they are never None
+        # (the sentinels bound it), which the hot loops below rely on without checking.
+        self.prev_free_block = prev_free_block
         self.next_free_block = next_free_block
         self.is_null = is_null  # the placeholder block 0: never allocated, never freed
 
@@ -55,10 +61,9 @@ class KVCacheBlock:
     def block_hash(self) -> bytes | None:
         """Chained hash of the tokens it holds, once full and cached; None otherwise."""
         h = self._block_hash
-        if h is None or type(h) is bytes:
+        if h is None or isinstance(h, bytes):
             return h
-        resolve = getattr(h, "resolve", None)
-        return h if resolve is None else resolve(self)
+        return h.resolve(self)
 
     @block_hash.setter
     def block_hash(self, value: bytes | None) -> None:
@@ -117,14 +122,14 @@ class FreeKVCacheBlockQueue:
             raise InternalError(f"num_blocks={n}: only {self.num_free_blocks} blocks are free")
         self.num_free_blocks -= n
         head = self.fake_free_list_head
-        block = head.next_free_block
+        block: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
         out: list[KVCacheBlock] = []
         append = out.append
         for _ in range(n):
             append(block)
             nxt = block.next_free_block
             block.prev_free_block = block.next_free_block = None
-            block = nxt
+            block = nxt  # type: ignore[assignment]
         head.next_free_block = block
         block.prev_free_block = head
         return out
@@ -142,7 +147,7 @@ class FreeKVCacheBlockQueue:
     def append(self, block: KVCacheBlock) -> None:
         """Put `block` at the tail: it becomes the last to be evicted."""
         tail = self.fake_free_list_tail
-        last = tail.prev_free_block
+        last: KVCacheBlock = tail.prev_free_block  # type: ignore[assignment]
         last.next_free_block = block
         block.prev_free_block = last
         block.next_free_block = tail
@@ -153,7 +158,7 @@ class FreeKVCacheBlockQueue:
         """Put `blocks` at the tail, in order (`blocks[-1]` ends up last)."""
         if blocks:
             tail = self.fake_free_list_tail
-            self._splice(tail.prev_free_block, blocks, tail)
+            self._splice(tail.prev_free_block, blocks, tail)  # type: ignore[arg-type]
 
     def prepend(self, block: KVCacheBlock) -> None:
         """Put `block` at the head: it is handed out next."""
@@ -163,7 +168,7 @@ class FreeKVCacheBlockQueue:
         """Put `blocks` at the head, in order (`blocks[0]` becomes the new head)."""
         if blocks:
             head = self.fake_free_list_head
-            self._splice(head, blocks, head.next_free_block)
+            self._splice(head, blocks, head.next_free_block)  # type: ignore[arg-type]
 
     def _splice(
         self, prev: KVCacheBlock, blocks: Sequence[KVCacheBlock], nxt: KVCacheBlock

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from pagesim.errors import AllocationError, ConfigError
+from pagesim.errors import AllocationError, ConfigError, InternalError
 from pagesim.kvcache.block import FreeKVCacheBlockQueue, KVCacheBlock
-from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
+from pagesim.kvcache.lazy_hashes import LazyHashes
 
 # Where `free_blocks` puts blocks whose ref_cnt reaches 0:
 #   "lifo_unhashed" (vLLM >= 0.24): blocks without a hash at the head (reused first), hashed
@@ -101,7 +101,7 @@ class BlockPool:
     def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
         """The cached block holding `block_hash` (the first one if duplicated), or None."""
         found = self.cached_block_hash_to_block.get(block_hash)
-        if found is None or type(found) is KVCacheBlock:
+        if found is None or isinstance(found, KVCacheBlock):
             return found
         return next(iter(found.values()))
 
@@ -126,55 +126,37 @@ class BlockPool:
             raise AllocationError(
                 f"num_blocks={num_blocks}: only {queue.num_free_blocks} blocks are free"
             )
-        if num_blocks <= 0:
-            return []
-        queue.num_free_blocks -= num_blocks
-        head = queue.fake_free_list_head
-        block = head.next_free_block
-        out: list[KVCacheBlock] = []
-        append = out.append
-        # One pass does the queue pop, the eviction and the ref count (hot path).
+        out = queue.popleft_n(num_blocks)
         if self.enable_caching:
             cache = self._cached
             plain = not self.enable_kv_cache_events
-            for _ in range(num_blocks):
-                append(block)
-                nxt = block.next_free_block
-                block.prev_free_block = block.next_free_block = None
+            for block in out:
                 block_hash = block._block_hash
                 if block_hash is not None:
-                    if type(block_hash) is DeferredBlocks:  # never registered: nothing to drop
-                        block._block_hash = None  # `DeferredBlocks.evict`, inlined
-                        block_hash.live -= 1
-                        if not block_hash.live:
-                            block_hash.drop()
+                    if not isinstance(block_hash, bytes):  # deferred, never in the map
+                        block_hash.evict(block)
                     elif plain and cache.get(block_hash) is block:  # the common eviction
                         del cache[block_hash]
                         block._block_hash = None
                     else:
                         self.evict_cached_block(block)
                 block.ref_cnt = 1
-                block = nxt
         else:
-            for _ in range(num_blocks):
-                append(block)
-                nxt = block.next_free_block
-                block.prev_free_block = block.next_free_block = None
+            for block in out:
                 block.ref_cnt = 1
-                block = nxt
-        head.next_free_block = block
-        block.prev_free_block = head
         return out
 
     def evict_cached_block(self, block: KVCacheBlock) -> None:
         """Drop `block`'s registered hash from the cache map (it is being reused). A
-        `DeferredBlocks` hash is never in the map: callers evict it inline."""
+        `DeferredBlocks` hash is never in the map: it is evicted by `DeferredBlocks.evict`."""
         block_hash = block._block_hash
+        if not isinstance(block_hash, bytes):
+            raise InternalError(f"block_id={block.block_id}: no registered hash to evict")
         cache = self._cached
         found = cache.get(block_hash)
         if found is block:
             del cache[block_hash]
-        elif type(found) is dict:
+        elif isinstance(found, dict):
             found.pop(block.block_id, None)
             if len(found) == 1:  # back to the single-block form; order is kept
                 cache[block_hash] = next(iter(found.values()))
@@ -261,7 +243,7 @@ class BlockPool:
         block._block_hash = block_hash
         found = self._cached.setdefault(block_hash, block)
         if found is not block:  # a duplicate of a cached block
-            if type(found) is dict:
+            if isinstance(found, dict):
                 found[block.block_id] = block
             else:
                 self._cached[block_hash] = {found.block_id: found, block.block_id: block}
@@ -280,7 +262,7 @@ class BlockPool:
             # `append_n` of them in order does); unhashed ones are put at the head after it.
             to_head: list[KVCacheBlock] = []
             tail = queue.fake_free_list_tail
-            last = tail.prev_free_block
+            last: KVCacheBlock = tail.prev_free_block  # type: ignore[assignment]
             num_tail = 0
             shared = self.num_shared_refs
             for block in ordered_blocks:

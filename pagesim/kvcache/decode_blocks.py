@@ -13,16 +13,17 @@ holds them to `allocate_slots`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pagesim.errors import InternalError
 from pagesim.kvcache.invariants import check_kv_cache_manager
-from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
+from pagesim.kvcache.lazy_hashes import LazyHashes
 
 if TYPE_CHECKING:
     from pagesim.kvcache.block import KVCacheBlock
     from pagesim.kvcache.block_pool import BlockPool
     from pagesim.kvcache.hashing import BlockHasher
+    from pagesim.kvcache.kv_cache_manager import KVCacheManager
     from pagesim.request import Request
 
 
@@ -62,32 +63,29 @@ class DecodeBlockEvents:
                 "cached; use allocate_slots"
             )
         pool = self.block_pool
-        queue = pool.free_block_queue
-        if not queue.num_free_blocks:
+        if not pool.free_block_queue.num_free_blocks:
             return False
         # `pool.get_new_blocks(1)[0]`, inlined (hot path): the head of the free queue, evicted
         # from the prefix cache if it held a hash, with ref_cnt 1
+        queue = pool.free_block_queue
         head = queue.fake_free_list_head
-        block = head.next_free_block
-        nxt = block.next_free_block
+        block: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
+        nxt: KVCacheBlock = block.next_free_block  # type: ignore[assignment]
         head.next_free_block = nxt
         nxt.prev_free_block = head
         block.prev_free_block = block.next_free_block = None
         queue.num_free_blocks -= 1
         block_hash = block._block_hash
         if block_hash is not None:
-            if type(block_hash) is DeferredBlocks:  # `DeferredBlocks.evict`, inlined
-                block._block_hash = None
-                block_hash.live -= 1
-                if not block_hash.live:
-                    block_hash.drop()
-            else:
+            if isinstance(block_hash, bytes):
                 pool.evict_cached_block(block)
+            else:
+                block_hash.evict(block)
         block.ref_cnt = 1
         row.append(block)
         self.req_to_block_ids[request_id].append(block.block_id)
         if self.check_invariants:
-            check_kv_cache_manager(self)
+            self._check()
         return True
 
     def cache_decode_block(self, request: Request, packed_tokens: bytes) -> None:
@@ -137,7 +135,7 @@ class DecodeBlockEvents:
             self.block_pool.cache_block(row[index], hashes[index])
         num_cached[rid] = index + 1
         if self.check_invariants:
-            check_kv_cache_manager(self)
+            self._check()
 
     def cache_decode_blocks(self, request: Request, num_full: int) -> None:
         """Cache the request's full blocks up to `num_full` (row indices `num_cached_block`
@@ -155,7 +153,7 @@ class DecodeBlockEvents:
             )
         self._cache_blocks(request, row, num_full)
         if self.check_invariants:
-            check_kv_cache_manager(self)
+            self._check()
 
     def watch_lazy_groups(self, hook: Callable[[bytes | None], None]) -> bool:
         """Call `hook(root)` before anything reads or changes the deferred blocks of `root`
@@ -164,3 +162,7 @@ class DecodeBlockEvents:
             return False
         self._lazy.on_touch = hook
         return True
+
+    def _check(self) -> None:
+        """The invariant checker over the manager this mixes into."""
+        check_kv_cache_manager(cast("KVCacheManager", self))

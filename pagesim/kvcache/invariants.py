@@ -49,7 +49,8 @@ def check_block_pool(pool: BlockPool) -> None:
     in_queue: set[int] = set()
     prev, block = head, head.next_free_block
     while block is not tail:
-        _require(block is not None, "free queue is cut before its tail sentinel")
+        if block is None:
+            raise InvariantViolation("free queue is cut before its tail sentinel")
         _require(
             block.prev_free_block is prev, f"block {block.block_id}: prev link does not point back"
         )

@@ -216,7 +216,7 @@ class KVCacheManager(DecodeBlockEvents):
                 found = cache.get(hashes[i])
                 if found is None:
                     break
-                hit.append(found if type(found) is KVCacheBlock else next(iter(found.values())))
+                hit.append(next(iter(found.values())) if isinstance(found, dict) else found)
         if not hit:
             return self.empty_kv_cache_blocks, 0
         return KVCacheBlocks(hit), len(hit) * self.block_size

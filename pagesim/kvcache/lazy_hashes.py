@@ -58,7 +58,8 @@ class DeferredBlocks:
     def resolve(self, block: KVCacheBlock) -> bytes | None:
         """`block`'s hash, registering its root's deferred blocks first."""
         self.owner.materialize(self.root)
-        return block._block_hash  # type: ignore[return-value]
+        h = block._block_hash
+        return h if h is None or isinstance(h, bytes) else None
 
     def evict(self, block: KVCacheBlock) -> None:
         """`block` is handed out again: it is no longer cached."""
@@ -176,7 +177,7 @@ class LazyHashes:
             found = cache.get(hashes[i])
             if found is None:
                 break
-            hit.append(found if type(found) is not dict else next(iter(found.values())))
+            hit.append(next(iter(found.values())) if isinstance(found, dict) else found)
         return hit
 
     def forget_request(self, request_id: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from array import array
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -112,14 +112,24 @@ class MetricsCollector:
 
     def on_token(self, rec: RequestRecord, now: float) -> None:
         """One output token of `rec`'s request became visible to the client at `now`."""
-        if rec.first_token_time is None:
-            rec.first_token_time = now
-        else:
-            self.itl_run_s.append(now - rec.last_token_time)  # type: ignore[operator]
-            self.itl_run_counts.append(1)
-        rec.last_token_time = now
-        rec.num_output_tokens += 1
-        self.on_tokens_visible(now, 1)
+        self.on_tokens((rec.request_id,), now)
+
+    def on_tokens(self, request_ids: Collection[str], now: float, num_pooled: int = 0) -> None:
+        """One output token of each of `request_ids` became visible at `now`, together with
+        `num_pooled` tokens whose gaps `on_gaps` has already recorded (one visibility)."""
+        records, gaps, counts = self.records, self.itl_run_s, self.itl_run_counts
+        for request_id in request_ids:
+            rec = records[request_id]
+            last = rec.last_token_time
+            if last is None:
+                rec.first_token_time = now
+            else:
+                gaps.append(now - last)
+                counts.append(1)
+            rec.last_token_time = now
+            rec.num_output_tokens += 1
+        if request_ids or num_pooled:
+            self.on_tokens_visible(now, len(request_ids) + num_pooled)
 
     def on_gaps(self, gap_s: float, count: int) -> None:
         """`count` inter-token gaps of `gap_s` seconds each, pooled in order (count >= 1)."""

@@ -117,13 +117,13 @@ class ServingEngine:
             return out, result, result.step_time_s, num_prefill, num_decode, None
         num_lead = len(fast.lazies)
         if scheduler.skip_lead_only_step(num_lead):  # the common step: lazy decodes only
-            step_time_s = runner.lead_decode_step_time(
+            step_time_s = fast.runner.lead_decode_step_time(
                 scheduler.block_size, num_lead, fast.lead_context_sum(), fast.lead_contexts()
             )
             return None, None, step_time_s, 0, num_lead, num_lead
         out = scheduler.schedule(num_lead)
         num_prefill, num_decode = self._note_scheduled(out, start)
-        result = runner.execute_with_lead_decodes(
+        result = fast.runner.execute_with_lead_decodes(
             out, num_lead, fast.lead_context_sum(), fast.lead_contexts()
         )
         return out, result, result.step_time_s, num_prefill, num_decode + num_lead, num_lead
@@ -200,18 +200,6 @@ class ServingEngine:
         """Token metrics of a step: `num_lead` lazy decodes first (each a gap of
         `lead_gap_s`), then the sampled requests in order; all visible at `now`."""
         metrics = self.metrics
-        records = metrics.records
         if num_lead:
             metrics.on_gaps(lead_gap_s, num_lead)
-        gaps, counts = metrics.itl_run_s, metrics.itl_run_counts
-        for request_id in sampled:  # MetricsCollector.on_token, one visibility for them all
-            rec = records[request_id]
-            if rec.first_token_time is None:
-                rec.first_token_time = now
-            else:
-                gaps.append(now - rec.last_token_time)
-                counts.append(1)
-            rec.last_token_time = now
-            rec.num_output_tokens += 1
-        if sampled or num_lead:
-            metrics.on_tokens_visible(now, len(sampled) + num_lead)
+        metrics.on_tokens(sampled, now, num_lead)

@@ -112,6 +112,7 @@ class DecodeFastPath:
         """`paged`: the scheduler's manager is the paged one (else a contiguous baseline)."""
         manager = scheduler.kv_cache_manager
         self.scheduler = scheduler
+        self.runner = runner  # the engine's runner: it prices the steps the fast path leads
         self.manager = manager
         self.records: dict[str, RequestRecord] = records
         self.vocab_size = runner.vocab_size
@@ -461,13 +462,14 @@ class DecodeFastPath:
         bs = self.block_size
         first = index * bs - lazy.prompt_len  # output index of the block's first token
         table = self.table
+        if table is None:
+            raise InternalError("block tokens asked of a fast path with no token table")
         if first >= 0:  # output tokens only: one slice
             k = 4 * ((lazy.tok0 + first) % self.vocab_size)
-            return table.packed_table[k : k + 4 * bs]  # type: ignore[union-attr]
+            return table.packed_table[k : k + 4 * bs]
         packed = _pack_tokens(lazy.request.prompt_token_ids[first:])  # the prompt's last tokens
-        if packed is None:
-            return None
-        return packed + table.packed(lazy.tok0, 0, bs + first)  # type: ignore[union-attr]
+        outputs = table.packed(lazy.tok0, 0, bs + first)
+        return None if packed is None or outputs is None else packed + outputs
 
     def _fill_outputs(self, lazy: _Lazy, count: int) -> None:
         """Append the synthetic output tokens the runner would have sampled, up to `count`."""
@@ -498,7 +500,7 @@ class _Contexts(Sequence):
     def __len__(self) -> int:
         return self._n
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         values = [o + self._tick for o in self._offsets[: self._n]]
         return values[i]
 

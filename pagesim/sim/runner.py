@@ -139,7 +139,7 @@ class _Joined(Sequence):
     def __len__(self) -> int:
         return len(self._a) + len(self._b)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return list(self)[i]
 
     def __iter__(self):

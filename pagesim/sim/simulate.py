@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import simpy
@@ -165,6 +165,14 @@ def simulate(
     return SimulationResult(result=result, metrics=metrics, config=config, load=load)
 
 
+class RequestSink(Protocol):
+    """Where clients send requests: one engine, or the router in front of several."""
+
+    on_finish: list[Callable[[Request], None]]
+
+    def add_request(self, request: Request) -> None: ...
+
+
 class _Clients:
     """Users of the service, one per session (a single request is a session of one turn).
     Later turns are closed loop: sent a think time after the previous answer.
@@ -180,7 +188,7 @@ class _Clients:
     def __init__(
         self,
         env: simpy.Environment,
-        engine: ServingEngine,
+        engine: RequestSink,
         plan,
         arrivals: np.ndarray,
         max_concurrency: int | None,
