@@ -17,8 +17,10 @@ Each measured operation is predicted twice:
 
 Errors are (predicted - measured) / measured. Cases marked held_out were set aside until the
 transfer model was frozen (see docs/other_gpus.md). Writes results/transfer_vs_vidur.csv (one
-row per operation) and results/transfer_vs_vidur_summary.csv, prints the summary table, and
-with --update-doc rewrites the tables in docs/other_gpus.md.
+row per operation) and results/transfer_vs_vidur_summary.csv, prints the summary table, writes
+the per-GPU figures that pagesim reads (pagesim/data/transfer/errors.csv: the cost-model line's
+transfer error and the widening of a transferred GPU's band), and with --update-doc rewrites
+the tables in docs/other_gpus.md.
 
     python benchmarks/transfer_vs_vidur.py [--update-doc]
 """
@@ -47,6 +49,7 @@ from pagesim.specs import GPUSpec, ModelSpec
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "vidur"
 DOC = ROOT / "docs" / "other_gpus.md"
+ERRORS_CSV = ROOT / "pagesim" / "data" / "transfer" / "errors.csv"
 VIDUR_COMMIT = "7d47513"
 
 GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
@@ -253,7 +256,7 @@ def summary(rows: list[dict]) -> list[dict]:
 
 def gpu_errors(rows: list[dict]) -> dict[str, dict[str, float]]:
     """pagesim GPU -> family -> median |transfer error| in % over every case, checked and
-    held out: the figures that `pagesim.cost.transfer_error.MEASURED` carries."""
+    held out: the figures that `pagesim.cost.transfer_error` reads (`ERRORS_CSV`)."""
     errs: dict[str, dict[str, list[float]]] = {}
     for r in rows:
         fam = errs.setdefault(r["gpu"], {}).setdefault(r["family"], [])
@@ -262,6 +265,19 @@ def gpu_errors(rows: list[dict]) -> dict[str, dict[str, float]]:
         gpu: {fam: statistics.median(v) for fam, v in sorted(fams.items())}
         for gpu, fams in sorted(errs.items())
     }
+
+
+def write_gpu_errors(rows: list[dict], path: Path) -> None:
+    """The per-GPU figures as the package reads them: one row per pagesim GPU, the Vidur GPU
+    that checked it, and the median |error| in % per family (empty: that family not checked)."""
+    checked_as = {r["gpu"]: r["vidur_gpu"] for r in rows}
+    families = ("gemm", "elementwise", "allreduce")
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["gpu", "checked_as", *(f"{fam}_median_abs_pct" for fam in families)])
+        for gpu, fams in gpu_errors(rows).items():
+            values = [f"{fams[fam]:.1f}" if fam in fams else "" for fam in families]
+            w.writerow([gpu, checked_as[gpu], *values])
 
 
 def markdown(table: list[dict], held_out: bool) -> str:
@@ -321,9 +337,10 @@ def main() -> None:
     if not args.checked_only:
         print("\nheld out until the model was frozen:")
         print(markdown(table, True))
-        print("\nper GPU, every case (pagesim.cost.transfer_error.MEASURED):")
+        print(f"\nper GPU, every case ({ERRORS_CSV.relative_to(ROOT)}):")
         for gpu, fams in gpu_errors(rows).items():
             print(f"  {gpu}: " + ", ".join(f"{k} {v:.1f} %" for k, v in fams.items()))
+        write_gpu_errors(rows, ERRORS_CSV)
     if args.update_doc:
         _update_doc(table)
 

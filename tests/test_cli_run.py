@@ -325,3 +325,53 @@ def test_a_bad_step_time_scale_is_one_line(value: str, capsys: pytest.CaptureFix
     assert main(["run", "--quiet", *SMALL, "--step-time-scale", value]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--step-time-scale" in err and "must be a number > 0" in err
+
+
+def test_the_band_reruns_at_the_profiles_spread_and_adds_only_its_own_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The band's block and JSON key come on top of the run's output; without it (--no-band)
+    the run's output is what it was. Each range holds the run's own figure, and its ends are
+    the shipped profile's smallest and largest source level."""
+    from pagesim.cost.profile import Profile
+
+    args = [*SMALL, "--num-prompts", "40", "--request-rate", "20", "--result-dir", str(tmp_path)]
+    out = run_ok(capsys, *args, "--result-filename", "band.json")
+    plain = run_ok(capsys, *args, "--result-filename", "plain.json", "--no-band")
+    lines = [x for x in out.splitlines() if not x.startswith("Saved ")]
+    start = next(i for i, x in enumerate(lines) if x.startswith("Band across "))
+    assert lines[-1].startswith("Cost model: ") and len(lines) - start == 10
+    plain_lines = [x for x in plain.splitlines() if not x.startswith("Saved ")]
+    assert lines[:start] + lines[-1:] == plain_lines
+    band, base = (json.loads((tmp_path / f).read_text()) for f in ("band.json", "plain.json"))
+    record = band.pop("band")
+    assert band.keys() == base.keys()
+    assert {k: v for k, v in band.items() if k != "date"} == {
+        k: v for k, v in base.items() if k != "date"
+    }
+    scales = Profile.load_metadata(calibration_dir() / "h200" / "llama-2-7b").source_scales
+    assert scales is not None
+    assert (record["low"], record["high"]) == (min(scales), max(scales))
+    assert set(record["metrics"]) >= {"request_throughput", "mean_tpot_ms", "p99_e2el_ms"}
+    for key, (low, high) in record["metrics"].items():
+        assert low <= base[key] <= high
+    assert record["metrics"]["mean_tpot_ms"][1] > record["metrics"]["mean_tpot_ms"][0]
+
+
+def test_a_transferred_gpus_band_is_wider_and_the_cost_line_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pagesim.cost.transfer_error import measured_errors
+
+    args = [*SMALL, "--num-prompts", "20", "--result-dir", str(tmp_path)]
+    run_ok(capsys, *args, "--result-filename", "h200.json")
+    out = run_ok(capsys, *args, "--result-filename", "h100.json", "--gpu", "h100-sxm")
+    h200, h100 = (
+        json.loads((tmp_path / f).read_text())["band"] for f in ("h200.json", "h100.json")
+    )
+    gemm = measured_errors()["h100-sxm"].gemm
+    assert h100["low"] == pytest.approx(h200["low"] * (1 - gemm / 100))
+    assert h100["high"] == pytest.approx(h200["high"] * (1 + gemm / 100))
+    assert f"widened by {gemm:g} %" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("Cost model:")]
+    assert line.endswith("its band is the source's spread widened by the GEMM error")

@@ -35,6 +35,7 @@ from pagesim.planning.kv_sizing import min_kv_memory
 from pagesim.planning.router import ROUTERS, make_router
 from pagesim.planning.slo import DEFAULT_ATTAINMENT, parse_slos
 from pagesim.sim.build import (
+    band_cost_model,
     block_size_note,
     cost_model_line,
     default_profile,
@@ -42,6 +43,7 @@ from pagesim.sim.build import (
     profile_path,
     profile_record,
     scaled_cost_model,
+    step_time_band,
 )
 from pagesim.sim.simulate import LoadSpec
 from pagesim.specs import GiB
@@ -143,6 +145,14 @@ def plan_command(
         ),
     ] = False,
     step_time_scale: o.StepTimeScale = 1.0,
+    band: Annotated[
+        bool,
+        typer.Option(
+            help="Also search at the ends of the profile's measured spread of GPU speed and "
+            "print the range of the rate within the SLOs",
+            rich_help_panel=PLAN,
+        ),
+    ] = True,
     config: o.ConfigFile = None,
     model: o.Model = None,
     gpu: o.Gpu = None,
@@ -197,6 +207,7 @@ def plan_command(
         "compare_block_sizes",
         "analytical",
         "step_time_scale",
+        "band",
     ):
         flags.pop(key)
     scale = check_step_time_scale(step_time_scale)
@@ -284,6 +295,19 @@ def plan_command(
                 cost_model=cost,
             )
             doc["capacity"] = _capacity(cap, load.num_prompts)
+            ends = step_time_band(engine, prof, not analytical) if band else None
+            if ends is not None and cap.max_rate is not None:
+                doc["capacity"]["band"] = _band(
+                    engine,
+                    load,
+                    slos,
+                    prof,
+                    cap,
+                    ends.scaled(scale),
+                    rel_tol,
+                    min_duration,
+                    not analytical,
+                )
             if target_rate is not None:
                 doc["replicas"] = _replicas(
                     engine,
@@ -534,6 +558,32 @@ def _capacity(cap: CapacityResult, num_prompts: int) -> dict[str, Any]:
         ],
         "result": _slim(cap.result),
     }
+
+
+def _band(engine, load, slos, prof, cap, ends, rel_tol, min_duration, transfer) -> dict[str, Any]:
+    """The rate within the SLOs at the band's two ends, each searched from the center's rate
+    over the factor (a step time x f slower serves about 1/f the rate), and the printed line."""
+    rates = [cap.max_rate]
+    for factor in (ends.low, ends.high):
+        end = max_sustainable_rate(
+            engine,
+            load,
+            slos,
+            profile=prof,
+            rel_tol=rel_tol,
+            min_duration_s=min_duration,
+            cost_model=band_cost_model(engine, prof, factor, transfer),
+            near=cap.max_rate / factor,
+        )
+        rates.append(end.max_rate)
+    known = [r for r in rates if r is not None]
+    low = None if None in rates else min(known)
+    shown = "none" if low is None else f"{low:.3f}"
+    print(
+        f"Rate within SLOs: {cap.max_rate:.3f} req/s ({shown}-{max(known):.3f} across "
+        f"{ends.basis}, every step x {ends.low:.3f}-{ends.high:.3f})"
+    )
+    return {**ends.to_json(), "max_rate": [low, max(known)]}
 
 
 def _replicas(

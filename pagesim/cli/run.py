@@ -19,7 +19,9 @@ from pagesim.errors import ConfigError
 from pagesim.metrics import format_benchmark_block
 from pagesim.metrics.report import rejection_line
 from pagesim.planning.mix import workload_ref
+from pagesim.sim.band import format_band, metric_band
 from pagesim.sim.build import (
+    band_cost_model,
     block_size_note,
     cost_model_label,
     cost_model_line,
@@ -27,6 +29,7 @@ from pagesim.sim.build import (
     pricing_profile,
     profile_record,
     scaled_cost_model,
+    step_time_band,
 )
 from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
 from pagesim.sim.simulate import result_metadata, simulate
@@ -86,6 +89,13 @@ def run_command(
         bool, typer.Option(help="Check KV allocator invariants after every operation (slow).")
     ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    band: Annotated[
+        bool,
+        typer.Option(
+            help="Also simulate at the ends of the profile's measured spread of GPU speed "
+            "(two more runs) and print the headline metrics' range."
+        ),
+    ] = True,
 ) -> None:
     """Simulate one engine serving a workload; print vllm bench's result block and KV usage."""
     flags = dict(locals())
@@ -97,6 +107,7 @@ def run_command(
         "overwrite",
         "check_invariants",
         "quiet",
+        "band",
         "step_time_scale",
         "percentile_metrics",
     ):
@@ -133,6 +144,16 @@ def run_command(
                 progress=hook,
                 cost_model=cost,
             )
+        ends = step_time_band(engine, prof, transfer=True) if band else None
+        band_doc = None
+        if ends is not None:
+            served = dataclasses.replace(load, workload=ref)
+
+            def simulate_at(factor: float) -> dict:
+                priced = band_cost_model(engine, prof, factor, transfer=True)
+                return simulate(engine, served, profile=prof, cost_model=priced).result
+
+            band_doc = metric_band(sim.result, simulate_at, ends.scaled(step_time_scale))
     rate = load.request_rate if load.request_rate is not None else math.inf
     print(
         format_benchmark_block(
@@ -144,6 +165,8 @@ def run_command(
         )
     )
     print(format_kv_block(sim.result))
+    if band_doc is not None:  # before the cost-model line, which stays the last line
+        print(format_band(sim.result, band_doc))
     print(cost_model_line(engine, prof, step_time_scale=step_time_scale))
     rejected = rejection_line(sim.result)
     if rejected:
@@ -155,7 +178,8 @@ def run_command(
         if cost is not None:
             metadata["step_time_scale"] = step_time_scale
         date = datetime.now().strftime("%Y%m%d-%H%M%S")
-        text = result_json(sim.result, metadata, date=date).encode("utf-8")
+        saved = sim.result if band_doc is None else {**sim.result, "band": band_doc}
+        text = result_json(saved, metadata, date=date).encode("utf-8")
         default = default_result_filename(metadata, date, arrival=rate_label(traffic))
         try:
             path = _save(directory, result_filename, default, text, overwrite)

@@ -49,6 +49,10 @@ The reader takes only the current `format_version` (`PROFILE_FORMAT_VERSION`); a
 profile is refused with one line naming `pagesim migrate-profile`, which converts it
 (`pagesim.cost.profile_migrate` says what each version added).
 
+A profile may carry `source_scales`: a merged profile's spread, each source calibration's
+step-time level against the merged one (`pagesim.cost.profile_merge`); run and plan price at
+its ends to say how far a GPU's speed level moves an answer. Optional: written only when known.
+
 The GPU calibrator fills the records and saves them; the simulator loads them:
 
     meta = ProfileMetadata(gpu="h200", model="llama-2-7b", gpu_name=..., driver=..., cuda=...,
@@ -163,6 +167,11 @@ class ProfileMetadata:
     method: str = ""  # timing method: events, warm-up, repeats
     synthetic: bool = False  # True only for test fixtures: never a measurement
     notes: str = ""
+    # a merged profile (`pagesim.cost.profile_merge`): each source calibration's step-time
+    # level against this profile's, in the order `notes` lists their dates (None: one
+    # calibration, no spread measured). Optional in every format version: written only when
+    # known, so a profile without it is byte for byte what it was.
+    source_scales: list[float] | None = None
     format_version: int = PROFILE_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -180,6 +189,8 @@ class ProfileMetadata:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["num_gpu_blocks"] = {str(k): v for k, v in self.num_gpu_blocks.items()}
+        if self.source_scales is None:
+            del out["source_scales"]
         return out
 
     @classmethod
@@ -280,6 +291,21 @@ class ProfileMetadata:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or not value > 0):
                 raise ProfileError(f"{where}: {name}={value!r} must be a positive number")
+        scales = self.source_scales
+        if scales is not None and (
+            not isinstance(scales, list)
+            or not scales
+            or any(
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not math.isfinite(v)
+                or not v > 0
+                for v in scales
+            )
+        ):
+            raise ProfileError(
+                f"{where}: source_scales={scales!r} must be a non-empty list of numbers > 0"
+            )
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,11 @@ The rules, so that the merged profile stays a measurement and not a blend of dif
 - the measured KV block count per block size is the smallest any source measured (a cache
   that one session could not hold is not promised); the host-overhead scalars and the pinned
   copy rate are medians over the sources that measured them;
-- `date` is the newest source's; `notes` says how many sources and when each was measured.
+- `date` is the newest source's; `notes` says how many sources and when each was measured;
+- `source_scales` records the spread: each source's level against the merged profile, the
+  median over the source's step rows of its time over the merged time of the same point
+  (`source_scale`). Pricing every step at the smallest and the largest of them says how far
+  an answer moves with the GPU's speed level (`pagesim.cost.level_band`).
 
     merged = merge_profiles([Profile.load(p) for p in paths])
     merged.save("calibration/h200/llama-2-7b")
@@ -34,7 +38,7 @@ from statistics import median
 from pagesim.cost.profile import Profile, ProfileError, ProfileMetadata
 from pagesim.cost.profile_rows import KEY_COLUMNS, TABLES
 
-__all__ = ["SAME_SETUP_KEYS", "merge_profiles", "source_deviation"]
+__all__ = ["SAME_SETUP_KEYS", "merge_profiles", "source_deviation", "source_scale"]
 
 #: metadata every source must share: what was measured, on what, with which software
 SAME_SETUP_KEYS = (
@@ -78,7 +82,25 @@ def merge_profiles(profiles: Sequence[Profile]) -> Profile:
                     f"({a!r} vs {b!r}); only calibrations of one setup merge"
                 )
     tables = {name: _merge_table(name, [getattr(p, name) for p in profiles]) for name in TABLES}
-    return Profile(_merge_metadata([p.metadata for p in profiles]), **tables)
+    merged = Profile(_merge_metadata([p.metadata for p in profiles]), **tables)
+    scales = [round(source_scale(p, merged), 6) for p in profiles]
+    return Profile(dataclasses.replace(merged.metadata, source_scales=scales), **tables)
+
+
+def source_scale(source: Profile, merged: Profile) -> float:
+    """How fast `source`'s session ran against `merged`: the median, over every step row of
+    `source` (all tables that time steps), of its step time over the merged time of the same
+    grid point. A median of ratios, so that the few points one session measured oddly do not
+    move its level."""
+    ratios = [
+        1 + d
+        for table, (row_cls, _) in TABLES.items()
+        if "step_time_ms" in {f.name for f in dataclasses.fields(row_cls)}
+        for d in source_deviation(source, merged, table)
+    ]
+    if not ratios:
+        raise ProfileError("merge: a source has no step rows to compare with the merged profile")
+    return median(ratios)
 
 
 def source_deviation(source: Profile, merged: Profile, table: str = "decode") -> list[float]:

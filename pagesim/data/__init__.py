@@ -13,7 +13,14 @@ from pathlib import Path
 
 from pagesim.errors import PagesimError
 
-__all__ = ["calibration_dir", "golden_dir", "models_dir", "shipped_relative", "workloads_dir"]
+__all__ = [
+    "calibration_dir",
+    "golden_dir",
+    "models_dir",
+    "shipped_relative",
+    "transfer_dir",
+    "workloads_dir",
+]
 
 
 def _shipped(name: str) -> Path:
@@ -44,6 +51,12 @@ def golden_dir() -> Path:
 def models_dir() -> Path:
     """The shipped Hugging Face model configs, `<name>.json` (sources in its README)."""
     return _shipped("models")
+
+
+def transfer_dir() -> Path:
+    """The transfer cost model's measured errors per GPU (`errors.csv`), written by
+    benchmarks/transfer_vs_vidur.py."""
+    return _shipped("transfer")
 
 
 def shipped_relative(path: str | Path) -> str | None:

@@ -122,9 +122,12 @@ def max_sustainable_rate(
     max_rate_limit: float | None = None,
     min_duration_s: float = DEFAULT_MIN_DURATION_S,
     cost_model: CostModel | None = None,
+    near: float | None = None,
 ) -> CapacityResult:
     """Highest request rate (req/s) at which one replica meets `slos` on `load`
-    (`cost_model`: prices the steps in place of `profile`'s model)."""
+    (`cost_model`: prices the steps in place of `profile`'s model; `near`: a rate the answer
+    is expected close to, searched from in steps of 10 % instead of from half the saturated
+    throughput in steps of 2)."""
     if slos.empty:
         raise ConfigError("--slo: give at least one objective, e.g. p99_ttft_ms<=500")
     saturated = simulate(
@@ -135,7 +138,8 @@ def max_sustainable_rate(
         why = f"{rejection_line(saturated.result)}; --allow-rejected plans for the rest"
         return CapacityResult(None, None, None, throughput, (), slos, why)
     ceiling = max_rate_limit if max_rate_limit is not None else max(2.0 * throughput, min_rate)
-    start = min(max(0.5 * throughput, min_rate), ceiling)
+    guess = 0.5 * throughput if near is None else near
+    start = min(max(guess, min_rate), ceiling)
     probes: list[Probe] = []
 
     def passes(rate: float) -> bool:
@@ -148,7 +152,7 @@ def max_sustainable_rate(
         probes.append(_probe(rate, slos, run.result))
         return probes[-1].passed
 
-    b = search_max(passes, start, min_rate, ceiling, rel_tol)
+    b = search_max(passes, start, min_rate, ceiling, rel_tol, step=2.0 if near is None else 1.1)
     at = next((p.result for p in probes if p.value == b.best), None)
     return CapacityResult(b.best, b.failed, at, throughput, tuple(probes), slos)
 

@@ -36,8 +36,12 @@ def search_max(
     ceiling: float,
     rel_tol: float = 0.025,
     max_evaluations: int = 40,
+    step: float = 2.0,
 ) -> Boundary:
-    """Largest x in [floor, ceiling] with passes(x), for passes monotone non-increasing."""
+    """Largest x in [floor, ceiling] with passes(x), for passes monotone non-increasing.
+
+    `step` is the bracketing factor: 2 from a rough start; smaller when `start` is known to be
+    near the answer (a band's end, from the center's answer), so that fewer values are tried."""
     if not 0 < floor <= start <= ceiling:
         raise ConfigError(
             f"search range: need 0 < floor ({floor:g}) <= start ({start:g}) "
@@ -45,6 +49,8 @@ def search_max(
         )
     if not 0 < rel_tol < 1:
         raise ConfigError(f"rel_tol={rel_tol!r}: must be in (0, 1)")
+    if not step > 1:
+        raise ConfigError(f"step={step!r}: must be > 1")
     memo: dict[float, bool] = {}
 
     def check(x: float) -> bool:
@@ -60,7 +66,7 @@ def search_max(
     if check(x):
         lo = x
         while hi is None and lo < ceiling:
-            x = min(lo * 2.0, ceiling)
+            x = min(lo * step, ceiling)
             if check(x):
                 lo = x
             else:
@@ -68,7 +74,7 @@ def search_max(
     else:
         hi = x
         while lo is None and hi > floor:
-            x = max(hi / 2.0, floor)
+            x = max(hi / step, floor)
             if check(x):
                 lo = x
             else:

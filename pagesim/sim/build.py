@@ -99,7 +99,8 @@ def _cost_model_name(config: EngineConfig, profile: str | Path | None, analytica
         return (
             f"Cost model: transfer of the shipped profile {shipped_relative(source)} "
             f"({meta.gpu_name}, measured {meta.date[:10]}) to {config.gpu} by each part's "
-            f"bounding rate; {transfer_note(config.gpu)}"
+            f"bounding rate; {transfer_note(config.gpu)}; its band is the source's spread "
+            "widened by the GEMM error"
         )
     if profile is None:
         return (
@@ -176,6 +177,50 @@ def cost_model_label(config: EngineConfig, profile: str | Path | None, transfer:
     if profile is not None:
         return "calibrated"
     return "transfer" if pricing_profile(config, None, transfer) is not None else "analytical"
+
+
+def step_time_band(config: EngineConfig, profile: str | Path | None, transfer: bool):
+    """The `StepTimeBand` (`pagesim.cost.level_band`) of what prices `config`: the pricing
+    profile's measured spread, else the widest of the same GPU's shipped merged profiles;
+    widened by the transfer error when the steps are priced by transfer. None for the
+    analytical model or where no spread was measured."""
+    from pagesim.cost.level_band import gpu_band, profile_band, widened
+    from pagesim.cost.profile import Profile
+
+    source = pricing_profile(config, profile, transfer)
+    if source is None:
+        return None
+    meta = Profile.load_metadata(source)
+    band = profile_band(meta) or gpu_band(_shipped_metadata(meta.gpu), meta.gpu)
+    if band is None or profile is not None:
+        return band
+    from pagesim.cost.transfer_error import band_widening_pct
+
+    return widened(band, *band_widening_pct(config.gpu))
+
+
+def _shipped_metadata(gpu: str) -> list:
+    """The metadata of every profile shipped for `gpu`, in name order."""
+    root = calibration_dir() / gpu
+    if not root.is_dir():
+        return []
+    from pagesim.cost.profile import Profile
+
+    return [
+        Profile.load_metadata(d) for d in sorted(root.iterdir()) if (d / "profile.json").is_file()
+    ]
+
+
+def band_cost_model(
+    config: EngineConfig, profile: str | Path | None, factor: float, transfer: bool
+) -> CostModel:
+    """The model that prices every step `factor` times what `scaled_cost_model(..., 1.0,
+    transfer)` would: one end of a band."""
+    from pagesim.cost.scaled import ScaledCostModel
+
+    source = transfer_profile(config) if transfer and profile is None else None
+    base = _transferred(config, source) if source is not None else build_cost_model(config, profile)
+    return ScaledCostModel(base, factor)
 
 
 def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostModel:

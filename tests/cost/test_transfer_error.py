@@ -1,5 +1,6 @@
-"""The transfer errors that the cost-model line prints are the ones the Vidur check measures:
-recomputed here from the shipped subset of Vidur's tables (tests/fixtures/vidur/)."""
+"""The transfer errors that the cost-model line prints and a transferred band widens by are the
+ones the Vidur check measures: recomputed here from the shipped subset of Vidur's tables
+(tests/fixtures/vidur/), and the shipped table is the one the benchmark writes."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pagesim.cost.transfer_error import MEASURED, transfer_note
+from pagesim.cost.transfer_error import (
+    ERRORS_FILE,
+    band_widening_pct,
+    measured_errors,
+    transfer_note,
+)
+from pagesim.data import transfer_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -21,10 +28,13 @@ def rows() -> list[dict]:
     return check.all_rows()
 
 
-def test_the_shipped_errors_are_the_measured_ones(rows) -> None:
+def test_the_shipped_errors_are_the_measured_ones(rows, tmp_path) -> None:
     measured = check.gpu_errors(rows)
-    assert set(measured) == set(MEASURED)
-    for gpu, err in MEASURED.items():
+    shipped = measured_errors()
+    assert set(measured) == set(shipped)
+    check.write_gpu_errors(rows, tmp_path / "errors.csv")
+    assert (tmp_path / "errors.csv").read_bytes() == (transfer_dir() / ERRORS_FILE).read_bytes()
+    for gpu, err in shipped.items():
         assert err.gemm == pytest.approx(measured[gpu]["gemm"], abs=0.05)
         assert err.elementwise == pytest.approx(measured[gpu]["elementwise"], abs=0.05)
         if err.allreduce is None:
@@ -46,3 +56,11 @@ def test_every_gpu_has_a_held_out_model_and_every_table_is_read(rows) -> None:
 def test_the_note_names_the_check_or_says_there_was_none() -> None:
     assert "GEMMs 14 %" in transfer_note("h100-sxm")
     assert "not measured on l40s" in transfer_note("l40s")
+
+
+def test_a_transferred_band_widens_by_the_gpus_gemm_error() -> None:
+    shipped = measured_errors()
+    pct, why = band_widening_pct("a100-80gb")
+    assert pct == shipped["a100-80gb"].gemm and "A100" in why
+    pct, why = band_widening_pct("l40s")  # unchecked: the worst checked GPU's
+    assert pct == max(e.gemm for e in shipped.values()) and "l40s unchecked" in why

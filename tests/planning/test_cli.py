@@ -350,3 +350,19 @@ def test_kv_sizing_prints_a_run_command_that_serves_its_load(capsys) -> None:
     run = capsys.readouterr().out
     assert re.search(rf"GPU KV cache blocks: +{blocks}\b", run)
     assert float(re.search(r"P99 TTFT \(ms\): +([0-9.]+)", run).group(1)) <= 400
+
+
+def test_a_plan_reports_the_rate_across_the_profiles_spread(tmp_path: Path, capsys) -> None:
+    out_file = tmp_path / "plan.json"
+    args = ["--workload", "random", "--random-input-len", "256", "--random-output-len", "32"]
+    args += ["--num-prompts", "60", "--min-duration", "5", "--slo", "p99_tpot_ms<=30"]
+    assert main(["plan", *args, "--save-result", str(out_file)]) == 0
+    out = capsys.readouterr().out
+    cap = json.loads(out_file.read_text())["capacity"]
+    low, high = cap["band"]["max_rate"]
+    assert low <= cap["max_rate"] <= high and low < high
+    assert cap["band"]["low"] < 1 < cap["band"]["high"]
+    assert f"Rate within SLOs: {cap['max_rate']:.3f} req/s ({low:.3f}-{high:.3f} across " in out
+    assert main(["plan", *args, "--no-band", "--save-result", str(out_file)]) == 0
+    assert "Rate within SLOs" not in capsys.readouterr().out
+    assert "band" not in json.loads(out_file.read_text())["capacity"]
