@@ -361,7 +361,7 @@ def test_the_band_reruns_at_the_profiles_spread_and_adds_only_its_own_output(
 def test_a_transferred_gpus_band_is_wider_and_the_cost_line_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pagesim.cost.transfer_error import measured_errors
+    from pagesim.sim.build import transfer_errors
 
     args = [*SMALL, "--num-prompts", "20", "--result-dir", str(tmp_path)]
     run_ok(capsys, *args, "--result-filename", "h200.json")
@@ -369,7 +369,7 @@ def test_a_transferred_gpus_band_is_wider_and_the_cost_line_says_so(
     h200, h100 = (
         json.loads((tmp_path / f).read_text())["band"] for f in ("h200.json", "h100.json")
     )
-    gemm = measured_errors()["h100-sxm"].gemm
+    gemm = transfer_errors()["h100-sxm"].gemm
     assert h100["low"] == pytest.approx(h200["low"] * (1 - gemm / 100))
     assert h100["high"] == pytest.approx(h200["high"] * (1 + gemm / 100))
     assert f"widened by {gemm:g} %" in out

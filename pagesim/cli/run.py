@@ -166,7 +166,7 @@ def run_command(
     )
     print(format_kv_block(sim.result))
     if band_doc is not None:  # before the cost-model line, which stays the last line
-        print(format_band(sim.result, band_doc))
+        print(format_band(sim.result, band_doc, shown))
     print(cost_model_line(engine, prof, step_time_scale=step_time_scale))
     rejected = rejection_line(sim.result)
     if rejected:

@@ -1,6 +1,7 @@
 """How far the transfer cost model is off on GPUs where others measured the same operations.
 
-The figures are data, `pagesim/data/transfer/errors.csv`, written by
+The figures are data, `pagesim/data/transfer/errors.csv` (read by
+`pagesim.sim.build.transfer_errors`; the cost layer reads no package data), written by
 `python benchmarks/transfer_vs_vidur.py` (results/transfer_vs_vidur.csv, docs/other_gpus.md):
 the median absolute error, in %, of the transfer model's prediction of each operation that
 Vidur (microsoft/vidur) measured on that GPU, per family of operations, over every case (those
@@ -13,13 +14,12 @@ shipped subset of Vidur's tables.
 from __future__ import annotations
 
 import csv
-from functools import lru_cache
+from pathlib import Path
 from typing import NamedTuple
 
-from pagesim.data import transfer_dir
 from pagesim.errors import PagesimError
 
-ERRORS_FILE = "errors.csv"
+ERRORS_FILE = "errors.csv"  # in the shipped data's transfer/ folder (`pagesim.data`)
 
 
 class TransferError(NamedTuple):
@@ -31,10 +31,8 @@ class TransferError(NamedTuple):
     checked_as: str  # the Vidur GPU whose measurements gave it
 
 
-@lru_cache(maxsize=1)
-def measured_errors() -> dict[str, TransferError]:
-    """GPU name -> its measured transfer error, read once from the shipped table."""
-    path = transfer_dir() / ERRORS_FILE
+def read_errors(path: Path) -> dict[str, TransferError]:
+    """GPU name -> its measured transfer error, from a table as the benchmark writes it."""
     out: dict[str, TransferError] = {}
     try:
         with open(path, encoding="utf-8", newline="") as f:
@@ -51,11 +49,10 @@ def measured_errors() -> dict[str, TransferError]:
     return out
 
 
-def band_widening_pct(gpu: str) -> tuple[float, str]:
+def band_widening_pct(gpu: str, errors: dict[str, TransferError]) -> tuple[float, str]:
     """How much wider (in %, each way) a band priced by transfer to `gpu` is, and why: the
     median GEMM error measured on that GPU (GEMMs are most of a step's time; element-wise
     kernels, far worse, are 9-16 % of it), else the largest GEMM error measured on any GPU."""
-    errors = measured_errors()
     err = errors.get(gpu)
     if err is not None:
         return err.gemm, f"the transfer's median GEMM error on {err.checked_as}"
@@ -67,9 +64,8 @@ def band_widening_pct(gpu: str) -> tuple[float, str]:
     )
 
 
-def transfer_note(gpu: str) -> str:
+def transfer_note(gpu: str, errors: dict[str, TransferError]) -> str:
     """The clause of the cost-model line that says how far a transferred GPU is trusted."""
-    errors = measured_errors()
     err = errors.get(gpu)
     if err is None:
         return f"transfer error not measured on {gpu} (measured on {', '.join(sorted(errors))})"

@@ -9,10 +9,11 @@ confidence interval of the simulation (which is deterministic for a seed).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pagesim.cost.level_band import StepTimeBand, range_text
+from pagesim.metrics.report import LATENCY_METRICS
 
 #: result key -> label, the figures a band is reported for (as vllm bench labels them)
 HEADLINE = {
@@ -42,11 +43,18 @@ def metric_band(
     return {**band.to_json(), "metrics": metrics}
 
 
-def format_band(center: dict[str, Any], record: dict[str, Any]) -> str:
-    """The printed block: one line per headline metric, `center (low-high)`."""
+def format_band(
+    center: dict[str, Any], record: dict[str, Any], shown: Iterable[str] = LATENCY_METRICS
+) -> str:
+    """The printed block: one line per headline metric, `center (low-high)`, the latency
+    ones only for the sections `shown` (vllm bench's --percentile-metrics)."""
     lines = [
         f"Band across {record['basis']}, every step x {record['low']:.3f}-{record['high']:.3f}:"
     ]
+    sections = set(shown)
     for key, (low, high) in record["metrics"].items():
+        section = key.split("_")[1]
+        if key.endswith("_ms") and section not in sections:
+            continue
         lines.append(f"  {HEADLINE[key] + ':':<39}{range_text(center[key], low, high)}")
     return "\n".join(lines)

@@ -99,7 +99,7 @@ def _cost_model_name(config: EngineConfig, profile: str | Path | None, analytica
         return (
             f"Cost model: transfer of the shipped profile {shipped_relative(source)} "
             f"({meta.gpu_name}, measured {meta.date[:10]}) to {config.gpu} by each part's "
-            f"bounding rate; {transfer_note(config.gpu)}; its band is the source's spread "
+            f"bounding rate; {transfer_note(config.gpu, transfer_errors())}; its band is the source's spread "
             "widened by the GEMM error"
         )
     if profile is None:
@@ -196,7 +196,17 @@ def step_time_band(config: EngineConfig, profile: str | Path | None, transfer: b
         return band
     from pagesim.cost.transfer_error import band_widening_pct
 
-    return widened(band, *band_widening_pct(config.gpu))
+    return widened(band, *band_widening_pct(config.gpu, transfer_errors()))
+
+
+@lru_cache(maxsize=1)
+def transfer_errors() -> dict:
+    """The transfer model's measured error per GPU (`pagesim.cost.transfer_error`), read once
+    from the shipped table."""
+    from pagesim.cost.transfer_error import ERRORS_FILE, read_errors
+    from pagesim.data import transfer_dir
+
+    return read_errors(transfer_dir() / ERRORS_FILE)
 
 
 def _shipped_metadata(gpu: str) -> list:

@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pagesim.cost.transfer_error import (
-    ERRORS_FILE,
-    band_widening_pct,
-    measured_errors,
-    transfer_note,
-)
+from pagesim.cost.transfer_error import ERRORS_FILE, band_widening_pct, transfer_note
 from pagesim.data import transfer_dir
+from pagesim.sim.build import transfer_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -30,7 +26,7 @@ def rows() -> list[dict]:
 
 def test_the_shipped_errors_are_the_measured_ones(rows, tmp_path) -> None:
     measured = check.gpu_errors(rows)
-    shipped = measured_errors()
+    shipped = transfer_errors()
     assert set(measured) == set(shipped)
     check.write_gpu_errors(rows, tmp_path / "errors.csv")
     assert (tmp_path / "errors.csv").read_bytes() == (transfer_dir() / ERRORS_FILE).read_bytes()
@@ -54,13 +50,13 @@ def test_every_gpu_has_a_held_out_model_and_every_table_is_read(rows) -> None:
 
 
 def test_the_note_names_the_check_or_says_there_was_none() -> None:
-    assert "GEMMs 14 %" in transfer_note("h100-sxm")
-    assert "not measured on l40s" in transfer_note("l40s")
+    assert "GEMMs 14 %" in transfer_note("h100-sxm", transfer_errors())
+    assert "not measured on l40s" in transfer_note("l40s", transfer_errors())
 
 
 def test_a_transferred_band_widens_by_the_gpus_gemm_error() -> None:
-    shipped = measured_errors()
-    pct, why = band_widening_pct("a100-80gb")
+    shipped = transfer_errors()
+    pct, why = band_widening_pct("a100-80gb", shipped)
     assert pct == shipped["a100-80gb"].gemm and "A100" in why
-    pct, why = band_widening_pct("l40s")  # unchecked: the worst checked GPU's
+    pct, why = band_widening_pct("l40s", shipped)  # unchecked: the worst checked GPU's
     assert pct == max(e.gemm for e in shipped.values()) and "l40s unchecked" in why
