@@ -37,9 +37,10 @@ def metric_band(
     ends = [simulate_at(band.low), simulate_at(band.high)]
     metrics: dict[str, list[float]] = {}
     for key in HEADLINE:
-        values = [r.get(key) for r in (center, *ends)]
-        if all(isinstance(v, int | float) for v in values):
-            metrics[key] = [min(values), max(values)]  # type: ignore[type-var]
+        got = [r.get(key) for r in (center, *ends)]
+        values = [float(v) for v in got if isinstance(v, int | float)]
+        if len(values) == len(got):
+            metrics[key] = [min(values), max(values)]
     return {**band.to_json(), "metrics": metrics}
 
 
