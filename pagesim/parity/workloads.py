@@ -281,6 +281,23 @@ def priority_pressure(seed: int = 5) -> ParityWorkload:
     )
 
 
+def priority_self_preempt(seed: int = 0) -> ParityWorkload:
+    """Priority scheduling where a request is its own preemption victim. In each of three
+    rounds a low-priority request is admitted first, so it leads the running list, and a
+    high-priority one fills the rest of a 14-block pool. The low one's next token needs a
+    block first; it is the lowest priority running, so vLLM preempts it, schedules nothing
+    else that step, and runs the other one the next step."""
+    reqs = []
+    for k in range(3):
+        start = 300 * k
+        reqs.append(ParityRequest(f"low{k}", (("k", 400 + k, 111),), 100, start, priority=2))
+        reqs.append(ParityRequest(f"high{k}", (("k", 500 + k, 97),), 100, start + 1, priority=0))
+    engine = dict(_engine(15, 512, 16), scheduling_policy="priority")
+    return ParityWorkload(
+        "priority_self_preempt", seed, tuple(reqs), engine, priority_self_preempt.__doc__ or ""
+    )
+
+
 def mooncake_slice(
     trace_path: str | Path,
     num_requests: int = 200,
@@ -332,6 +349,7 @@ WORKLOADS: dict[str, Callable[[], ParityWorkload]] = {
     "multi_turn": multi_turn,
     "random_pressure": random_pressure,
     "priority_pressure": priority_pressure,
+    "priority_self_preempt": priority_self_preempt,
     "mooncake": lambda: mooncake_slice(default_trace_path()),
 }
 
@@ -343,6 +361,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "random_pressure": ("random_pressure", {}),
     "mooncake": ("mooncake", {}),
     "priority_pressure": ("priority_pressure", {}),
+    "priority_self_preempt": ("priority_self_preempt", {}),
     # the admission gate off: a waiting request is admitted when its first chunk fits
     "random_pressure_no_full_isl": ("random_pressure", {"scheduler_reserve_full_isl": False}),
 }

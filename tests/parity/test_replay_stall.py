@@ -1,10 +1,13 @@
 """The replay loop's stall rule, with a scripted engine: a step that preempted and scheduled
-nothing is not a stall when the next step schedules; two in a row are."""
+nothing is not a stall when the next step schedules; two in a row are. The golden case
+`priority_self_preempt` holds such steps as vLLM 0.23 ran them."""
 
 from __future__ import annotations
 
 import pytest
 
+from pagesim.parity import golden_files
+from pagesim.parity.decisions import DecisionLog
 from pagesim.parity.replay import ReplayError, StepObservation, replay
 from pagesim.parity.workloads import ParityRequest, ParityWorkload
 
@@ -61,3 +64,14 @@ def test_a_step_that_decides_nothing_is_a_stall():
     engine = ScriptedEngine([([("a", 4)], [], []), ([], [], [])])
     with pytest.raises(ReplayError, match="nothing can be scheduled"):
         replay(workload(), engine, {}, "0.23")
+
+
+def test_the_self_preemption_golden_holds_steps_that_only_preempt():
+    """vLLM 0.23 really runs such steps on `priority_self_preempt`: the golden file (replayed
+    in test_parity) keeps the stall rule honest against the real scheduler."""
+    path = next(p for p in golden_files() if p.name == "priority_self_preempt.vllm-0.23.0.json.gz")
+    log = DecisionLog.read(path)
+    only_preempt = [s.t for s in log.steps if s.preempted and not s.scheduled]
+    assert len(only_preempt) == 3
+    after = {s.t: s for s in log.steps}
+    assert all(after[t + 1].scheduled for t in only_preempt)
