@@ -446,6 +446,11 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
     ("profile-csv-neg", [*RUN, "--profile", "prof"], {"PROFILE/decode.csv": "NEG_DECODE"}),
     ("profile-csv-text", [*RUN, "--profile", "prof"], {"PROFILE/decode.csv": "TEXT_DECODE"}),
     (
+        "profile-csv-one-row",
+        [*RUN, "--profile", "prof"],
+        {"PROFILE/decode.csv": "ONE_ROW_DECODE"},
+    ),
+    (
         "profile-prefill-empty",
         [*RUN, "--profile", "prof"],
         {"PROFILE/prefill.csv": "block_size,num_new_tokens\n"},

@@ -38,9 +38,24 @@ def test_save_then_load_is_identical_and_byte_stable(tmp_path, synthetic_profile
 
 
 def test_floats_round_trip_exactly(tmp_path, synthetic_profile):
-    row = DecodeRow(16, 3, 7, 0.1 + 0.2, 1 / 3, 2.0**-40, 1e-300, 123456.789e10)
-    p = synthetic_profile.replace_tables(decode=(row,))
-    assert Profile.load(p.save(tmp_path)).decode == (row,)
+    rows = (
+        DecodeRow(16, 3, 7, 0.1 + 0.2, 1 / 3, 2.0**-40, 1e-300, 123456.789e10),
+        DecodeRow(16, 4, 9, 1e-7, 2 / 3, 0.7, 5e-324, 1.7976931348623157e308),
+    )
+    p = synthetic_profile.replace_tables(decode=rows)
+    assert Profile.load(p.save(tmp_path)).decode == rows
+
+
+def test_a_profile_on_disk_must_measure_a_grid(tmp_path, synthetic_profile):
+    """One decode row (or one batch size) is a truncated table, not a profile."""
+    row = DecodeRow(16, 3, 7, 1.0, 1.0, 1.0, 0.5, 0.5)
+    path = synthetic_profile.replace_tables(decode=(row,)).save(tmp_path / "one")
+    with pytest.raises(ProfileError, match="block_size=16 has one batch_size only"):
+        Profile.load(path)
+    same_batch = (row, DecodeRow(16, 3, 9, 1.0, 1.0, 1.0, 0.5, 0.5))
+    path = synthetic_profile.replace_tables(decode=same_batch).save(tmp_path / "two")
+    with pytest.raises(ProfileError, match="one batch_size only"):
+        Profile.load(path)
 
 
 def test_optional_tables_may_be_absent(tmp_path, synthetic_profile):
