@@ -7,7 +7,7 @@ import types
 import pytest
 
 from pagesim.cli.app import main
-from pagesim.cost.fit import fit_report
+from pagesim.cost.fit import contributions_markdown, correction_contributions, fit_report
 from pagesim.cost.profile import Profile
 from pagesim.data import calibration_dir
 
@@ -18,6 +18,17 @@ def test_prints_the_profiles_held_out_report(capsys) -> None:
     expected = fit_report(Profile.load(calibration_dir() / "h200" / "llama-3-8b"), seed=3)
     assert expected.to_markdown() in out
     assert "block 16:" in out and "at 8,192" in out
+    profile = Profile.load(calibration_dir() / "h200" / "llama-3-8b")
+    assert contributions_markdown(correction_contributions(profile, seed=3)) in out
+
+
+def test_a_disabled_correction_is_left_off_in_the_first_table(capsys) -> None:
+    assert main(["fit-report", "--disable-correction", "reread", "--seed", "2"]) == 0
+    out = capsys.readouterr().out
+    profile = Profile.load(calibration_dir() / "h200" / "llama-2-7b")
+    off = fit_report(profile, seed=2, disabled_corrections=("reread",))
+    assert "corrections off: reread" in out and off.to_markdown() in out
+    assert off != fit_report(profile, seed=2)
 
 
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path) -> None:
@@ -26,6 +37,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path) -> None:
         [["--model", "nosuch"], "unknown model"],
         [["--model", "tiny-llama"], "no shipped H200 profile"],
         [["--holdout-fraction", "1.5"], "holdout_fraction=1.5"],
+        [["--disable-correction", "nope"], "correction 'nope' is unknown"],
     ):
         assert main(["fit-report", *argv]) == 2
         err = capsys.readouterr().err.strip()

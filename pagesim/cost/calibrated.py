@@ -1,144 +1,65 @@
-"""The calibrated cost model: step times interpolated from a measured `Profile`.
+"""The calibrated cost model: interpolation over a measured `Profile`, then its corrections.
 
-A step is decomposed as
+A step is priced as
 
-    other(total tokens)                        non-attention time (GEMMs, norms, sampling, ...)
+    other(mode, total tokens)                  non-attention time (GEMMs, norms, sampling, ...)
   + decode(block size, batch, mean context)    the decode group's residual
   + sum of prefill(block size, new, cached)    one residual per prefill entry
-  - (parts - 1) * shared                       fixed cost that every part's residual carries
-  + host overhead(num_reqs)                    overhead.csv, if measured
-    [+ step + per entry * prefill entries]     a step that admits prompts (format 6)
+  + host overhead(num_reqs)                    overhead.csv, if measured, plus the extra of a
+                                               step that admits prompts
   + swap bytes / host link, copy-on-write copies
   + all-reduces (TP > 1)                       only for a profile timed on one rank's shard
 
-Tensor parallelism (the profile's `tensor_parallel_size` N > 1): a step's all-reduces are
-`2 * num_layers` sum all-reduces of `tokens * hidden_size * dtype_bytes` bytes, each priced
-from the profile's `allreduce.csv` rows of tp N (piecewise linear in bytes, flat below the
-smallest measured message, along the last slope above the largest), or by the analytical
-model's all-reduce term (`AnalyticalCostModel.allreduce_time`) when the table has no rows for
-N. If the step rows were timed on the whole group (`allreduce_in_step_times`), the all-reduce
-time is already in them: it is reported as its own "allreduce" component, carved out of
-`other`, and the total is unchanged. If they were timed on one rank's shard alone, it is
-added.
+with the corrections of `pagesim.cost.corrections` fitted on top, in their order, each of
+which can be switched off (`disabled_corrections`).
 
-`other` is piecewise linear in tokens through the median `other_ms` of all measured rows with
-that token count. A row's *residual* is its measured `step_time_ms` minus `other(its tokens)`,
-so a pure decode or single-prefill grid point is reproduced (to float rounding), up to its
-block size's drift:
+The grid. `other` is piecewise linear in tokens through the median `other_ms` of the rows with
+that token count; a row's residual is its step time less other(its tokens), so a pure decode
+or single-prefill grid point is reproduced. Each residual surface z(u, v) (decode: batch,
+mean context; prefill: new, cached tokens) is a non-negative least-squares backbone on the
+terms the kernels' work is made of, which extrapolates the way the hardware does and holds a
+ragged grid together, plus the measured deviation from it, interpolated within the grid and
+held flat outside it (`pagesim.cost.surface`). Block sizes between measured ones interpolate
+linearly in log2(block size); outside the measured range the nearest is used. The total is
+never negative.
 
-Block sizes are calibrated one after another, and the machine's state drifts between them: in
-one GPU call the non-attention time of one step, which cannot depend on the block size, was
-up to 8 % apart between block sizes, and every step of the slow block size was priced that
-much dearer. A row's `other_ms` was timed in the same interleaved rounds as its step, so it
-measures that drift: each row's step time (and its `other_ms`, in the `other` line) is taken
-less its own `other_ms` minus the median over block sizes of the same timing
-(`profile_rows.section_drift_ms`). Its attention time (step - other, both timed in its
-rounds) is kept as measured. On the stored H200 runs of eight GPU calls, the per-run error of
-the decode-graph steps' summed time went from 2.8 to 2.3 % rms (llama-2-7b) and 3.1 to 2.7 %
-(llama-3-8b) (results/validation/README.md).
+CUDA graphs. A decode-only step of n sequences replays the graph of the smallest captured size
+P >= n (`cuda_graph_sizes`) and is priced at the grid point of P; a larger step runs eagerly
+at its own batch. With mixed graphs (`cuda_graph_token_sizes`) every other step of T tokens up
+to the largest size replays the graph of the smallest size T' >= T, and its `other` is
+other(T'). A graph step and an eager step of equal tokens differ (an eager step carries Python
+launches that a replay does not), so such a profile keeps one `other` line per mode, and each
+row's residual is taken against the line of its own mode.
 
-Each residual surface z(u, v) (decode: u = batch, v = mean context; prefill: u = new tokens,
-v = cached tokens) is a *backbone* plus a *deviation*:
-
-* backbone: least squares, with non-negative coefficients, on the terms that the kernels'
-  work is made of. Decode: 1, batch, context, batch * context (launch, per-sequence cost, KV
-  bytes read). Prefill: 1, new, cached, new * cached, new^2 (launch, per token, cached KV read,
-  attention over the prefix, causal attention). It is linear in each work term, so it
-  extrapolates beyond the grid the way the hardware does (more KV bytes, more time) and holds
-  a ragged grid together (large batches at long contexts may not fit in memory and be absent).
-* deviation: the measured residual minus the backbone, piecewise linear in v within each
-  measured u and linear in u between rows, held flat beyond the grid (it carries occupancy
-  effects at small shapes that no line can; it must not be extrapolated).
-
-Why not bilinear interpolation of the raw times: on a ragged grid a row may hold a single
-point, and extrapolating it (flat or along the row's own last segment) ignores what the other
-rows say about the context slope; log space would bend the affine memory-bound law.
-CUDA-graph decode steps (the profile's `cuda_graph_sizes` is not empty): a decode-only step of
-n sequences replays the graph of the smallest captured size P >= n, whose GEMMs run P rows and
-whose attention grid has P programs per head, so it is priced as the grid point (P, mean
-context): other(P) + decode(P, mean context). The grid's batches are capture sizes, so a
-measured row is reproduced; a batch between two rows is no longer interpolated in n (9 decodes
-cost what 16 cost, as on the GPU). Checked per step against the real CUDA-graph runs
-(results/validation/README.md): the mean context fits; the longest context, which the split-K
-kernel's step waits for, over-prices (+36 % mean error). Steps above the largest size run
-eagerly and are priced at their true batch.
-
-Mixed CUDA graphs (`cuda_graph_token_sizes` not empty, format 4): every other step of T tokens
-up to the largest size replays the graph of the smallest size T' >= T, so its `other` is
-other(T'). A graph step and an eager step of equal tokens are different things (an eager step
-of a 7B model carries ~10-30 ms of Python launches that a graph replay does not), so such a
-profile keeps two `other` lines: one through the rows that ran as graphs, one through the rows
-that ran eagerly (each row's mode follows from its shape and the profile's sizes). Residuals
-are taken against the line of their own mode. Profiles without token sizes keep one line.
-
-Steps through the variable-length attention kernel (any prefill entry): when the profile
-names the kernel's tiles (`varlen_block_q`, `varlen_tile_n`, format 4), other(mode, tokens)
-plus the kernel's time from its launch grid (`pagesim.cost.varlen`: its programs handed out in
-grid order to the slots the GPU runs at once, and its surplus programs, fitted per block size
-on the prefill, mixed and multi-prefill rows); the
-per-entry residuals and `shared` below are then not used. Older profiles keep them. A step
-with one prefill entry that runs eagerly takes, on top, the fit's bias on the block size's
-eager rows with one prefill entry, a line in log2(new tokens) (`pagesim.cost.prefill_bias`):
-the fit follows every row with prefill entries at once and prices most single long prefills
-3-8 % slow for one model on the H200.
-
-Shared prefixes (decode_shared.csv, decode_shared_spread.csv): a decode step whose sequences
-share cached prefix blocks (`BatchShape.shared_context_tokens`: context tokens in blocks two
-or more requests hold, once per reading sequence) pays r of a private read for each of those
-tokens; it is priced at the mean effective context (context - (1 - r) * shared) / sequences,
-with r fitted per block size on rows measured with shared blocks (`reread_fraction`). The
-first reader of a shared block pays r too: measured with the prefixes split among 1 to 16
-groups (`benchmarks/shared_groups.py`, results/validation/shared_groups.csv), a step's time
-follows its shared tokens and hardly the number of distinct prefixes. The uniform rows give
-every sequence one context; a served batch behind a system prompt has own parts of many
-lengths, and rows timed that way (decode_shared_spread.csv, 32-128 sequences) put r lower:
-llama-2-7b's H200 rows gave 0.64-0.65 in two calls against 0.71-0.72 from the same calls'
-uniform rows, and served system-prompt steps of 100-150 sequences are priced exactly at
-0.645. Where a block size has such rows, r is fitted on them alone (`fit_decode_reread`).
-Without shared rows, or without the shared count, every context is its own.
-
-Contexts of different lengths (decode_spread.csv, format 5 profiles that record the decode
-kernel's tile and programs per SM): a decode-only step is priced at its padded batch with the
-real sequences' context sum spread over the padded rows (a graph's padding sequences read
-nothing), plus kappa * (longest - mean program length), the decode kernel's programs counted
-with the launch rule it runs with (`pagesim.cost.decode_launch`, `pagesim.cost.spread`).
-Without such rows a decode step is priced at the padded batch and the mean real context.
-
-Block sizes between measured ones interpolate linearly in log2(block size); outside the
-measured range the nearest is used (the block-size effect is not extrapolated). The total is
-never negative. `shared` is what one more part adds less than its residual says: every part's
-residual carries the attention launches, which a step with several parts pays once (one
-variable-length kernel per layer for all entries). It is fitted on the rows with several parts
-(mixed.csv: one chunk plus a decode batch; multi_prefill.csv: k alike prefill entries) as the
-median of (sum of parts - measured) / (parts - 1), clamped to [0, smallest residual]; with
-mixed graphs, once over the rows that ran as graphs and once over the eager ones. Without such
-rows it is the smallest residual.
+Tensor parallelism (`tensor_parallel_size` N > 1): a step's all-reduces are priced from the
+profile's `allreduce.csv` rows of tp N, else by the analytical term
+(`pagesim.cost.allreduce_pricing`). Step rows timed on the whole group hold them already: they
+are reported apart, carved out of `other`. Rows timed on one rank's shard get them added.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from statistics import median
+from collections.abc import Iterable
 
+from pagesim.cost import corrections
 from pagesim.cost.allreduce_pricing import allreduce_pricer
 from pagesim.cost.analytical import (
     AnalyticalConstants,
     kv_dtype_bytes,
 )
 from pagesim.cost.base import BatchShape, longest_context
-from pagesim.cost.prefill_bias import PrefillBias, single_prefill_bias
+from pagesim.cost.corrections import varlen
+from pagesim.cost.corrections.drift import section_drift_ms
+from pagesim.cost.corrections.multi_part import fit_shared
+from pagesim.cost.corrections.prefill_bias import PrefillBias, single_prefill_bias
+from pagesim.cost.corrections.reread import fit_decode_reread, fit_varlen_reread
+from pagesim.cost.corrections.spread import DecodeKernel, fit_decode_spread
 from pagesim.cost.profile import DecodeRow, Profile
-from pagesim.cost.profile_rows import (
-    multi_part_shape,
-    row_batch,
-    row_shapes,
-    section_drift_ms,
-)
-from pagesim.cost.reread import fit_decode_reread, fit_varlen_reread
-from pagesim.cost.spread import DecodeKernel, fit_decode_spread
+from pagesim.cost.profile_rows import row_shapes
 from pagesim.cost.surface import Pwl, Surface, blend_weights
-from pagesim.cost.varlen import VarlenKernel, fit_varlen_overhead, shape_launch
+from pagesim.cost.varlen import VarlenKernel, shape_launch
 from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
 
@@ -151,7 +72,6 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
     "swap",
     "copy",
 )
-US = 1e-6
 
 
 class CalibratedCostModel:
@@ -163,6 +83,8 @@ class CalibratedCostModel:
     nobody gave raises `ConfigError` rather than costing it as zero. `tensor_parallel_size`
     (optional) must equal the profile's: step times of one TP degree say nothing of another.
     All-reduces of a TP profile are priced only with `model` (see the module docstring).
+    `disabled_corrections` names corrections to leave off (`pagesim.cost.corrections`);
+    `corrections` lists those on, in their order.
     """
 
     def __init__(
@@ -171,6 +93,7 @@ class CalibratedCostModel:
         model: ModelSpec | None = None,
         gpu: GPUSpec | None = None,
         tensor_parallel_size: int | None = None,
+        disabled_corrections: Iterable[str] = (),
     ):
         meta = profile.metadata
         if model is not None and model.name != meta.model:
@@ -182,13 +105,16 @@ class CalibratedCostModel:
                 f"tensor_parallel_size={tensor_parallel_size}: the profile was "
                 f"measured at tensor_parallel_size={meta.tensor_parallel_size}"
             )
+        on = corrections.enabled_corrections(disabled_corrections)
+        self.corrections = tuple(name for name in corrections.CORRECTIONS if name in on)
         self.profile = profile
         self._allreduce, self.allreduce_source = allreduce_pricer(profile, model, gpu)
         self._allreduce_added = not meta.allreduce_in_step_times
         self._graph_sizes = tuple(meta.cuda_graph_sizes)
         self._token_sizes = tuple(meta.cuda_graph_token_sizes)
         rows = row_shapes(profile)
-        self._drift_ms = section_drift_ms(rows)  # row -> its block size's drift in `other`
+        # ---- the grid: `other` lines and residual surfaces, rows less their drift
+        self._drift_ms = section_drift_ms(rows, "drift" in on)  # row -> its section's drift
         other: dict[bool, dict[float, list[float]]] = {
             True: defaultdict(list),
             False: defaultdict(list),
@@ -228,55 +154,45 @@ class CalibratedCostModel:
         self._decode_base: dict[int, tuple] = {}  # decode-only n -> (graph, padded n, other)
         self._host_memo: dict[int, float] = {}  # requests in the batch -> host overhead (s)
         self._spread_frac: dict[int, float] = {}  # block size -> blended spread cost
-        # decode spread cost and shared-block re-read cost per block size: off until fitted
-        # (the spread rows are priced uniform, the re-read fit's spread rows need the spread)
-        self._spread: dict[int, float] = {}
-        self._reread: dict[int, float] = {}
-        residuals = [z for s in (*self._decode.values(), *self._prefill.values()) for z in s.values]
-        floor = max(min(residuals), 0.0)
-        # `_parts` subtracts shared costs: zero while measuring the multi-part excess; the
-        # variable-length fits come last (they need the `other` lines only)
-        self._shared = {True: 0.0, False: 0.0}
-        self._varlen_kernel: VarlenKernel | None = None
-        self._varlen: dict = {}
-        self._prefill_bias: dict[int, PrefillBias] = {}  # off until the fit is done
         self._bias_blend: dict[int, tuple] = {}  # block size -> blend_weights(_prefill_bias)
-        excess: dict[bool, list[float]] = {True: [], False: []}
-        for kind, tokens, r in rows:
-            shape = multi_part_shape(kind, r)
-            if shape is not None:
-                parts = len(shape.prefill_new_tokens) + (shape.num_decode_seqs > 0)
-                total = self._parts(shape)[0]
-                excess[self._is_graph_row(r, tokens)].append(
-                    (total - self._measured_s(r)) / (parts - 1)
-                )
-        every = excess[True] + excess[False]
-        for mode in (True, False):
-            fit = excess[mode] if (excess[mode] and self._token_sizes) else every
-            self._shared[mode] = min(max(median(fit), 0.0), floor) if fit else floor
-        self.shared_s = self._shared[False]  # eager steps' (and every step's without graphs)
-        self.shared_graph_s = self._shared[True]  # mixed-graph steps'
-        self._varlen_kernel, self._varlen = self._fit_varlen(rows)
+        # ---- the corrections, in `corrections.CORRECTIONS` order; each is off (its empty
+        # value, which `_parts` skips) until fitted, so each fit sees the ones before it only
+        self._shared = {True: 0.0, False: 0.0}  # multi_part: graph mode -> seconds
+        self._varlen_kernel: VarlenKernel | None = None
+        self._varlen: dict = {}  # varlen: block size -> VarlenFit
+        self._spread: dict[int, float] = {}  # spread: block size -> seconds per token
+        self._reread: dict[int, float] = {}  # reread: block size -> fraction (decode kernel)
+        self._reread_varlen: dict[int, float] = {}  # reread: the same, variable-length kernel
+        self._prefill_bias: dict[int, PrefillBias] = {}  # prefill_bias: block size -> line
+        if "multi_part" in on:
+            residuals = [
+                z for s in (*self._decode.values(), *self._prefill.values()) for z in s.values
+            ]
+            self._shared = fit_shared(self, rows, max(min(residuals), 0.0))
+        if "varlen" in on:
+            self._varlen_kernel, self._varlen = varlen.fit(self, rows)
         self._decode_kernel = DecodeKernel.of(profile)
-        self._spread = fit_decode_spread(self, profile, self._decode_kernel)
-        self._reread = fit_decode_reread(self, profile)  # its spread rows need `_spread`
-        self._reread_varlen = fit_varlen_reread(self, profile)
-        # last: the bias is what the finished fit leaves on its own rows
-        self._prefill_bias = (
-            single_prefill_bias(
+        if "spread" in on:
+            self._spread = fit_decode_spread(self, profile, self._decode_kernel)
+        if "reread" in on:
+            self._reread = fit_decode_reread(self, profile)  # its spread rows need `_spread`
+            self._reread_varlen = fit_varlen_reread(self, profile)
+        if "prefill_bias" in on and self._varlen:  # what the finished fit leaves on its rows
+            self._prefill_bias = single_prefill_bias(
                 rows,
                 lambda tokens: self.padded_tokens(tokens) is None,
                 self._measured_s,
                 lambda shape: self._parts(shape)[0],
             )
-            if self._varlen
-            else {}
-        )
+        self.shared_s = self._shared[False]  # eager steps' (and every step's without graphs)
+        self.shared_graph_s = self._shared[True]  # mixed-graph steps'
+        # ---- host time, swaps and copies
         self._host = (
             Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
             if profile.overhead
             else None
         )
+
         # host time of a step that admits prompts, beyond the decode-only line (format 6)
         self._admit_step_s = (meta.overhead_prefill_step_ms or 0.0) * MS
         self._admit_entry_s = (meta.overhead_per_prefill_ms or 0.0) * MS
@@ -394,29 +310,6 @@ class CalibratedCostModel:
 
     def _other_for(self, graph: bool, tokens: float) -> float:
         return (self._other_graph if graph else self._other_eager)(tokens)
-
-    def _fit_varlen(self, rows) -> tuple[VarlenKernel | None, dict]:
-        """One `VarlenFit` per block size from the rows that ran the variable-length kernel
-        (prefill, mixed, multi-prefill), when the profile names the kernel's tiles."""
-        meta = self.profile.metadata
-        if not (meta.varlen_block_q and meta.varlen_tile_n):
-            return None, {}
-        cap = (self._graph_sizes or self._token_sizes or (0,))[-1]
-        # the grid's KV heads; one for a model pagesim does not know
-        kernel = VarlenKernel(
-            meta.varlen_block_q, meta.varlen_tile_n, cap, meta.kv_heads_per_gpu or 1
-        )
-        per_bs: dict[int, list] = defaultdict(list)
-        for kind, tokens, r in rows:
-            shape = row_batch(kind, r)
-            if shape is None:
-                continue
-            padded = self.padded_tokens(tokens)
-            step = self._measured_s(r)
-            other = self._other_for(padded is not None, padded or tokens)
-            per_bs[r.block_size].append((shape, padded, step - other, step))
-        kernel, fits = fit_varlen_overhead(kernel, per_bs)
-        return (kernel, fits) if fits else (None, {})
 
     def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
         """The step's launch, its shared-prefix reads discounted (`reread`: the fraction to

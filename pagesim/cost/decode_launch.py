@@ -35,8 +35,7 @@ class DecodePartition(NamedTuple):
 
 def cdiv(a: int, b: int) -> int:
     """Ceiling division of non-negative ints. Not `triton.cdiv`: on some Triton versions that
-    is a JIT function whose every host call goes through the launcher's argument handling
-    (measured on the H200 host: `decode_partition` took 0.6 ms per 16-sequence step)."""
+    is a JIT function whose every host call goes through the launcher's argument handling."""
     return -(-a // b)
 
 
@@ -72,10 +71,9 @@ def split_rule(
     Cost model (wave quantisation): with `slots = num_sms * programs_per_sm` programs
     resident at once, `s` splits take `ceil(programs * s / slots)` waves, each as long as one
     program's `ceil(span / s / tile_n)` tiles plus a fixed overhead, and any split adds the
-    reduction. The cheapest `s` wins, fewer partitions on ties. On an H200 it picks the
-    measured fastest split count on all 13 swept shapes (results/attention_h200_sweep_*.csv;
-    e.g. 8 splits, not 9, for 64 programs of 8192 tokens: one wave instead of a second,
-    nearly empty one). The shapes were uniform: every sequence as long as the span.
+    reduction. The cheapest `s` wins, fewer partitions on ties (8 splits, not 9, for 64
+    programs of 8192 tokens: one wave instead of a second, nearly empty one); how it compares
+    with the measured fastest split: docs/cost_model.md.
     `max_seq_len` is the longest context of the step (tokens, new token included); with a
     sliding window only the last `sliding_window` tokens are read, so that length counts.
     """

@@ -2,7 +2,8 @@
 
 `fit_report` holds out a seeded fraction of the measured rows of each table, fits a
 `CalibratedCostModel` on the rest, and reports the error on the held-out rows: the figure the
-README quotes for a shipped profile.
+README quotes for a shipped profile. `correction_contributions` does it again with each of the
+model's corrections off in turn, on the same held-out rows: what each correction is worth.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import numpy as np
 
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import MS, CalibratedCostModel
+from pagesim.cost.corrections import CORRECTIONS, enabled_corrections
+from pagesim.cost.corrections.reread import shared_spread_shape
 from pagesim.cost.profile import TABLES, Profile
-from pagesim.cost.reread import shared_spread_shape
 from pagesim.errors import ConfigError
 
 
@@ -55,15 +57,72 @@ class FitReport:
         return "\n".join(lines)
 
 
-def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -> FitReport:
+TABLES_HELD_OUT = (
+    "decode",
+    "prefill",
+    "mixed",
+    "multi_prefill",
+    "decode_shared",
+    "decode_shared_spread",
+)
+
+
+def fit_report(
+    profile: Profile,
+    holdout_fraction: float = 0.2,
+    seed: int = 0,
+    disabled_corrections: tuple[str, ...] = (),
+) -> FitReport:
     """Fit on part of the measured steps and report the error on the rest.
 
     Per table and block size, `round(holdout_fraction * rows)` rows drawn with
     `numpy.random.default_rng(seed)` are held out (decode and prefill keep at least two rows
     per block size so a model can be fitted). The model is fitted on the remaining rows of all
     tables and predicts each held-out row's device step time (host overhead excluded, as
-    `step_time_ms` excludes it).
+    `step_time_ms` excludes it), with `disabled_corrections` off.
     """
+    profile, fit_tables, held = _split(profile, holdout_fraction, seed)
+    return _report(profile, fit_tables, held, holdout_fraction, seed, disabled_corrections)
+
+
+def correction_contributions(
+    profile: Profile, holdout_fraction: float = 0.2, seed: int = 0
+) -> dict[str | None, FitReport]:
+    """`fit_report` with every correction on (key None) and with each one off alone (its
+    name), all on the same held-out rows."""
+    enabled_corrections()  # the names are known
+    profile, fit_tables, held = _split(profile, holdout_fraction, seed)
+    return {
+        name: _report(
+            profile, fit_tables, held, holdout_fraction, seed, () if name is None else (name,)
+        )
+        for name in (None, *CORRECTIONS)
+    }
+
+
+def contributions_markdown(reports: dict[str | None, FitReport]) -> str:
+    """One line per correction switched off (and one with all on): MAPE % per table and over
+    all held-out rows, and how far "all" moves from all on."""
+    base = reports[None]
+    names = [r.table for r in base.rows]
+    lines = [
+        "| corrections | " + " | ".join(names) + " | all - all on |",
+        "| --- | " + " | ".join("---:" for _ in names) + " | ---: |",
+    ]
+    ref = base.rows[-1].mape_pct
+    for name, report in reports.items():
+        cells = [f"{r.mape_pct:.2f}" if r.mape_pct is not None else "n/a" for r in report.rows]
+        now = report.rows[-1].mape_pct
+        delta = f"{now - ref:+.2f}" if now is not None and ref is not None else "n/a"
+        label = "all on" if name is None else f"without {name}"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {delta} |")
+    return "\n".join(lines)
+
+
+def _split(
+    profile: Profile, holdout_fraction: float, seed: int
+) -> tuple[Profile, dict[str, tuple], dict[str, list]]:
+    """(profile, fitted tables, held-out rows by table) of `fit_report`'s draw."""
     if not 0.0 < holdout_fraction < 1.0:
         raise ConfigError(f"holdout_fraction={holdout_fraction!r}: must be in (0, 1)")
     if not profile.metadata.allreduce_in_step_times:  # compare device rows with device rows
@@ -74,15 +133,7 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
     rng = np.random.default_rng(seed)
     fit_tables: dict[str, tuple] = {}
     held: dict[str, list] = {}
-    tables = (
-        "decode",
-        "prefill",
-        "mixed",
-        "multi_prefill",
-        "decode_shared",
-        "decode_shared_spread",
-    )
-    for name in tables:
+    for name in TABLES_HELD_OUT:
         rows = getattr(profile, name)
         groups: dict[int, list[int]] = defaultdict(list)
         for i, r in enumerate(rows):
@@ -97,7 +148,21 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
                 out.update(idx[j] for j in rng.permutation(len(idx))[:k])
         fit_tables[name] = tuple(r for i, r in enumerate(rows) if i not in out)
         held[name] = [r for i, r in enumerate(rows) if i in out]
-    model = CalibratedCostModel(profile.replace_tables(overhead=(), **fit_tables))
+    return profile, fit_tables, held
+
+
+def _report(
+    profile: Profile,
+    fit_tables: dict[str, tuple],
+    held: dict[str, list],
+    holdout_fraction: float,
+    seed: int,
+    disabled_corrections: tuple[str, ...],
+) -> FitReport:
+    model = CalibratedCostModel(
+        profile.replace_tables(overhead=(), **fit_tables),
+        disabled_corrections=disabled_corrections,
+    )
     shapes = {
         "decode": lambda r: BatchShape.decode(r.batch_size, r.context_len, r.block_size),
         "prefill": lambda r: BatchShape.prefill(
@@ -124,7 +189,7 @@ def fit_report(profile: Profile, holdout_fraction: float = 0.2, seed: int = 0) -
     }
     report: list[FitRow] = []
     every: list[float] = []
-    for name in tables:
+    for name in TABLES_HELD_OUT:
         if not getattr(profile, name):
             continue
         errors = [

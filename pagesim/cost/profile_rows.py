@@ -7,9 +7,7 @@ checks them). See `pagesim.cost.profile` for what each table means.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-from statistics import median
 from typing import Any
 
 from pagesim.cost.base import BatchShape
@@ -204,36 +202,6 @@ def row_shapes(profile) -> list[tuple[str, int, Any]]:
     rows += [("mixed", r.num_new_tokens + r.decode_batch_size, r) for r in profile.mixed]
     rows += [("multi", r.num_entries * r.num_new_tokens, r) for r in profile.multi_prefill]
     return rows
-
-
-def other_key(kind: str, r) -> tuple:
-    """What a row's `other_ms` was timed for: the calibration times the non-attention part
-    once per block size and per decode batch, prefill tokens, (chunk, decodes) or (entries,
-    tokens); the rows of one block size that share a key share the value."""
-    if kind == "decode":
-        return kind, r.batch_size
-    if kind == "prefill":
-        return kind, r.num_new_tokens
-    if kind == "mixed":
-        return kind, r.num_new_tokens, r.decode_batch_size
-    return kind, r.num_entries, r.num_new_tokens
-
-
-def section_drift_ms(rows: list[tuple[str, int, Any]]) -> dict[Any, float]:
-    """Row -> how far its `other_ms` sits from the median over block sizes of the same
-    timing (`other_key`; each block size's own median first), in ms.
-
-    Why: block sizes are calibrated one after another, and the machine's state drifts between
-    them (the non-attention part of one step, which cannot depend on the block size, differed
-    by up to 8 % between block sizes of one GPU call). A row's `other_ms` was timed in the
-    same interleaved rounds as its step, so it measures its section's drift; subtracting this
-    offset from the step time leaves the row's own attention time on a common footing.
-    """
-    timed: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for kind, _, r in rows:
-        timed[other_key(kind, r)][r.block_size].append(r.other_ms)
-    common = {key: median(median(v) for v in by_bs.values()) for key, by_bs in timed.items()}
-    return {r: r.other_ms - common[other_key(kind, r)] for kind, _, r in rows}
 
 
 def row_batch(kind: str, r) -> BatchShape | None:

@@ -7,10 +7,7 @@ tile (`tile_n` keys) however many of its rows are real, so a decode in a mixed s
 a whole query block over its context. Per KV head, entry i (q new tokens over c cached) owns
 `nb = ceil(q / block_q)` programs with `c + min((j + 1) * block_q, q)` keys (j < nb): causal.
 A program's length is its keys / tile_n + o tile iterations, o its fixed cost (loading its
-query block, the softmax's end, writing its rows), fitted with the rest (`fit_varlen_overhead`):
-3 for llama-2-7b and 4-6 for llama-3-8b in every H200 call. With o = 1, as the decode split
-rule counts a program, a long causal prefill (few, long programs) was priced 6-9 % above its
-own calibration rows and chunks with many decodes (many short programs) below theirs.
+query block, the softmax's end, writing its rows), fitted with the rest (`fit_varlen_overhead`).
 
     t = alpha[mode] + beta * makespan(programs, slots) + gamma * surplus
 
@@ -27,27 +24,15 @@ own calibration rows and chunks with many decodes (many short programs) below th
 
 Why the order matters: a served mixed step holds a few new tokens and decodes of very unequal
 contexts, and the longest decode program of the last head is handed out after the other heads'
-work, so the step lasts about that work over the slots plus that program. The previous form,
-beta * max(work / S, longest), took the longest program as running alone. On the H200, mixed
-steps timed against twins whose decodes all have the mean context (`benchmarks/varlen_spread.py`)
-took 1.01-1.18 times their twins' time; that form predicted 1.00 for most of them (ratio error
-rms 4.7 % for llama-2-7b, 7.9 % for llama-3-8b), this one 1.01-1.15 (1.2 and 3.9 %), with
-105-113 slots fitted (the H200 has 132 SMs; 122 and 1.0 and 4.2 % once the program's fixed
-cost was fitted too). On the stored served runs, llama-3-8b's mixed-graph steps went from
-6.9 % fast (summed time) to 1.8 % (results/validation/README.md).
+work, so the step lasts about that work over the slots plus that program, not the longest
+program as if it ran alone (the measured comparison: docs/cost_model.md).
 
 Shared prefixes: when the step's sequences hold fewer distinct tokens U than their cached
 contexts add up to (C), a fraction (C - U) / C of the context reads are of blocks another
 sequence reads too; they cost `reread` of a first read (`Launch.reread`), a fraction fitted on
 calibration rows with shared prefixes against their unshared references.
 
-Why this and not one measured residual per prefill entry summed over the entries: the per-entry
-sum counts the launch and the under-filled GPU of a lone entry once per entry (16 alike entries
-of 512 tokens: +31 % on the H200), and it cannot see that a decode row costs a whole query
-block in this kernel (a 256-token chunk with 128 decodes of llama-2-7b: -39 %). Fitted on the
-calibration's prefill, mixed and multi-prefill rows (their attention: step time minus the
-`other` line of their mode), one fit per block size, it reproduces those rows to ~3 % rms of
-their step time on the H200 profiles (`fit_varlen`'s `rms`).
+Why this and not one measured residual per prefill entry: `pagesim.cost.corrections.varlen`.
 """
 
 from __future__ import annotations
@@ -200,8 +185,7 @@ class Launch:
         the first `slots` programs start at once. Every head holds the same programs, so the
         last head's end last, and of those only `candidates` can end the launch. The result
         lies within the bounds of the exact schedule, max(longest, work / slots) and
-        work / slots + longest (tests/cost/test_varlen.py); on the steps of the stored H200
-        runs it is 1-2 % above the exact schedule at the median, 8 % at the 95th percentile.
+        work / slots + longest (tests/cost/test_varlen.py).
         """
         n, heads = self.used, self.heads
         if n == 0:
@@ -374,9 +358,9 @@ def fit_varlen_overhead(
     `rows`: block size -> `(shape, padded tokens or None, attention seconds, step seconds)`.
     For each overhead of `OVERHEAD_GRID`, `fit_varlen` per block size; the overhead whose
     fits leave the least squared relative error over all rows wins (one for the kernel: the
-    program's fixed work does not depend on the block size). Why fit it: with one tile, a
-    long causal prefill (few, long programs) was priced 6-9 % above its calibration rows and
-    a chunk with many decodes (many short programs) below them, on llama-3-8b's H200 rows.
+    program's fixed work does not depend on the block size). Why fit it: with one tile, long
+    causal prefills (few, long programs) and chunks with many decodes (many short programs)
+    were priced off in opposite directions.
     """
     best: tuple[float, VarlenKernel, dict[int, VarlenFit]] | None = None
     for overhead in OVERHEAD_GRID:

@@ -31,7 +31,7 @@ def imported_modules(path: Path) -> list[str]:
 
 
 def test_cost_imports_follow_the_layer_table():
-    files = sorted(Path(pagesim.cost.__file__).parent.glob("*.py"))
+    files = sorted(Path(pagesim.cost.__file__).parent.rglob("*.py"))
     assert len(files) >= 5
     for f in files:
         for name in imported_modules(f):

@@ -10,6 +10,8 @@ import pytest
 
 from pagesim.cost.base import BatchShape, longest_context
 from pagesim.cost.calibrated import CalibratedCostModel
+from pagesim.cost.corrections.reread import shared_spread_shape
+from pagesim.cost.corrections.spread import NO_SPLIT, DecodeKernel
 from pagesim.cost.decode_launch import span_bucket, split_rule
 from pagesim.cost.profile import (
     DecodeSharedRow,
@@ -17,8 +19,6 @@ from pagesim.cost.profile import (
     DecodeSpreadRow,
     Profile,
 )
-from pagesim.cost.reread import shared_spread_shape
-from pagesim.cost.spread import NO_SPLIT, DecodeKernel
 
 SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256]
 KAPPA = 0.9e-6  # seconds per token of (longest - mean) program length: the synthetic law

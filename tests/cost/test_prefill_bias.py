@@ -11,7 +11,7 @@ from test_varlen import SLOTS_GRID, _with_varlen
 
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
-from pagesim.cost.prefill_bias import PrefillBias
+from pagesim.cost.corrections.prefill_bias import PrefillBias
 from pagesim.cost.profile import Profile
 from pagesim.cost.surface import blend_weights
 from pagesim.cost.varlen import VarlenFit

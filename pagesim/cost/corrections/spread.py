@@ -1,25 +1,17 @@
-"""Decode steps whose contexts differ in length, priced from a profile's decode_spread rows.
+"""Correction `spread`: decode steps whose contexts differ in length.
 
 The decode rows time steps where every sequence has one context; served steps mix short and
-long sequences. Two things change then, both from the decode kernel's launch (one program per
-sequence, KV head and partition, `pagesim.cost.decode_launch`):
-
-- **Work.** A CUDA graph's padding sequences own no context: their programs exit at once.
-  The step reads the real sequences' contexts, so it is priced at the padded batch with the
-  real context sum spread over the padded rows.
-- **Unequal programs.** A program is as long as its sequence's share of one partition; when
-  the programs differ in length, the step outlasts the one where every sequence has the mean
-  context. `decode_spread.csv` times steps of one mean context whose contexts are spread
-  evenly, each against its uniform twin in the same rounds; the extra time is fitted as
-  kappa * (longest program - mean program), in seconds per token, per block size.
-  A twin whose span bucket differs from its spread step's runs other partitions, and the
-  ratio then holds that change too: qwen2.5-7b's 64-sequence rows at 1,800 +- 600 and
-  +- 1,700 (4,096 bucket, twin in the 2,048 one) fitted 3.15 us per token at block 32, and
-  points whose twins share their bucket 1.04, as every other H200 profile's (1.0-1.2). The
-  calibration grid times both kinds (`results/validation/README.md`, `spread_twins/`).
-
-`benchmarks/decode_spread.py` measured the effect on an H200: with one partition, contexts of
-1,800 +- 1,700 tokens cost 7-14 % more than all at 1,800; with two or more, 4 % at most.
+long ones, which changes two things, both from the decode kernel's launch (one program per
+sequence, KV head and partition, `pagesim.cost.decode_launch`). Work: a CUDA graph's padding
+sequences own no context, so the step is priced at its padded batch with the real context sum
+spread over the padded rows. Unequal programs: a step whose programs differ in length outlasts
+one where every sequence has the mean context; decode_spread.csv times such steps against
+their uniform twins in the same rounds, and the extra time is fitted as
+kappa * (longest program - mean program), seconds per token, per block size (a twin whose span
+bucket differs from its row's runs other partitions, which the ratio then holds too: the
+calibration grid times both kinds). Needs the decode kernel's launch parameters (format 5) and
+spread rows. Off: a decode step is priced at its padded batch and its mean real context. Its
+effect on held-out steps: docs/cost_model.md.
 """
 
 from __future__ import annotations

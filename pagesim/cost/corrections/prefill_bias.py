@@ -1,21 +1,14 @@
-"""What the variable-length fit gets wrong on one long prefill: a line in log2(tokens).
+"""Correction `prefill_bias`: what the `varlen` fit leaves on one long prefill run eagerly.
 
-The variable-length kernel's fit (`pagesim.cost.varlen`) is one model for every row with
-prefill entries (prefill, mixed and multi-prefill rows); it prices a step from its kernel
-work and does not pass through the rows. On the H200 it prices most of llama-3-8b's eager
-single-prefill rows of 2,048-8,192 new tokens 3-8 % above their measured time in every
-calibration (llama-2-7b's up to 4 %), the more the longer the prefill, while the rows with
-several entries, and the served rate-inf steps made of them, are priced within their noise.
-
-A served step with one prompt's prefill that runs eagerly (a long prompt arriving at 50-95 %
-load, beside the running decodes) has the shape of the eager rows with one prefill entry
-(prefill rows, and mixed rows too long for a mixed graph), so it takes their bias as a factor
-on the step: measured / priced - 1 = a + b * log2(new tokens / 1,024), fitted by least squares
-over the block size's such rows and held flat outside their range of tokens. Two numbers per
-block size and not each row's own residual: a row is one noisy measurement, and interpolating
-the residuals row by row priced held-out prefill rows worse than the fit alone (llama-3-8b's
-MAPE over six hold-out draws 3.41 -> 3.93 %; the line: 3.04 %; one median ratio: 3.22 %).
-Steps with several prefill entries, and steps that run a mixed graph, keep the fit alone.
+The variable-length fit is one model for every row with prefill entries and does not pass
+through the rows; it prices long eager single prefills a few % slow, the more the longer,
+while steps of several entries are priced within their noise. A served step with one prompt's
+prefill that runs eagerly (a long prompt arriving beside the running decodes) has the shape of
+the eager rows with one prefill entry, so it takes their bias as a factor on the step:
+measured / priced - 1 = a + b * log2(new tokens / 1,024), least squares over the block size's
+such rows, held flat outside their range of tokens (a line, not each row's own residual: a
+row is one noisy measurement). Fitted last, on the finished model. Off: the fit alone. Its
+effect on held-out steps: docs/cost_model.md.
 """
 
 from __future__ import annotations

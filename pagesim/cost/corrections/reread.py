@@ -1,13 +1,17 @@
-"""Shared-prefix read costs, fitted on a profile's shared-prefix rows.
+"""Correction `reread`: reads of cached prefix blocks that several sequences of a step share.
 
-A step whose sequences share cached prefix blocks reads each of those blocks for every
-sequence that holds it, but the reads after the first come from the L2 cache and the
-concurrent first reads of one block are served together. Each shared-prefix row was timed with
-its unshared reference in the same rounds; the fraction r in [0, 1] (steps of 0.01) that best
-reproduces the rows' ratios to their references is what a token in a shared block costs, per
-reading sequence, as a share of a private one.
-`CalibratedCostModel` calls these once, with itself as `model` (they read its fitted lines
-and surfaces).
+A step reads a shared block once for every sequence that holds it, but the reads after the
+first come from the L2 cache and concurrent first reads are served together, so a token of a
+shared block costs r of a private read per reading sequence (the first reader's too: a step's
+time follows its shared tokens and hardly the number of distinct prefixes). A decode step is
+priced at the mean effective context (context - (1 - r) * shared) / sequences; a step through
+the variable-length kernel discounts its launch's context reads alike (`Launch.reread`). r in
+[0, 1] (steps of 0.01) is fitted per block size on rows timed against their unshared
+references in the same rounds, so rows of another session fit as well: decode_shared_spread.csv
+(shaped like a served batch behind one system prompt) where a block size has them, else
+decode_shared.csv, and varlen_shared.csv for the kernel. Needs the shared count
+(`BatchShape.shared_context_tokens`). Off: every context is its own. Its effect on held-out
+steps: docs/cost_model.md.
 """
 
 from __future__ import annotations
@@ -24,21 +28,10 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
     of a decode step, as a fraction of a private token (decode_shared.csv and
     decode_shared_spread.csv).
 
-    A decode step reads every sequence's context; a prefix that several sequences share is
-    the same blocks. The step is priced as if each sequence had the mean *effective* context
-    (context - (1 - r) * shared tokens) / sequences; r is the value in [0, 1] (steps of
-    0.01) that best reproduces each row's ratio of its shared time to its reference time
-    (the same step over distinct blocks, timed in the same session), so rows measured in
-    another session of the same model and GPU fit as well as this profile's own.
-
-    A block size with spread rows (decode_shared_spread.csv: every sequence the shared prefix
-    plus an own part of its own length, as a served batch behind one system prompt) is fitted
-    on those alone, each priced whole by `model`, the unequal programs included (so the
-    model's decode spread must be fitted first); else on its uniform rows, each through the
-    decode surface at its padded batch. Why the spread rows decide: on llama-2-7b's H200 rows
-    of two calls they put r at 0.64-0.65 and the uniform rows of the same calls at 0.71-0.72,
-    and the served system-prompt decode steps of 100-150 sequences are priced exactly at
-    r = 0.645 (median over the steps of the shipped run); served batches are never uniform.
+    A block size with spread rows (decode_shared_spread.csv) is fitted on those alone, each
+    priced whole by `model`, the unequal programs included (so `spread` is fitted first); else
+    on its uniform rows, each through the decode surface at its padded batch. The spread rows
+    decide because served batches are never uniform (docs/cost_model.md).
     """
     out: dict[int, float] = {}
     uniform = dict(_by_block_size(profile.decode_shared, model._decode))

@@ -1,0 +1,40 @@
+"""Correction `multi_part`: the fixed cost that a step of several parts pays once.
+
+Every part's residual (a decode group's, each prefill entry's) was measured alone and so
+carries the attention launches, which a step of several parts pays once (one attention
+kernel per layer for all of them); summing the residuals prices such a step that fixed cost
+too often. `shared` is what one more part adds less than its residual says, fitted on the
+rows with several parts (mixed.csv: a chunk plus a decode batch; multi_prefill.csv: k alike
+entries) as the median of (sum of parts - measured) / (parts - 1), clamped to [0, smallest
+residual]; with mixed graphs once over the graph rows and once over the eager ones; without
+such rows, the smallest residual. A step priced by `varlen` does not use it. Off: 0 (the
+parts add up). Its effect on held-out steps: docs/cost_model.md.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Any
+
+from pagesim.cost.profile_rows import multi_part_shape
+
+
+def fit_shared(model, rows: list[tuple[str, int, Any]], floor: float) -> dict[bool, float]:
+    """Graph mode (True: a mixed graph) -> seconds that one part more than one takes off the
+    sum of the residuals; `model._parts` must not subtract any yet, `floor` is the smallest
+    residual."""
+    excess: dict[bool, list[float]] = {True: [], False: []}
+    for kind, tokens, r in rows:
+        shape = multi_part_shape(kind, r)
+        if shape is not None:
+            parts = len(shape.prefill_new_tokens) + (shape.num_decode_seqs > 0)
+            total = model._parts(shape)[0]
+            excess[model._is_graph_row(r, tokens)].append(
+                (total - model._measured_s(r)) / (parts - 1)
+            )
+    every = excess[True] + excess[False]
+    shared = {}
+    for mode in (True, False):
+        fit = excess[mode] if (excess[mode] and model._token_sizes) else every
+        shared[mode] = min(max(median(fit), 0.0), floor) if fit else floor
+    return shared
