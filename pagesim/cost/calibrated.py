@@ -333,7 +333,7 @@ class CalibratedCostModel:
         return launch.reread(min(shared, context) / context, reread)
 
     def _spread_s(self, b: BatchShape, padded: int, graph: bool) -> float:
-        """Seconds the decode step's unequal programs add (see `pagesim.cost.spread`)."""
+        """Seconds the decode step's unequal programs add (see `pagesim.cost.corrections.spread`)."""
         kappa = self._blended(self._spread_frac, self._spread, b.block_size)
         return kappa * self._decode_kernel.program_spread(  # type: ignore[union-attr]
             padded,
@@ -346,7 +346,7 @@ class CalibratedCostModel:
     def single_prefill_bias(self) -> dict[int, PrefillBias]:
         """Block size -> the factor less 1 on a one-prefill eager step, by its new tokens:
         what the variable-length fit leaves on its eager rows with one prefill entry
-        (`pagesim.cost.prefill_bias`; empty without the fit)."""
+        (`pagesim.cost.corrections.prefill_bias`; empty without the fit)."""
         return dict(self._prefill_bias)
 
     @property
@@ -441,7 +441,7 @@ class CalibratedCostModel:
         parts = 0
         if n:
             # decode-only steps with spread rows: the real sequences' work over the padded
-            # rows, plus the unequal programs (`pagesim.cost.spread`)
+            # rows, plus the unequal programs (`pagesim.cost.corrections.spread`)
             spread = self._spread and not b.prefill_new_tokens
             rows = n if spread else b.num_decode_seqs
             work: float = b.decode_context_sum

@@ -2,7 +2,7 @@
 
 One rule, two users: the GPU backend launches the split-K decode kernel with it
 (`pagesim.gpu.kernels.configs.decode_partition` passes its kernel config here), and the cost
-model prices decode steps with it (`pagesim.cost.spread`), so both agree on the programs a
+model prices decode steps with it (`pagesim.cost.corrections.spread`), so both agree on the programs a
 step runs without the cost model importing torch or triton.
 
 A decode step runs one program per (sequence, KV head, partition); a graph step's partitions
