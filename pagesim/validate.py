@@ -2,7 +2,8 @@
 
 Both sides draw the same requests: the plan of `(workload, num_prompts, seed)` with the
 model's vocabulary and the arrival times of `(request_rate, burstiness, seed)`, exactly as
-`pagesim.sim.simulate` draws them (`build_requests` below is that code path), and both use the
+`pagesim.sim.simulate` draws them (`build_traffic` below is that code path; a multi-turn
+workload's later turns follow the same closed loop in wall-clock time), and both use the
 KV cache the GPU measured (`num_gpu_blocks_override`). The real side is a wall-clock replay
 through the same scheduler (`pagesim.gpu.serve`); the predicted side is `simulate` with the
 calibrated profile. Per metric the report gives the real value, the predicted value and the
@@ -32,6 +33,7 @@ from pagesim.config import EngineConfig
 from pagesim.cost.base import CostModel
 from pagesim.errors import ConfigError, WorkloadError
 from pagesim.request import Request
+from pagesim.workload.sessions import ClosedLoopSessions
 
 #: metric -> target |error| in %, as the validation issue states them.
 TARGETS_PCT: dict[str, float] = {
@@ -84,6 +86,32 @@ REPORT_DECIMALS = 6
 _RUN_HEAD = b'{"format":%d,' % REAL_RUN_FORMAT
 
 
+def build_traffic(
+    config: EngineConfig,
+    workload: str,
+    num_prompts: int,
+    seed: int,
+    request_rate: float | None,
+    burstiness: float = 1.0,
+    **workload_params: Any,
+) -> list[Request] | ClosedLoopSessions:
+    """What `simulate` would send: the requests with their arrival times, or for a
+    multi-turn workload its sessions, closed loop (each later turn sent when the previous one
+    finished plus its think time, built from the tokens it emitted).
+
+    `workload_params`: `load_workload`'s (random_input_len, ..., time_scale)."""
+    from pagesim.sim.arrivals import session_arrival_times
+    from pagesim.workload import load_workload
+
+    plan = load_workload(workload, **workload_params).sample(
+        num_prompts, seed=seed, vocab_size=config.model_spec.vocab_size
+    )
+    arrivals = session_arrival_times(plan, request_rate, burstiness, seed)
+    if plan.is_multi_turn:
+        return ClosedLoopSessions(plan, arrivals)
+    return [plan.session(s).first_request(float(arrivals[s])) for s in range(plan.num_sessions)]
+
+
 def build_requests(
     config: EngineConfig,
     workload: str,
@@ -93,22 +121,16 @@ def build_requests(
     burstiness: float = 1.0,
     **workload_params: Any,
 ) -> list[Request]:
-    """The requests `simulate` would send, with their arrival times (single-turn only).
-
-    `workload_params`: `load_workload`'s (random_input_len, ..., time_scale)."""
-    from pagesim.sim.arrivals import session_arrival_times
-    from pagesim.workload import load_workload
-
-    plan = load_workload(workload, **workload_params).sample(
-        num_prompts, seed=seed, vocab_size=config.model_spec.vocab_size
+    """`build_traffic` of a single-turn workload: its requests, all known in advance."""
+    traffic = build_traffic(
+        config, workload, num_prompts, seed, request_rate, burstiness, **workload_params
     )
-    if plan.is_multi_turn:
+    if isinstance(traffic, ClosedLoopSessions):
         raise WorkloadError(
-            f"workload={workload!r}: multi-turn sessions cannot be replayed on "
-            "the GPU; validate a single-turn workload"
+            f"workload={workload!r}: multi-turn sessions are closed loop; their later turns "
+            "are made as earlier ones finish (build_traffic)"
         )
-    arrivals = session_arrival_times(plan, request_rate, burstiness, seed)
-    return [plan.session(s).first_request(float(arrivals[s])) for s in range(plan.num_sessions)]
+    return traffic
 
 
 def load_dict(
@@ -204,9 +226,11 @@ def serve_workload(
     from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 
     rate, burstiness, params = load_args(load)
-    requests = build_requests(
+    traffic = build_traffic(
         config, load["workload"], load["num_prompts"], load["seed"], rate, burstiness, **params
     )
+    # at most one request of a session is in flight at a time
+    in_flight = traffic.num_sessions if isinstance(traffic, ClosedLoopSessions) else len(traffic)
     model.set_block_size(config.block_size)
     scheduler = make_engine(config, num_gpu_blocks)
     num_cpu = scheduler.swap_pool.num_blocks if scheduler.swap_pool is not None else 0
@@ -222,10 +246,10 @@ def serve_workload(
     )
     graphs = runner.graphs
     captured, capture_s = (
-        graphs.capture_all(max_batch=len(requests)) if graphs is not None else (0, 0.0)
+        graphs.capture_all(max_batch=in_flight) if graphs is not None else (0, 0.0)
     )
     warm_up(runner, config)
-    run = replay(requests, scheduler, runner, max_wall_s=max_wall_s)
+    run = replay(traffic, scheduler, runner, max_wall_s=max_wall_s)
     result = serve_result(run, scheduler, config)
     result["gpu_cuda_graphs"] = graphs is not None and graphs.failed is None
     result["gpu_graphs_captured"] = captured

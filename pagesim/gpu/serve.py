@@ -17,8 +17,10 @@ serve` measures TTFT), even when the busy engine picks it up a little later: tha
 of its TTFT, as in vLLM. The scheduler's CPU time between steps is real here and lands in the
 step records (`ServeStep`), which is what the calibration's host-overhead table measures.
 
-Single-turn workloads only: closed-loop multi-turn sessions are decided by the simulator's
-client processes and are not replayed here.
+Multi-turn sessions are closed loop in wall-clock time: a later turn is sent when the previous
+one finished plus its think time, and its prompt is built from the tokens the previous one
+emitted, by the same `Session` cursor the simulator's clients walk
+(`pagesim.workload.sessions.ClosedLoopSessions`).
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ from typing import Any
 import numpy as np
 
 from pagesim.config import EngineConfig
-from pagesim.errors import WorkloadError
 from pagesim.kvcache.waste import KVProbe, ProbeValues
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.metrics.report import engine_keys
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.factory import make_scheduler
 from pagesim.scheduler.scheduler import Scheduler
+from pagesim.workload.sessions import ClosedLoopSessions
 
 # A request is admitted once the clock is within this of its arrival: the clock's float
 # rounding (t0 + arrival - t0 != arrival) must not leave a due request waiting forever.
@@ -79,8 +81,35 @@ def make_engine(config: EngineConfig, num_gpu_blocks: int) -> Scheduler:
     return make_scheduler(config, num_gpu_blocks)
 
 
+class FixedArrivals:
+    """Requests sent at their own arrival times, whatever the engine does (open loop): the
+    `ClosedLoopSessions` interface over a list, in (arrival, index) order."""
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_time, i))
+        self._pending = [requests[i] for i in order]
+        self._i = 0
+
+    def next_time(self) -> float | None:
+        return self._pending[self._i].arrival_time if self._i < len(self._pending) else None
+
+    def due(self, now: float) -> list[Request]:
+        pending, i, n = self._pending, self._i, len(self._pending)
+        start = i
+        while i < n and pending[i].arrival_time <= now:
+            i += 1
+        self._i = i
+        return pending[start:i]
+
+    def on_finish(self, request: Request, now: float) -> None:
+        """Nothing follows a request of an open-loop load."""
+
+    def unsent(self) -> list[Request]:
+        return self._pending[self._i :]
+
+
 def replay(
-    requests: Sequence[Request],
+    requests: Sequence[Request] | ClosedLoopSessions,
     scheduler,
     runner,
     *,
@@ -90,7 +119,9 @@ def replay(
     max_wall_s: float | None = None,
     disable_gc: bool = True,
 ) -> ServeRun:
-    """Serve `requests` (arrival_time = seconds from the start) in real time.
+    """Serve `requests` (arrival_time = seconds from the start) in real time; or the sessions
+    of a multi-turn plan (`ClosedLoopSessions`), each later turn sent when the previous one
+    finished plus its think time.
 
     `scheduler` is a `pagesim.scheduler.Scheduler`, `runner` any `ModelRunner` (the GPU runner
     here; a cost-model runner makes this a wall-clock dry run for tests). Requests are not
@@ -99,14 +130,7 @@ def replay(
     paused during the run (a collection in the loop is a latency spike vLLM's engine avoids
     by freezing its heap; pagesim's simulator has none either).
     """
-    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_time, i))
-    pending = [requests[i] for i in order]
-    for r in pending:
-        if r.session_id is not None:
-            raise WorkloadError(
-                f"request_id={r.request_id!r}: multi-turn sessions cannot be "
-                "replayed on the GPU (single-turn workloads only)"
-            )
+    source = requests if isinstance(requests, ClosedLoopSessions) else FixedArrivals(requests)
     metrics = MetricsCollector()
     run = ServeRun(metrics)
     records = metrics.records
@@ -116,45 +140,42 @@ def replay(
         gc.collect()
         gc.disable()
     try:
-        _loop(pending, scheduler, runner, metrics, records, probe, run, clock, sleep, max_wall_s)
+        _loop(source, scheduler, runner, metrics, records, probe, run, clock, sleep, max_wall_s)
     finally:
         if disable_gc and gc_was_enabled:
             gc.enable()
     return run
 
 
-def _admit(pending, i, now, scheduler, metrics) -> int:
-    """Add every request that has arrived by `now`; returns the next pending index."""
-    n = len(pending)
+def _admit(source, now, scheduler, metrics) -> None:
+    """Add every request that has arrived by `now` (a rejected one ends at once, and its
+    session goes on as after a finish)."""
     now += ARRIVAL_SLACK_S
-    while i < n and pending[i].arrival_time <= now:
-        req = pending[i]
+    for req in source.due(now):
         metrics.on_arrival(req, req.arrival_time)
         scheduler.add_request(req)
         if req.status == RequestStatus.FINISHED_REJECTED:
             metrics.on_reject(req, now)
-        i += 1
-    return i
+            source.on_finish(req, now)
 
 
 def _loop(
-    pending, scheduler, runner, metrics, records, probe, run, clock, sleep, max_wall_s
+    source, scheduler, runner, metrics, records, probe, run, clock, sleep, max_wall_s
 ) -> None:
     t0 = clock()
-    i = 0
-    n = len(pending)
     on_token = metrics.on_token
     last: ServeStep | None = None
     while True:
         now = clock() - t0
-        i = _admit(pending, i, now, scheduler, metrics)
+        _admit(source, now, scheduler, metrics)
         if max_wall_s is not None and now > max_wall_s:
-            _abort_rest(pending, i, scheduler, metrics, now)
+            _abort_rest(source.unsent(), scheduler, metrics, now)
             break
         if not scheduler.has_unfinished_requests():
-            if i >= n:
+            due = source.next_time()
+            if due is None:
                 break
-            _wait_until(pending[i].arrival_time, t0, clock, sleep)
+            _wait_until(due, t0, clock, sleep)
             continue
         t_sched = clock()
         if last is not None:
@@ -176,6 +197,7 @@ def _loop(
                 on_token(rec, visible)
         for req in finished:
             metrics.on_finish(req, visible)
+            source.on_finish(req, visible)
         num_prefill_reqs = _on_step(metrics, out, scheduler, probe, start, visible - start)
         t_end = clock()
         last = ServeStep(
@@ -226,14 +248,14 @@ def _wait_until(target: float, t0: float, clock, sleep) -> None:
         sleep(left)
 
 
-def _abort_rest(pending, i, scheduler, metrics, now: float) -> None:
-    for req in pending[i:]:
+def _abort_rest(unsent: list[Request], scheduler, metrics, now: float) -> None:
+    for req in unsent:
         metrics.on_arrival(req, req.arrival_time)
     for req in scheduler.finish_requests(list(scheduler.requests), reason="wall-clock limit"):
         rec = metrics.records[req.request_id]
         rec.reject_reason = req.reject_reason
         rec.finish_time = now
-    for req in pending[i:]:
+    for req in unsent:
         rec = metrics.records[req.request_id]
         rec.reject_reason = "wall-clock limit"
         rec.finish_time = now

@@ -13,6 +13,7 @@ answer is then a prefix of turn k+1's prompt and hits the prefix cache if still 
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -132,3 +133,69 @@ class Session:
             raise WorkloadError(f"session {self.index}: send first_request() first")
         if not self.has_next():
             raise WorkloadError(f"session {self.index}: no turns left")
+
+
+class ClosedLoopSessions:
+    """The users of a plan's sessions, for a serving loop that keeps its own clock (the GPU
+    replay, `pagesim.gpu.serve`): the same closed loop as the simulator's SimPy clients
+    (`pagesim.sim.simulate`), through the same `Session` cursor.
+
+    Each session's first turn is due at its arrival time; a later turn is due when the
+    previous one finished (or was rejected) plus its think time, and is built then from the
+    tokens the previous one emitted. Due turns come out in time order, ties in the order they
+    were made due (first turns in session order), as SimPy orders equal-time events.
+
+        clients = ClosedLoopSessions(plan, arrivals)
+        for req in clients.due(now): engine.add_request(req)       # each loop iteration
+        clients.on_finish(req, now)                                 # each finished request
+        clients.next_time()                                         # when idle: sleep until
+    """
+
+    def __init__(self, plan: RequestPlan, arrivals: np.ndarray) -> None:
+        if len(arrivals) < plan.num_sessions:
+            raise WorkloadError(f"arrivals: {len(arrivals)} times for {plan.num_sessions} sessions")
+        self.num_sessions = plan.num_sessions
+        self._heap: list[tuple[float, int, Request]] = []
+        self._order = 0  # tie-break: the order turns were made due
+        self._waiting: dict[str, Session] = {}  # in-flight request id -> its session's cursor
+        for s in range(plan.num_sessions):
+            self._push(plan.session(s), float(arrivals[s]), None)
+
+    def _push(self, session: Session, arrival_time: float, prev: Request | None) -> None:
+        req = (
+            session.first_request(arrival_time)
+            if prev is None
+            else session.next_request(prev, arrival_time)
+        )
+        if session.has_next():
+            self._waiting[req.request_id] = session
+        heapq.heappush(self._heap, (arrival_time, self._order, req))
+        self._order += 1
+
+    def next_time(self) -> float | None:
+        """When the next turn is due (None: none is, until a request in flight finishes)."""
+        return self._heap[0][0] if self._heap else None
+
+    def due(self, now: float) -> list[Request]:
+        """The turns due by `now`, in order, taken out."""
+        out = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            out.append(heapq.heappop(heap)[2])
+        return out
+
+    def on_finish(self, request: Request, now: float) -> None:
+        """`request` ended at `now`: its session's next turn becomes due after the think time."""
+        session = self._waiting.pop(request.request_id, None)
+        if session is not None:
+            self._push(session, now + session.next_think_time_s(), request)
+
+    def unsent(self) -> list[Request]:
+        """The turns made but not yet due, in order (a run cut short records them as failed;
+        turns after a request still in flight are never made)."""
+        return [entry[2] for entry in sorted(self._heap)]
+
+    @property
+    def done(self) -> bool:
+        """No turn due and none to come."""
+        return not self._heap and not self._waiting
