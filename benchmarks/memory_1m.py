@@ -4,8 +4,8 @@
 
 llama-2-7b on h200 with the shipped calibration profile, as `pagesim run` simulates it; the
 target is a peak RSS under 2 GB (2,000 MB) for 1M requests. The run happens in a fresh child
-process so that its peak RSS (ru_maxrss) is its own. `--records` also builds the per-request
-and per-step Parquet tables (`--result-dir`), which hold every step at once. Prints a table;
+process so that its peak RSS (ru_maxrss) is its own. `--records` also writes the per-request
+and per-step Parquet files (`--result-dir`; the steps are streamed a row group at a time). Prints a table;
 writes results/memory_1m.csv.
 """
 
@@ -49,7 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-prompts", type=int, default=1_000_000)
     ap.add_argument("--request-rate", type=float, default=5.0)
-    ap.add_argument("--records", action="store_true", help="also build the Parquet tables")
+    ap.add_argument("--records", action="store_true", help="also write the Parquet files")
     ap.add_argument("--out", default="results/memory_1m.csv")
     args = ap.parse_args()
     out = subprocess.run(

@@ -21,6 +21,7 @@ __all__ = [
     "MAX_BLOCKS",
     "MAX_COUNT",
     "MAX_TOKENS",
+    "atomic_output",
     "atomic_write_bytes",
     "atomic_write_text",
     "check_number",
@@ -112,16 +113,33 @@ def check_output_dir(path: str | os.PathLike, flag: str, shown: object = None) -
 
 
 @contextmanager
-def _complete_temporary(path: Path, data: bytes) -> Iterator[str]:
-    """A temporary file beside `path` that already holds all of `data`; removed on exit
-    (after a rename it is gone already)."""
+def _temporary_beside(path: Path) -> Iterator[str]:
+    """The name of a new empty temporary file beside `path`; removed on exit (after a rename
+    it is gone already)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
         yield tmp
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+@contextmanager
+def _complete_temporary(path: Path, data: bytes) -> Iterator[str]:
+    """A temporary file beside `path` that already holds all of `data`."""
+    with _temporary_beside(path) as tmp:
+        Path(tmp).write_bytes(data)
+        yield tmp
+
+
+@contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[str]:
+    """A temporary file name to write `path`'s content to, piece by piece; renamed onto
+    `path` when the block ends without an error, so that `path` is never torn."""
+    p = Path(path)
+    with _temporary_beside(p) as tmp:
+        yield tmp
+        os.replace(tmp, p)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

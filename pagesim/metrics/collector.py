@@ -206,6 +206,12 @@ class MetricsCollector:
         """One step's record (for tests and inspection; reads the spill file if needed)."""
         return StepRecord(*(float(self.step_column(c)[index]) for c in STEP_COLUMNS))  # type: ignore[arg-type]  # all stored as float64
 
+    def step_tables(self) -> Iterator[np.ndarray]:
+        """The steps in order as [steps, len(STEP_COLUMNS)] tables, a spill chunk at a time
+        (the memory of one chunk, whatever the run's length)."""
+        yield from self.step_spill.chunks()
+        yield _as_table(self.step_values)
+
     def step_column(self, name: str) -> np.ndarray:
         """One column of `steps` as a new contiguous float64 array [num_steps]."""
         i = STEP_COLUMNS.index(name)

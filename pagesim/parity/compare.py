@@ -214,9 +214,9 @@ def _first_difference(
             [r for r, _ in rs.new_blocks],
             [r for r, _ in cs.new_blocks],
         )
-    for (rid, a), (_, b) in zip(rs.new_blocks, cs.new_blocks, strict=True):
-        if not bmap.same(a, b):
-            return "block ids", rid, a, b
+    for (rid, ids_a), (_, ids_b) in zip(rs.new_blocks, cs.new_blocks, strict=True):
+        if not bmap.same(ids_a, ids_b):
+            return "block ids", rid, ids_a, ids_b
     if rs.finished != cs.finished:
         return "finished", None, rs.finished, cs.finished
     if not bmap.same_set(rs.evicted, cs.evicted):

@@ -76,7 +76,7 @@ def _local(fn, tasks, n_jobs) -> Iterator[tuple[int, Any]]:
     jobs = min(jobs, len(tasks))
     if jobs == 1:
         return (_indexed(fn, i, t) for i, t in enumerate(tasks))
-    from joblib import Parallel, delayed
+    from joblib import Parallel, delayed  # type: ignore[import-untyped]
 
     parallel = Parallel(
         n_jobs=jobs,
@@ -113,7 +113,7 @@ def _ray(fn, tasks, n_jobs, address) -> Iterator[tuple[int, Any]]:
         except ConnectionError as exc:
             raise ConfigError(f"--address {address}: cannot join the Ray cluster ({exc})") from None
         started = True
-    remote = ray.remote(num_cpus=1)(_indexed)
+    remote: Any = ray.remote(num_cpus=1)(_indexed)
     try:
         pending = [remote.remote(fn, i, t) for i, t in enumerate(tasks)]
         while pending:

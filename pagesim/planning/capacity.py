@@ -202,13 +202,15 @@ def replicas_for_rate(
             tried[n] = _probe(n, slos, run.result)
         return tried[n].passed
 
-    n: int | None = min(max(estimate or 1, 1), max_replicas)
+    n = min(max(estimate or 1, 1), max_replicas)
+    found: int | None = n
     if check(n):
         while n > 1 and check(n - 1):
             n -= 1
+        found = n
     else:
         while n < max_replicas and not check(n + 1):
             n += 1
-        n = n + 1 if n < max_replicas else None
-    result = tried[n].result if n is not None else None
-    return ReplicaPlan(target_rate, router, cap, estimate, n, result, tuple(tried.values()))
+        found = n + 1 if n < max_replicas else None
+    result = tried[found].result if found is not None else None
+    return ReplicaPlan(target_rate, router, cap, estimate, found, result, tuple(tried.values()))

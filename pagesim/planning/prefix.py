@@ -56,7 +56,11 @@ def probe_attack(
         Request("wrong-guess", other + _tokens(rng, suffix_len, vocab), 1, attacker_salt, 20.0),
     ]
     records = simulate_requests(config, reqs, profile=profile).records
-    ttft = {k: 1000.0 * (r.first_token_time - r.arrival_time) for k, r in records.items()}
+    ttft = {
+        k: 1000.0 * (r.first_token_time - r.arrival_time)
+        for k, r in records.items()
+        if r.first_token_time is not None
+    }
     return {
         "prefix_len": prefix_len,
         "salted": salted,

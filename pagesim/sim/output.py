@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pagesim.metrics import STEP_COLUMNS, MetricsCollector
-from pagesim.utils import atomic_write_bytes
+from pagesim.utils import atomic_output, atomic_write_bytes
 
 REQUEST_COLUMNS: tuple[str, ...] = (
     "request_id",
@@ -85,20 +85,56 @@ def steps_table(metrics: MetricsCollector) -> pa.Table:
     return pa.table({name: np.frombuffer(steps[name], dtype=np.float64) for name in STEP_COLUMNS})
 
 
+# pyarrow's default row-group size: streamed row groups of this many rows give the same file
+# as one `write_table` of the whole table.
+PARQUET_ROW_GROUP_ROWS = 1024 * 1024
+
+
 def write_parquet(metrics: MetricsCollector, directory: Path, stem: str) -> list[Path]:
-    """`<stem>.requests.parquet` and `<stem>.steps.parquet` in `directory`."""
+    """`<stem>.requests.parquet` and `<stem>.steps.parquet` in `directory`. The steps are
+    streamed a row group at a time, so a run of millions of steps never holds them all."""
     directory.mkdir(parents=True, exist_ok=True)
-    paths = [directory / f"{stem}.requests.parquet", directory / f"{stem}.steps.parquet"]
-    for table, path in zip((requests_table(metrics), steps_table(metrics)), paths, strict=True):
-        write_parquet_atomic(table, path)
-    return paths
+    requests_path = directory / f"{stem}.requests.parquet"
+    steps_path = directory / f"{stem}.steps.parquet"
+    write_parquet_atomic(requests_table(metrics), requests_path)
+    write_steps_parquet(metrics, steps_path)
+    return [requests_path, steps_path]
+
+
+def write_steps_parquet(metrics: MetricsCollector, path: Path) -> None:
+    """`steps_table(metrics)` as Parquet, read from the collector a chunk at a time and written
+    a row group at a time (the same bytes as one `write_parquet_atomic` of the whole table)."""
+    schema = pa.schema([(name, pa.float64()) for name in STEP_COLUMNS])
+    with atomic_output(path) as tmp:
+        with pq.ParquetWriter(tmp, schema, **_PARQUET_OPTIONS) as writer:
+            pending: list[np.ndarray] = []
+            num_pending = 0
+            for table in metrics.step_tables():
+                while len(table):
+                    take = min(len(table), PARQUET_ROW_GROUP_ROWS - num_pending)
+                    pending.append(table[:take])
+                    num_pending += take
+                    table = table[take:]
+                    if num_pending == PARQUET_ROW_GROUP_ROWS:
+                        writer.write_table(_step_rows(schema, pending))
+                        pending, num_pending = [], 0
+            if num_pending or not metrics.num_steps:  # the last row group, or an empty file
+                writer.write_table(_step_rows(schema, pending))
+
+
+def _step_rows(schema: pa.Schema, parts: list[np.ndarray]) -> pa.Table:
+    rows = np.concatenate(parts) if parts else np.empty((0, len(STEP_COLUMNS)))
+    return pa.table({name: rows[:, i].copy() for i, name in enumerate(STEP_COLUMNS)}, schema=schema)
+
+
+_PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "write_statistics": False}
 
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     """One Parquet file (zstd, no statistics), written whole or not at all (a temporary file
     in the same folder, then a rename)."""
     buf = pa.BufferOutputStream()
-    pq.write_table(table, buf, compression="zstd", write_statistics=False)
+    pq.write_table(table, buf, **_PARQUET_OPTIONS)
     atomic_write_bytes(path, buf.getvalue().to_pybytes())
 
 
