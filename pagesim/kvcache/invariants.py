@@ -12,22 +12,27 @@ Pool:
 - lazy hashing: every deferred block is in its record's range, every record is in its root's
   group and counts its deferred blocks (the checks read the slots, so they register nothing).
 Manager, in addition:
-- each block's ref_cnt equals the number of table entries that hold it (so once every request is
-  freed, every usable block is free or cached-free: nothing leaked);
-- the block-id rows mirror the block rows; cached prefixes hold hashes.
+- each block's ref_cnt equals the number of table entries that hold it, over every KV cache
+  group (so once every request is freed, every usable block is free or cached-free);
+- the block-id rows mirror the block rows; cached prefixes hold hashes;
+- hybrid manager: every group holds a row for the same requests; a block carries the key of
+  the group holding it; full-attention rows hold no null block, a window row's nulls (blocks
+  freed out of the window) form a prefix.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pagesim.errors import InternalError
 from pagesim.kvcache.block_pool import BlockPool
 from pagesim.kvcache.lazy_hashes import DeferredBlocks
 
 if TYPE_CHECKING:
+    from pagesim.kvcache.hybrid_kv_cache_manager import HybridKVCacheManager
     from pagesim.kvcache.kv_cache_manager import KVCacheManager
+    from pagesim.kvcache.single_type_kv_cache_manager import SingleTypeKVCacheManager
 
 
 class InvariantViolation(InternalError, AssertionError):
@@ -151,28 +156,22 @@ def _check_deferred(pool: BlockPool, deferred: Counter) -> None:
     _require(grouped == len(deferred), "deferred blocks of a record in no group")
 
 
-def check_kv_cache_manager(manager: KVCacheManager) -> None:
-    """The pool's invariants plus the manager's table bookkeeping."""
+def check_kv_cache_manager(manager: KVCacheManager | HybridKVCacheManager) -> None:
+    """The pool's invariants plus the manager's table bookkeeping, over every KV cache group
+    of a hybrid manager (its `single_type_managers`; a `KVCacheManager` is one group)."""
     pool = manager.block_pool
     check_block_pool(pool)
-    _require(
-        manager.req_to_blocks.keys()
-        == manager.req_to_block_ids.keys()
-        == manager.num_cached_block.keys(),
-        "request maps disagree on the live requests",
+    groups: tuple[SingleTypeKVCacheManager, ...] | None = getattr(
+        manager, "single_type_managers", None
     )
     holders: Counter[int] = Counter()
-    for rid, row in manager.req_to_blocks.items():
-        ids = manager.req_to_block_ids[rid]
-        _require(ids == [b.block_id for b in row], f"request {rid!r}: id row != block row")
-        num_cached = manager.num_cached_block[rid]
-        _require(num_cached <= len(row), f"request {rid!r}: {num_cached} cached > {len(row)}")
-        for block in row[:num_cached]:
-            _require(
-                block.is_null or block._block_hash is not None or not manager.enable_caching,
-                f"request {rid!r}: cached block {block.block_id} has no hash",
-            )
-        holders.update(b.block_id for b in row if not b.is_null)
+    if groups is None:
+        _check_rows(cast("KVCacheManager", manager), holders, None, True)
+    else:
+        live = groups[0].req_to_blocks.keys()
+        for group in groups:
+            _require(group.req_to_blocks.keys() == live, "KV cache groups disagree on requests")
+            _check_rows(group, holders, group.hash_suffix, group.is_full_attention)
     for block in pool.blocks:
         if not block.is_null:
             _require(
@@ -180,3 +179,45 @@ def check_kv_cache_manager(manager: KVCacheManager) -> None:
                 f"block {block.block_id}: ref_cnt={block.ref_cnt}, held by "
                 f"{holders[block.block_id]} table entries",
             )
+
+
+def _check_rows(
+    rows: KVCacheManager | SingleTypeKVCacheManager,
+    holders: Counter[int],
+    hash_suffix: bytes | None,
+    full_attention: bool,
+) -> None:
+    """One table's rows: maps agree, cached prefixes hold hashes (a group's blocks hold its
+    own keys), a full-attention row of a hybrid manager holds no null, a window's nulls
+    form a prefix. Counts each row's non-null blocks into `holders`."""
+    _require(
+        rows.req_to_blocks.keys() == rows.req_to_block_ids.keys() == rows.num_cached_block.keys(),
+        "request maps disagree on the live requests",
+    )
+    for rid, row in rows.req_to_blocks.items():
+        ids = rows.req_to_block_ids[rid]
+        _require(ids == [b.block_id for b in row], f"request {rid!r}: id row != block row")
+        num_cached = rows.num_cached_block[rid]
+        _require(num_cached <= len(row), f"request {rid!r}: {num_cached} cached > {len(row)}")
+        for block in row[:num_cached]:
+            _require(
+                block.is_null or block._block_hash is not None or not rows.enable_caching,
+                f"request {rid!r}: cached block {block.block_id} has no hash",
+            )
+        if hash_suffix is not None:
+            num_null = sum(1 for b in row if b.is_null)
+            _require(
+                not (full_attention and num_null),
+                f"request {rid!r}: null block in a full-attention row",
+            )
+            _require(
+                all(b.is_null for b in row[:num_null]),
+                f"request {rid!r}: null entries of a window row are not a prefix",
+            )
+            for block in row:
+                h = block._block_hash
+                _require(
+                    h is None or (isinstance(h, bytes) and h.endswith(hash_suffix)),
+                    f"request {rid!r}: block {block.block_id} cached under another group's key",
+                )
+        holders.update(b.block_id for b in row if not b.is_null)

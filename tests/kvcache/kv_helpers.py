@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pagesim.kvcache.hybrid_kv_cache_manager import HybridKVCacheManager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.request import Request
 
@@ -43,11 +44,11 @@ def decode(mgr: KVCacheManager, req: Request, token: int = 7) -> list[int] | Non
     return new.get_block_ids()
 
 
-def free_queue(mgr: KVCacheManager) -> list[int]:
+def free_queue(mgr: KVCacheManager | HybridKVCacheManager) -> list[int]:
     return [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()]
 
 
-def snapshot(mgr: KVCacheManager) -> tuple:
+def snapshot(mgr: KVCacheManager | HybridKVCacheManager) -> tuple:
     """Everything a failed allocation must leave untouched."""
     pool = mgr.block_pool
     return (
@@ -57,8 +58,13 @@ def snapshot(mgr: KVCacheManager) -> tuple:
             k: (v if isinstance(v, dict) else v.block_id)
             for k, v in pool.cached_block_hash_to_block.items()
         },
-        {rid: list(ids) for rid, ids in mgr.req_to_block_ids.items()},
-        dict(mgr.num_cached_block),
+        [
+            (
+                {rid: list(ids) for rid, ids in rows.req_to_block_ids.items()},
+                dict(rows.num_cached_block),
+            )
+            for rows in getattr(mgr, "single_type_managers", (mgr,))
+        ],
         repr(mgr.prefix_cache_stats),
         mgr.take_blocks_to_copy(),
     )

@@ -3,7 +3,8 @@
 PoolMachine drives a BlockPool against a trivially correct model: the free queue as a Python
 list, ref counts and the hash map as dicts. ManagerMachine drives a KVCacheManager with random
 requests that share prefixes (admit with chunking and the full-sequence gate, grow, fork, free),
-with the invariant checker after every call, and keeps a shadow copy of what the GPU would have
+or a HybridKVCacheManager over KV cache groups of a hybrid layout (full attention and sliding
+windows, one row per group; no fork), with the invariant checker after every call, and keeps a shadow copy of what the GPU would have
 written into every block slot: every computed token of every live request must be readable
 through its block table, no request may ever write into a block another request holds, and
 copy-on-write copies must carry the written tokens over.
@@ -19,8 +20,15 @@ from kv_helpers import snapshot
 from pagesim.errors import AllocationError
 from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.block_pool import FREE_ORDERS, BlockPool
+from pagesim.kvcache.hybrid_kv_cache_manager import HybridKVCacheManager
 from pagesim.kvcache.invariants import check_block_pool
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
+from pagesim.kvcache.kv_cache_spec import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
 from pagesim.request import Request
 
 FAST = settings(
@@ -119,6 +127,8 @@ class PoolMachine(RuleBasedStateMachine):
 PREFIXES = [list(range(100, 112)), list(range(200, 209)), [300, 301, 302, 303, 304], []]
 BS = 4
 MAX_LEN = 36
+# Hybrid layouts: windows per group in group order (None: full attention).
+LAYOUTS = {"alternating": (True, None), "full-first, two windows": (None, True, True)}
 
 
 class ManagerMachine(RuleBasedStateMachine):
@@ -127,20 +137,47 @@ class ManagerMachine(RuleBasedStateMachine):
         compat=st.sampled_from(["0.33", "0.23"]),
         caching=st.booleans(),
         window=st.sampled_from([None, None, 5, 8]),
+        layout=st.sampled_from([None, None, *LAYOUTS]),
+        max_num_batched_tokens=st.sampled_from([None, 8]),
     )
-    def setup(self, num_gpu_blocks, compat, caching, window):
-        self.mgr = KVCacheManager(
-            num_gpu_blocks,
-            BS,
-            enable_caching=caching,
-            sliding_window=window,
-            vllm_compat=compat,
-            check_invariants=True,
-        )
-        self.window = window
+    def setup(self, num_gpu_blocks, compat, caching, window, layout, max_num_batched_tokens):
+        self.mgr: KVCacheManager | HybridKVCacheManager
+        if layout is None:
+            self.mgr = KVCacheManager(
+                num_gpu_blocks,
+                BS,
+                enable_caching=caching,
+                sliding_window=window,
+                vllm_compat=compat,
+                check_invariants=True,
+            )
+            self.windows: tuple[int | None, ...] = (window,)
+        else:
+            w = window or 5
+            self.windows = tuple(w if sliding else None for sliding in LAYOUTS[layout])
+            groups = tuple(
+                KVCacheGroupSpec(
+                    1, FullAttentionSpec(BS) if g is None else SlidingWindowSpec(BS, g)
+                )
+                for g in self.windows
+            )
+            self.mgr = HybridKVCacheManager(
+                KVCacheConfig(num_gpu_blocks, groups),
+                enable_caching=caching,
+                vllm_compat=compat,
+                check_invariants=True,
+                max_num_batched_tokens=max_num_batched_tokens,
+            )
+        self.hybrid = layout is not None
         self.live: dict[str, Request] = {}
         self.shadow: dict[int, list[int | None]] = {}  # block id -> token written per slot
         self.count = 0
+
+    def _rows(self, rid: str) -> list[tuple[list[int], int | None]]:
+        """The request's block-table rows with their windows (one per KV cache group)."""
+        if self.hybrid:
+            return list(zip(self.mgr.get_block_ids(rid), self.windows, strict=True))
+        return [(self.mgr.get_block_ids(rid), self.windows[0])]
 
     def _new_id(self) -> str:
         self.count += 1
@@ -150,18 +187,18 @@ class ManagerMachine(RuleBasedStateMachine):
         """Write tokens [start, start + n) through the block table, as the GPU would."""
         for src, dst in self.mgr.take_blocks_to_copy():
             self.shadow[dst] = list(self.shadow[src])
-        row = self.mgr.get_block_ids(req.request_id)
         tokens = req.all_token_ids
-        if self.window is not None:  # the first query (at `start`) sees start - W + 1 .. start
-            for pos in range(max(0, start - self.window + 1), start):
-                assert row[pos // BS] != 0, f"{req.request_id}: token {pos} left the table early"
-        for pos in range(start, start + n):
-            block_id = row[pos // BS]
-            assert block_id != 0, "a token would be written to the null block"
-            assert self.mgr.block_pool.blocks[block_id].ref_cnt == 1, (
-                f"block {block_id} is shared but {req.request_id} writes into it"
-            )
-            self.shadow.setdefault(block_id, [None] * BS)[pos % BS] = tokens[pos]
+        for row, window in self._rows(req.request_id):
+            if window is not None:  # the first query (at `start`) sees start - W + 1 .. start
+                for pos in range(max(0, start - window + 1), start):
+                    assert row[pos // BS] != 0, f"{req.request_id}: token {pos} left the table"
+            for pos in range(start, start + n):
+                block_id = row[pos // BS]
+                assert block_id != 0, "a token would be written to the null block"
+                assert self.mgr.block_pool.blocks[block_id].ref_cnt == 1, (
+                    f"block {block_id} is shared but {req.request_id} writes into it"
+                )
+                self.shadow.setdefault(block_id, [None] * BS)[pos % BS] = tokens[pos]
         req.num_computed_tokens = start + n
 
     @rule(
@@ -176,8 +213,12 @@ class ManagerMachine(RuleBasedStateMachine):
         hit, num_hit = self.mgr.get_computed_blocks(req)
         assert num_hit % BS == 0 and num_hit <= req.num_tokens - 1
         assert len(hit) * BS == num_hit
-        for i, block in enumerate(hit.blocks):
-            assert block.is_null or block.block_hash == req.block_hashes[i]
+        groups = hit.blocks if self.hybrid else (hit.blocks,)
+        for g, blocks in enumerate(groups):  # a group's blocks carry its key (hash + group id)
+            assert len(blocks) == len(hit)
+            key = g.to_bytes(2, "big") if self.hybrid else b""
+            for i, block in enumerate(blocks):
+                assert block.is_null or block.block_hash == req.block_hashes[i] + key
         before = snapshot(self.mgr)
         num_new = min(chunk, req.num_tokens - num_hit)
         try:
@@ -208,13 +249,13 @@ class ManagerMachine(RuleBasedStateMachine):
             self._free(req)
             return
         if new is None:
-            if self.window is None:
+            if all(w is None for w in self.windows):
                 assert snapshot(self.mgr) == before
             self._free(req)  # preempted, as a scheduler would
             return
         self._compute(req, req.num_computed_tokens, n)
 
-    @precondition(lambda self: self.live)
+    @precondition(lambda self: self.live and not self.hybrid)
     @rule(data=st.data())
     def fork(self, data):
         parent = self.live[data.draw(st.sampled_from(sorted(self.live)))]
@@ -240,18 +281,16 @@ class ManagerMachine(RuleBasedStateMachine):
         if not hasattr(self, "mgr"):
             return
         for rid, req in self.live.items():
-            row = self.mgr.get_block_ids(rid)
             tokens = req.all_token_ids
-            first_live = (
-                0 if self.window is None else max(0, req.num_computed_tokens - self.window + 1)
-            )
-            assert len(row) * BS >= req.num_computed_tokens
-            for pos in range(req.num_computed_tokens):
-                block_id = row[pos // BS]
-                if block_id == 0:
-                    assert pos < first_live, f"{rid}: token {pos} in the window is gone"
-                    continue
-                assert self.shadow[block_id][pos % BS] == tokens[pos], (rid, pos)
+            for row, window in self._rows(rid):
+                first_live = 0 if window is None else max(0, req.num_computed_tokens - window + 1)
+                assert len(row) * BS >= req.num_computed_tokens
+                for pos in range(req.num_computed_tokens):
+                    block_id = row[pos // BS]
+                    if block_id == 0:
+                        assert pos < first_live, f"{rid}: token {pos} in the window is gone"
+                        continue
+                    assert self.shadow[block_id][pos % BS] == tokens[pos], (rid, pos)
 
     @invariant()
     def nothing_leaks_once_all_are_freed(self):
