@@ -128,10 +128,19 @@ def paged_slots(manager, running: Iterable[Request]) -> KVSlots:
 
 
 def paged_tails(manager, running: Iterable[Request]) -> tuple[int, int]:
-    """(reserved, internal fragmentation) slots of the requests' row tails (see `paged_slots`)."""
-    bs = manager.block_size
+    """(reserved, internal fragmentation) slots of the requests' row tails (see `paged_slots`),
+    summed over every KV cache group's row under the hybrid manager."""
+    groups = getattr(manager, "single_type_managers", None)
+    if groups is not None:
+        running = list(running)
+        sums = [_row_tails(g.req_to_block_ids, g.block_size, running) for g in groups]
+        return sum(r for r, _ in sums), sum(i for _, i in sums)
+    return _row_tails(manager.req_to_block_ids, manager.block_size, running)
+
+
+def _row_tails(rows: dict[str, list[int]], bs: int, running: Iterable[Request]) -> tuple[int, int]:
+    """The tails of one table's rows (read-only; the hot loop skips a method call per row)."""
     reserved = internal = 0
-    rows = manager.req_to_block_ids  # read-only; the hot loop skips a method call per request
     for request in running:
         row = rows.get(request.request_id)
         if not row:

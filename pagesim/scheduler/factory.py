@@ -7,8 +7,10 @@ from __future__ import annotations
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
+from pagesim.kvcache.hybrid_kv_cache_manager import HybridKVCacheManager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
-from pagesim.kvcache.sizing import page_size_bytes
+from pagesim.kvcache.kv_cache_spec import KVCacheConfig
+from pagesim.kvcache.sizing import page_size_bytes, serves_hybrid
 from pagesim.scheduler.scheduler import Scheduler
 
 
@@ -19,7 +21,26 @@ def build_kv_cache_manager(
     lazy_hashing: bool = False,
 ):
     """The paged manager, or a contiguous baseline over the same KV memory. `lazy_hashing`:
-    see `pagesim.kvcache.lazy_hashes` (the simulator's choice; same decisions)."""
+    see `pagesim.kvcache.lazy_hashes` (the simulator's choice; same decisions).
+
+    A hybrid model (sliding-window and full-attention layers) gets vLLM's hybrid KV cache
+    manager, one block table per KV cache group; vLLM v1 has no swap preemption for it."""
+    model = config.model_spec
+    if config.allocator == "paged" and model.is_hybrid:
+        if config.preemption_mode == "swap":
+            raise ConfigError(
+                f"preemption_mode='swap': model {config.model} has sliding-window and "
+                "full-attention layers, served by the hybrid KV cache manager, which "
+                "preempts by recompute only"
+            )
+        return HybridKVCacheManager(
+            KVCacheConfig.from_model(model, config.block_size, num_gpu_blocks),
+            enable_caching=config.enable_prefix_caching,
+            vllm_compat=config.vllm_compat,
+            check_invariants=check_invariants,
+            max_model_len=config.max_model_len,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
     if config.allocator == "paged":
         return KVCacheManager(
             num_gpu_blocks=num_gpu_blocks,
@@ -41,9 +62,7 @@ def build_kv_cache_manager(
 
 
 def _uniform_window(config: EngineConfig) -> int | None:
-    """The window of a model whose every layer slides. A hybrid model's one block table is
-    served as full attention (vLLM's --disable-hybrid-kv-cache-manager), as its pool is
-    sized (`sizing.kv_capacity`)."""
+    """The window of a model whose every layer slides (a hybrid model has its own manager)."""
     model = config.model_spec
     return None if model.is_hybrid else model.sliding_window
 
@@ -62,6 +81,10 @@ def make_scheduler(
         )
     manager = build_kv_cache_manager(config, num_gpu_blocks, check_invariants, lazy_hashing)
     page = page_size_bytes(
-        config.model_spec, config.block_size, config.kv_cache_dtype, config.tensor_parallel_size
+        config.model_spec,
+        config.block_size,
+        config.kv_cache_dtype,
+        config.tensor_parallel_size,
+        hybrid_kv_cache_manager=serves_hybrid(config),
     )
     return Scheduler(config, manager, page_size_bytes=page)

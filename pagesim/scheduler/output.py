@@ -31,7 +31,9 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int  # tokens whose K/V this step computes (query length)
     num_computed_tokens: int  # tokens already in the KV cache before this step (context)
-    block_ids: list[int]  # the request's block-table row after this step's allocation
+    # The request's block-table row after this step's allocation; under the hybrid KV cache
+    # manager one row per KV cache group.
+    block_ids: list[int] | list[list[int]]
     resumed: bool = False  # first step after a preemption (recompute) or swap-in
     first_scheduled: bool = False  # first step ever of this request (it was WAITING, never run)
     # Prefix-cache hit found when this step admitted the request (new or recompute-resumed),
