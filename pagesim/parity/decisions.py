@@ -8,7 +8,9 @@ One `StepRecord` per engine step, written as one compact JSON object per line:
      "hit": [["r7", 64]],             prefix-hit tokens of each request admitted (or resumed)
      "pre": ["r3"],                   requests preempted in this step, in preemption order
      "blk": [["r7", "5-6"]],          block ids appended to a request's table this step; for a
-                                      request admitted this step, its whole table (hits + new)
+                                      request admitted this step, its whole table (hits + new);
+                                      with several KV cache groups (a hybrid layout), one
+                                      entry per group, named "<rid>:<group>"
      "fin": ["r1"],                   requests that finished at the end of this step
      "ev": "12,9",                    block ids whose cached hash was evicted this step, in
                                       eviction order; "@1-2" when they are, in order, entries

@@ -11,7 +11,15 @@ from typing import Any
 from pagesim import __version__
 from pagesim.config import EngineConfig
 from pagesim.kvcache.block_pool import BlockRemoved
+from pagesim.kvcache.hybrid_kv_cache_manager import HybridKVCacheManager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
+from pagesim.kvcache.kv_cache_spec import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
 from pagesim.parity.decisions import DecisionLog
 from pagesim.parity.replay import StepObservation, replay
 from pagesim.parity.workloads import ParityRequest, ParityWorkload
@@ -37,20 +45,49 @@ def engine_config(engine: dict[str, Any], vllm_compat: str) -> EngineConfig:
     )
 
 
+def kv_cache_config(
+    kv_cache_groups: list[list[Any]], block_size: int, num_blocks: int
+) -> KVCacheConfig:
+    """A workload's hybrid layout (["full"] / ["sliding", window] per group) as a
+    `KVCacheConfig` of one layer per group."""
+    specs: list[KVCacheGroupSpec] = []
+    for group in kv_cache_groups:
+        spec: KVCacheSpec = (
+            FullAttentionSpec(block_size)
+            if group[0] == "full"
+            else SlidingWindowSpec(block_size, int(group[1]))
+        )
+        specs.append(KVCacheGroupSpec(1, spec))
+    return KVCacheConfig(num_blocks, tuple(specs))
+
+
 class PagesimEngine:
     """pagesim's Scheduler wrapped as a `replay.EngineAdapter`."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(
+        self, config: EngineConfig, kv_cache_groups: list[list[Any]] | None = None
+    ) -> None:
         assert config.num_gpu_blocks_override is not None
-        self.kv = KVCacheManager(
-            config.num_gpu_blocks_override,
-            config.block_size,
-            enable_caching=config.enable_prefix_caching,
-            vllm_compat=config.vllm_compat,
-            max_model_len=config.max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            enable_kv_cache_events=True,
-        )
+        self.kv: KVCacheManager | HybridKVCacheManager
+        if kv_cache_groups is not None and len(kv_cache_groups) > 1:
+            self.kv = HybridKVCacheManager(
+                kv_cache_config(kv_cache_groups, config.block_size, config.num_gpu_blocks_override),
+                enable_caching=config.enable_prefix_caching,
+                vllm_compat=config.vllm_compat,
+                max_model_len=config.max_model_len,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                enable_kv_cache_events=True,
+            )
+        else:
+            self.kv = KVCacheManager(
+                config.num_gpu_blocks_override,
+                config.block_size,
+                enable_caching=config.enable_prefix_caching,
+                vllm_compat=config.vllm_compat,
+                max_model_len=config.max_model_len,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                enable_kv_cache_events=True,
+            )
         # vLLM's literal victim rule: the harness gives both sides the same tied times
         self.scheduler = Scheduler(config, self.kv, literal_victim_ties=True)
         self._pool = self.kv.block_pool
@@ -88,7 +125,10 @@ class PagesimEngine:
             for sr in out.scheduled
             if sr.request_id in admitting
         ]
-        tables = {sr.request_id: list(sr.block_ids) for sr in out.scheduled}
+        hybrid = isinstance(self.kv, HybridKVCacheManager)
+        tables: dict[str, list[int] | tuple[list[int], ...]] = {
+            sr.request_id: _table(sr.block_ids, hybrid) for sr in out.scheduled
+        }
         sampled = {}
         for sr in out.scheduled:
             req = sr.request
@@ -108,9 +148,19 @@ class PagesimEngine:
         )
 
 
+def _table(
+    block_ids: list[int] | list[list[int]], hybrid: bool
+) -> list[int] | tuple[list[int], ...]:
+    """A scheduled request's table as the replay takes it: one row, or a tuple of group rows."""
+    rows: list[Any] = list(block_ids)
+    return tuple(list(r) for r in rows) if hybrid else [int(b) for b in rows]
+
+
 def record(workload: ParityWorkload, vllm_compat: str = "0.33") -> DecisionLog:
     """Replay `workload` through pagesim's Scheduler and return its `DecisionLog`."""
-    eng = PagesimEngine(engine_config(workload.engine, vllm_compat))
+    eng = PagesimEngine(
+        engine_config(workload.engine, vllm_compat), workload.engine.get("kv_cache_groups")
+    )
     return replay(
         workload, eng, {"engine": "pagesim", "version": __version__}, vllm_compat=vllm_compat
     )

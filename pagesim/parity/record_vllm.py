@@ -3,7 +3,8 @@
 Needs vLLM importable (tested with 0.33.0 and 0.23.0; see docs/parity.md for the install);
 nothing else in pagesim imports this module. The model is a config-only tiny Llama: no
 weights, no tokenizer; the KV cache is one full-attention group of `num_gpu_blocks` blocks
-(block 0 is vLLM's null block). Token ids come from the workload; outputs from
+(block 0 is vLLM's null block), or the workload's hybrid layout (`kv_cache_groups`: full and
+sliding-window groups over those blocks, served by vLLM's HybridKVCacheCoordinator). Token ids come from the workload; outputs from
 `synthetic_token`, so vLLM and pagesim hash the same sequences.
 
     python -m pagesim.parity.record_vllm tests/parity/golden [CASE ...]
@@ -64,7 +65,12 @@ class VllmEngine:
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            SlidingWindowSpec,
+        )
         from vllm.v1.structured_output import StructuredOutputManager
 
         self.version = vllm.__version__
@@ -117,12 +123,19 @@ class VllmEngine:
             model_config=model_config, scheduler_config=sched_config, cache_config=cache_config
         )
         vc.cache_config.num_gpu_blocks = n_blocks
-        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        kv_config = KVCacheConfig(
-            num_blocks=n_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)],
-        )
+        # One group per entry of the workload's hybrid layout (default: one full-attention
+        # group); a group is one layer, since only the block management is replayed.
+        page = {"block_size": bs, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32}
+        groups = []
+        for i, group in enumerate(engine.get("kv_cache_groups", [["full"]])):
+            spec = (
+                FullAttentionSpec(**page)
+                if group[0] == "full"
+                else SlidingWindowSpec(**page, sliding_window=group[1])
+            )
+            groups.append(KVCacheGroupSpec([f"layer{i}"], spec))
+        self._hybrid = len(groups) > 1
+        kv_config = KVCacheConfig(num_blocks=n_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
         self.scheduler = Scheduler(
             **_kwargs(
                 Scheduler.__init__,
@@ -211,7 +224,10 @@ class VllmEngine:
             for rid, n in scheduled
             if rid in admitting
         ]
-        tables = {rid: list(s.kv_cache_manager.get_block_ids(rid)[0]) for rid, _ in scheduled}
+        tables: dict[str, list[int] | tuple[list[int], ...]] = {}
+        for rid, _ in scheduled:
+            rows = s.kv_cache_manager.get_block_ids(rid)
+            tables[rid] = tuple(list(r) for r in rows) if self._hybrid else list(rows[0])
         preempted = list(self._preempt_order)
         ids = [rid for rid, _ in scheduled]
         sampled = []

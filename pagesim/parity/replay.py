@@ -38,7 +38,9 @@ class StepObservation:
     scheduled: list[tuple[str, int]]  # (request id, num_scheduled_tokens), schedule order
     hits: list[tuple[str, int]]  # (request id, prefix-hit tokens) of requests admitted now
     preempted: list[str]  # preemption order
-    block_tables: dict[str, list[int]]  # scheduled request -> its whole table after schedule()
+    # scheduled request -> its whole table after schedule(): one row, or one row per KV cache
+    # group when the workload has several
+    block_tables: dict[str, list[int] | tuple[list[int], ...]]
     finished: list[str]  # finished in update_from_output
     evicted: list[int]  # blocks whose cached hash was dropped on reuse, in eviction order
     free_queue: list[int]  # free-block queue after the step, head (next evicted) first
@@ -68,7 +70,7 @@ def replay(
     """Run the workload to completion through `engine`; return its decision log."""
     pending: list[ParityRequest] = list(workload.requests)
     finished_at: dict[str, int] = {}
-    tables: dict[str, list[int]] = {}
+    tables: dict[str, list[int]] = {}  # request id (":<group>" with several groups) -> row
     queue = engine.free_queue()
     log = DecisionLog(
         recorded_with=recorded_with,
@@ -98,11 +100,16 @@ def replay(
             evicted=obs.evicted,
         )
         for rid in obs.preempted:
-            tables.pop(rid, None)
+            _forget(rid, tables)
         for rid, _ in obs.scheduled:
-            rec.new_blocks.extend(_table_growth(rid, tables, obs.block_tables[rid]))
+            table = obs.block_tables[rid]
+            if isinstance(table, tuple):  # one row per group, named "<rid>:<group>"
+                for g, row in enumerate(table):
+                    rec.new_blocks.extend(_table_growth(f"{rid}:{g}", tables, row, True))
+            else:
+                rec.new_blocks.extend(_table_growth(rid, tables, table))
         for rid in obs.finished:
-            tables.pop(rid, None)
+            _forget(rid, tables)
             finished_at[rid] = t
         rec.free_queue_edit = free_queue_edit(queue, obs.free_queue)
         queue = obs.free_queue
@@ -121,15 +128,32 @@ def replay(
 
 
 def _table_growth(
-    rid: str, tables: dict[str, list[int]], table: list[int]
+    rid: str, tables: dict[str, list[int]], table: list[int], windowed: bool = False
 ) -> list[tuple[str, list[int]]]:
+    """The ids appended to a row since the last step (all of a new row). A running row only
+    grows, except that with `windowed` (a KV cache group of a hybrid layout) entries may turn
+    into the null block 0, freed out of a sliding window: the freed blocks show in the free
+    queue, so the log records only the growth."""
     old = tables.get(rid)
     tables[rid] = list(table)
     if old is None:
         return [(rid, list(table))]
-    if table[: len(old)] != old:
+    kept = table[: len(old)]
+    if kept != old and not (
+        windowed
+        and len(kept) == len(old)
+        and all(a == b or b == 0 for a, b in zip(old, kept, strict=True))
+    ):
         raise ReplayError(f"request {rid}: block table {old} changed to {table} while running")
     return [(rid, list(table[len(old) :]))] if len(table) > len(old) else []
+
+
+def _forget(rid: str, tables: dict[str, list[int]]) -> None:
+    """Drop a request's row, or its rows of every group."""
+    tables.pop(rid, None)
+    g = 0
+    while tables.pop(f"{rid}:{g}", None) is not None:
+        g += 1
 
 
 def _arrival(r: ParityRequest, finished_at: dict[str, int]) -> int | None:

@@ -354,6 +354,13 @@ WORKLOADS: dict[str, Callable[[], ParityWorkload]] = {
 }
 
 
+# Hybrid layouts: the KV cache groups vLLM forms for the model family, in group order, as
+# ["full"] or ["sliding", window tokens] (`kv_cache_groups` of a workload's engine; absent:
+# one full-attention group). Windows are the families' own.
+GPT_OSS_GROUPS = [["sliding", 128], ["full"]]  # gpt-oss: alternating, window 128
+GEMMA2_GROUPS = [["sliding", 4096], ["full"]]  # Gemma 2: alternating, window 4096
+GEMMA3_GROUPS = [["sliding", 1024]] * 5 + [["full"]]  # Gemma 3: 5 sliding : 1 full, window 1024
+
 # golden case -> (workload, engine overrides): the files under tests/parity/golden/
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "shared_prefix": ("shared_prefix", {}),
@@ -364,6 +371,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "priority_self_preempt": ("priority_self_preempt", {}),
     # the admission gate off: a waiting request is admitted when its first chunk fits
     "random_pressure_no_full_isl": ("random_pressure", {"scheduler_reserve_full_isl": False}),
+    "gpt_oss_shared_prefix": ("shared_prefix", {"kv_cache_groups": GPT_OSS_GROUPS}),
+    "gpt_oss_random_pressure": ("random_pressure", {"kv_cache_groups": GPT_OSS_GROUPS}),
+    "gemma2_mooncake": ("mooncake", {"kv_cache_groups": GEMMA2_GROUPS}),
+    "gemma3_multi_turn": ("multi_turn", {"kv_cache_groups": GEMMA3_GROUPS}),
 }
 
 

@@ -32,6 +32,25 @@ def test_pagesim_matches_vllm_decisions(path):
     assert report.steps_compared == report.summary["steps"] > 0
 
 
+def test_hybrid_layouts_have_golden_files():
+    """Gemma-style (sliding window + full attention, alternating, and Gemma 3's 5:1) and
+    gpt-oss-style layouts, recorded from vLLM's HybridKVCacheCoordinator."""
+    names = {p.name.split(".vllm-")[0] for p in GOLDEN}
+    hybrid = {n for n in names if "kv_cache_groups" in CASES[n][1]}
+    assert {"gemma2_mooncake", "gemma3_multi_turn", "gpt_oss_shared_prefix"} <= hybrid
+    assert "gpt_oss_random_pressure" in hybrid  # preemption under windows
+
+
+def test_hybrid_without_window_freeing_is_caught(monkeypatch):
+    """A hybrid golden replayed with the sliding-window groups never freeing must diverge."""
+    from pagesim.kvcache.single_type_kv_cache_manager import SlidingWindowManager
+
+    monkeypatch.setattr(SlidingWindowManager, "remove_skipped_blocks", lambda self, r, n: None)
+    path = next(p for p in GOLDEN if p.name == "gpt_oss_shared_prefix.vllm-0.33.0.json.gz")
+    report = run_parity(path)
+    assert not report.ok and "DIVERGED at step" in report.format()
+
+
 def test_golden_workloads_are_not_trivial():
     """Hits, evictions and preemptions all occur somewhere, so matching them means something."""
     totals = {"hit_tokens": 0, "evictions": 0, "preemptions": 0}
