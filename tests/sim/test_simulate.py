@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from pagesim.config import EngineConfig
-from pagesim.errors import InternalError
+from pagesim.errors import ConfigError, InternalError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
+from pagesim.kvcache.hybrid_kv_cache_manager import HybridKVCacheManager
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.request import Request
@@ -81,6 +82,15 @@ CHECKED_RUNS = {
         dict(num_gpu_blocks_override=48, enable_prefix_caching=False),
         dict(num_prompts=20, **RANDOM),
     ),
+    # hybrid models: sliding-window and full-attention groups under the hybrid manager
+    "gpt-oss-pressure": (
+        dict(model="gpt-oss-20b", num_gpu_blocks_override=96, block_size=16),
+        dict(num_prompts=30, **RANDOM),
+    ),
+    "gemma-2-system-prompt": (
+        dict(model="gemma-2-9b", num_gpu_blocks_override=256, block_size=16),
+        dict(workload="system-prompt", num_prompts=8),
+    ),
     **{
         f"{alloc}-{place}": (
             dict(
@@ -110,8 +120,32 @@ def test_invariants_hold_and_every_block_comes_back(name: str, built_schedulers)
     if name == "random-swap":
         assert sim.result["num_swap_preemptions"] > 0
         assert sim.result["swapped_out_bytes"] == sim.result["swapped_in_bytes"] > 0
-    if name in ("system-prompt", "multi-turn"):
+    if name in ("system-prompt", "multi-turn", "gemma-2-system-prompt"):
         assert sim.result["prefix_cache_hit_rate"] > 0
+    if name == "gpt-oss-pressure":
+        assert sim.result["num_preemptions"] > 0
+
+
+def test_hybrid_models_get_one_block_table_per_kv_cache_group(built_schedulers) -> None:
+    """gpt-oss (alternating window-128 and full layers): two groups, window rows nulled."""
+    engine = E(model="gpt-oss-20b", num_gpu_blocks_override=400)
+    seen: list[tuple[list[int], ...]] = []
+    hook = HybridKVCacheManager.allocate_slots
+
+    def spy(self, request, *args, **kwargs):
+        out = hook(self, request, *args, **kwargs)
+        seen.append(self.get_block_ids(request.request_id))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(HybridKVCacheManager, "allocate_slots", spy)
+        simulate(engine, LoadSpec(num_prompts=10, **RANDOM), check_invariants=True)
+    (scheduler,) = built_schedulers
+    assert isinstance(scheduler.kv_cache_manager, HybridKVCacheManager)
+    assert all(len(rows) == 2 for rows in seen)
+    assert any(0 in window for window, _ in seen) and not any(0 in full for _, full in seen)
+    with pytest.raises(ConfigError, match="recompute only"):
+        simulate(E(model="gpt-oss-20b", preemption_mode="swap"), LoadSpec(num_prompts=2))
 
 
 def test_drained_check_catches_a_leak() -> None:
