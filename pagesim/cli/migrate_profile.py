@@ -26,20 +26,9 @@ def migrate_profile_command(
     from pagesim.cost.profile_migrate import migrate_profile
 
     if output_dir is not None:
-        if output_dir.exists() and not output_dir.is_dir():
-            raise ConfigError(f"--output-dir {output_dir}: is a file, not a directory")
         check_output_dir(output_dir, "--output-dir")
-        if (
-            output_dir.resolve() != profile.resolve()
-            and output_dir.is_dir()
-            and any(output_dir.iterdir())
-        ):
+        if output_dir.resolve() != profile.resolve() and any(output_dir.glob("*")):
             raise ConfigError(f"--output-dir {output_dir}: not empty; give an empty directory")
     version, _ = migrate_profile(profile, output_dir)
     target = profile if output_dir is None else output_dir
-    if version == PROFILE_FORMAT_VERSION:
-        print(f"{profile}: already format_version {version}; written to {target} unchanged")
-    else:
-        print(
-            f"{profile}: format_version {version} -> {PROFILE_FORMAT_VERSION}, written to {target}"
-        )
+    print(f"{profile}: format_version {version} -> {PROFILE_FORMAT_VERSION}, written to {target}")

@@ -41,14 +41,11 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from pagesim.cost import corrections
 from pagesim.cost.allreduce_pricing import allreduce_pricer
-from pagesim.cost.analytical import (
-    AnalyticalConstants,
-    kv_dtype_bytes,
-)
+from pagesim.cost.analytical import AnalyticalConstants, kv_dtype_bytes
 from pagesim.cost.base import BatchShape, longest_context
 from pagesim.cost.corrections import varlen
 from pagesim.cost.corrections.drift import section_drift_ms
@@ -187,12 +184,10 @@ class CalibratedCostModel:
         self.shared_s = self._shared[False]  # eager steps' (and every step's without graphs)
         self.shared_graph_s = self._shared[True]  # mixed-graph steps'
         # ---- host time, swaps and copies
-        self._host = (
-            Pwl({r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead})
-            if profile.overhead
-            else None
-        )
-
+        overhead: dict[float, list[float]] = {
+            r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead
+        }
+        self._host = Pwl(overhead) if overhead else None
         # host time of a step that admits prompts, beyond the decode-only line (format 6)
         self._admit_step_s = (meta.overhead_prefill_step_ms or 0.0) * MS
         self._admit_entry_s = (meta.overhead_per_prefill_ms or 0.0) * MS
@@ -205,21 +200,11 @@ class CalibratedCostModel:
         if host:
             self._swap_s_per_byte = 1.0 / host
         if model is not None and gpu is not None:
-            kv = (
-                2
-                * model.num_layers
-                * max(1, model.num_kv_heads // meta.tensor_parallel_size)
-                * model.head_size
-                * kv_dtype_bytes(model, meta.kv_cache_dtype)
-            )
-            self._copy_s_per_token = (
-                2.0
-                * kv
-                / (
-                    gpu.hbm_bandwidth_bytes_per_s
-                    * AnalyticalConstants().weight_bandwidth_efficiency
-                )
-            )
+            heads = max(1, model.num_kv_heads // meta.tensor_parallel_size)
+            kv = 2 * model.num_layers * heads * model.head_size
+            kv *= kv_dtype_bytes(model, meta.kv_cache_dtype)
+            read = gpu.hbm_bandwidth_bytes_per_s * AnalyticalConstants().weight_bandwidth_efficiency
+            self._copy_s_per_token = 2.0 * kv / read
 
     # ---- public API ----
     def step_time(self, batch: BatchShape) -> float:
@@ -271,23 +256,56 @@ class CalibratedCostModel:
             copy = b.num_blocks_to_copy * b.block_size * self._copy_s_per_token
         if not b.total_tokens:
             return 0.0, 0.0, 0.0, 0.0, swap, copy
-        total, other = self._parts(b)
+        return (
+            *self._device_and_host(
+                *self._parts(b),
+                b.total_tokens,
+                b.num_decode_seqs + len(b.prefill_new_tokens),
+                len(b.prefill_new_tokens),
+            ),
+            swap,
+            copy,
+        )
+
+    def decode_step_time(
+        self,
+        block_size: int,
+        num_seqs: int,
+        context_sum: int,
+        contexts: Sequence[int],
+        shared: int | None = None,
+    ) -> float:
+        """`step_time` of a step of `num_seqs` (>= 1) decodes and nothing else (no swap, no
+        copy) over `contexts` (their sum `context_sum`), reading `shared` context tokens from
+        shared blocks (None: unknown), without building a `BatchShape`: the simulator's decode
+        fast path prices most of its steps so. `step_time` of such a shape takes the same path."""
+        other, attention, allreduce, host = self._device_and_host(
+            *self._decode_parts(block_size, num_seqs, context_sum, contexts, shared),
+            num_seqs,
+            num_seqs,
+            0,
+        )
+        return other + attention + allreduce + host
+
+    def _device_and_host(
+        self, total: float, other: float, tokens: int, num_reqs: int, num_prefills: int
+    ) -> tuple[float, float, float, float]:
+        """(other, attention, allreduce, host) of a step whose `_parts` are (total, other)."""
         attention = total - other  # may be < 0 where `other` over-explains a row; total is not
         if total < 0.0:  # a noisy profile extrapolated below zero: clamp, never negative
             other = attention = 0.0
-        allreduce = self._allreduce(b.total_tokens) if self._allreduce is not None else 0.0
+        allreduce = self._allreduce(tokens) if self._allreduce is not None else 0.0
         if not self._allreduce_added:  # already inside the measured steps: report it apart
             allreduce = min(allreduce, max(other, 0.0))
             other -= allreduce
         host = 0.0
         if self._host:
-            num_reqs = b.num_decode_seqs + len(b.prefill_new_tokens)
             host = self._host_memo.get(num_reqs)  # type: ignore[assignment]  # None: not yet memoized
             if host is None:
                 host = self._host_memo[num_reqs] = self._host(num_reqs)
-            if b.prefill_new_tokens:
-                host += self._admit_step_s + self._admit_entry_s * len(b.prefill_new_tokens)
-        return other, attention, allreduce, host, swap, copy
+            if num_prefills:
+                host += self._admit_step_s + self._admit_entry_s * num_prefills
+        return other, attention, allreduce, host
 
     def padded_tokens(self, num_tokens: int) -> int | None:
         """The token count a step with prefill entries runs its mixed graph at, or None when
@@ -311,15 +329,10 @@ class CalibratedCostModel:
     def _other_for(self, graph: bool, tokens: float) -> float:
         return (self._other_graph if graph else self._other_eager)(tokens)
 
-    def _varlen_launch(self, b: BatchShape, padded: int | None, reread: float | None = None):
-        """The step's launch, its shared-prefix reads discounted (`reread`: the fraction to
-        use; default the fitted one, none without rows or without the shared count)."""
-        kernel = self._varlen_kernel  # set whenever varlen rows were fitted (`self._varlen`)
-        return self._discounted(shape_launch(kernel, b, padded), b, reread)  # type: ignore[arg-type]
-
     def _discounted(self, launch, b: BatchShape, reread: float | None = None):
-        """`launch` (the shape's own, `shape_launch`) with its shared-prefix reads discounted
-        as `_varlen_launch` says; the re-read fit prices one launch at many fractions."""
+        """`launch` (the shape's own, `shape_launch`) with its shared-prefix reads discounted:
+        `reread` is the fraction to use (default the fitted one; none without rows or without
+        the shared count). The re-read fit prices one launch at many fractions."""
         shared = b.shared_context_tokens
         if not shared:
             return launch
@@ -331,16 +344,6 @@ class CalibratedCostModel:
         if context == 0:
             return launch
         return launch.reread(min(shared, context) / context, reread)
-
-    def _spread_s(self, b: BatchShape, padded: int, graph: bool) -> float:
-        """Seconds the decode step's unequal programs add (see `pagesim.cost.corrections.spread`)."""
-        kappa = self._blended(self._spread_frac, self._spread, b.block_size)
-        return kappa * self._decode_kernel.program_spread(  # type: ignore[union-attr]
-            padded,
-            graph,
-            b.decode_context_sum / b.num_decode_seqs,
-            longest_context(b.decode_context_tokens),
-        )
 
     @property
     def single_prefill_bias(self) -> dict[int, PrefillBias]:
@@ -395,27 +398,81 @@ class CalibratedCostModel:
             weights = memo[block_size] = blend_weights(fitted, block_size)
         return weights
 
+    def _blend(self, block_size: int) -> tuple:
+        """(decode, prefill) surfaces' blend weights at `block_size`, memoized."""
+        weights = self._weights[block_size] = (
+            blend_weights(self._decode, block_size),
+            blend_weights(self._prefill, block_size),
+        )
+        return weights
+
+    def _decode_work(
+        self, block_size: int, context_sum: int, shared: int | None, reread: float | None
+    ) -> float:
+        """Context tokens a decode group reads, its shared-block reads at their re-read cost
+        (`reread`, default the fitted one; `pagesim.cost.corrections.reread`)."""
+        work: float = context_sum
+        if shared and (self._reread or reread is not None):
+            frac = (
+                reread
+                if reread is not None
+                else self._blended(self._reread_frac, self._reread, block_size)
+            )
+            work -= (1.0 - frac) * min(shared, context_sum)
+        return work
+
+    def _decode_parts(
+        self,
+        block_size: int,
+        num_seqs: int,
+        context_sum: int,
+        contexts: Sequence[int],
+        shared: int | None,
+        reread: float | None = None,
+    ) -> tuple[float, float]:
+        """`_parts` of a decode-only step: at its CUDA graph's padded batch, if any; with
+        spread rows, the real sequences' work over the padded rows plus the unequal programs
+        (`pagesim.cost.corrections.spread`)."""
+        weights = self._weights.get(block_size) or self._blend(block_size)
+        base = self._decode_base.get(num_seqs)
+        if base is None:
+            graph = self._decode_graph(num_seqs)
+            padded = self.padded_batch(num_seqs) if graph else num_seqs
+            base = self._decode_base[num_seqs] = (graph, padded, self._other_for(graph, padded))
+        graph, n, other = base
+        total = other
+        spread = self._spread
+        c = self._decode_work(block_size, context_sum, shared, reread) / (n if spread else num_seqs)
+        for w, s in weights[0]:
+            total += w * s(n, c)
+        if spread:
+            kappa = self._blended(self._spread_frac, spread, block_size)
+            total += kappa * self._decode_kernel.program_spread(  # type: ignore[union-attr]
+                n, graph, context_sum / num_seqs, longest_context(contexts)
+            )
+        return total, other
+
     def _parts(self, b: BatchShape, reread: float | None = None) -> tuple[float, float]:
         """(device time, its `other` share) before clamping; `reread` prices a decode-only
         step's shared-block reads at that fraction instead of the fitted one (for the fit)."""
-        weights = self._weights.get(b.block_size)
-        if weights is None:
-            weights = self._weights[b.block_size] = (
-                blend_weights(self._decode, b.block_size),
-                blend_weights(self._prefill, b.block_size),
+        if not b.prefill_new_tokens:
+            return self._decode_parts(
+                b.block_size,
+                b.num_decode_seqs,
+                b.decode_context_sum,
+                b.decode_context_tokens,
+                b.shared_context_tokens,
+                reread,
             )
-        dec_w, pre_w = weights
-        n = b.num_decode_seqs
-        if b.prefill_new_tokens and self._varlen:
-            padded = self.padded_tokens(b.total_tokens)
-            graph = padded is not None
-            other = self._other_for(graph, padded if padded is not None else b.total_tokens)
-            launch = self._varlen_launch(b, padded)
-            attention = sum(
+        padded = self.padded_tokens(b.total_tokens)
+        graph = padded is not None
+        total = other = self._other_for(graph, padded if padded is not None else b.total_tokens)
+        if self._varlen:
+            launch = self._discounted(shape_launch(self._varlen_kernel, b, padded), b)  # type: ignore[arg-type]  # set with `_varlen`
+            total += sum(
                 w * fit(launch, graph)
                 for w, fit in self._memo_weights(self._varlen_blend, self._varlen, b.block_size)
             )
-            total = other + attention
             if not graph and len(b.prefill_new_tokens) == 1 and self._prefill_bias:
                 new = b.prefill_new_tokens[0]
                 total *= 1.0 + sum(
@@ -425,39 +482,19 @@ class CalibratedCostModel:
                     )
                 )
             return total, other
-        if not b.prefill_new_tokens:  # decode-only: the decode graphs, if any
-            base = self._decode_base.get(n)
-            if base is None:
-                graph = self._decode_graph(n)
-                padded = self.padded_batch(n) if graph else n
-                base = self._decode_base[n] = (graph, padded, self._other_for(graph, padded))
-            graph, n, other = base
-            total = other
-        else:
-            padded = self.padded_tokens(b.total_tokens)
-            graph = padded is not None
-            tokens = padded if padded is not None else b.total_tokens
-            total = other = self._other_for(graph, tokens)
+        # per-entry residuals, less the fixed cost every part but one carries (multi_part)
+        dec_w, pre_w = self._weights.get(b.block_size) or self._blend(b.block_size)
+        n = b.num_decode_seqs
         parts = 0
         if n:
-            # decode-only steps with spread rows: the real sequences' work over the padded
-            # rows, plus the unequal programs (`pagesim.cost.corrections.spread`)
-            spread = self._spread and not b.prefill_new_tokens
-            rows = n if spread else b.num_decode_seqs
-            work: float = b.decode_context_sum
-            shared = b.shared_context_tokens
-            if shared and (self._reread or reread is not None):
-                frac = (
-                    reread
-                    if reread is not None
-                    else self._blended(self._reread_frac, self._reread, b.block_size)
+            c = (
+                self._decode_work(
+                    b.block_size, b.decode_context_sum, b.shared_context_tokens, reread
                 )
-                work -= (1.0 - frac) * min(shared, b.decode_context_sum)
-            c = work / rows
+                / n
+            )
             for w, s in dec_w:
                 total += w * s(n, c)
-            if spread:
-                total += self._spread_s(b, n, graph)
             parts = 1
         for q, ctx in zip(b.prefill_new_tokens, b.prefill_context_tokens, strict=True):
             for w, s in pre_w:

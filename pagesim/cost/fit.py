@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +21,7 @@ from pagesim.cost.calibrated import MS, CalibratedCostModel
 from pagesim.cost.corrections import CORRECTIONS, enabled_corrections
 from pagesim.cost.corrections.reread import shared_spread_shape
 from pagesim.cost.profile import TABLES, Profile
+from pagesim.cost.profile_rows import row_batch
 from pagesim.errors import ConfigError
 
 
@@ -163,24 +166,11 @@ def _report(
         profile.replace_tables(overhead=(), **fit_tables),
         disabled_corrections=disabled_corrections,
     )
-    shapes = {
+    shapes: dict[str, Callable[[Any], Any]] = {  # a held-out row -> its BatchShape
         "decode": lambda r: BatchShape.decode(r.batch_size, r.context_len, r.block_size),
-        "prefill": lambda r: BatchShape.prefill(
-            r.num_new_tokens, r.num_cached_tokens, r.block_size
-        ),
-        "mixed": lambda r: BatchShape.mixed(
-            r.num_new_tokens,
-            r.num_cached_tokens,
-            r.decode_batch_size,
-            r.decode_context_len,
-            r.block_size,
-        ),
-        "multi_prefill": lambda r: BatchShape(
-            r.block_size,
-            r.num_entries * r.num_new_tokens,
-            prefill_new_tokens=[r.num_new_tokens] * r.num_entries,
-            prefill_context_tokens=[r.num_cached_tokens] * r.num_entries,
-        ),
+        "prefill": lambda r: row_batch("prefill", r),
+        "mixed": lambda r: row_batch("mixed", r),
+        "multi_prefill": lambda r: row_batch("multi", r),
         "decode_shared": lambda r: dataclasses.replace(
             BatchShape.decode(r.batch_size, r.context_len, r.block_size),
             shared_context_tokens=r.batch_size * r.shared_len,

@@ -137,28 +137,26 @@ class ProfileMetadata:
     kv_cache_dtype: str = "auto"
     tensor_parallel_size: int = 1
     # TP > 1 only: true, step rows were timed on the whole group (all-reduces included); false,
-    # on one rank's shard alone (the cost model adds the all-reduces). Format version 2.
+    # on one rank's shard alone (the cost model adds the all-reduces)
     allreduce_in_step_times: bool = True
     attention_backend: str = ""  # kernel name/version timed
     grid: dict[str, list[int]] = field(default_factory=dict)  # axis name -> measured values
     num_gpu_blocks: dict[int, int] = field(default_factory=dict)  # block_size -> blocks
-    # decode-only steps replayed CUDA graphs at these padded batch sizes, ascending; empty:
-    # eager decode steps (and every version-1/2 file). Format version 3.
+    # decode-only steps replayed CUDA graphs at these padded batch sizes, ascending (empty: eager)
     cuda_graph_sizes: list[int] = field(default_factory=list)
     # every other step of at most max(these) tokens replayed a CUDA graph at the smallest of
-    # these token counts >= its tokens; empty: eager. Format version 4.
+    # these token counts >= its tokens; empty: eager
     cuda_graph_token_sizes: list[int] = field(default_factory=list)
     # the variable-length attention kernel's query tokens per program and keys per tile
-    # (0: not recorded; prefill steps are then priced per entry). Format version 4.
+    # (0: not recorded; prefill steps are then priced per entry)
     varlen_block_q: int = 0
     varlen_tile_n: int = 0
     # the split-K decode kernel's context tokens per tile and programs resident per SM (0: not
-    # recorded; decode steps are then priced at their mean context alone). Format version 5.
+    # recorded; decode steps are then priced at their mean context alone)
     decode_tile_n: int = 0
     decode_programs_per_sm: int = 0
     # host time a step with prefill entries spends beyond overhead.csv's decode-only time at
-    # its batch size: per step, and per prefill entry (ms; None: not measured, no extra).
-    # Format version 6.
+    # its batch size: per step, and per prefill entry (ms; None: not measured, no extra)
     overhead_prefill_step_ms: float | None = None
     overhead_per_prefill_ms: float | None = None
     gpu_memory_utilization: float | None = None

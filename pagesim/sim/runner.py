@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from itertools import chain
 
 from pagesim.cost.base import BatchShape, CostModel, longest_context
-from pagesim.cost.decode_only import decode_only_pricer
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, sample_synthetic
 
 
@@ -33,8 +32,9 @@ class CostModelRunner:
         self.cost_model = cost_model
         self.vocab_size = vocab_size
         self.shared_block_refs = shared_block_refs
-        # decode-only steps without a BatchShape, where the cost model has such a path
-        self._decode_price = decode_only_pricer(cost_model)
+        # decode-only steps without a BatchShape, where the cost model prices them so
+        # (`CalibratedCostModel.decode_step_time`); else through `step_time`
+        self._decode_price = getattr(cost_model, "decode_step_time", None)
 
     def _priced(self, shape: BatchShape) -> float:
         if self.shared_block_refs is not None:

@@ -1,5 +1,5 @@
-"""`pagesim.cost.decode_only`: a decode-only step priced without a BatchShape equals
-`CalibratedCostModel.step_time` of the shape, float for float (first call and memoized)."""
+"""`CalibratedCostModel.decode_step_time`: a decode-only step priced without a BatchShape
+equals `step_time` of the shape, float for float (first call and memoized)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pagesim.config import EngineConfig
 from pagesim.cost.analytical import AnalyticalCostModel
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
-from pagesim.cost.decode_only import decode_only_pricer
 from pagesim.sim.build import build_cost_model, default_profile
 
 
@@ -25,17 +24,15 @@ def shipped_model(request):
 
 
 def _check(model, rng, count: int) -> None:
-    price = decode_only_pricer(model)
-    assert price is not None
     for _ in range(count):
         bs = int(rng.choice([8, 16, 32]))
         n = int(rng.integers(1, 300))
         contexts = [int(c) for c in rng.integers(1, 4000, size=n)]
         shared = None if rng.random() < 0.3 else int(rng.integers(0, sum(contexts) + 1))
         shape = BatchShape(bs, n, n, sum(contexts), contexts, shared_context_tokens=shared)
+        first = model.decode_step_time(bs, n, sum(contexts), contexts, shared)  # fills memos
         want = model.step_time(shape)
-        for _ in range(2):  # the first call may fill the memos, the second uses them
-            got = price(bs, n, sum(contexts), contexts, shared)
+        for got in (first, model.decode_step_time(bs, n, sum(contexts), contexts, shared)):
             assert got.hex() == want.hex(), (bs, n, shared)
 
 
@@ -49,6 +46,6 @@ def test_profile_with_shared_rows(clean_profile) -> None:
     _check(model, np.random.default_rng(2), 100)
 
 
-def test_unknown_models_have_no_pricer() -> None:
+def test_other_models_are_priced_through_step_time() -> None:
     config = EngineConfig.create()
-    assert decode_only_pricer(AnalyticalCostModel(config.model_spec, config.gpu_spec)) is None
+    assert not hasattr(AnalyticalCostModel(config.model_spec, config.gpu_spec), "decode_step_time")

@@ -137,7 +137,7 @@ def fit_varlen_reread(model, profile: Profile) -> dict[int, float]:
                 (shape, padded, other, plain, r.step_time_ms / r.reference_step_time_ms, launch)
             )
 
-        # each fraction discounts the row's one launch (`model._varlen_launch` of the shape)
+        # each fraction discounts the row's one launch (`model._discounted` of the shape's launch)
         def error(frac: float, fit=fit, cases=cases) -> float:
             return sum(
                 (
