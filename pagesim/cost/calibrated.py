@@ -371,7 +371,7 @@ class CalibratedCostModel:
 
     @property
     def reread_fraction(self) -> dict[int, float]:
-        """Block size -> cost of re-reading a shared block (see `_fit_reread`); empty when
+        """Block size -> cost of re-reading a shared block (`corrections.reread`); empty when
         the profile has no shared-prefix rows."""
         return dict(self._reread)
 
