@@ -442,11 +442,14 @@ class CalibratedCostModel:
         graph, n, other = base
         total = other
         spread = self._spread
-        c = self._decode_work(block_size, context_sum, shared, reread) / (n if spread else num_seqs)
+        work = self._decode_work(block_size, context_sum, shared, reread) if shared else context_sum
+        c = work / (n if spread else num_seqs)
         for w, s in weights[0]:
             total += w * s(n, c)
         if spread:
-            kappa = self._blended(self._spread_frac, spread, block_size)
+            kappa = self._spread_frac.get(block_size)
+            if kappa is None:
+                kappa = self._blended(self._spread_frac, spread, block_size)
             total += kappa * self._decode_kernel.program_spread(  # type: ignore[union-attr]
                 n, graph, context_sum / num_seqs, longest_context(contexts)
             )
