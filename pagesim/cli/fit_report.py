@@ -58,7 +58,7 @@ def fit_report_command(
     print(report.to_markdown())
     print("\neach correction off alone, the same held-out rows (MAPE %, pagesim.cost.corrections):")
     print(contributions_markdown(correction_contributions(loaded, holdout_fraction, seed)))
-    bias = CalibratedCostModel(loaded, disabled_corrections=off).single_prefill_bias
+    bias = CalibratedCostModel(loaded, disabled_corrections=off).fits["prefill_bias"]
     if bias:
         print(
             "\nsingle-prefill bias (a one-prefill eager step's factor less 1, "

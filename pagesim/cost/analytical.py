@@ -42,63 +42,47 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
 class AnalyticalConstants:
     """Efficiencies and fixed costs of the roofline, each with where it comes from."""
 
-    # The efficiencies, the per-layer time, the host terms and the all-reduce terms below are
-    # fitted to measurements: `benchmarks/analytical_vs_measured.py` (commit ba7aed8) fitted them by least
-    # squares (on the log ratio) to every decode and prefill row at block size 16 of three
-    # H200 profiles (llama-2-7b and llama-3-8b on one GPU as shipped before the runner staged
-    # its inputs, `results/validation/rebuilt_inputs/`, and the shipped llama-3-70b at TP 2,
-    # all with CUDA graphs), reports each one's error when it is left out of the fit, and the
-    # error on the shipped profiles, which the fit never saw. The
-    # rows are pagesim's own runner (Triton paged attention, unfused torch layers), so these
-    # constants price that runner; a serving stack with fused kernels runs faster. On another
-    # GPU the efficiencies are taken as the same shares of that GPU's datasheet rates: an
-    # assumption, until a profile of that GPU exists.
+    # The efficiencies, the per-layer time, the host terms and the all-reduce terms are fitted
+    # to pagesim's own runner on three H200 profiles (docs/cost_model.md, "Analytical", says
+    # on what, with what error, and the fitted values these are rounded from); on another GPU
+    # they are taken as the same shares of its datasheet rates, an assumption until a profile
+    # of that GPU exists.
 
-    # Share of the datasheet HBM bandwidth reached when streaming weights (GEMV-like decode).
-    # Bounded by 0.90, the share a straight copy reaches on an H200 (4.3 of 4.8 TB/s,
-    # DESIGN.md section 6); the fit sits at that bound, the per-layer time below taking the
-    # rest of a small step.
+    # Share of the datasheet HBM bandwidth reached when streaming weights (GEMV-like decode),
+    # bounded by the share a straight device copy reaches; the fit sits at that bound.
     weight_bandwidth_efficiency: float = 0.90
-    # Share of the dense fp16/bf16 peak reached by the step's GEMMs (fitted: 0.585).
+    # Share of the dense fp16/bf16 peak reached by the step's GEMMs (fitted).
     gemm_flops_efficiency: float = 0.59
     # Share of the HBM bandwidth reached by paged decode attention before the per-block cost
     # below. Bounded by the copy ceiling like the weights; the fit sits at it.
     attention_bandwidth_efficiency: float = 0.90
-    # Share of peak FLOPs reached by prefill attention (fitted: 0.251). Well below the 50-73 %
-    # FlashAttention-2 (Dao, 2023) reports for its forward pass: the paged prefill kernel
+    # Share of peak FLOPs reached by prefill attention (fitted): the paged prefill kernel
     # gathers K/V through the block table and is not FlashAttention.
     attention_flops_efficiency: float = 0.25
     # Per KV block read, the kernel pays a fixed cost (a block-table load, then a dependent
     # address computation before the K/V loads issue, one more loop iteration), counted as the
-    # time to read this many extra tokens of K/V. With 4, block size 16 costs 4/16 = 25 % over
-    # contiguous K/V, in line with the 20-26 % higher attention-kernel latency that the vLLM
-    # paper (Kwon et al., SOSP 2023, section 7.1) measured for PagedAttention against
-    # FasterTransformer. Smaller blocks cost more; the paper's block-size ablation (section
-    # 7.2) also finds small blocks underuse the GPU. It inflates memory time only, so
-    # compute-bound prefill attention is unaffected. Not fitted (the fit uses block 16 only).
+    # time to read this many extra tokens of K/V: block size 16 costs 4/16 = 25 % over
+    # contiguous K/V, in line with the vLLM paper's PagedAttention kernel against
+    # FasterTransformer (Kwon et al., SOSP 2023, section 7.1). It inflates memory time only,
+    # so compute-bound prefill attention is unaffected. Not fitted (the fit uses block 16).
     paged_block_overhead_tokens: float = 4.0
-    # Fixed time per decoder layer per step, whatever the batch (fitted: 114.6 us). The
-    # roofline has no term for it: each layer runs a dozen kernels (norms, rotary embedding,
-    # KV-cache write, attention, activations, residual adds), each with a latency of its own
-    # even inside a CUDA graph. It is most of a small decode step: 3.7 of llama-2-7b's 5.8 ms
-    # at batch 1.
+    # Fixed time per decoder layer per step, whatever the batch (fitted): each layer runs a
+    # dozen kernels, each with a latency of its own even inside a CUDA graph, which the
+    # roofline has no term for. It is most of a small decode step.
     per_layer_overhead_s: float = 115e-6
     # Host time per step (scheduler, input preparation, graph launch) and per scheduled
-    # request (block-table rows, sampling): a line fitted to those three profiles' measured
-    # host-overhead tables (0.14 ms + 4.1 us per request). A profile's own overhead.csv
-    # replaces them.
+    # request (block-table rows, sampling), a line fitted to the profiles' host-overhead
+    # tables. A profile's own overhead.csv replaces them.
     step_overhead_s: float = 0.14e-3
     per_request_overhead_s: float = 4.1e-6
-    # Share of the host-link peak reached by pinned-memory swap copies. Assumption (PCIe
+    # Share of the host-link peak reached by pinned-memory swap copies (an assumption: PCIe
     # copies typically reach ~80 % of the link's per-direction peak).
     host_link_efficiency: float = 0.80
     # Latency of one small all-reduce between GPUs of one node, and the share of the
     # per-direction link rate that a large one reaches as NCCL "bus bandwidth" (busbw =
-    # bytes / time * 2 (tp - 1) / tp). Fitted to the all-reduce table measured on 2 x H200
-    # over NVLink, NCCL without NVLS (calibration/h200/llama-3-70b-tp2/allreduce.csv: 25-38 us
-    # up to 4 MiB, 905 us for 256 MiB): 31.9 us and 0.716. The latency is held constant in
-    # tp (NCCL's small-message tree/LL protocols, not a 2 (tp - 1)-hop ring); TP 4 and 8 are
-    # unmeasured. A measured allreduce.csv replaces both.
+    # bytes / time * 2 (tp - 1) / tp), fitted to the all-reduce table of 2 x H200 over NVLink.
+    # The latency is held constant in tp (NCCL's small-message protocols, not a ring); TP 4
+    # and 8 are unmeasured. A measured allreduce.csv replaces both.
     allreduce_latency_s: float = 32.0e-6
     allreduce_bandwidth_efficiency: float = 0.72
 

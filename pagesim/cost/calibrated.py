@@ -15,26 +15,20 @@ which can be switched off (`disabled_corrections`).
 
 The grid. `other` is piecewise linear in tokens through the median `other_ms` of the rows with
 that token count; a row's residual is its step time less other(its tokens), so a pure decode
-or single-prefill grid point is reproduced. Each residual surface z(u, v) (decode: batch,
-mean context; prefill: new, cached tokens) is a non-negative least-squares backbone on the
-terms the kernels' work is made of, which extrapolates the way the hardware does and holds a
-ragged grid together, plus the measured deviation from it, interpolated within the grid and
-held flat outside it (`pagesim.cost.surface`). Block sizes between measured ones interpolate
-linearly in log2(block size); outside the measured range the nearest is used. The total is
-never negative.
+or single-prefill grid point is reproduced. Each residual surface (decode: batch, mean
+context; prefill: new, cached tokens) is a backbone on the kernels' work terms plus the
+measured deviation from it (`pagesim.cost.surface`). Block sizes between measured ones
+interpolate linearly in log2(block size); outside the measured range the nearest is used.
+The total is never negative.
 
 CUDA graphs. A decode-only step of n sequences replays the graph of the smallest captured size
-P >= n (`cuda_graph_sizes`) and is priced at the grid point of P; a larger step runs eagerly
-at its own batch. With mixed graphs (`cuda_graph_token_sizes`) every other step of T tokens up
-to the largest size replays the graph of the smallest size T' >= T, and its `other` is
-other(T'). A graph step and an eager step of equal tokens differ (an eager step carries Python
-launches that a replay does not), so such a profile keeps one `other` line per mode, and each
-row's residual is taken against the line of its own mode.
-
-Tensor parallelism (`tensor_parallel_size` N > 1): a step's all-reduces are priced from the
-profile's `allreduce.csv` rows of tp N, else by the analytical term
-(`pagesim.cost.allreduce_pricing`). Step rows timed on the whole group hold them already: they
-are reported apart, carved out of `other`. Rows timed on one rank's shard get them added.
+P >= n (`cuda_graph_sizes`) and is priced at the grid point of P. With mixed graphs
+(`cuda_graph_token_sizes`) every other step of T tokens replays the graph of the smallest size
+T' >= T, and its `other` is other(T'), from a line through the graph rows alone: a graph
+replay and an eager step of equal tokens differ by the Python launches. Larger steps run
+eagerly at their own size. All-reduces (TP > 1): `pagesim.cost.allreduce_pricing`; step rows
+timed on the whole group hold them already, and they are reported apart, carved out of
+`other`.
 """
 
 from __future__ import annotations
@@ -79,9 +73,8 @@ class CalibratedCostModel:
     datasheet rate times `AnalyticalConstants.host_link_efficiency`. A step that needs a rate
     nobody gave raises `ConfigError` rather than costing it as zero. `tensor_parallel_size`
     (optional) must equal the profile's: step times of one TP degree say nothing of another.
-    All-reduces of a TP profile are priced only with `model` (see the module docstring).
     `disabled_corrections` names corrections to leave off (`pagesim.cost.corrections`);
-    `corrections` lists those on, in their order.
+    `corrections` lists those on, in their order, and `fits` what they fitted.
     """
 
     def __init__(
@@ -181,8 +174,6 @@ class CalibratedCostModel:
                 self._measured_s,
                 lambda shape: self._parts(shape)[0],
             )
-        self.shared_s = self._shared[False]  # eager steps' (and every step's without graphs)
-        self.shared_graph_s = self._shared[True]  # mixed-graph steps'
         # ---- host time, swaps and copies
         overhead: dict[float, list[float]] = {
             r.num_reqs: [r.overhead_ms * MS] for r in profile.overhead
@@ -275,10 +266,9 @@ class CalibratedCostModel:
         contexts: Sequence[int],
         shared: int | None = None,
     ) -> float:
-        """`step_time` of a step of `num_seqs` (>= 1) decodes and nothing else (no swap, no
-        copy) over `contexts` (their sum `context_sum`), reading `shared` context tokens from
-        shared blocks (None: unknown), without building a `BatchShape`: the simulator's decode
-        fast path prices most of its steps so. `step_time` of such a shape takes the same path."""
+        """`step_time` of `num_seqs` (>= 1) decodes and nothing else over `contexts` (their sum
+        `context_sum`), `shared` of them in shared blocks (None: unknown), without a
+        `BatchShape` (the decode fast path's steps); `step_time` of such a shape runs this."""
         other, attention, allreduce, host = self._device_and_host(
             *self._decode_parts(block_size, num_seqs, context_sum, contexts, shared),
             num_seqs,
@@ -345,40 +335,30 @@ class CalibratedCostModel:
             return launch
         return launch.reread(min(shared, context) / context, reread)
 
-    @property
-    def single_prefill_bias(self) -> dict[int, PrefillBias]:
-        """Block size -> the factor less 1 on a one-prefill eager step, by its new tokens:
-        what the variable-length fit leaves on its eager rows with one prefill entry
-        (`pagesim.cost.corrections.prefill_bias`; empty without the fit)."""
-        return dict(self._prefill_bias)
-
-    @property
-    def decode_spread_s_per_token(self) -> dict[int, float]:
-        """Block size -> seconds per token of (longest - mean) decode program length (empty
-        without decode_spread rows or without the decode kernel's launch parameters)."""
-        return dict(self._spread)
-
-    @property
-    def reread_fraction_varlen(self) -> dict[int, float]:
-        """Block size -> re-read cost in the variable-length kernel (empty without rows)."""
-        return dict(self._reread_varlen)
-
     def _decode_graph(self, n: int) -> bool:
         return bool(self._graph_sizes) and n <= self._graph_sizes[-1]
 
-    def _padded_decode(self, n: int) -> int:
-        return self.padded_batch(n) if self._decode_graph(n) else n
+    @property
+    def fits(self) -> dict[str, dict]:
+        """Each correction's fitted values, empty where it is off or had nothing to fit on:
+        `multi_part` graph mode -> seconds; by block size, `varlen` -> `VarlenFit`, `spread`
+        -> seconds per token of (longest - mean) program length, `reread` -> fraction in the
+        decode kernel, `reread_varlen` -> in the variable-length one, `prefill_bias` ->
+        `PrefillBias` (the one-prefill eager step's factor less 1, by its new tokens)."""
+        return {
+            "multi_part": dict(self._shared),
+            "varlen": dict(self._varlen),
+            "spread": dict(self._spread),
+            "reread": dict(self._reread),
+            "reread_varlen": dict(self._reread_varlen),
+            "prefill_bias": dict(self._prefill_bias),
+        }
 
     @property
     def reread_fraction(self) -> dict[int, float]:
         """Block size -> cost of re-reading a shared block (`corrections.reread`); empty when
         the profile has no shared-prefix rows."""
         return dict(self._reread)
-
-    @property
-    def varlen_fits(self) -> dict:
-        """Block size -> `VarlenFit` (empty: prefill steps are priced per entry)."""
-        return dict(self._varlen)
 
     @staticmethod
     def _blended(memo: dict[int, float], fitted: dict[int, float], block_size: int) -> float:
@@ -437,7 +417,7 @@ class CalibratedCostModel:
         base = self._decode_base.get(num_seqs)
         if base is None:
             graph = self._decode_graph(num_seqs)
-            padded = self.padded_batch(num_seqs) if graph else num_seqs
+            padded = self.padded_batch(num_seqs)  # itself when it runs eagerly
             base = self._decode_base[num_seqs] = (graph, padded, self._other_for(graph, padded))
         graph, n, other = base
         total = other

@@ -18,7 +18,7 @@ import numpy as np
 
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import MS, CalibratedCostModel
-from pagesim.cost.corrections import CORRECTIONS, enabled_corrections
+from pagesim.cost.corrections import CORRECTIONS
 from pagesim.cost.corrections.reread import shared_spread_shape
 from pagesim.cost.profile import TABLES, Profile
 from pagesim.cost.profile_rows import row_batch
@@ -50,10 +50,7 @@ class FitReport:
             "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for r in self.rows:
-            cells = [
-                f"{v:.2f}" if v is not None else "n/a"
-                for v in (r.mape_pct, r.max_abs_pct, r.bias_pct)
-            ]
+            cells = [_pct(v) for v in (r.mape_pct, r.max_abs_pct, r.bias_pct)]
             lines.append(
                 f"| {r.table} | {r.num_fit} | {r.num_holdout} | " + " | ".join(cells) + " |"
             )
@@ -93,7 +90,6 @@ def correction_contributions(
 ) -> dict[str | None, FitReport]:
     """`fit_report` with every correction on (key None) and with each one off alone (its
     name), all on the same held-out rows."""
-    enabled_corrections()  # the names are known
     profile, fit_tables, held = _split(profile, holdout_fraction, seed)
     return {
         name: _report(
@@ -114,7 +110,7 @@ def contributions_markdown(reports: dict[str | None, FitReport]) -> str:
     ]
     ref = base.rows[-1].mape_pct
     for name, report in reports.items():
-        cells = [f"{r.mape_pct:.2f}" if r.mape_pct is not None else "n/a" for r in report.rows]
+        cells = [_pct(r.mape_pct) for r in report.rows]
         now = report.rows[-1].mape_pct
         delta = f"{now - ref:+.2f}" if now is not None and ref is not None else "n/a"
         label = "all on" if name is None else f"without {name}"
@@ -191,6 +187,10 @@ def _report(
         report.append(_fit_row(name, len(fit_tables[name]), errors))
     report.append(_fit_row("all", sum(len(t) for t in fit_tables.values()), every))
     return FitReport(holdout_fraction, seed, tuple(report))
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "n/a"
 
 
 def _fit_row(table: str, num_fit: int, errors: list[float]) -> FitRow:

@@ -53,14 +53,8 @@ A profile may carry `source_scales`: a merged profile's spread, each source cali
 step-time level against the merged one (`pagesim.cost.profile_merge`); run and plan price at
 its ends to say how far a GPU's speed level moves an answer. Optional: written only when known.
 
-The GPU calibrator fills the records and saves them; the simulator loads them:
-
-    meta = ProfileMetadata(gpu="h200", model="llama-2-7b", gpu_name=..., driver=..., cuda=...,
-                           torch=..., triton=..., dtype="bfloat16", date=..., grid=...,
-                           num_gpu_blocks={16: ...}, method="CUDA events, 3 warm-up, 20 runs")
-    Profile(meta, decode=tuple(decode_rows), prefill=tuple(prefill_rows),
-            mixed=tuple(mixed_rows)).save(profile_dir("calibration", "h200", "llama-2-7b"))
-    profile = Profile.load(profile_dir("calibration", "h200", "llama-2-7b"))
+The GPU calibrator builds a `Profile(ProfileMetadata(...), decode=..., prefill=..., ...)` and
+saves it under `profile_dir(root, gpu, model)`; the simulator loads it with `Profile.load`.
 
 Any malformed file raises `ProfileError` with one line naming the file, the line, the field and
 the value. Floats are written with `repr`, so save-then-load is exact.
@@ -196,16 +190,12 @@ class ProfileMetadata:
         if not isinstance(data, dict):
             raise ProfileError(f"{where}: expected a JSON object")
         version = data.get("format_version")
-        if type(version) is int and 1 <= version < PROFILE_FORMAT_VERSION:
+        if type(version) is not int or version != PROFILE_FORMAT_VERSION:
+            older = type(version) is int and 1 <= version < PROFILE_FORMAT_VERSION
+            hint = f"; convert it with `pagesim migrate-profile {Path(where).parent}`"
             raise ProfileError(
-                f"{where}: format_version={version} is older than this pagesim reads "
-                f"({PROFILE_FORMAT_VERSION}); convert it with "
-                f"`pagesim migrate-profile {Path(where).parent}`"
-            )
-        if version != PROFILE_FORMAT_VERSION or type(version) is not int:
-            raise ProfileError(
-                f"{where}: format_version={version!r} is not supported "
-                f"(this pagesim reads {PROFILE_FORMAT_VERSION})"
+                f"{where}: format_version={version!r} is not supported (this pagesim reads "
+                f"{PROFILE_FORMAT_VERSION}){hint if older else ''}"
             )
         known = {f.name for f in fields(cls)}
         for key in data:
@@ -240,10 +230,6 @@ class ProfileMetadata:
             value = getattr(self, f.name)
             if f.type == "str" and not isinstance(value, str):
                 raise ProfileError(f"{where}: {f.name}={value!r} must be a string")
-        if self.format_version != PROFILE_FORMAT_VERSION:
-            raise ProfileError(
-                f"{where}: format_version={self.format_version!r} must be {PROFILE_FORMAT_VERSION}"
-            )
         for name in ("gpu", "model"):
             if not getattr(self, name):
                 raise ProfileError(f"{where}: {name} must not be empty")

@@ -1,16 +1,9 @@
 """Older calibration profiles rewritten in the current format (`pagesim migrate-profile`).
 
 The reader takes one `format_version`; this is the one place that knows the older ones. Each
-version added metadata keys whose defaults say what an older file meant, so converting a file
-is giving it the current version number and saving it again (the tables are unchanged):
-
-    2  allreduce_in_step_times (a version-1 TP profile was timed on the whole group: true)
-       and allreduce.csv
-    3  cuda_graph_sizes (older runners were eager: empty)
-    4  cuda_graph_token_sizes (empty), varlen_block_q and varlen_tile_n (0: not recorded),
-       and multi_prefill.csv
-    5  decode_tile_n and decode_programs_per_sm (0: not recorded)
-    6  overhead_prefill_step_ms and overhead_per_prefill_ms (None: not measured)
+version added metadata keys whose defaults say what an older file meant (`ADDED_KEYS`), so
+converting a file is giving it the current version and saving it again; the tables did not
+change (version 2 added allreduce.csv and version 4 multi_prefill.csv, both optional).
 """
 
 from __future__ import annotations
@@ -27,13 +20,14 @@ from pagesim.cost.profile import (
     read_profile_json,
 )
 
-#: version -> the metadata keys it added (an older file must not hold them)
+#: version -> the metadata keys it added (an older file must not hold them), whose defaults
+#: say what an older file meant
 ADDED_KEYS: dict[int, tuple[str, ...]] = {
-    2: ("allreduce_in_step_times",),
-    3: ("cuda_graph_sizes",),
-    4: ("cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n"),
-    5: ("decode_tile_n", "decode_programs_per_sm"),
-    6: ("overhead_prefill_step_ms", "overhead_per_prefill_ms"),
+    2: ("allreduce_in_step_times",),  # true: a TP profile was timed on the whole group
+    3: ("cuda_graph_sizes",),  # empty: eager decode steps
+    4: ("cuda_graph_token_sizes", "varlen_block_q", "varlen_tile_n"),  # eager; not recorded
+    5: ("decode_tile_n", "decode_programs_per_sm"),  # 0: not recorded
+    6: ("overhead_prefill_step_ms", "overhead_per_prefill_ms"),  # None: not measured
 }
 
 
@@ -42,9 +36,7 @@ def migrate_profile(source: str | Path, target: str | Path | None = None) -> tup
     `target` (default: over `source`). Returns the version it had and the profile."""
     where = str(Path(source) / PROFILE_JSON)
     data = read_profile_json(source)
-    if not isinstance(data, dict):
-        raise ProfileError(f"{where}: expected a JSON object")
-    version = data.get("format_version")
+    version = data.get("format_version") if isinstance(data, dict) else None
     if type(version) is not int or not 1 <= version <= PROFILE_FORMAT_VERSION:
         raise ProfileError(
             f"{where}: format_version={version!r} is not a version this pagesim knows "

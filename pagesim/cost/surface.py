@@ -3,8 +3,11 @@
 `Pwl` is a line through measured points (flat below the first, linear between, a floored
 slope above the last). `Surface` is z(u, v) = backbone + deviation: a non-negative least-squares
 fit on the terms a kernel's work is made of, plus the measured residual of that fit,
-interpolated within the grid and held flat outside it (see `pagesim.cost.calibrated`'s module
-docstring for why). `blend_weights` picks the measured block sizes for another one.
+interpolated within the grid and held flat outside it. The backbone is linear in each work
+term, so it extrapolates the way the hardware does and holds a ragged grid together (large
+batches at long contexts may not fit and be absent); the deviation carries occupancy effects at
+small shapes that no line can, and must not be extrapolated. `blend_weights` picks the
+measured block sizes for another one.
 """
 
 from __future__ import annotations

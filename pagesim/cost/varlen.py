@@ -27,12 +27,8 @@ contexts, and the longest decode program of the last head is handed out after th
 work, so the step lasts about that work over the slots plus that program, not the longest
 program as if it ran alone (the measured comparison: docs/cost_model.md).
 
-Shared prefixes: when the step's sequences hold fewer distinct tokens U than their cached
-contexts add up to (C), a fraction (C - U) / C of the context reads are of blocks another
-sequence reads too; they cost `reread` of a first read (`Launch.reread`), a fraction fitted on
-calibration rows with shared prefixes against their unshared references.
-
-Why this and not one measured residual per prefill entry: `pagesim.cost.corrections.varlen`.
+Shared-prefix reads are discounted by `Launch.reread` (`pagesim.cost.corrections.reread`);
+why this model and not one residual per prefill entry: `pagesim.cost.corrections.varlen`.
 """
 
 from __future__ import annotations

@@ -51,10 +51,13 @@ def test_each_correction_off_changes_only_the_steps_it_is_about(shipped) -> None
 def test_multi_part_prices_the_parts_when_varlen_is_off(shipped) -> None:
     base = CalibratedCostModel(shipped, disabled_corrections=["varlen"])
     off = CalibratedCostModel(shipped, disabled_corrections=["varlen", "multi_part"])
-    assert base.shared_s > 0.0 and off.shared_s == off.shared_graph_s == 0.0
+    assert (
+        base.fits["multi_part"][False] > 0.0
+        and off.fits["multi_part"][False] == off.fits["multi_part"][True] == 0.0
+    )
     shape = STEPS["mixed"][0]
     graph = base.padded_tokens(shape.total_tokens) is not None
-    shared = base.shared_graph_s if graph else base.shared_s
+    shared = base.fits["multi_part"][True] if graph else base.fits["multi_part"][False]
     assert off.step_time(shape) - base.step_time(shape) == pytest.approx(shared)
 
 

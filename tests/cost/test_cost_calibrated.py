@@ -198,7 +198,7 @@ def test_block_size_exact_between_and_nearest_outside(clean_profile):
 
 def test_mixed_steps_share_the_fixed_cost_checked_against_mixed_table(synthetic_profile):
     cm = CalibratedCostModel(synthetic_profile.replace_tables(overhead=()))
-    assert cm.shared_s >= 0.0
+    assert cm.fits["multi_part"][False] >= 0.0
     for r in synthetic_profile.mixed:
         got = cm.step_time(
             BatchShape.mixed(
@@ -218,7 +218,7 @@ def test_shared_cost_is_removed_once_per_extra_part():
     rows = [PrefillRow(16, n, c, 2.0, 2.0, 2.0, 1.0, 1.0) for n in (10, 20) for c in (0, 50)]
     dec = [DecodeRow(16, b, c, 1.4, 1.4, 1.4, 0.4, 1.0) for b in (1, 2) for c in (10, 20)]
     cm = CalibratedCostModel(tiny_profile(dec, rows))
-    assert cm.shared_s == pytest.approx(0.4 * MS)
+    assert cm.fits["multi_part"][False] == pytest.approx(0.4 * MS)
     two = BatchShape(16, 30, prefill_new_tokens=[10, 20], prefill_context_tokens=[0, 0])
     assert cm.step_time(two) == pytest.approx((1.0 + 1.0 + 1.0 - 0.4) * MS)
 
@@ -230,7 +230,7 @@ def test_shared_cost_is_fitted_on_the_mixed_table():
     pre = [PrefillRow(16, n, c, 2.0, 2.0, 2.0, 1.0, 1.0) for n in (10, 20) for c in (0, 50)]
     mixed = [MixedRow(16, 10, 0, b, 10, 2.1, 2.1, 2.1, 1.1, 1.0) for b in (1, 2)]
     cm = CalibratedCostModel(tiny_profile(dec, pre).replace_tables(mixed=tuple(mixed)))
-    assert cm.shared_s == pytest.approx(0.3 * MS)
+    assert cm.fits["multi_part"][False] == pytest.approx(0.3 * MS)
     assert cm.step_time(BatchShape.mixed(20, 50, 2, 20)) == pytest.approx(2.1 * MS)
 
 

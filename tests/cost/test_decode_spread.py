@@ -83,8 +83,8 @@ def test_program_spread_is_the_longest_minus_the_mean_program() -> None:
 
 
 def test_spread_cost_is_recovered_from_rows_of_another_call(spread, plain) -> None:
-    assert plain.decode_spread_s_per_token == {}
-    got = spread.decode_spread_s_per_token
+    assert plain.fits["spread"] == {}
+    got = spread.fits["spread"]
     assert set(got) == {16, 32}
     for kappa in got.values():
         assert kappa == pytest.approx(KAPPA, rel=0.02)

@@ -117,11 +117,11 @@ def test_shared_cost_is_fitted_from_multi_prefill_rows(clean_profile):
     for k, n in ((2, 32), (4, 32), (8, 16), (2, 128)):
         shape = BatchShape(16, k * n, prefill_new_tokens=[n] * k, prefill_context_tokens=[0] * k)
         # sum of parts with no shared cost, from a model whose shared cost is zeroed
-        total = base.step_time(shape) + (k - 1) * base.shared_graph_s
+        total = base.step_time(shape) + (k - 1) * base.fits["multi_part"][True]
         step = total * 1e3 - (k - 1) * shared_ms
         multi.append(MultiPrefillRow(16, k, n, 0, step, step, step, 0.0, _other(base, shape) * 1e3))
     model = CalibratedCostModel(mixed_graph_profile(clean_profile, tuple(multi), False))
-    assert model.shared_graph_s == pytest.approx(shared_ms * 1e-3, rel=0.05)
+    assert model.fits["multi_part"][True] == pytest.approx(shared_ms * 1e-3, rel=0.05)
     for r in multi:  # the multi rows are then reproduced
         shape = BatchShape(
             16,

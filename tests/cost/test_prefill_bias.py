@@ -45,8 +45,8 @@ def _without_bias(profile: Profile) -> CalibratedCostModel:
 
 def test_an_exact_fit_has_no_bias(clean_profile) -> None:
     model = CalibratedCostModel(_with_varlen(clean_profile, TRUTH))
-    assert model.single_prefill_bias
-    for line in model.single_prefill_bias.values():
+    assert model.fits["prefill_bias"]
+    for line in model.fits["prefill_bias"].values():
         assert abs(line.intercept) < 1e-6 and abs(line.slope) < 1e-6
 
 
@@ -56,7 +56,7 @@ def test_one_prefill_steps_take_the_line_through_the_rows_the_fit_misses(clean_p
 
     profile = _slower(_with_varlen(clean_profile, TRUTH), factor)
     model, fit_only = CalibratedCostModel(profile), _without_bias(profile)
-    for bs, line in model.single_prefill_bias.items():
+    for bs, line in model.fits["prefill_bias"].items():
         rows = [r for r in profile.prefill if r.block_size == bs]
         x = [math.log2(r.num_new_tokens / 1024) for r in rows]
         y = [
@@ -70,7 +70,7 @@ def test_one_prefill_steps_take_the_line_through_the_rows_the_fit_misses(clean_p
         assert line.slope == pytest.approx(slope) and line.intercept == pytest.approx(intercept)
         assert line.slope > 0.0  # the fit leaves the longer prefills more to add
     r = profile.prefill[-1]
-    factor_r = 1.0 + model.single_prefill_bias[r.block_size](r.num_new_tokens)
+    factor_r = 1.0 + model.fits["prefill_bias"][r.block_size](r.num_new_tokens)
     # one prefill, alone or beside decodes: the fit's price times the line's factor
     for shape in (
         BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size),
@@ -95,11 +95,11 @@ def test_block_sizes_without_rows_blend_the_measured_lines(clean_profile) -> Non
         lambda r: 1.0 + 0.02 * math.log2(r.num_new_tokens) / r.block_size,
     )
     model, fit_only = CalibratedCostModel(profile), _without_bias(profile)
-    sizes = sorted(model.single_prefill_bias)
+    sizes = sorted(model.fits["prefill_bias"])
     if len(sizes) < 2:
         pytest.skip("the fixture measures prefill rows at one block size")
     mid = sizes[0] + 1  # between two measured block sizes: both weigh in
-    weights = blend_weights(model.single_prefill_bias, mid)
+    weights = blend_weights(model.fits["prefill_bias"], mid)
     assert len(weights) == 2 and all(0.0 < w < 1.0 for w, _ in weights)
     shape = BatchShape.prefill(2048, 0, mid)
     assert model.device_time(shape) == pytest.approx(

@@ -31,7 +31,9 @@ def test_older_versions_are_refused_then_migrate_to_the_same_profile(
 ):
     path = tmp_path / "old"
     old_file(clean_profile, path, version)
-    with pytest.raises(ProfileError, match=f"format_version={version} is older.*migrate-profile"):
+    with pytest.raises(
+        ProfileError, match=f"format_version={version} is not supported.*migrate-profile"
+    ):
         Profile.load(path)
     was, migrated = migrate_profile(path)
     assert was == version and migrated == clean_profile  # the defaults are what it meant

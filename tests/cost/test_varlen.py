@@ -306,8 +306,8 @@ def test_calibrated_model_prices_prefill_steps_with_the_fit(clean_profile) -> No
     truth = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, SLOTS_GRID[43], 0.0)
     profile = _with_varlen(clean_profile, truth)
     model = CalibratedCostModel(profile)
-    assert set(model.varlen_fits) == {r.block_size for r in profile.prefill}
-    assert model.varlen_fits[16].beta == pytest.approx(truth.beta, rel=1e-3)
+    assert set(model.fits["varlen"]) == {r.block_size for r in profile.prefill}
+    assert model.fits["varlen"][16].beta == pytest.approx(truth.beta, rel=1e-3)
     for r in profile.multi_prefill:
         shape = BatchShape(
             16,
@@ -328,7 +328,7 @@ def test_calibrated_model_prices_prefill_steps_with_the_fit(clean_profile) -> No
             profile.multi_prefill,
         )
     )
-    assert plain.varlen_fits == {}
+    assert plain.fits["varlen"] == {}
     big = BatchShape(16, 16 * 512, prefill_new_tokens=[512] * 16, prefill_context_tokens=[512] * 16)
     assert plain.step_time(big) != pytest.approx(model.step_time(big), rel=1e-3)
 
@@ -373,7 +373,7 @@ def test_varlen_reread_fraction_is_recovered_and_applied(clean_profile) -> None:
         padded = base.padded_tokens(shape.total_tokens)
         other = base.step_time_breakdown(plain)["other"]
         launch = base._discounted(shape_launch(base._varlen_kernel, shape, padded), shape, reread)
-        t = (other + base.varlen_fits[16](launch, padded is not None)) * 1e3
+        t = (other + base.fits["varlen"][16](launch, padded is not None)) * 1e3
         assert t < ref  # sharing saves reads
         rows.append(VarlenSharedRow(16, d, dc, k, n, sh, 1.1 * t, t, t, 0.0, 0.0, 1.1 * ref))
     model = CalibratedCostModel(
@@ -388,8 +388,8 @@ def test_varlen_reread_fraction_is_recovered_and_applied(clean_profile) -> None:
             varlen_shared=tuple(rows),
         )
     )
-    assert model.reread_fraction_varlen == {16: pytest.approx(reread, abs=0.011)}
-    assert base.reread_fraction_varlen == {}
+    assert model.fits["reread_varlen"] == {16: pytest.approx(reread, abs=0.011)}
+    assert base.fits["reread_varlen"] == {}
     shared = BatchShape(
         16, 32 + 256, 32, 32 * 1280, [1280] * 32, [256], [1024], shared_context_tokens=33 * 1024
     )

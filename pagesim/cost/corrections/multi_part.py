@@ -1,14 +1,12 @@
 """Correction `multi_part`: the fixed cost that a step of several parts pays once.
 
-Every part's residual (a decode group's, each prefill entry's) was measured alone and so
-carries the attention launches, which a step of several parts pays once (one attention
-kernel per layer for all of them); summing the residuals prices such a step that fixed cost
-too often. `shared` is what one more part adds less than its residual says, fitted on the
-rows with several parts (mixed.csv: a chunk plus a decode batch; multi_prefill.csv: k alike
-entries) as the median of (sum of parts - measured) / (parts - 1), clamped to [0, smallest
-residual]; with mixed graphs once over the graph rows and once over the eager ones; without
-such rows, the smallest residual. A step priced by `varlen` does not use it. Off: 0 (the
-parts add up). Its effect on held-out steps: docs/cost_model.md.
+Every part's residual (a decode group's, each prefill entry's) was measured alone and carries
+the attention launches, which a step of several parts pays once; summing residuals prices that
+cost too often. `shared`, what one more part adds less than its residual says, is the median
+over the rows with several parts (mixed.csv, multi_prefill.csv) of (sum of parts - measured) /
+(parts - 1), clamped to [0, smallest residual]; with mixed graphs once per mode; without such
+rows, the smallest residual. A step priced by `varlen` does not use it. Off: 0 (the parts add
+up). Its effect on held-out steps: docs/cost_model.md.
 """
 
 from __future__ import annotations

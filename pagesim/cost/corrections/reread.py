@@ -1,15 +1,13 @@
 """Correction `reread`: reads of cached prefix blocks that several sequences of a step share.
 
-A step reads a shared block once for every sequence that holds it, but the reads after the
-first come from the L2 cache and concurrent first reads are served together, so a token of a
-shared block costs r of a private read per reading sequence (the first reader's too: a step's
-time follows its shared tokens and hardly the number of distinct prefixes). A decode step is
-priced at the mean effective context (context - (1 - r) * shared) / sequences; a step through
-the variable-length kernel discounts its launch's context reads alike (`Launch.reread`). r in
-[0, 1] (steps of 0.01) is fitted per block size on rows timed against their unshared
-references in the same rounds, so rows of another session fit as well: decode_shared_spread.csv
-(shaped like a served batch behind one system prompt) where a block size has them, else
-decode_shared.csv, and varlen_shared.csv for the kernel. Needs the shared count
+A step reads a shared block for every sequence that holds it, but the reads after the first
+come from the L2 cache and concurrent first reads are served together, so a token of a shared
+block costs r of a private read per reading sequence. A decode step is priced at the mean
+effective context (context - (1 - r) * shared) / sequences; a step through the variable-length
+kernel discounts its launch's context reads alike (`Launch.reread`). r in [0, 1] (steps of
+0.01) is fitted per block size on rows timed against unshared references in the same rounds:
+decode_shared_spread.csv (a served batch behind one system prompt) where a block size has
+them, else decode_shared.csv; varlen_shared.csv for the kernel. Needs the shared count
 (`BatchShape.shared_context_tokens`). Off: every context is its own. Its effect on held-out
 steps: docs/cost_model.md.
 """
@@ -24,15 +22,10 @@ from pagesim.cost.varlen import shape_launch
 
 
 def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
-    """Block size -> the cost of reading a token of a shared block, per reading sequence
-    of a decode step, as a fraction of a private token (decode_shared.csv and
-    decode_shared_spread.csv).
-
-    A block size with spread rows (decode_shared_spread.csv) is fitted on those alone, each
-    priced whole by `model`, the unequal programs included (so `spread` is fitted first); else
-    on its uniform rows, each through the decode surface at its padded batch. The spread rows
-    decide because served batches are never uniform (docs/cost_model.md).
-    """
+    """Block size -> a shared-block token's cost per reading sequence of a decode step, as a
+    fraction of a private one: on the block size's spread rows, each priced whole by `model`
+    (so `spread` is fitted first), where it has them (served batches are never uniform); else
+    on its uniform rows, each through the decode surface at its padded batch."""
     out: dict[int, float] = {}
     uniform = dict(_by_block_size(profile.decode_shared, model._decode))
     spread = dict(_by_block_size(profile.decode_shared_spread, model._decode))
@@ -49,7 +42,7 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
             )
         if not cases:  # no served-like rows at this block size: the uniform ones
             for r in uniform.get(bs, ()):
-                p = model._padded_decode(r.batch_size)
+                p = model.padded_batch(r.batch_size)
                 other = model._other_for(model._decode_graph(r.batch_size), p)
                 cases.append(
                     (

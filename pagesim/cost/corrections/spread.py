@@ -1,17 +1,14 @@
 """Correction `spread`: decode steps whose contexts differ in length.
 
-The decode rows time steps where every sequence has one context; served steps mix short and
-long ones, which changes two things, both from the decode kernel's launch (one program per
-sequence, KV head and partition, `pagesim.cost.decode_launch`). Work: a CUDA graph's padding
-sequences own no context, so the step is priced at its padded batch with the real context sum
-spread over the padded rows. Unequal programs: a step whose programs differ in length outlasts
-one where every sequence has the mean context; decode_spread.csv times such steps against
-their uniform twins in the same rounds, and the extra time is fitted as
-kappa * (longest program - mean program), seconds per token, per block size (a twin whose span
-bucket differs from its row's runs other partitions, which the ratio then holds too: the
-calibration grid times both kinds). Needs the decode kernel's launch parameters (format 5) and
-spread rows. Off: a decode step is priced at its padded batch and its mean real context. Its
-effect on held-out steps: docs/cost_model.md.
+The decode rows give every sequence one context; served steps mix short and long ones, which
+changes two things of the decode kernel's launch (`pagesim.cost.decode_launch`). A CUDA graph's
+padding sequences own no context, so the step is priced at its padded batch with the real
+context sum spread over the padded rows. And a step whose programs differ in length outlasts
+one where every sequence has the mean context: decode_spread.csv times such steps against
+uniform twins in the same rounds, and the extra time is fitted per block size as
+kappa * (longest program - mean program), in seconds per token. Needs the decode kernel's
+launch parameters and spread rows. Off: a decode step is priced at its padded batch and its
+mean real context. Its effect on held-out steps: docs/cost_model.md.
 """
 
 from __future__ import annotations
@@ -110,7 +107,7 @@ def fit_decode_spread(model, profile: Profile, kernel: DecodeKernel | None) -> d
         sxx = sxy = 0.0
         for r in rows:
             graph = model._decode_graph(r.batch_size)
-            padded = model.padded_batch(r.batch_size) if graph else r.batch_size
+            padded = model.padded_batch(r.batch_size)
             uniform = model._parts(BatchShape.decode(r.batch_size, r.context_len, bs))[0]
             y = (r.step_time_ms / r.uniform_step_time_ms - 1.0) * uniform
             x = kernel.program_spread(padded, graph, r.context_len, r.longest_context_len)

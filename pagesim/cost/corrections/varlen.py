@@ -1,15 +1,13 @@
 """Correction `varlen`: steps with prefill entries priced from the variable-length kernel's programs.
 
 A step with any prefill entry runs one variable-length attention launch per layer over all its
-sequences, decodes included (a decode is a sequence of one query token), so its attention is
-not the sum of one residual per entry: that sum counts a lone entry's launch and its
-under-filled GPU once per entry, and cannot see that a decode costs a whole query block in
-this kernel. When the profile names the kernel's tiles (`varlen_block_q`, `varlen_tile_n`),
-such a step is priced as other(mode, tokens) plus the kernel's time from its launch grid
-(`pagesim.cost.varlen`: its programs handed out in grid order to the slots the GPU runs at
-once, and its surplus programs), fitted per block size on the prefill, mixed and
-multi-prefill rows, with one program overhead for all block sizes. Off: the per-entry
-residuals, less `multi_part`'s shared cost. Its effect on held-out steps: docs/cost_model.md.
+sequences, decodes included, so its attention is not the sum of one residual per entry: that
+counts a lone entry's launch and under-filled GPU once per entry, and misses that a decode
+costs a whole query block in this kernel. When the profile names the kernel's tiles, such a
+step is priced as other(mode, tokens) plus the kernel's time from its launch grid
+(`pagesim.cost.varlen`), fitted per block size on the prefill, mixed and multi-prefill rows.
+Off: the per-entry residuals, less `multi_part`'s shared cost. Its effect on held-out steps:
+docs/cost_model.md.
 """
 
 from __future__ import annotations
