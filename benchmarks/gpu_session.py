@@ -11,10 +11,23 @@ measured capacity), chat at 50/85/95 % of it, code and system-prompt (prefix cac
 block size 32, in that order of priority, each skipped when the time budget cannot hold it.
 The simulator half of the validation runs later on a CPU (`pagesim validate --real ...`).
 
+Plans for a frozen out-of-sample round, each one call of at most 10 minutes:
+
+    # call A: calibrate both models on the full block-size grid (8-128, every table), no runs
+    PYTHONPATH=. python3 benchmarks/gpu_session.py --plan calibrate \
+        --models llama-2-7b,llama-3-8b --budget-s 570 --calib-budget-s 255
+    # call B: no calibration (the model and its KV capacity only); llama-2-7b serves chat at
+    # 85 % of capacity on blocks 8-128, bursty chat, multi-turn, bwb and a conversation
+    # trace, each twice (the second pass after the first)
+    PYTHONPATH=. python3 benchmarks/gpu_session.py --plan serve --models llama-2-7b \
+        --budget-s 580
+
 Everything goes under `--out` (default `$OUT`): a work tree packed into `session.tar.gz`
 after every phase (so a run stopped at its limit still returns what it finished), the log,
 and `summary.json`. `--dry-run-cpu` runs the same flow on the tiny model under the Triton
-interpreter, with a small grid and a small workload, to test this script without a GPU.
+interpreter, with a small grid and small stand-ins of the plan's loads (same names, block
+sizes, arrival kinds and multi-turn sessions; tiny lengths), to test this script without a
+GPU.
 """
 
 from __future__ import annotations
@@ -164,7 +177,15 @@ def run_plan(dry: bool, plan: str = "validate") -> list[dict]:
 
     `plan="repeat"`: the runs that missed targets in earlier calls, each served twice in a row
     (the second named `<name>-r2`, same seed, same rate), to measure how far two real runs of
-    one workload differ within one call: the floor under any prediction's error."""
+    one workload differ within one call: the floor under any prediction's error.
+
+    `plan="calibrate"`: no runs (call A); `plan="serve"`: `_serve_plan` (call B), in a dry run
+    as tiny stand-ins (`dry_stand_in`)."""
+    if plan == "calibrate":
+        return []
+    if plan == "serve":
+        runs = _serve_plan()
+        return [dry_stand_in(spec) for spec in runs] if dry else runs
     if dry:
         rnd = {"random_input_len": 24, "random_output_len": 3}
         return [
@@ -331,6 +352,92 @@ def _out_of_sample_plan() -> list[dict]:
     return first + loads + [{**s, "name": s["name"] + "-r2"} for s in loads] + extra
 
 
+def _serve_plan() -> list[dict]:
+    """Call B: llama-2-7b's chat at 85 % of the capacity measured first, on every block size,
+    then bursty chat, the shipped multi-turn sessions (closed loop, all sessions at once),
+    long outputs (bwb at rate inf) and a conversation trace at its own arrivals; then all of
+    them again (`-r2`), so that each load has a repeat minutes later. Sized to end within
+    about 9.5 minutes on an H200: chat at 85 % about 20 s a run, multi-turn about 80 s (its
+    think times), the others about 20 s (simulated durations of the same loads, and the
+    out-of-sample call's real ones)."""
+    inf = {"rate": "inf", "block_size": 16}
+    first = [{"name": "chat-inf-bs16", "workload": "chat", **inf, "num_prompts": 150}]
+    loads = [
+        {
+            "name": f"chat-85pct-bs{bs}",
+            "workload": "chat",
+            "rate": 0.85,
+            "block_size": bs,
+            "num_prompts": 48,
+        }
+        for bs in (16, 64, 8, 32, 128)
+    ]
+    loads += [
+        {
+            "name": "chat-bursty-85pct-bs16",
+            "workload": "chat",
+            "rate": 0.85,
+            "block_size": 16,
+            "burstiness": 0.5,
+            "num_prompts": 48,
+        },
+        {"name": "multi-turn-inf-bs16", "workload": "multi-turn", **inf, "num_prompts": 40},
+        {"name": "bwb-inf-bs16", "workload": "bwb", **inf, "num_prompts": 12},
+        {
+            "name": "conversation-trace-bs16",
+            "workload": "conversation",
+            "rate": None,
+            "block_size": 16,
+            "num_prompts": 30,
+        },
+    ]
+    return first + loads + [{**spec, "name": spec["name"] + "-r2"} for spec in loads]
+
+
+#: Tiny stand-ins of the shipped loads for a dry run: lengths the tiny model's 256-token
+#: context holds. A multi-turn spec and a trace are written by `write_dry_workloads`.
+DRY_MULTI_TURN = "dry-multi-turn.yaml"
+DRY_TRACE = "dry-trace.csv"
+
+
+def dry_stand_in(spec: dict) -> dict:
+    """`spec` with its workload swapped for a tiny one of the same kind: closed-loop sessions
+    for multi-turn, a trace at its own arrivals for a trace replay, random prompts for the
+    rest; the name, block size, rate and burstiness are kept."""
+    out = {k: v for k, v in spec.items() if k != "workload"}
+    if spec["workload"] == "multi-turn":
+        return {**out, "workload": DRY_MULTI_TURN, "num_prompts": 5}
+    if spec.get("rate") is None:  # a trace replay at its own timestamps
+        return {**out, "workload": DRY_TRACE, "num_prompts": 4}
+    return {
+        **out,
+        "workload": "random",
+        "num_prompts": 3,
+        "random_input_len": 24,
+        "random_output_len": 3,
+    }
+
+
+def write_dry_workloads(folder: Path) -> None:
+    """The files `dry_stand_in` names, in `folder` (the working folder of a dry run)."""
+    (folder / DRY_MULTI_TURN).write_text(
+        "name: dry-multi-turn\n"
+        "description: tiny closed-loop sessions for a dry run\n"
+        "lengths:\n"
+        "  input: {dist: uniform, low: 8, high: 24}\n"
+        "  output: {dist: uniform, low: 2, high: 4}\n"
+        "sessions:\n"
+        "  turns: {dist: uniform, low: 2, high: 3}\n"
+        "  think_time_s: {dist: exponential, mean: 0.05}\n"
+        "  max_context_tokens: 200\n"
+        "arrival: {process: poisson, rate: 20}\n"
+    )
+    (folder / DRY_TRACE).write_text(
+        "arrived_at,num_prefill_tokens,num_decode_tokens\n"
+        "0.00,20,3\n0.05,33,2\n0.30,12,4\n0.32,40,3\n"
+    )
+
+
 def _repeat_plan() -> list[dict]:
     base = [
         {
@@ -411,9 +518,11 @@ def main() -> int:
     )
     ap.add_argument(
         "--plan",
-        choices=("validate", "repeat", "drift", "oos"),
+        choices=("validate", "repeat", "drift", "oos", "calibrate", "serve"),
         default="validate",
-        help="repeat: the runs that missed targets, each served twice in a row",
+        help="repeat: the runs that missed targets, each served twice in a row; calibrate: "
+        "the full grid only (call A); serve: no calibration, the out-of-sample loads twice "
+        "(call B)",
     )
     ap.add_argument(
         "--passes",
@@ -458,6 +567,16 @@ def main() -> int:
     sys.stderr = Tee(sys.__stderr__, logf)
     dry = args.dry_run_cpu
     graphs_on = not args.enforce_eager
+    calibrate_only = args.calibrate_only or args.plan == "calibrate"
+    serve_only = args.plan == "serve"  # the model and its KV capacity, no grid
+    if dry:
+        write_dry_workloads(work)
+        plan = [
+            {**spec, "workload": str(work / spec["workload"])}
+            if spec["workload"] in (DRY_MULTI_TURN, DRY_TRACE)
+            else spec
+            for spec in plan
+        ]
     if dry:
         os.environ["TRITON_INTERPRET"] = "1"
     else:
@@ -467,7 +586,7 @@ def main() -> int:
     from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import CalibrationGrid
     from pagesim.gpu.device import ClockSampler, device_info
-    from pagesim.gpu.profiler import run_calibration
+    from pagesim.gpu.profiler import load_model, run_calibration
     from pagesim.validate import load_dict, save_real_run, serve_workload
 
     device = "cpu" if dry else "cuda"
@@ -489,8 +608,16 @@ def main() -> int:
                     num_gpu_blocks_override=128,
                 )
                 grid = CalibrationGrid(
-                    block_sizes=tuple(sorted({16, 32, *full.get("full_block_sizes", ())})),
-                    **full,
+                    block_sizes=tuple(
+                        sorted(
+                            {16, 32, *full.get("full_block_sizes", ())}
+                            | ({8, 64, 128} if args.plan == "calibrate" else set())
+                        )
+                    ),
+                    full_block_sizes=full.get(
+                        "full_block_sizes",
+                        (8, 16, 32, 64, 128) if args.plan == "calibrate" else (16, 32),
+                    ),
                     decode_batches=(1, 2),
                     decode_contexts=(16, 40),
                     prefill_tokens=(16,),
@@ -513,49 +640,55 @@ def main() -> int:
                     f"{name}: paged vs dense forward rel err {err:.2e} "
                     f"({'ok' if err < 3e-2 else 'TOO LARGE'})"
                 )
-            # Leave time for the runs after the grid (none with --calibrate-only: then only
-            # for the host-overhead replay and packing, ~15 s after the grid's budget).
-            reserve = CALIBRATE_ONLY_RESERVE_S if args.calibrate_only else RUNS_RESERVE_S
-            calib_budget = min(args.calib_budget_s, max(30.0, left(args.budget_s) - reserve))
-            with ClockSampler() as clocks:
-                res = run_calibration(
-                    config,
-                    grid,
-                    dtype=dtype,
-                    calibration_root=work / "calibration",
-                    progress=lambda d, t, lab: (
-                        log(f"  [{d}/{t}] {lab}") if d == t or d % 20 == 0 else None
-                    ),
-                    time_budget_s=calib_budget,
-                    log=log,
-                    device=device,
-                    cuda_graphs=graphs_on,
-                )
-            ms["calibration_clocks"] = clocks.summary()
-            ms["calibration_s"] = res.elapsed_s
-            ms["capacity"] = res.capacity.to_dict()
-            ms["profile_rows"] = {
-                k: len(getattr(res.profile, k))
-                for k in (
-                    "decode",
-                    "prefill",
-                    "mixed",
-                    "multi_prefill",
-                    "overhead",
-                    "decode_shared",
-                    "decode_shared_spread",
-                )
-            }
-            log(f"{name}: calibrated in {res.elapsed_s:.0f} s: {ms['profile_rows']}")
-            pack(out, work)
-            model = res.model
-            if graphs_on and not dry and not args.calibrate_only:
+            if serve_only:  # call B: what serving needs, nothing measured beyond it
+                sizes = tuple(sorted({spec["block_size"] for spec in plan} | {16}))
+                model, capacity = load_model(config, sizes, dtype=dtype, device=device)
+                log(capacity.report())
+                ms["capacity"] = capacity.to_dict()
+            else:
+                # Leave time for the runs after the grid (none with --calibrate-only: then only
+                # for the host-overhead replay and packing, ~15 s after the grid's budget).
+                reserve = CALIBRATE_ONLY_RESERVE_S if calibrate_only else RUNS_RESERVE_S
+                calib_budget = min(args.calib_budget_s, max(30.0, left(args.budget_s) - reserve))
+                with ClockSampler() as clocks:
+                    res = run_calibration(
+                        config,
+                        grid,
+                        dtype=dtype,
+                        calibration_root=work / "calibration",
+                        progress=lambda d, t, lab: (
+                            log(f"  [{d}/{t}] {lab}") if d == t or d % 20 == 0 else None
+                        ),
+                        time_budget_s=calib_budget,
+                        log=log,
+                        device=device,
+                        cuda_graphs=graphs_on,
+                    )
+                ms["calibration_clocks"] = clocks.summary()
+                ms["calibration_s"] = res.elapsed_s
+                ms["capacity"] = res.capacity.to_dict()
+                ms["profile_rows"] = {
+                    k: len(getattr(res.profile, k))
+                    for k in (
+                        "decode",
+                        "prefill",
+                        "mixed",
+                        "multi_prefill",
+                        "overhead",
+                        "decode_shared",
+                        "decode_shared_spread",
+                    )
+                }
+                log(f"{name}: calibrated in {res.elapsed_s:.0f} s: {ms['profile_rows']}")
+                pack(out, work)
+                model, capacity = res.model, res.capacity
+            if graphs_on and not dry and not calibrate_only and not serve_only:
                 try:
                     bs0 = config.block_size
                     model.set_block_size(bs0)
                     with ClockSampler() as clocks:
                         ms["graph_vs_eager"] = graph_vs_eager(
-                            config, model, res.capacity.num_gpu_blocks[bs0], dry
+                            config, model, capacity.num_gpu_blocks[bs0], dry
                         )
                     ms["graph_vs_eager_clocks"] = clocks.summary()
                     (work / f"graph_vs_eager_{name}.json").write_text(
@@ -569,7 +702,7 @@ def main() -> int:
                     torch.cuda.empty_cache()
             throughput: dict[str, float] = {}  # run name -> measured request throughput
             cfg = None
-            for spec in [] if args.calibrate_only else plan:
+            for spec in [] if calibrate_only else plan:
                 rate = spec["rate"]
                 base = throughput.get(spec.get("of", "chat-inf-bs16"))
                 if rate not in ("inf", None) and not dry:
@@ -586,7 +719,7 @@ def main() -> int:
                     continue
                 bs = spec["block_size"]
                 cfg = config.replace(block_size=bs)
-                blocks = res.capacity.num_gpu_blocks[bs]
+                blocks = capacity.num_gpu_blocks[bs]
                 params = {k: v for k, v in spec.items() if k.startswith("random_")}
                 load = load_dict(
                     spec["workload"],
@@ -658,7 +791,7 @@ def main() -> int:
                 ms.setdefault("probes", {})["after the last run"] = speed_probe(
                     cfg, model, blocks, dry, graphs_on and device == "cuda"
                 )
-            del model, res
+            del model, capacity
             if device == "cuda":
                 torch.cuda.empty_cache()
         except Exception:  # keep going: the next model may still run

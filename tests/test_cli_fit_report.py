@@ -91,3 +91,6 @@ def test_calibrate_decode_batches_reach_the_grid_and_bad_ones_are_one_line(
     monkeypatch.setattr(profiler, "run_calibration", fake)
     assert main(["calibrate", "--quiet", "--decode-batches", "24,1,8,24,16"]) == 0
     assert grids[0].decode_batches == (1, 8, 16, 24)
+    # by default every block size is measured, and every one with the full grid
+    assert grids[0].block_sizes == (8, 16, 32, 64, 128) == grids[0].full_block_sizes
+    assert CalibrationGrid().full_block_sizes == CalibrationGrid().block_sizes

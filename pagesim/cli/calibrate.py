@@ -32,7 +32,7 @@ def calibrate_command(
         typer.Option(
             help="Block sizes that also get prefill and mixed rows (the others: decode only)."
         ),
-    ] = "16,32,64",
+    ] = "8,16,32,64,128",
     decode_batches: Annotated[
         str,
         typer.Option(
@@ -52,7 +52,7 @@ def calibrate_command(
     ] = Path("calibration"),
     time_budget_s: Annotated[
         float, typer.Option(help="Stop measuring new grid points after this many seconds.")
-    ] = 240.0,
+    ] = 480.0,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
     enforce_eager: Annotated[
         bool,

@@ -84,16 +84,19 @@ class CalibrationGrid:
     ) + tuple(
         (b, c, w) for b in (4, 8, 16, 24, 32, 64, 96, 128) for c, w in ((2900, 1100), (2100, 1900))
     )
-    # Block sizes that get the full grid; the others get decode rows only (the block size
+    # Block sizes that get the full grid; any others get decode rows only (the block size
     # changes the attention kernels, which the decode rows measure; `other` is shared) and
     # take the fits of the full tables (decode spread, variable-length kernel, re-reads) from
-    # the nearest full block size. At least one full block size on each side of the decode
-    # kernel's 64-token tile: from a block of 64 tokens on, a tile lies in one block and the
-    # kernel loads one block id per tile instead of one per token, another inner loop. With
-    # fits carried over from block 32, llama-2-7b's chat at 85 % of capacity on an H200 was
-    # priced +14.9 % slow in mean TPOT at block 64 and +11.2 % at 128; with block 64 full,
-    # +9.9 % and +4.8 % (docs/validation.md, "Out-of-sample validation").
-    full_block_sizes: tuple[int, ...] = (16, 32, 64)
+    # the nearest full block size. Every size is full by default: from a block of 64 tokens
+    # on, a decode tile lies in one block and the kernel loads one block id per tile instead
+    # of one per token, another inner loop, and below 16 the tables' shapes cross more block
+    # boundaries; fits carried across that priced llama-2-7b's chat at 85 % of capacity on
+    # an H200 +14.9 % slow in mean TPOT at block 64 and +11.2 % at 128 (with block 64 full,
+    # +9.9 % and +4.8 %; docs/validation.md, "Out-of-sample validation"). Cost on an H200:
+    # a full block size took 44-45 s (llama-2-7b) and 47-49 s (llama-3-8b) of 5 rounds, a
+    # decode-only one 7-10 s (results/out_of_sample/session_*.log), so the whole grid is
+    # about 4-4.5 minutes per model (docs/cost_model.md).
+    full_block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128)
     overhead_max_reqs: int = 256
     repeats: int = 5  # timed rounds (each times every point once)
     min_repeats: int = 3  # rounds kept even when the deadline is near

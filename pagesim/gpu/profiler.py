@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -147,13 +148,7 @@ def run_calibration(
         set(grid.block_sizes) | {config.block_size},
         key=lambda b: (b not in grid.full_block_sizes, b),
     )
-    if dev.type == "cuda":
-        before = MemorySnapshot.take(dev)
-        model = RandomWeightDecoder(config.model_spec, dtype, dev, order[0], seed)
-        capacity = measure_kv_capacity(config, model, before, tuple(order))
-    else:
-        model = RandomWeightDecoder(config.model_spec, dtype, dev, order[0], seed)
-        capacity = override_capacity(config, tuple(order))
+    model, capacity = load_model(config, tuple(order), dtype=dtype, seed=seed, device=dev)
     log(capacity.report())
     measured = CalibrationRows.empty()
     for bs in order:
@@ -267,6 +262,36 @@ def run_calibration(
     if calibration_root is not None:
         directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))
     return CalibrationResult(profile, capacity, directory, time.monotonic() - t_start, model)
+
+
+class LoadedModel(NamedTuple):
+    """Random weights on the device and the KV cache they leave, per block size."""
+
+    model: RandomWeightDecoder
+    capacity: MeasuredKVCapacity
+
+
+def load_model(
+    config: EngineConfig,
+    block_sizes: tuple[int, ...],
+    *,
+    dtype: torch.dtype,
+    seed: int = 0,
+    device: str | torch.device = "cuda",
+) -> LoadedModel:
+    """The model's random weights (laid out for the first block size) and the KV blocks
+    each block size gets, measured as vLLM measures them (weights loaded, one profiling step,
+    free memory); on the CPU (a dry run) `config.num_gpu_blocks_override` blocks for each.
+    What a calibration starts with, and all a call that only serves needs."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        before = MemorySnapshot.take(dev)
+        model = RandomWeightDecoder(config.model_spec, dtype, dev, block_sizes[0], seed)
+        return LoadedModel(model, measure_kv_capacity(config, model, before, block_sizes))
+    if config.num_gpu_blocks_override is None:
+        raise ConfigError("device='cpu': a dry run needs num_gpu_blocks_override")
+    model = RandomWeightDecoder(config.model_spec, dtype, dev, block_sizes[0], seed)
+    return LoadedModel(model, override_capacity(config, block_sizes))
 
 
 def varlen_tiles(
