@@ -44,6 +44,8 @@ class Request:
     priority: int = 0  # lower value is served first under the `priority` policy
     lora_name: str | None = None  # extra hash key: different adapters never share K/V
     session_id: str | None = None  # multi-turn session this request belongs to, if any
+    # The prompt this request is one sample of (parallel sampling, n > 1), if any.
+    parent_request_id: str | None = None
 
     # ---- mutable state, owned by the scheduler ----
     status: RequestStatus = RequestStatus.WAITING

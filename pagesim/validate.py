@@ -109,7 +109,11 @@ def build_traffic(
     arrivals = session_arrival_times(plan, request_rate, burstiness, seed)
     if plan.is_multi_turn:
         return ClosedLoopSessions(plan, arrivals)
-    return [plan.session(s).first_request(float(arrivals[s])) for s in range(plan.num_sessions)]
+    return [
+        sample
+        for s in range(plan.num_sessions)
+        for sample in plan.samples(plan.session(s).first_request(float(arrivals[s])))
+    ]
 
 
 def build_requests(

@@ -42,6 +42,7 @@ class RequestRecord:
     reject_reason: str | None = None
     session_id: str | None = None
     cache_salt: str | None = None
+    parent_request_id: str | None = None  # the prompt this is a sample of (n > 1)
 
 
 class StepRecord(NamedTuple):
@@ -97,6 +98,7 @@ class MetricsCollector:
             max_tokens=request.max_tokens,
             session_id=request.session_id,
             cache_salt=request.cache_salt,
+            parent_request_id=request.parent_request_id,
         )
 
     def on_reject(self, request: Request, now: float) -> None:

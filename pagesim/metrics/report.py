@@ -52,13 +52,20 @@ def latency_arrays(records: list[RequestRecord], itl_s: np.ndarray) -> dict[str,
     return arrays
 
 
-def request_arrays(records: list[RequestRecord]) -> dict[str, np.ndarray]:
-    """`latency_arrays` without the pooled ITL: ttft, tpot, e2el, tpot_per_request."""
+def request_arrays(
+    records: list[RequestRecord], num_samples: Mapping[str, int] | None = None
+) -> dict[str, np.ndarray]:
+    """`latency_arrays` without the pooled ITL: ttft, tpot, e2el, tpot_per_request.
+
+    `num_samples` (prompt id -> samples, from `merge_samples`): a merged prompt's TPOT is per
+    output position of one sample, its output tokens divided among its samples."""
     done = [r for r in records if r.reject_reason is None and r.finish_time is not None]
     arrival = np.array([r.arrival_time for r in done], dtype=np.float64)
     first = np.array([r.first_token_time for r in done], dtype=np.float64)
     finish = np.array([r.finish_time for r in done], dtype=np.float64)
     n_out = np.array([r.num_output_tokens for r in done], dtype=np.float64)
+    if num_samples:
+        n_out /= np.array([num_samples.get(r.request_id, 1) for r in done], dtype=np.float64)
     ttft = first - arrival
     e2el = finish - arrival
     multi = n_out > 1
@@ -70,6 +77,59 @@ def request_arrays(records: list[RequestRecord]) -> dict[str, np.ndarray]:
         "e2el": e2el,
         "tpot_per_request": tpot_per_request,
     }
+
+
+def merge_samples(records: list[RequestRecord]) -> tuple[list[RequestRecord], dict[str, int]]:
+    """One record per prompt, and the samples of each prompt served as several (n > 1).
+
+    As `vllm bench throughput` counts a request of n samples: one request, its prompt tokens
+    once, the output tokens of all samples. Its first token is the first of any sample (the
+    first a streaming client sees), it finishes when its last sample does, and it fails if
+    a sample was rejected. Records of unsampled requests pass unchanged, in order."""
+    if all(r.parent_request_id is None for r in records):
+        return records, {}
+    groups: dict[str, list[RequestRecord]] = {}
+    order: list[RequestRecord | str] = []
+    for r in records:
+        pid = r.parent_request_id
+        if pid is None:
+            order.append(r)
+        elif pid in groups:
+            groups[pid].append(r)
+        else:
+            groups[pid] = [r]
+            order.append(pid)
+    merged: list[RequestRecord] = []
+    for item in order:
+        if isinstance(item, RequestRecord):
+            merged.append(item)
+            continue
+        group = groups[item]
+        firsts = [r.first_token_time for r in group if r.first_token_time is not None]
+        lasts = [r.last_token_time for r in group if r.last_token_time is not None]
+        finishes = [r.finish_time for r in group]
+        rejected = next((r.reject_reason for r in group if r.reject_reason is not None), None)
+        scheduled = [r.first_scheduled_time for r in group if r.first_scheduled_time is not None]
+        head = group[0]
+        merged.append(
+            RequestRecord(
+                request_id=item,
+                arrival_time=min(r.arrival_time for r in group),
+                num_prompt_tokens=head.num_prompt_tokens,
+                max_tokens=head.max_tokens,
+                first_scheduled_time=min(scheduled) if scheduled else None,
+                first_token_time=min(firsts) if firsts else None,
+                last_token_time=max(lasts) if lasts else None,
+                finish_time=None if None in finishes else max(f for f in finishes if f is not None),
+                num_output_tokens=sum(r.num_output_tokens for r in group),
+                num_cached_tokens=sum(r.num_cached_tokens for r in group),
+                num_preemptions=sum(r.num_preemptions for r in group),
+                reject_reason=rejected,
+                session_id=head.session_id,
+                cache_salt=head.cache_salt,
+            )
+        )
+    return merged, {pid: len(group) for pid, group in groups.items()}
 
 
 def _peaks(records: list[RequestRecord], metrics: MetricsCollector) -> tuple[float, int]:
@@ -114,14 +174,14 @@ def summarize(
     goodput_slos_ms: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The `vllm bench serve` result keys for a finished run (without run metadata)."""
-    records = list(metrics.records.values())
+    records, num_samples = merge_samples(list(metrics.records.values()))
     done = [r for r in records if r.reject_reason is None and r.finish_time is not None]
     # vllm bench times the benchmark from its start (t = 0), before the first arrival's delay.
     t0 = min(0.0, min((r.arrival_time for r in records), default=0.0))
     duration = max(max((r.finish_time for r in done), default=0.0) - t0, 1e-9)  # type: ignore[operator, type-var]
     total_in = sum(r.num_prompt_tokens for r in done)
     total_out = sum(r.num_output_tokens for r in done)
-    arrays = request_arrays(records)
+    arrays = request_arrays(records, num_samples)
     peak_tok, peak_conc = _peaks(records, metrics)
     out: dict[str, Any] = {
         "duration": duration,

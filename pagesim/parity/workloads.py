@@ -298,6 +298,26 @@ def priority_self_preempt(seed: int = 0) -> ParityWorkload:
     )
 
 
+def rollout(seed: int = 6) -> ParityWorkload:
+    """Parallel sampling as vLLM v1's frontend serves n > 1: 24 prompts of 100-600 tokens, each
+    fanned out into 8 child requests `<k>_<prompt>` added together (prompts arriving over ~40
+    steps), 64-256 output tokens; the later samples hit the blocks the first one cached, also
+    within its admission step, and the pool of 511 usable blocks forces preemptions."""
+    rng = np.random.default_rng(seed)
+    reqs: list[ParityRequest] = []
+    step = 0
+    for i in range(24):
+        step += int(rng.integers(0, 4))
+        segs = (("k", 10 + i, int(rng.integers(100, 601))),)
+        max_tokens = int(rng.integers(64, 257))
+        reqs.extend(
+            ParityRequest(f"{k}_p{i}", segs, max_tokens, arrival_step=step) for k in range(8)
+        )
+    return ParityWorkload(
+        "rollout", seed, tuple(reqs), _engine(512, 1024, 64), rollout.__doc__ or ""
+    )
+
+
 def mooncake_slice(
     trace_path: str | Path,
     num_requests: int = 200,
@@ -351,6 +371,7 @@ WORKLOADS: dict[str, Callable[[], ParityWorkload]] = {
     "priority_pressure": priority_pressure,
     "priority_self_preempt": priority_self_preempt,
     "mooncake": lambda: mooncake_slice(default_trace_path()),
+    "rollout": rollout,
 }
 
 
@@ -371,6 +392,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "priority_self_preempt": ("priority_self_preempt", {}),
     # the admission gate off: a waiting request is admitted when its first chunk fits
     "random_pressure_no_full_isl": ("random_pressure", {"scheduler_reserve_full_isl": False}),
+    "rollout": ("rollout", {}),
+    "gpt_oss_rollout": ("rollout", {"kv_cache_groups": GPT_OSS_GROUPS}),
     "gpt_oss_shared_prefix": ("shared_prefix", {"kv_cache_groups": GPT_OSS_GROUPS}),
     "gpt_oss_random_pressure": ("random_pressure", {"kv_cache_groups": GPT_OSS_GROUPS}),
     "gemma2_mooncake": ("mooncake", {"kv_cache_groups": GEMMA2_GROUPS}),

@@ -199,7 +199,7 @@ class _Clients:
         self.progress = progress
         self.num_sent = 0
         self.num_done = 0
-        self.num_expected = int(len(plan.prompt_lens))
+        self.num_expected = int(len(plan.prompt_lens)) * plan.n  # n samples per prompt
         self._done: dict[str, simpy.Event] = {}
         engine.on_finish.append(self._on_finish)
         if len(arrivals) < plan.num_sessions:
@@ -230,18 +230,25 @@ class _Clients:
             self.progress(self.num_done, self.num_expected)
 
     def _send(self, request: Request):
-        """Send one request and wait for its last token (holding a concurrency slot)."""
-        done = self.env.event()
-        self._done[request.request_id] = done
-        self.num_sent += 1
+        """Send one request (its n samples) and wait for its last token (holding one
+        concurrency slot for all samples, as one client call)."""
+        samples = self.plan.samples(request)
+        events = []
+        for sample in samples:
+            events.append(self.env.event())
+            self._done[sample.request_id] = events[-1]
+        done = events[0] if len(events) == 1 else self.env.all_of(events)
+        self.num_sent += len(samples)
         if self.slots is None:
-            self.engine.add_request(request)
+            for sample in samples:
+                self.engine.add_request(sample)
             yield done
             return
         with self.slots.request() as slot:
             yield slot
-            request.arrival_time = self.env.now
-            self.engine.add_request(request)
+            for sample in samples:
+                sample.arrival_time = self.env.now
+                self.engine.add_request(sample)
             yield done
 
     def _arrive(self, event: simpy.Event) -> None:
@@ -250,8 +257,14 @@ class _Clients:
         session = self.plan.session(event.value)
         request = session.first_request(self.env.now)
         if self.slots is None and not session.has_next():  # nothing to wait for
-            self.num_sent += 1
-            self.engine.add_request(request)
+            if self.plan.n == 1:
+                self.num_sent += 1
+                self.engine.add_request(request)
+                return
+            samples = self.plan.samples(request)
+            self.num_sent += len(samples)
+            for sample in samples:
+                self.engine.add_request(sample)
         else:
             self.env.process(self._user(session, request))
 

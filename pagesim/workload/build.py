@@ -119,6 +119,7 @@ class Workload:
             session_offsets=cols.session_offsets,
             arrival=self.spec.arrival,
             trace_times_s=cols.trace_times_s if self.spec.arrival.process == "trace" else None,
+            n=self.spec.n,
         )
 
 

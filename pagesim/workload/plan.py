@@ -58,6 +58,7 @@ class RequestPlan:
     session_offsets: np.ndarray  # int64 [num_sessions + 1]: CSR of sessions over requests
     arrival: ArrivalSpec  # the workload's own arrival process for session starts
     trace_times_s: np.ndarray | None  # float64 [num_sessions]: trace timestamps, if any
+    n: int = 1  # samples per prompt (parallel sampling); every request is sent n times
 
     @property
     def num_requests(self) -> int:
@@ -145,6 +146,27 @@ class RequestPlan:
             arrival_time=float(arrival_time),
             session_id=self.session_id(i),
         )
+
+    def samples(self, request: Request) -> list[Request]:
+        """The requests a prompt is served as: itself (n = 1), or n samples of it, named
+        `<k>_<request id>` as vLLM v1's frontend names the child requests of a parallel
+        sampling request, arriving together. Each is a request of its own to the engine;
+        what they share is the prompt, so later samples hit the first one's cached blocks."""
+        if self.n == 1:
+            return [request]
+        rid = request.request_id
+        return [
+            Request(
+                request_id=f"{k}_{rid}",
+                prompt_token_ids=list(request.prompt_token_ids),
+                max_tokens=request.max_tokens,
+                cache_salt=request.cache_salt,
+                arrival_time=request.arrival_time,
+                session_id=request.session_id,
+                parent_request_id=rid,
+            )
+            for k in range(self.n)
+        ]
 
     def _check(self, i: int) -> None:
         if not 0 <= i < self.num_requests:

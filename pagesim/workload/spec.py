@@ -43,6 +43,7 @@ from pagesim.workload.traces import TraceData, read_trace
 
 ARRIVAL_PROCESSES: tuple[str, ...] = ("inf", "poisson", "gamma", "trace")
 TOP_KEYS = (
+    "n",
     "name",
     "description",
     "trace",
@@ -141,6 +142,9 @@ class WorkloadSpec:
     prefix: PrefixSpec | None = None
     sessions: SessionSpec | None = None
     tenants: TenantSpec | None = None
+    # Samples per prompt (vLLM's SamplingParams.n): each request is served as n requests of
+    # the same prompt, which share its prefix blocks through the prefix cache.
+    n: int = 1
 
 
 Resolver = Callable[[str, Path], WorkloadSpec]  # (name or relative path, base dir) -> spec
@@ -186,6 +190,11 @@ def parse_spec(doc: Any, *, name: str, base_dir: Path, resolve: Resolver) -> Wor
         )
     if isinstance(lengths, RandomLengths) and lengths.prefix_len and prefix:
         raise WorkloadError("prefix: conflicts with lengths.random.prefix_len; use one")
+    n = _count(m.get("n", 1), "n")
+    if n > 1 and sessions:
+        raise WorkloadError(f"n = {n}: parallel sampling of multi-turn sessions is not modelled")
+    if any(c.spec.n > 1 for c in mix):
+        raise WorkloadError("n: give it on the mix, not on its components")
     return WorkloadSpec(
         name,
         _str(m.get("description", ""), "description"),
@@ -196,6 +205,7 @@ def parse_spec(doc: Any, *, name: str, base_dir: Path, resolve: Resolver) -> Wor
         prefix,
         sessions,
         tenants,
+        n,
     )
 
 
