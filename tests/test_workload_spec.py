@@ -24,6 +24,7 @@ SHIPPED = [
     "mooncake-synthetic",
     "multi-turn",
     "random",
+    "rollout",
     "system-prompt",
 ]
 LENGTHS_CSV = "num_prefill_tokens,num_decode_tokens\n100,10\n200,20\n300,30\n"
