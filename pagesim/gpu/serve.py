@@ -77,8 +77,10 @@ class ServeRun:
 
 def make_engine(config: EngineConfig, num_gpu_blocks: int) -> Scheduler:
     """The scheduler over a KV cache of `num_gpu_blocks`, assembled as the simulator assembles
-    it (`pagesim.scheduler.factory`): same manager arguments, same swap pool sizing."""
-    return make_scheduler(config, num_gpu_blocks)
+    it (`pagesim.scheduler.factory`): same manager arguments, same swap pool sizing. The GPU
+    runner reads one block table per request, so a hybrid model's layers share it as full
+    attention (vLLM's --disable-hybrid-kv-cache-manager), not the hybrid manager's groups."""
+    return make_scheduler(config, num_gpu_blocks, hybrid_kv_cache_manager=False)
 
 
 class FixedArrivals:

@@ -19,14 +19,18 @@ def build_kv_cache_manager(
     num_gpu_blocks: int,
     check_invariants: bool = False,
     lazy_hashing: bool = False,
+    hybrid_kv_cache_manager: bool | None = None,
 ):
     """The paged manager, or a contiguous baseline over the same KV memory. `lazy_hashing`:
     see `pagesim.kvcache.lazy_hashes` (the simulator's choice; same decisions).
 
     A hybrid model (sliding-window and full-attention layers) gets vLLM's hybrid KV cache
-    manager, one block table per KV cache group; vLLM v1 has no swap preemption for it."""
+    manager, one block table per KV cache group (vLLM v1 has no swap preemption for it);
+    with `hybrid_kv_cache_manager=False` (vLLM's --disable-hybrid-kv-cache-manager) its
+    layers share one full-attention table. None: `sizing.serves_hybrid`."""
     model = config.model_spec
-    if config.allocator == "paged" and model.is_hybrid:
+    hybrid = serves_hybrid(config) if hybrid_kv_cache_manager is None else hybrid_kv_cache_manager
+    if config.allocator == "paged" and model.is_hybrid and hybrid:
         if config.preemption_mode == "swap":
             raise ConfigError(
                 f"preemption_mode='swap': model {config.model} has sliding-window and "
@@ -62,7 +66,8 @@ def build_kv_cache_manager(
 
 
 def _uniform_window(config: EngineConfig) -> int | None:
-    """The window of a model whose every layer slides (a hybrid model has its own manager)."""
+    """The window of a model whose every layer slides (a hybrid model's layers share the one
+    table as full attention when they are not given the hybrid manager)."""
     model = config.model_spec
     return None if model.is_hybrid else model.sliding_window
 
@@ -72,19 +77,24 @@ def make_scheduler(
     num_gpu_blocks: int,
     check_invariants: bool = False,
     lazy_hashing: bool = False,
+    hybrid_kv_cache_manager: bool | None = None,
 ) -> Scheduler:
     """A scheduler over a KV cache of `num_gpu_blocks` blocks (block 0 is the null block), with
-    the swap pool sized from the config's page size."""
+    the swap pool sized from the config's page size (`hybrid_kv_cache_manager`: as
+    `build_kv_cache_manager`)."""
     if num_gpu_blocks < 2:
         raise ConfigError(
             f"num_gpu_blocks={num_gpu_blocks}: need at least 2 (one is the null block)"
         )
-    manager = build_kv_cache_manager(config, num_gpu_blocks, check_invariants, lazy_hashing)
+    hybrid = serves_hybrid(config) if hybrid_kv_cache_manager is None else hybrid_kv_cache_manager
+    manager = build_kv_cache_manager(
+        config, num_gpu_blocks, check_invariants, lazy_hashing, hybrid_kv_cache_manager=hybrid
+    )
     page = page_size_bytes(
         config.model_spec,
         config.block_size,
         config.kv_cache_dtype,
         config.tensor_parallel_size,
-        hybrid_kv_cache_manager=serves_hybrid(config),
+        hybrid_kv_cache_manager=hybrid,
     )
     return Scheduler(config, manager, page_size_bytes=page)

@@ -16,6 +16,7 @@ from pagesim.kvcache.hybrid_kv_cache_manager import HybridKVCacheManager
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.request import Request
+from pagesim.scheduler.factory import make_scheduler
 from pagesim.sim.build import build_cost_model
 from pagesim.sim.output import result_json
 from pagesim.sim.simulate import LoadSpec, SimulationResult, result_metadata, simulate
@@ -146,6 +147,9 @@ def test_hybrid_models_get_one_block_table_per_kv_cache_group(built_schedulers) 
     assert any(0 in window for window, _ in seen) and not any(0 in full for _, full in seen)
     with pytest.raises(ConfigError, match="recompute only"):
         simulate(E(model="gpt-oss-20b", preemption_mode="swap"), LoadSpec(num_prompts=2))
+    # the GPU runner's engine: one full-attention table (--disable-hybrid-kv-cache-manager)
+    single = make_scheduler(engine, 400, hybrid_kv_cache_manager=False).kv_cache_manager
+    assert type(single) is KVCacheManager and single.sliding_window is None
 
 
 def test_drained_check_catches_a_leak() -> None:
