@@ -219,6 +219,12 @@ class ManagerMachine(RuleBasedStateMachine):
             key = g.to_bytes(2, "big") if self.hybrid else b""
             for i, block in enumerate(blocks):
                 assert block.is_null or block.block_hash == req.block_hashes[i] + key
+        if self.hybrid and num_hit:  # the hit rule: a length every spec's own lookup accepts
+            coordinator = self.mgr.coordinator
+            for _, group_ids in coordinator.attention_groups:
+                members = [coordinator.single_type_managers[g] for g in group_ids]
+                finder = type(members[0]).find_longest_cache_hit
+                assert finder(members, req.block_hashes, num_hit)[1] == num_hit
         before = snapshot(self.mgr)
         num_new = min(chunk, req.num_tokens - num_hit)
         try:
