@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from pagesim.errors import AllocationError, ConfigError, InternalError
 from pagesim.kvcache.block import FreeKVCacheBlockQueue, KVCacheBlock
-from pagesim.kvcache.lazy_hashes import LazyHashes
+from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
 
 # Where `free_blocks` puts blocks whose ref_cnt reaches 0:
 #   "lifo_unhashed" (vLLM >= 0.24): blocks without a hash at the head (reused first), hashed
@@ -126,24 +126,46 @@ class BlockPool:
             raise AllocationError(
                 f"num_blocks={num_blocks}: only {queue.num_free_blocks} blocks are free"
             )
-        out = queue.popleft_n(num_blocks)
+        if num_blocks <= 0:
+            return []
+        queue.num_free_blocks -= num_blocks
+        head = queue.fake_free_list_head
+        # Inside the queue the links are never None (the sentinels bound it).
+        block: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
+        out: list[KVCacheBlock] = []
+        append = out.append
+        # One pass does the queue pop, the eviction and the ref count: the hot path of a
+        # simulation, where most handed-out blocks still hold a (deferred) hash.
         if self.enable_caching:
             cache = self._cached
             plain = not self.enable_kv_cache_events
-            for block in out:
+            for _ in range(num_blocks):
+                append(block)
+                nxt = block.next_free_block
+                block.prev_free_block = block.next_free_block = None
                 block_hash = block._block_hash
                 if block_hash is not None:
-                    if not isinstance(block_hash, bytes):  # deferred, never in the map
-                        block_hash.evict(block)
-                    elif plain and cache.get(block_hash) is block:  # the common eviction
-                        del cache[block_hash]
+                    if type(block_hash) is DeferredBlocks:  # never registered: nothing to drop
+                        block._block_hash = None  # `DeferredBlocks.evict`, inlined
+                        block_hash.live -= 1
+                        if not block_hash.live:
+                            block_hash.drop()
+                    elif plain and cache.get(block_hash) is block:  # type: ignore[arg-type]
+                        del cache[block_hash]  # type: ignore[arg-type]  # bytes: not deferred
                         block._block_hash = None
                     else:
                         self.evict_cached_block(block)
                 block.ref_cnt = 1
+                block = nxt  # type: ignore[assignment]
         else:
-            for block in out:
+            for _ in range(num_blocks):
+                append(block)
+                nxt = block.next_free_block
+                block.prev_free_block = block.next_free_block = None
                 block.ref_cnt = 1
+                block = nxt  # type: ignore[assignment]
+        head.next_free_block = block
+        block.prev_free_block = head
         return out
 
     def evict_cached_block(self, block: KVCacheBlock) -> None:

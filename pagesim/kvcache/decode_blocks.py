@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, cast
 
 from pagesim.errors import InternalError
 from pagesim.kvcache.invariants import check_kv_cache_manager
-from pagesim.kvcache.lazy_hashes import LazyHashes
+from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
 
 if TYPE_CHECKING:
     from pagesim.kvcache.block import KVCacheBlock
@@ -77,10 +77,13 @@ class DecodeBlockEvents:
         queue.num_free_blocks -= 1
         block_hash = block._block_hash
         if block_hash is not None:
-            if isinstance(block_hash, bytes):
-                pool.evict_cached_block(block)
+            if type(block_hash) is DeferredBlocks:  # `DeferredBlocks.evict`, inlined
+                block._block_hash = None
+                block_hash.live -= 1
+                if not block_hash.live:
+                    block_hash.drop()
             else:
-                block_hash.evict(block)
+                pool.evict_cached_block(block)
         block.ref_cnt = 1
         row.append(block)
         self.req_to_block_ids[request_id].append(block.block_id)
