@@ -4,7 +4,7 @@ from (no GPU).
 The shipped H200 profiles of llama-2-7b, llama-3-8b and qwen2.5-7b are the medians of several
 GPU calls' calibrations (`pagesim merge-profiles`); their `notes` list when each source was
 measured. The sources themselves left the tree with the research record; they are in git at
-`REV`. This finds each source by its date, merges them again, checks that the merge gives the
+`REV` (later ones in the tree, `IN_TREE`). This finds each source by its date, merges them again, checks that the merge gives the
 shipped tables and metadata exactly, and prints each source's level against the merged profile
 (`pagesim.cost.profile_merge.source_scale`). With --write it adds those levels to the shipped
 `profile.json` as `source_scales` (nothing else changes).
@@ -37,20 +37,31 @@ def _git(*args: str) -> bytes:
     return subprocess.run(["git", *args], check=True, capture_output=True).stdout
 
 
+#: calibrations made after REV, kept in the tree with the out-of-sample runs they came with
+IN_TREE = Path("results/out_of_sample")
+
+
 def source_dirs(model: str) -> dict[str, str]:
-    """Measured date -> the folder at REV of every calibration of `model` on the H200."""
+    """Measured date -> the folder of every calibration of `model` on the H200: at REV, or in
+    the tree under `IN_TREE`."""
     names = _git("ls-tree", "-r", "--name-only", REV, "results/validation").decode().split()
     out: dict[str, str] = {}
     for name in names:
         if name.endswith(f"/profile/h200/{model}/{PROFILE_JSON}"):
             meta = json.loads(_git("show", f"{REV}:{name}"))
             out.setdefault(meta["date"], name.rsplit("/", 1)[0])
+    for path in sorted(IN_TREE.glob(f"**/profile/h200/{model}/{PROFILE_JSON}")):
+        out.setdefault(json.loads(path.read_text())["date"], str(path.parent))
     return out
 
 
 def extract(folder: str, into: Path) -> Path:
-    """A copy of one source profile folder at REV."""
+    """A copy of one source profile folder (from the tree if it is there, else at REV)."""
     into.mkdir(parents=True)
+    if Path(folder).is_dir():
+        for path in Path(folder).iterdir():
+            (into / path.name).write_bytes(path.read_bytes())
+        return into
     names = _git("ls-tree", "--name-only", f"{REV}:{folder}").decode().split()
     for name in names:
         (into / name).write_bytes(_git("show", f"{REV}:{folder}/{name}"))
