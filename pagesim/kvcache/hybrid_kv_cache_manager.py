@@ -21,11 +21,12 @@ from pagesim.config import VLLM_COMPAT
 from pagesim.errors import ConfigError
 from pagesim.kvcache.alloc_checks import check_allocation_arguments, check_ever_fits
 from pagesim.kvcache.block import KVCacheBlock
-from pagesim.kvcache.block_pool import BlockPool, KVCacheEvent
+from pagesim.kvcache.block_pool import BlockPool
 from pagesim.kvcache.hashing import BlockHasher
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.kv_cache_coordinator import HybridKVCacheCoordinator
 from pagesim.kvcache.kv_cache_spec import KVCacheConfig
+from pagesim.kvcache.pool_views import BlockPoolViews
 from pagesim.kvcache.prefix_stats import PrefixCacheStats
 from pagesim.request import Request
 
@@ -46,7 +47,7 @@ class HybridKVCacheBlocks:
         return len(self.blocks[0])
 
 
-class HybridKVCacheManager:
+class HybridKVCacheManager(BlockPoolViews):
     """Block tables of all live requests, one row per KV cache group, over one `BlockPool`
     of `kv_cache_config.num_blocks` blocks. Arguments as `KVCacheManager`'s."""
 
@@ -91,18 +92,6 @@ class HybridKVCacheManager:
         )
 
     # ---- read-only views -------------------------------------------------------------------
-    @property
-    def usage(self) -> float:
-        return self.block_pool.get_usage()
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.block_pool.free_block_queue.num_free_blocks
-
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.block_pool.num_usable_blocks
-
     @property
     def num_blocks_to_copy(self) -> int:
         return 0
@@ -215,20 +204,3 @@ class HybridKVCacheManager:
         self.coordinator.free(request.request_id)
         if self.check_invariants:
             check_kv_cache_manager(self)
-
-    # ---- cache-wide operations -------------------------------------------------------------
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached block; fails (False) while any block is in use."""
-        if not self.block_pool.reset_prefix_cache():
-            return False
-        self.prefix_cache_stats.reset = self._interval_stats.reset = True
-        return True
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Prefix-cache stats since the previous call (vLLM's interval stats), then reset."""
-        stats, self._interval_stats = self._interval_stats, PrefixCacheStats()
-        return stats
-
-    def take_events(self) -> list[KVCacheEvent]:
-        """KV events since the last call; needs enable_kv_cache_events."""
-        return self.block_pool.take_events()

@@ -36,12 +36,13 @@ from pagesim.config import VLLM_COMPAT
 from pagesim.errors import AllocationError, ConfigError
 from pagesim.kvcache.alloc_checks import check_allocation_arguments, check_ever_fits
 from pagesim.kvcache.block import KVCacheBlock
-from pagesim.kvcache.block_pool import BlockPool, KVCacheEvent
+from pagesim.kvcache.block_pool import BlockPool
 from pagesim.kvcache.copy_on_write import replace_shared_blocks, shared_write_indices
 from pagesim.kvcache.decode_blocks import DecodeBlockEvents
 from pagesim.kvcache.hashing import BlockHasher
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.lazy_hashes import LazyHashes
+from pagesim.kvcache.pool_views import BlockPoolViews
 from pagesim.kvcache.prefix_stats import PrefixCacheStats
 from pagesim.kvcache.sliding_window import SlidingWindow
 from pagesim.request import Request
@@ -70,7 +71,7 @@ class KVCacheBlocks:
         return len(self.blocks)
 
 
-class KVCacheManager(DecodeBlockEvents):
+class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
     """Block tables of all live requests over one `BlockPool`.
 
     `vllm_compat` picks the free order ("0.33": unhashed freed blocks reused first; "0.23":
@@ -142,21 +143,6 @@ class KVCacheManager(DecodeBlockEvents):
         self.empty_kv_cache_blocks = KVCacheBlocks(())
 
     # ---- read-only views -------------------------------------------------------------------
-    @property
-    def usage(self) -> float:
-        """Used blocks / usable blocks, in [0, 1]."""
-        return self.block_pool.get_usage()
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks in the free queue (cached eviction candidates included)."""
-        return self.block_pool.free_block_queue.num_free_blocks
-
-    @property
-    def num_usable_blocks(self) -> int:
-        """num_gpu_blocks - 1: the null block is never handed out."""
-        return self.block_pool.num_usable_blocks
-
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block-table row (block ids, 0 for null entries).
 
@@ -523,20 +509,3 @@ class KVCacheManager(DecodeBlockEvents):
         if self._window is None:
             return blocks
         return self._window.live_blocks(blocks, num_computed_tokens, admission)
-
-    # ---- cache-wide operations -------------------------------------------------------------
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached block; fails (False) while any block is in use."""
-        if not self.block_pool.reset_prefix_cache():
-            return False
-        self.prefix_cache_stats.reset = self._interval_stats.reset = True
-        return True
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Prefix-cache stats since the previous call (vLLM's interval stats), then reset."""
-        stats, self._interval_stats = self._interval_stats, PrefixCacheStats()
-        return stats
-
-    def take_events(self) -> list[KVCacheEvent]:
-        """KV events (stored / removed blocks) since the last call; needs enable_kv_cache_events."""
-        return self.block_pool.take_events()
