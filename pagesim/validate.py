@@ -717,12 +717,13 @@ def plot_errors(entries: list[dict[str, Any]], path: str | Path) -> None:
         xs = [j - 0.4 + (i + 0.5) * width for j in range(len(metrics))]
         ys = [max(-60.0, min(60.0, by.get(m, 0.0))) for m in metrics]
         rate = e["load"]["request_rate"]
+        arrivals = "its own arrivals" if rate is None else f"{rate} req/s"
         ax.bar(
             xs,
             ys,
             width,
             color=plt.cm.tab20(i % 20),
-            label=f"{e['model']} bs{e['block_size']} {e['load']['workload']} @ {rate}",
+            label=f"{e['model']} bs{e['block_size']} {e['load']['workload']} @ {arrivals}",
         )
     ax.axhline(0.0, color="k", lw=0.8)
     ax.set_xticks(range(len(metrics)))
