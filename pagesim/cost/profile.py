@@ -360,7 +360,7 @@ class Profile:
     def load(cls, directory: str | Path) -> Profile:
         """Read and validate a profile directory written by `save` (or by hand)."""
         profile = cls(cls.load_metadata(directory), **load_tables(directory))
-        _check_grid(Path(directory), profile.decode, profile.prefill)
+        _check_grid(Path(directory), profile.decode)
         return profile
 
 
@@ -484,23 +484,17 @@ def _check_rows(table: str, row_cls: type, rows: tuple) -> None:
         seen.add(key)
 
 
-def _check_grid(
-    directory: Path, decode: tuple[DecodeRow, ...], prefill: tuple[PrefillRow, ...]
-) -> None:
-    """The model interpolates over a measured grid: per block size, decode needs two batch
-    sizes and two contexts, and prefill two chunk sizes. A profile on disk with fewer rows is
-    truncated or cut by hand, and would price every step from one point. (Profiles built in
-    memory, such as a fit's subset of rows, are not held to this.)"""
-    for bs in sorted({r.block_size for r in decode}):
-        rows = [r for r in decode if r.block_size == bs]
-        for axis in ("batch_size", "context_len"):
-            if len({getattr(r, axis) for r in rows}) < 2:
-                raise ProfileError(
-                    f"{directory / 'decode.csv'}: block_size={bs} has one {axis} only; a profile "
-                    "measures a grid (at least two values on each axis)"
-                )
-    if len({r.num_new_tokens for r in prefill}) < 2:
-        raise ProfileError(
-            f"{directory / 'prefill.csv'}: one num_new_tokens only; a profile measures a grid "
-            "(at least two)"
-        )
+def _check_grid(directory: Path, decode: tuple[DecodeRow, ...]) -> None:
+    """The model interpolates over a measured grid, so each block size needs two decode
+    points at least. A profile on disk with one is a truncated or hand-cut table, and would
+    price every decode step from that one point. (Profiles built in memory, such as a fit's
+    subset of rows, are not held to this; the smallest calibration grid, a dry run's, has two.)"""
+    counts: dict[int, int] = {}
+    for r in decode:
+        counts[r.block_size] = counts.get(r.block_size, 0) + 1
+    for bs, n in sorted(counts.items()):
+        if n < 2:
+            raise ProfileError(
+                f"{directory / 'decode.csv'}: block_size={bs} has one row; a profile measures "
+                "a grid (two decode points at least)"
+            )

@@ -47,15 +47,14 @@ def test_floats_round_trip_exactly(tmp_path, synthetic_profile):
 
 
 def test_a_profile_on_disk_must_measure_a_grid(tmp_path, synthetic_profile):
-    """One decode row (or one batch size) is a truncated table, not a profile."""
+    """One decode row for a block size is a truncated table, not a profile; two points are."""
     row = DecodeRow(16, 3, 7, 1.0, 1.0, 1.0, 0.5, 0.5)
     path = synthetic_profile.replace_tables(decode=(row,)).save(tmp_path / "one")
-    with pytest.raises(ProfileError, match="block_size=16 has one batch_size only"):
+    with pytest.raises(ProfileError, match="block_size=16 has one row"):
         Profile.load(path)
-    same_batch = (row, DecodeRow(16, 3, 9, 1.0, 1.0, 1.0, 0.5, 0.5))
-    path = synthetic_profile.replace_tables(decode=same_batch).save(tmp_path / "two")
-    with pytest.raises(ProfileError, match="one batch_size only"):
-        Profile.load(path)
+    two = (row, DecodeRow(16, 3, 9, 1.0, 1.0, 1.0, 0.5, 0.5))
+    path = synthetic_profile.replace_tables(decode=two).save(tmp_path / "two")
+    assert Profile.load(path).decode == two
 
 
 def test_optional_tables_may_be_absent(tmp_path, synthetic_profile):

@@ -162,7 +162,7 @@ def _calibrate(group: TPGroup, tp_model: TensorParallelDecoder, out_dir: str) ->
         block_sizes=(16,),
         full_block_sizes=(16,),
         decode_batches=(2,),
-        decode_contexts=(16,),
+        decode_contexts=(16, 32),  # two points: a profile on disk measures a grid
         prefill_tokens=(16,),
         prefill_cached=(0,),
         mixed=(),
@@ -283,7 +283,7 @@ def test_tp_calibration_dry_run_writes_a_tp2_profile(ranks):
     cal = ranks[0]["calibration"]
     assert cal["profile_dir"] == "cpu/tiny-llama-tp2" and cal["profile_equal"]
     assert cal["profile_tp"] == 2 and cal["in_steps"] is True
-    assert cal["rows"]["decode"] == 1 and cal["rows"]["prefill"] == 1
+    assert cal["rows"]["decode"] == 2 and cal["rows"]["prefill"] == 1
     assert cal["allreduce_tp"] == [2]
     assert ranks[1]["calibration"] == {}
 
