@@ -33,6 +33,7 @@ GPU.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import math
@@ -682,6 +683,7 @@ def main() -> int:
                 log(f"{name}: calibrated in {res.elapsed_s:.0f} s: {ms['profile_rows']}")
                 pack(out, work)
                 model, capacity = res.model, res.capacity
+                del res  # it holds the calibration's runner: its memory must go with the model
             if graphs_on and not dry and not calibrate_only and not serve_only:
                 try:
                     bs0 = config.block_size
@@ -792,6 +794,7 @@ def main() -> int:
                     cfg, model, blocks, dry, graphs_on and device == "cuda"
                 )
             del model, capacity
+            gc.collect()  # captured graphs and runners refer to each other
             if device == "cuda":
                 torch.cuda.empty_cache()
         except Exception:  # keep going: the next model may still run
