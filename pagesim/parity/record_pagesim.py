@@ -69,25 +69,19 @@ class PagesimEngine:
     ) -> None:
         assert config.num_gpu_blocks_override is not None
         self.kv: KVCacheManager | HybridKVCacheManager
+        options: dict[str, Any] = {
+            "enable_caching": config.enable_prefix_caching,
+            "vllm_compat": config.vllm_compat,
+            "max_model_len": config.max_model_len,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "enable_kv_cache_events": True,
+        }
+        num_blocks, block_size = config.num_gpu_blocks_override, config.block_size
         if kv_cache_groups is not None and len(kv_cache_groups) > 1:
-            self.kv = HybridKVCacheManager(
-                kv_cache_config(kv_cache_groups, config.block_size, config.num_gpu_blocks_override),
-                enable_caching=config.enable_prefix_caching,
-                vllm_compat=config.vllm_compat,
-                max_model_len=config.max_model_len,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                enable_kv_cache_events=True,
-            )
+            groups = kv_cache_config(kv_cache_groups, block_size, num_blocks)
+            self.kv = HybridKVCacheManager(groups, **options)
         else:
-            self.kv = KVCacheManager(
-                config.num_gpu_blocks_override,
-                config.block_size,
-                enable_caching=config.enable_prefix_caching,
-                vllm_compat=config.vllm_compat,
-                max_model_len=config.max_model_len,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-                enable_kv_cache_events=True,
-            )
+            self.kv = KVCacheManager(num_blocks, block_size, **options)
         # vLLM's literal victim rule: the harness gives both sides the same tied times
         self.scheduler = Scheduler(config, self.kv, literal_victim_ties=True)
         self._pool = self.kv.block_pool
