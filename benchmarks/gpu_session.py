@@ -356,11 +356,12 @@ def _out_of_sample_plan() -> list[dict]:
 def _serve_plan() -> list[dict]:
     """Call B: llama-2-7b's chat at 85 % of the capacity measured first, on every block size,
     then bursty chat, the shipped multi-turn sessions (closed loop, all sessions at once),
-    long outputs (bwb at rate inf) and a conversation trace at its own arrivals; then all of
-    them again (`-r2`), so that each load has a repeat minutes later. Sized to end within
-    about 9.5 minutes on an H200: chat at 85 % about 20 s a run, multi-turn about 80 s (its
-    think times), the others about 20 s (simulated durations of the same loads, and the
-    out-of-sample call's real ones)."""
+    long outputs (bwb at rate inf), a conversation trace at its own arrivals, chat at 50 and
+    95 % and system-prompt (prefix sharing, at 85 % of chat's capacity); then all of them
+    again (`-r2`), so that each load has a repeat minutes later. Chat at 85 % takes about
+    20 s a run, multi-turn about 80 s (its think times), the others about 20-30 s; the whole
+    plan overruns one 10-minute call, so a call names the runs it leaves out
+    (`--skip-runs`), and the budget check skips what no longer fits."""
     inf = {"rate": "inf", "block_size": 16}
     first = [{"name": "chat-inf-bs16", "workload": "chat", **inf, "num_prompts": 150}]
     loads = [
@@ -392,6 +393,19 @@ def _serve_plan() -> list[dict]:
             "num_prompts": 30,
         },
     ]
+    loads += [
+        {"name": f"chat-{pct}pct-bs16", "workload": "chat", "rate": pct / 100, "block_size": 16}
+        for pct in (50, 95)
+    ]
+    loads.append(
+        {
+            "name": "system-prompt-chat85pct-bs16",
+            "workload": "system-prompt",
+            "rate": 0.85,
+            "block_size": 16,
+            "num_prompts": 48,
+        }
+    )
     return first + loads + [{**spec, "name": spec["name"] + "-r2"} for spec in loads]
 
 
