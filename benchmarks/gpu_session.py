@@ -120,11 +120,10 @@ def graph_vs_eager(
     prefill entries), as lists of (context, new tokens) entries. `modes=("graph",)` times the
     steps as a served run would run them alone (`speed_probe`)."""
     from pagesim.gpu.graph_check import DEFAULT_SHAPES, graph_vs_eager_rows
-    from pagesim.gpu.runner import GPUModelRunner
+    from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 
-    runner = GPUModelRunner(
-        config, num_gpu_blocks, device=model.device, model=model, cuda_graphs="graph" in modes
-    )
+    options = RunnerConfig(device=model.device, cuda_graphs="graph" in modes)
+    runner = GPUModelRunner(config, num_gpu_blocks, options, model=model)
     graphs = runner.graphs
     if graphs is None and "graph" in modes:
         return []

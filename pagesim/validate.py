@@ -226,7 +226,7 @@ def serve_workload(
     runner's per-step records (graph replayed or eager, device times) go under
     `records["runner_steps"]`."""
     from pagesim.gpu.modes import RUNNER_MODES
-    from pagesim.gpu.runner import GPUModelRunner, step_record_columns
+    from pagesim.gpu.runner import GPUModelRunner, RunnerConfig, step_record_columns
     from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 
     rate, burstiness, params = load_args(load)
@@ -238,16 +238,10 @@ def serve_workload(
     model.set_block_size(config.block_size)
     scheduler = make_engine(config, num_gpu_blocks)
     num_cpu = scheduler.swap_pool.num_blocks if scheduler.swap_pool is not None else 0
-    runner = GPUModelRunner(
-        config,
-        num_gpu_blocks,
-        device=device,
-        model=model,
-        num_cpu_blocks=num_cpu,
-        temperature=temperature,
-        cuda_graphs=cuda_graphs,
-        log=log,
+    options = RunnerConfig(
+        device=device, num_cpu_blocks=num_cpu, temperature=temperature, cuda_graphs=cuda_graphs
     )
+    runner = GPUModelRunner(config, num_gpu_blocks, options, model=model, log=log)
     graphs = runner.graphs
     captured, capture_s = (
         graphs.capture_all(max_batch=in_flight) if graphs is not None else (0, 0.0)

@@ -50,7 +50,7 @@ from pagesim.gpu.overhead import (
     overhead_rows,
     ramp_prompt_len,
 )
-from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.kvcache.sizing import page_size_bytes
 
@@ -150,6 +150,7 @@ def run_calibration(
     )
     model, capacity = load_model(config, tuple(order), dtype=dtype, seed=seed, device=dev)
     log(capacity.report())
+    options = RunnerConfig(device=dev, seed=seed, cuda_graphs=cuda_graphs)
     measured = CalibrationRows.empty()
     for bs in order:
         if bs not in grid.block_sizes:
@@ -161,10 +162,8 @@ def run_calibration(
         runner = GPUModelRunner(
             config.replace(block_size=bs),
             capacity.num_gpu_blocks[bs],
-            device=dev,
+            options,
             model=model,
-            seed=seed,
-            cuda_graphs=cuda_graphs,
             log=log,
         )
         rows = calibrate_block_size(
@@ -196,9 +195,7 @@ def run_calibration(
         release_cached(dev)
     model.set_block_size(config.block_size)
     overhead, admission = measure_overhead(
-        lambda cfg, blocks: GPUModelRunner(
-            cfg, blocks, device=dev, model=model, seed=seed, cuda_graphs=cuda_graphs
-        ),
+        lambda cfg, blocks: GPUModelRunner(cfg, blocks, options, model=model),
         config,
         capacity.num_gpu_blocks,
         grid,

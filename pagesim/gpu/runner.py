@@ -44,7 +44,6 @@ from pagesim.gpu.cuda_graphs import GraphKey, StepGraphs
 from pagesim.gpu.model import KVCache, RandomWeightDecoder
 from pagesim.kvcache.block_table import build_positions
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, sample_synthetic
-from pagesim.specs import ModelSpec
 
 
 @dataclass(slots=True)
@@ -80,71 +79,83 @@ class StepRecord:
     mixed_graph: bool = False  # the graph was a mixed-step one (not decode-only)
 
 
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How a `GPUModelRunner` runs, beside the engine's `EngineConfig` (what it serves).
+
+    `cuda_graphs` (CUDA only) captures the graph steps; with `capture_graphs=False` the
+    runner takes the very same padded static-buffer path without capturing, on any device:
+    what the CPU tests and the TP dry run check the graph flow with.
+    """
+
+    device: torch.device | str = "cuda"
+    dtype: torch.dtype = torch.bfloat16  # of a model the runner builds itself
+    seed: int = 0  # of a model the runner builds itself
+    num_cpu_blocks: int = 0  # pinned CPU blocks for swap preemption (0: no swap cache)
+    temperature: float = 1.0
+    cuda_graphs: bool = True  # False: `--enforce-eager`, vLLM's name
+    mixed_graphs: bool = True  # False keeps only the decode graphs
+    capture_graphs: bool = True
+
+
 class GPUModelRunner:
-    """Runs the random-weight model of `config.model` over a paged KV cache on `device`.
+    """Runs the random-weight model of `config.model` over a paged KV cache.
 
     `num_gpu_blocks` blocks of `config.block_size` tokens per layer (block 0 is the null
-    block); `num_cpu_blocks` pinned CPU blocks for swap preemption (0: no swap cache).
+    block). `model` is a model built already (shared across block sizes by a calibration,
+    a tensor-parallel shard); without it the runner builds one from `options`.
     """
 
     def __init__(
         self,
         config: EngineConfig,
         num_gpu_blocks: int,
+        options: RunnerConfig | None = None,
         *,
-        device: torch.device | str = "cuda",
-        dtype: torch.dtype = torch.bfloat16,
-        seed: int = 0,
-        num_cpu_blocks: int = 0,
-        temperature: float = 1.0,
         model: RandomWeightDecoder | None = None,
-        time_steps: bool = True,
-        spec: ModelSpec | None = None,
-        cuda_graphs: bool = True,
-        mixed_graphs: bool = True,
         log: Callable[[str], None] | None = None,
     ) -> None:
+        opts = options or RunnerConfig()
         self.config = config
-        self.spec = spec or config.model_spec
-        self.device = torch.device(device)
+        self.spec = config.model_spec
+        self.device = torch.device(opts.device)
         self.block_size = config.block_size
         self.model = model or RandomWeightDecoder(
-            self.spec, dtype, self.device, config.block_size, seed
+            self.spec, opts.dtype, self.device, config.block_size, opts.seed
         )
         if self.model.attn.block_size != config.block_size:
             self.model.set_block_size(config.block_size)
         self.dtype = self.model.dtype
         self.vocab_size = self.spec.vocab_size
-        self.temperature = temperature
-        self.time_steps = time_steps and self.device.type == "cuda"
+        self.temperature = opts.temperature
+        on_cuda = self.device.type == "cuda"
         self.num_gpu_blocks = num_gpu_blocks
         self.kv_caches: KVCache = allocate_kv_cache(self.model, num_gpu_blocks, self.device)
-        self.num_cpu_blocks = num_cpu_blocks
+        self.num_cpu_blocks = opts.num_cpu_blocks
         self.cpu_caches: KVCache = (
-            allocate_kv_cache(self.model, num_cpu_blocks, "cpu", pin=self.device.type == "cuda")
-            if num_cpu_blocks
+            allocate_kv_cache(self.model, opts.num_cpu_blocks, "cpu", pin=on_cuda)
+            if opts.num_cpu_blocks
             else []
         )
         self.step_records: list[StepRecord] = []
         self.record_steps = True
         # Calibration only: run every layer with attention replaced by the identity.
         self.skip_attention = False
-        # The last step's inputs and final hidden rows, kept for tests (references only).
+        # The last step's inputs and final hidden rows (references only), for the checks of
+        # graph against eager and of tensor-parallel ranks against each other.
         self.last_inputs: StepInputs | None = None
         self.last_hidden: torch.Tensor | None = None
-        self._events = (
-            [torch.cuda.Event(enable_timing=True) for _ in range(5)] if self.time_steps else None
-        )
+        self._events = [torch.cuda.Event(enable_timing=True) for _ in range(5)] if on_cuda else None
         # How the host waits for a step's sampled ids (`_read_sampled`): False blocks in the
         # driver, True polls an event.
         self.spin_wait = False
         self._ids_host: torch.Tensor | None = None
-        self._ids_ready = torch.cuda.Event() if self.device.type == "cuda" else None
-        # CUDA graphs of decode and mixed steps (CUDA only; tests may attach a capture=False
-        # one)
-        self.mixed_graphs = mixed_graphs
+        self._ids_ready = torch.cuda.Event() if on_cuda else None
+        self.mixed_graphs = opts.mixed_graphs
         self.graphs: StepGraphs | None = None
-        if cuda_graphs and self.device.type == "cuda":
+        if opts.cuda_graphs and not opts.capture_graphs:
+            self.graphs = self.make_graphs(capture=False)
+        elif opts.cuda_graphs and on_cuda:
             try:
                 self.graphs = self.make_graphs(capture=True, log=log)
             except Exception as e:  # a model graphs cannot serve runs eagerly

@@ -62,7 +62,7 @@ from pagesim.gpu.profiler import (
     override_capacity,
     varlen_tiles,
 )
-from pagesim.gpu.runner import GPUModelRunner, step_record_columns
+from pagesim.gpu.runner import GPUModelRunner, RunnerConfig, step_record_columns
 from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 from pagesim.gpu.tp_model import TensorParallelDecoder
 from pagesim.gpu.tp_runner import TPDriverRunner, broadcast_stop, run_collective, run_worker
@@ -314,10 +314,10 @@ def calibrate_shard(
     log(capacity.report())
     deadline = None if time_budget_s is None else t0 + time_budget_s
 
+    options = RunnerConfig(device=dev, seed=seed, cuda_graphs=cuda_graphs)
+
     def make_runner(cfg: EngineConfig, blocks: int) -> GPUModelRunner:
-        return GPUModelRunner(
-            cfg, blocks, device=dev, model=model, seed=seed, cuda_graphs=cuda_graphs
-        )
+        return GPUModelRunner(cfg, blocks, options, model=model)
 
     measured = grid_rows(
         make_runner,

@@ -40,7 +40,7 @@ from pagesim.config import EngineConfig
 from pagesim.errors import InternalError
 from pagesim.gpu.memory import release_cached
 from pagesim.gpu.parallel import TPGroup
-from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 from pagesim.request import Request
 from pagesim.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 
@@ -428,18 +428,15 @@ class LocalRunner:
         self.runner = self.graphs = None
         gc.collect()  # a captured graph's objects may sit in reference cycles
         release_cached(model.device)
-        runner = GPUModelRunner(
-            msg.config,
-            msg.num_gpu_blocks,
+        options = RunnerConfig(
             device=model.device,
-            model=model,
             seed=seed,
             num_cpu_blocks=msg.num_cpu_blocks,
             temperature=msg.temperature,
             cuda_graphs=msg.cuda_graphs,
+            capture_graphs=model.device.type == "cuda",
         )
-        if msg.cuda_graphs and runner.graphs is None and runner.device.type == "cpu":
-            runner.graphs = runner.make_graphs(capture=False)
+        runner = GPUModelRunner(msg.config, msg.num_gpu_blocks, options, model=model)
         self.runner, self.graphs = runner, runner.graphs
         return runner
 

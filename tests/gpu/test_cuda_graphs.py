@@ -20,7 +20,7 @@ from pagesim.gpu.cuda_graphs import (
     capture_sizes,
     span_bucket,
 )
-from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 from pagesim.gpu.serve import make_engine
 from pagesim.kvcache.block_table import build_block_table, build_positions, build_slot_mapping
 from pagesim.request import Request
@@ -83,10 +83,17 @@ def test_span_bucket_is_a_power_of_two_within_limits() -> None:
 def test_static_padded_path_equals_unpadded_eager_path() -> None:
     cfg = _config()
     blocks = 64
-    eager = GPUModelRunner(cfg, blocks, device="cpu", dtype=torch.float32, seed=3, temperature=0.0)
-    static = GPUModelRunner(cfg, blocks, device="cpu", dtype=torch.float32, seed=3, temperature=0.0)
-    assert eager.graphs is None  # no graphs on a CPU unless attached
-    static.graphs = static.make_graphs(capture=False)
+    eager = GPUModelRunner(
+        cfg, blocks, RunnerConfig(device="cpu", dtype=torch.float32, seed=3, temperature=0.0)
+    )
+    static = GPUModelRunner(
+        cfg,
+        blocks,
+        RunnerConfig(
+            device="cpu", dtype=torch.float32, seed=3, temperature=0.0, capture_graphs=False
+        ),
+    )
+    assert eager.graphs is None  # no graphs on a CPU unless asked for uncaptured ones
     scheds = [make_engine(cfg, blocks), make_engine(cfg, blocks)]
     for s in scheds:
         for r in _requests():
@@ -152,8 +159,13 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
 
 def test_static_path_skips_attention_for_calibration() -> None:
     cfg = _config()
-    runner = GPUModelRunner(cfg, 32, device="cpu", dtype=torch.float32, seed=1, temperature=0.0)
-    runner.graphs = runner.make_graphs(capture=False)
+    runner = GPUModelRunner(
+        cfg,
+        32,
+        RunnerConfig(
+            device="cpu", dtype=torch.float32, seed=1, temperature=0.0, capture_graphs=False
+        ),
+    )
     from pagesim.gpu.calibrate import BlockSource, synthetic_step
 
     out = synthetic_step([(40, 1)] * 3, 16, BlockSource(32, 0))
@@ -168,7 +180,7 @@ def test_static_path_skips_attention_for_calibration() -> None:
 
 def test_steps_larger_than_the_largest_size_run_eagerly() -> None:
     cfg = _config(max_num_seqs=2)
-    runner = GPUModelRunner(cfg, 32, device="cpu", dtype=torch.float32)
+    runner = GPUModelRunner(cfg, 32, RunnerConfig(device="cpu", dtype=torch.float32))
     graphs = runner.make_graphs(capture=False)
     from pagesim.gpu.calibrate import BlockSource, synthetic_step
 
@@ -184,7 +196,9 @@ def test_steps_larger_than_the_largest_size_run_eagerly() -> None:
 
 
 def test_mixed_graphs_off_keeps_mixed_steps_eager() -> None:
-    runner = GPUModelRunner(_config(), 32, device="cpu", dtype=torch.float32, mixed_graphs=False)
+    runner = GPUModelRunner(
+        _config(), 32, RunnerConfig(device="cpu", dtype=torch.float32, mixed_graphs=False)
+    )
     graphs = runner.make_graphs(capture=False)
     from pagesim.gpu.calibrate import BlockSource, synthetic_step
 
@@ -200,10 +214,14 @@ def test_graph_replay_matches_eager_on_the_gpu() -> None:
     cfg = _config(max_num_seqs=16)
     blocks = 64
     eager = GPUModelRunner(
-        cfg, blocks, device="cuda", dtype=torch.bfloat16, seed=3, temperature=0.0, cuda_graphs=False
+        cfg,
+        blocks,
+        RunnerConfig(
+            device="cuda", dtype=torch.bfloat16, seed=3, temperature=0.0, cuda_graphs=False
+        ),
     )
     graphed = GPUModelRunner(
-        cfg, blocks, device="cuda", dtype=torch.bfloat16, seed=3, temperature=0.0
+        cfg, blocks, RunnerConfig(device="cuda", dtype=torch.bfloat16, seed=3, temperature=0.0)
     )
     assert eager.graphs is None and graphed.graphs is not None
     n, secs = graphed.graphs.capture_all()
@@ -233,9 +251,13 @@ def test_graph_vs_eager_rows_switch_modes_and_compare_outputs() -> None:
     from pagesim.gpu.graph_check import graph_vs_eager_rows
 
     runner = GPUModelRunner(
-        _config(), 32, device="cpu", dtype=torch.float32, seed=2, temperature=0.0
+        _config(),
+        32,
+        RunnerConfig(
+            device="cpu", dtype=torch.float32, seed=2, temperature=0.0, capture_graphs=False
+        ),
     )
-    graphs = runner.graphs = runner.make_graphs(capture=False)
+    graphs = runner.graphs
     switched = []
 
     def use_graphs(on: bool) -> None:
@@ -267,9 +289,13 @@ def test_graph_and_eager_decode_splits_are_reported_and_explain_the_outputs() ->
     from pagesim.gpu.graph_check import graph_vs_eager_rows
 
     runner = GPUModelRunner(
-        _config(), 64, device="cpu", dtype=torch.float32, seed=2, temperature=0.0
+        _config(),
+        64,
+        RunnerConfig(
+            device="cpu", dtype=torch.float32, seed=2, temperature=0.0, capture_graphs=False
+        ),
     )
-    graphs = runner.graphs = runner.make_graphs(capture=False)
+    graphs = runner.graphs
 
     def use_graphs(on: bool) -> None:
         runner.graphs = graphs if on else None
@@ -330,9 +356,14 @@ def test_mixed_graph_steps_equal_eager_ones_for_an_odd_query_group() -> None:
     )
     model = RandomWeightDecoder(spec, torch.float32, "cpu", 16, seed=3)
     runner = GPUModelRunner(
-        config, 64, device="cpu", dtype=torch.float32, seed=2, temperature=0.0, model=model
+        config,
+        64,
+        RunnerConfig(
+            device="cpu", dtype=torch.float32, seed=2, temperature=0.0, capture_graphs=False
+        ),
+        model=model,
     )
-    graphs = runner.graphs = runner.make_graphs(capture=False)
+    graphs = runner.graphs
 
     def use_graphs(on: bool) -> None:
         runner.graphs = graphs if on else None

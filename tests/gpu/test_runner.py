@@ -17,7 +17,7 @@ import torch
 from pagesim.config import EngineConfig
 from pagesim.errors import InternalError
 from pagesim.gpu.model import reference_attention_forward
-from pagesim.gpu.runner import GPUModelRunner, table_width
+from pagesim.gpu.runner import GPUModelRunner, RunnerConfig, table_width
 from pagesim.gpu.serve import make_engine
 from pagesim.kvcache.block_table import build_block_table, build_slot_mapping
 from pagesim.request import Request
@@ -79,14 +79,16 @@ def _lockstep(
     runner = GPUModelRunner(
         config,
         num_gpu_blocks,
-        device="cpu",
-        dtype=torch.float32,
-        seed=3,
-        num_cpu_blocks=num_cpu,
-        temperature=0.0,
+        RunnerConfig(
+            device="cpu",
+            dtype=torch.float32,
+            seed=3,
+            num_cpu_blocks=num_cpu,
+            temperature=0.0,
+            cuda_graphs=graphs,
+            capture_graphs=False,
+        ),
     )
-    if graphs:  # the graph path's static buffers, run eagerly (no capture on a CPU)
-        runner.graphs = runner.make_graphs(capture=False)
     sim_runner = CostModelRunner(_ConstantCost(), vocab_size=config.model_spec.vocab_size)
     for a, b in zip(make_requests(), make_requests(), strict=False):
         gpu_sched.add_request(a)
@@ -186,7 +188,7 @@ def test_table_width_is_a_multiple_of_16() -> None:
 
 
 def test_copy_on_write_copies_every_layer() -> None:
-    runner = GPUModelRunner(_config(), 8, device="cpu", dtype=torch.float32, seed=0)
+    runner = GPUModelRunner(_config(), 8, RunnerConfig(device="cpu", dtype=torch.float32, seed=0))
     for k, v in runner.kv_caches:
         k.normal_()
         v.normal_()
@@ -199,7 +201,7 @@ def test_copy_on_write_copies_every_layer() -> None:
 def test_swap_without_cpu_cache_is_an_error() -> None:
     from pagesim.scheduler.output import SchedulerOutput
 
-    runner = GPUModelRunner(_config(), 8, device="cpu", dtype=torch.float32)
+    runner = GPUModelRunner(_config(), 8, RunnerConfig(device="cpu", dtype=torch.float32))
     with pytest.raises(InternalError, match="no CPU cache"):
         runner.execute_model(SchedulerOutput(step_id=0, blocks_to_swap_out=[(1, 0)]))
 
@@ -208,7 +210,9 @@ def test_swap_without_cpu_cache_is_an_error() -> None:
 def test_spin_wait_reads_the_same_ids_as_a_blocking_read() -> None:
     """The spin-wait read returns every id, also when the step is still running as the read
     starts and when the batch outgrows the pinned buffer."""
-    runner = GPUModelRunner(_config(), 16, device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    runner = GPUModelRunner(
+        _config(), 16, RunnerConfig(device="cuda", dtype=torch.bfloat16, cuda_graphs=False)
+    )
     runner.spin_wait = True
     stream = torch.cuda.current_stream()
     for n in (1, 7, 600):

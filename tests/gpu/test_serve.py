@@ -144,7 +144,7 @@ def test_wall_clock_limit_aborts_the_rest() -> None:
 @pytest.mark.slow
 def test_warm_up_runs_eager_shapes_and_leaves_no_records() -> None:
     torch = pytest.importorskip("torch")
-    from pagesim.gpu.runner import GPUModelRunner
+    from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
     from pagesim.gpu.serve import warm_up
 
     cfg = EngineConfig.create(
@@ -154,7 +154,7 @@ def test_warm_up_runs_eager_shapes_and_leaves_no_records() -> None:
         max_num_batched_tokens=64,
         max_model_len=256,
     )
-    runner = GPUModelRunner(cfg, 128, device="cpu", dtype=torch.float32)
+    runner = GPUModelRunner(cfg, 128, RunnerConfig(device="cpu", dtype=torch.float32))
     calls = []
     inner = runner.model.forward
 

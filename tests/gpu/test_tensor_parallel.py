@@ -50,7 +50,7 @@ from pagesim.gpu.parallel import (
     multicast_off_env,
     vocab_range,
 )
-from pagesim.gpu.runner import GPUModelRunner
+from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.gpu.tp_model import TensorParallelDecoder
 from pagesim.gpu.tp_profiler import calibrate_tensor_parallel, graph_vs_eager_tp, serve_tp
@@ -100,8 +100,10 @@ def _equivalence(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
     """Check 1: TP shard vs whole model on the same two steps (see the module docstring)."""
     config = _config()
     full = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, SEED)
-    tp_runner = GPUModelRunner(config, 8, device="cpu", model=tp_model, temperature=0.0)
-    full_runner = GPUModelRunner(config, 8, device="cpu", model=full, temperature=0.0)
+    tp_runner = GPUModelRunner(
+        config, 8, RunnerConfig(device="cpu", temperature=0.0), model=tp_model
+    )
+    full_runner = GPUModelRunner(config, 8, RunnerConfig(device="cpu", temperature=0.0), model=full)
     errors = []
     for out in _two_steps():
         got, want = tp_runner.execute_model(out), full_runner.execute_model(out)
