@@ -48,7 +48,6 @@ from pagesim.kvcache.block_table import (
     build_query_start_loc,
     build_slot_mapping,
 )
-from pagesim.scheduler.output import SchedulerOutput
 
 #: SM count assumed when the metadata is built for a CPU device (an H200 has 132).
 DEFAULT_NUM_SMS = 132
@@ -186,19 +185,6 @@ class PagedAttentionBackend:
                     device,
                 )
         return md
-
-    def build_metadata_for_step(
-        self, scheduler_output: SchedulerOutput, device: torch.device | str, **kwargs
-    ) -> AttentionMetadata:
-        """`build_metadata` over a scheduler step's requests, in the step's running order."""
-        sched = scheduler_output.scheduled
-        return self.build_metadata(
-            [r.block_ids for r in sched],
-            [r.num_computed_tokens for r in sched],
-            [r.num_new_tokens for r in sched],
-            device,
-            **kwargs,
-        )
 
     def forward(
         self,

@@ -228,9 +228,7 @@ class StepGraphs:
         # Decode steps: constant query starts and last rows.
         self.query_start_loc = torch.arange(s + 1, dtype=torch.int32, device=dev)
         self.logits_indices = torch.arange(s, dtype=torch.int64, device=dev)
-        # Block-table rows of live requests, kept across steps (`release` frees them), and
-        # the step's table gathered from them into the staged host buffer.
-        self.rows = BlockTableRows(self.width, s)
+        # The step's table, gathered from the runner's rows into the staged host buffer.
         self.gathered = GatheredTable(self.staged.host["block_table"])
         self._reset_buffers()
         self.graphs: dict[GraphKey, CapturedGraph] = {}
@@ -339,21 +337,20 @@ class StepGraphs:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def release(self, request_ids) -> None:
-        """Free the block-table rows of requests that finished or were preempted."""
-        self.rows.free(request_ids)
-
-    def load(self, scheduled, input_ids: list[int], key: GraphKey) -> None:
+    def load(
+        self, scheduled, input_ids: list[int], key: GraphKey, rows: BlockTableRows, idx: list[int]
+    ) -> None:
         """Fill the static buffers for a step of `key`'s size (rows past the step: padding):
-        the host side through numpy, then one transfer of the bytes the step uses."""
+        the host side through numpy, then one transfer of the bytes the step uses.
+        `rows.table[idx[i]]` is scheduled[i]'s block-table row (`BlockTableRows.update`)."""
         if key.mixed:
-            self._load_mixed(scheduled, input_ids, key.size)
+            self._load_mixed(scheduled, input_ids, key.size, rows, idx)
             return
         size = key.size
         n = len(scheduled)
         h = self.staged.host
         table = h["block_table"]
-        self._gather_rows(scheduled, size)
+        self.gathered.gather(rows, idx, size)
         pos = np.fromiter((sr.num_computed_tokens for sr in scheduled), np.int64, n)
         pack = h["pack"]
         pack[0, :n] = input_ids
@@ -366,20 +363,15 @@ class StepGraphs:
         seq_lens[n:size] = 0
         self.staged.copy_to_device(self._table_offset + size * self._table_row_bytes)
 
-    def _gather_rows(self, scheduled, size: int) -> None:
-        """Staged table row i = the block-table row of scheduled[i] (`BlockTableRows`); null
-        rows up to `size`."""
-        row_index = self.rows.row_index
-        idx = [row_index(sr.request.request_id, sr.block_ids) for sr in scheduled]
-        self.gathered.gather(self.rows, idx, size)
-
-    def _load_mixed(self, scheduled, input_ids: list[int], size: int) -> None:
+    def _load_mixed(
+        self, scheduled, input_ids: list[int], size: int, rows: BlockTableRows, idx: list[int]
+    ) -> None:
         """A mixed step of T <= size tokens and n sequences: rows T.. and sequences n.. pad."""
         n = len(scheduled)
         seqs = self.mixed_seqs(size)
         h = self.staged.host
         table = h["block_table"]
-        self._gather_rows(scheduled, seqs)
+        self.gathered.gather(rows, idx, seqs)
         starts = np.fromiter((sr.num_computed_tokens for sr in scheduled), np.int64, n)
         news = np.fromiter((sr.num_new_tokens for sr in scheduled), np.int64, n)
         t = len(input_ids)

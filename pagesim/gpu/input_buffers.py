@@ -9,9 +9,10 @@ pageable-memory copy per tensor) cost 0.23-0.81 ms per decode step of 8-128 sequ
 calls. vLLM's model runner keeps its inputs in persistent CPU/GPU buffer pairs and its block
 table rows across steps; this module does the same for `StepGraphs`:
 
-    BlockTableRows   one row per live request, found by request id; a step writes only the
-                     entries that changed since that request's last step (a new block every
-                     block_size decode steps), and the step's table is one gather of its rows.
+    BlockTableRows   one row per live request, found by request id, built from the
+                     scheduler's block-id deltas: a step writes only the ids appended since
+                     the request's last step (a new block every block_size decode steps),
+                     and the step's table is one gather of its rows.
     GatheredTable    the step's table gathered into the staged buffer, columns in use only.
     StagedBuffers    every per-step input of the graph path laid out in one pinned host
                      buffer and one device buffer of the same layout; a step fills the host
@@ -19,21 +20,22 @@ table rows across steps; this module does the same for `StepGraphs`:
                      asynchronous transfer. The block table comes last, so a step of `s`
                      sequences copies only its `s` rows.
 
-Rows are checked, not trusted: a row is reused only if the request's `block_ids` equal the
-ids written for it (one C-level list comparison). Copy-on-write and sliding-window nulling
-change entries in place, and a resumed request brings a new row; all of them are caught by
-that comparison, so the gathered table always equals `build_block_table` of the step's rows
-(the CPU tests check it step by step).
+A row the scheduler sends whole (a new or resumed request, or one whose entries changed in
+place: copy-on-write, sliding-window release) is compared with what the row holds and only
+rewritten where it differs, so the gathered table always equals `build_block_table` of the
+manager's rows (the CPU tests check it step by step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
 
+from pagesim.errors import InternalError
 from pagesim.kvcache.block_table import NULL_BLOCK_ID
+from pagesim.scheduler.output import SchedulerOutput
 
 #: Byte alignment of every field of a staged buffer (Triton specializes pointers on 16).
 ALIGN = 16
@@ -42,9 +44,9 @@ ALIGN = 16
 class BlockTableRows:
     """Block-table rows of live requests, `[rows, width]` int32, kept across steps.
 
-    `row_index(request_id, block_ids)` returns the row holding `block_ids` (padded with the
-    null block), writing only what changed; `free(request_ids)` returns finished or
-    preempted requests' rows. Rows grow by doubling when every row is taken.
+    `update(out)` applies a step's block ids (`SchedulerOutput`) and returns the row of each
+    scheduled request; `free(request_ids)` returns finished or preempted requests' rows.
+    Rows grow by doubling when every row is taken.
     """
 
     __slots__ = ("width", "table", "lengths", "_rows", "_free")
@@ -64,31 +66,47 @@ class BlockTableRows:
     def num_live(self) -> int:
         return len(self._rows)
 
-    def holds(self, request_id: str, block_ids: list[int]) -> bool:
-        """Whether `request_id` has a row that already holds `block_ids` (`row_index` then
-        writes nothing)."""
-        entry = self._rows.get(request_id)
-        return entry is not None and entry[1] == block_ids
+    def update(self, out: SchedulerOutput) -> list[int]:
+        """Free the step's finished and preempted requests' rows, then bring each scheduled
+        request's row up to date; their rows, in scheduled order."""
+        self.free(out.finished_req_ids)
+        self.free(out.preempted_req_ids)
+        row_index = self.row_index
+        return [
+            row_index(sr.request.request_id, sr.block_ids, sr.new_block_ids)  # type: ignore[arg-type]
+            for sr in out.scheduled  # one KV cache group: its ids are one row
+        ]
 
-    def row_index(self, request_id: str, block_ids: list[int]) -> int:
-        """The row of `request_id`, updated to `block_ids`."""
+    def block_ids(self, request_id: str) -> list[int]:
+        """The ids written in the request's row (the live list: do not mutate)."""
+        return self._rows[request_id][1]
+
+    def row_index(
+        self, request_id: str, block_ids: list[int] | None, new_block_ids: Sequence[int] = ()
+    ) -> int:
+        """The row of `request_id` after `block_ids` replaced it (when given) or
+        `new_block_ids` were appended to it."""
         entry = self._rows.get(request_id)
-        if entry is not None and entry[1] == block_ids:  # the common case: no new block
+        if block_ids is None:
+            if entry is None:
+                raise InternalError(f"request {request_id!r}: new block ids for no row")
+            row, written = entry
+            if new_block_ids:
+                m = len(written)
+                n = m + len(new_block_ids)
+                if n > self.width:
+                    raise ValueError(f"request {request_id}: {n} blocks > table width {self.width}")
+                self.table[row, m:n] = new_block_ids
+                self.lengths[row] = n
+                written.extend(new_block_ids)
+            return row
+        if entry is not None and entry[1] == block_ids:  # resent unchanged
             return entry[0]
         n = len(block_ids)
         if n > self.width:
             raise ValueError(f"request {request_id}: {n} blocks > table width {self.width}")
-        if entry is None:
-            row = self._take()
-            self._write(row, block_ids)
-        else:
-            row, written = entry
-            m = len(written)
-            if n > m and block_ids[:m] == written:  # blocks appended
-                self.table[row, m:n] = block_ids[m:]
-                self.lengths[row] = n
-            else:  # changed in place (copy-on-write, sliding window) or a new row
-                self._write(row, block_ids)
+        row = self._take() if entry is None else entry[0]
+        self._write(row, block_ids)
         self._rows[request_id] = (row, list(block_ids))
         return row
 

@@ -41,6 +41,7 @@ from pagesim.config import EngineConfig
 from pagesim.errors import InternalError
 from pagesim.gpu.attention import AttentionMetadata
 from pagesim.gpu.cuda_graphs import GraphKey, StepGraphs
+from pagesim.gpu.input_buffers import BlockTableRows
 from pagesim.gpu.model import KVCache, RandomWeightDecoder
 from pagesim.kvcache.block_table import build_positions
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, sample_synthetic
@@ -137,6 +138,10 @@ class GPUModelRunner:
             if opts.num_cpu_blocks
             else []
         )
+        # Every live request's block-table row, kept from the scheduler's block-id deltas.
+        self.block_rows = BlockTableRows(
+            table_width(-(-config.max_model_len // config.block_size)), config.max_num_seqs
+        )
         self.step_records: list[StepRecord] = []
         self.record_steps = True
         # Calibration only: run every layer with attention replaced by the identity.
@@ -184,13 +189,13 @@ class GPUModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()
         out = scheduler_output
-        if self.graphs is not None:
-            self.graphs.release(out.finished_req_ids)
-            self.graphs.release(out.preempted_req_ids)
+        rows = self.block_rows.update(out)
         key = self._graph_key(out)
         inputs = None
         if key is not None:
-            self.graphs.load(out.scheduled, self._input_ids(out.scheduled), key)
+            self.graphs.load(
+                out.scheduled, self._input_ids(out.scheduled), key, self.block_rows, rows
+            )
         elif out.scheduled:
             inputs = self.prepare_inputs(out)
         t_prep = time.perf_counter() - t0
@@ -281,13 +286,14 @@ class GPUModelRunner:
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
-        """Host-side inputs of a step, on the device (see `StepInputs`)."""
+        """Host-side inputs of a step, on the device (see `StepInputs`); `block_rows` holds
+        the step's rows already."""
         sched = out.scheduled
         starts = [sr.num_computed_tokens for sr in sched]
         news = [sr.num_new_tokens for sr in sched]
         ids = self._input_ids(sched)
         positions = build_positions(starts, news)
-        rows = [sr.block_ids for sr in sched]
+        rows = [self.block_rows.block_ids(sr.request.request_id) for sr in sched]
         metadata = self.model.attn.build_metadata(
             rows,
             starts,

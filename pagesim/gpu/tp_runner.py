@@ -15,8 +15,8 @@ and the calibration grid (`gpu.calibrate`) drive a TP engine unchanged.
 
 What is broadcast (`StepMessage`), like vLLM's new/cached request split: the prompt of a
 request the workers have not seen (once), then per step and scheduled request only its counts,
-the output tokens and block ids appended since the last step (a changed block table, after a
-preemption, is sent whole). Workers keep a mirror `Request` per request and rebuild a real
+the output tokens appended since the last step and the step's block ids as the scheduler sent
+them (each rank's runner keeps its own rows). Workers keep a mirror `Request` per request and rebuild a real
 `SchedulerOutput` from it, so their `GPUModelRunner` is the very same code as rank 0's. Swap
 and copy-on-write block lists travel as they are (each rank moves its own KV shard).
 Control messages reconfigure the workers' runner (`Configure`), run a collective benchmark
@@ -54,8 +54,8 @@ class StepEntry:
     num_computed_tokens: int
     keep_output: int  # output tokens the worker keeps; then `new_output` is appended
     new_output: list[int]
-    keep_blocks: int  # block ids the worker keeps; then `new_blocks` is appended
-    new_blocks: list[int]
+    block_ids: list[int] | None  # as `ScheduledRequest`: a whole row, or None and
+    new_block_ids: list[int]  # the ids appended to the worker runner's row
 
 
 @dataclass(slots=True)
@@ -71,6 +71,7 @@ class StepMessage:
     entries: list[StepEntry]
     finished_keys: list[int]  # wire keys of the step's finished_req_ids
     finished_req_ids: list[str]
+    preempted_req_ids: list[str]
     blocks_to_copy: list[tuple[int, int]]
     blocks_to_swap_out: list[tuple[int, int]]
     blocks_to_swap_in: list[tuple[int, int]]
@@ -121,12 +122,11 @@ class Stop:
 
 @dataclass(slots=True)
 class _Held:
-    """What the workers hold of one request: its wire key, output tokens and block ids."""
+    """What the workers hold of one request: its wire key and output tokens."""
 
     request: Request
     key: int
     num_outputs: int = 0
-    blocks: list[int] = field(default_factory=list)
 
 
 class StepEncoder:
@@ -161,9 +161,6 @@ class StepEncoder:
             self._current[req.request_id] = id(req)
             output = req.output_token_ids
             keep_out = min(h.num_outputs, len(output))
-            ids = sr.block_ids
-            k = len(h.blocks)
-            keep_blocks = k if k <= len(ids) and ids[:k] == h.blocks else 0
             entries.append(
                 StepEntry(
                     h.key,
@@ -171,12 +168,11 @@ class StepEncoder:
                     sr.num_computed_tokens,
                     keep_out,
                     output[keep_out:],
-                    keep_blocks,
-                    ids[keep_blocks:],
+                    sr.block_ids,  # type: ignore[arg-type]  # one KV cache group
+                    sr.new_block_ids,  # type: ignore[arg-type]
                 )
             )
             h.num_outputs = len(output)
-            h.blocks = list(ids)
         return StepMessage(
             out.step_id,
             out.block_size,
@@ -186,6 +182,7 @@ class StepEncoder:
             entries,
             finished_keys,
             list(out.finished_req_ids),
+            list(out.preempted_req_ids),
             out.blocks_to_copy,
             out.blocks_to_swap_out,
             out.blocks_to_swap_in,
@@ -199,19 +196,18 @@ class StepDecoder:
 
     def __init__(self) -> None:
         self.requests: dict[int, Request] = {}
-        self._blocks: dict[int, list[int]] = {}
 
     def decode(self, msg: StepMessage) -> SchedulerOutput:
         for key in msg.finished_keys:
-            del self.requests[key], self._blocks[key]
+            del self.requests[key]
         for key, rid, prompt, max_tokens in msg.new_requests:
             self.requests[key] = Request(rid, prompt, max_tokens=max_tokens)
-            self._blocks[key] = []
         out = SchedulerOutput(
             step_id=msg.step_id,
             block_size=msg.block_size,
             total_num_scheduled_tokens=msg.total_num_scheduled_tokens,
             finished_req_ids=msg.finished_req_ids,
+            preempted_req_ids=msg.preempted_req_ids,
             blocks_to_copy=msg.blocks_to_copy,
             blocks_to_swap_out=msg.blocks_to_swap_out,
             blocks_to_swap_in=msg.blocks_to_swap_in,
@@ -227,11 +223,10 @@ class StepDecoder:
                 )
             del output[e.keep_output :]
             output.extend(e.new_output)
-            blocks = self._blocks[e.key]
-            del blocks[e.keep_blocks :]
-            blocks.extend(e.new_blocks)
             out.scheduled.append(
-                ScheduledRequest(req, e.num_new_tokens, e.num_computed_tokens, list(blocks))
+                ScheduledRequest(
+                    req, e.num_new_tokens, e.num_computed_tokens, e.block_ids, e.new_block_ids
+                )
             )
         return out
 
@@ -246,7 +241,13 @@ def step_digest(out: SchedulerOutput, runner: GPUModelRunner) -> str:
             (
                 out.step_id,
                 [
-                    (s.request_id, s.num_new_tokens, s.num_computed_tokens, tuple(s.block_ids))
+                    (
+                        s.request_id,
+                        s.num_new_tokens,
+                        s.num_computed_tokens,
+                        s.block_ids,
+                        s.new_block_ids,
+                    )
                     for s in out.scheduled
                 ],
             )

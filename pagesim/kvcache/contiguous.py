@@ -241,6 +241,7 @@ class ContiguousKVCacheManager:
 
     # ---- the paged manager's other entry points --------------------------------------------
     num_blocks_to_copy = 0  # no sharing, so no copy-on-write
+    rewritten_req_ids: frozenset[str] = frozenset()  # rows only grow
 
     def take_blocks_to_copy(self) -> list[tuple[int, int]]:
         return []  # no sharing, so no copy-on-write

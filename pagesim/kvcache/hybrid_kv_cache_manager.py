@@ -90,6 +90,8 @@ class HybridKVCacheManager(BlockPoolViews):
         self.empty_kv_cache_blocks = HybridKVCacheBlocks(
             tuple(() for _ in kv_cache_config.kv_cache_groups)
         )
+        # As `KVCacheManager.rewritten_req_ids`: rows a sliding window nulled entries of.
+        self.rewritten_req_ids: set[str] = set()
 
     # ---- read-only views -------------------------------------------------------------------
     @property
@@ -175,7 +177,8 @@ class HybridKVCacheManager(BlockPoolViews):
         check_ever_fits(
             rid, num_new_tokens, coordinator.peak_blocks(need_slots), self.num_usable_blocks
         )
-        coordinator.remove_skipped_blocks(rid, total_computed)
+        if coordinator.remove_skipped_blocks(rid, total_computed):
+            self.rewritten_req_ids.add(rid)
         needed = coordinator.get_num_blocks_to_allocate(rid, need_slots, hit_lists, local_computed)
         if needed > free_blocks.num_free_blocks:
             return None
@@ -202,5 +205,6 @@ class HybridKVCacheManager(BlockPoolViews):
     def free(self, request: Request) -> None:
         """Release the request's rows, group by group, each tail first."""
         self.coordinator.free(request.request_id)
+        self.rewritten_req_ids.discard(request.request_id)
         if self.check_invariants:
             check_kv_cache_manager(self)

@@ -160,9 +160,13 @@ class HybridKVCacheCoordinator:
         for m in self.single_type_managers:
             m.free(request_id)
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        for m in self.single_type_managers:
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> bool:
+        """Whether any group freed (and nulled) blocks of the request's rows."""
+        freed = [
             m.remove_skipped_blocks(request_id, num_computed_tokens)
+            for m in self.single_type_managers
+        ]
+        return any(freed)
 
     # ---- views ---------------------------------------------------------------------------
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:

@@ -138,6 +138,9 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
         # Requests that may share a block they will write (forked); membership only.
         self._cow_req_ids: set[str] = set()
         self._blocks_to_copy: list[tuple[int, int]] = []
+        # Requests whose row had entries replaced in place (copy-on-write, sliding window)
+        # since the scheduler last sent them whole; membership only, the scheduler clears it.
+        self.rewritten_req_ids: set[str] = set()
         self.prefix_cache_stats = PrefixCacheStats()  # since construction (or reset)
         self._interval_stats = PrefixCacheStats()  # since the last make_prefix_cache_stats()
         self.empty_kv_cache_blocks = KVCacheBlocks(())
@@ -348,6 +351,7 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
             if hit:
                 self._add_computed_blocks(rid, row, hit, local_computed)
         if cow:
+            self.rewritten_req_ids.add(rid)
             self._blocks_to_copy += replace_shared_blocks(
                 pool, row, self.req_to_block_ids[rid], cow, request.num_computed_tokens, bs
             )
@@ -403,6 +407,7 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
         self.req_to_block_ids.pop(rid, None)
         self.num_cached_block.pop(rid, None)
         self._cow_req_ids.discard(rid)
+        self.rewritten_req_ids.discard(rid)
         if self._lazy is not None:
             self._lazy.forget_request(rid)
         if row:
@@ -419,8 +424,10 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
         freed = self._window.remove_skipped_blocks(
             self.block_pool, row, self.req_to_block_ids[request_id], num_computed_tokens
         )
-        if freed and self.check_invariants:
-            check_kv_cache_manager(self)
+        if freed:
+            self.rewritten_req_ids.add(request_id)
+            if self.check_invariants:
+                check_kv_cache_manager(self)
 
     # ---- copy-on-write ---------------------------------------------------------------------
     def fork(self, parent: Request, child: Request) -> None:

@@ -171,8 +171,9 @@ class SingleTypeKVCacheManager:
         if row:
             self.block_pool.free_blocks(reversed(row))
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        """Free the blocks no future query can see (none for full attention)."""
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
+        """Free the blocks no future query can see (none for full attention); how many."""
+        return 0
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
@@ -254,9 +255,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             del row[num_contiguous:]
         return hit, num_contiguous * bs
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
         row = self.req_to_blocks.get(request_id)
-        if row:
-            self.window.remove_skipped_blocks(
-                self.block_pool, row, self.req_to_block_ids[request_id], num_computed_tokens
-            )
+        if not row:
+            return 0
+        return self.window.remove_skipped_blocks(
+            self.block_pool, row, self.req_to_block_ids[request_id], num_computed_tokens
+        )

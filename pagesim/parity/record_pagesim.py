@@ -24,7 +24,12 @@ from pagesim.parity.decisions import DecisionLog
 from pagesim.parity.replay import StepObservation, replay
 from pagesim.parity.workloads import ParityRequest, ParityWorkload
 from pagesim.request import Request
-from pagesim.scheduler.output import ModelRunnerOutput, synthetic_token
+from pagesim.scheduler.output import (
+    BlockIds,
+    ModelRunnerOutput,
+    apply_block_ids,
+    synthetic_token,
+)
 from pagesim.scheduler.scheduler import Scheduler
 
 
@@ -85,6 +90,8 @@ class PagesimEngine:
         # vLLM's literal victim rule: the harness gives both sides the same tied times
         self.scheduler = Scheduler(config, self.kv, literal_victim_ties=True)
         self._pool = self.kv.block_pool
+        # Every live request's table, rebuilt from the outputs as a runner keeps it.
+        self._rows: dict[str, BlockIds] = {}
 
     def add_request(
         self, request: ParityRequest, prompt_token_ids: list[int], arrival_step: int
@@ -120,8 +127,10 @@ class PagesimEngine:
             if sr.request_id in admitting
         ]
         hybrid = isinstance(self.kv, HybridKVCacheManager)
+        for rid in (*out.finished_req_ids, *out.preempted_req_ids):
+            self._rows.pop(rid, None)
         tables: dict[str, list[int] | tuple[list[int], ...]] = {
-            sr.request_id: _table(sr.block_ids, hybrid) for sr in out.scheduled
+            sr.request_id: _table(apply_block_ids(self._rows, sr), hybrid) for sr in out.scheduled
         }
         sampled = {}
         for sr in out.scheduled:
@@ -142,9 +151,7 @@ class PagesimEngine:
         )
 
 
-def _table(
-    block_ids: list[int] | list[list[int]], hybrid: bool
-) -> list[int] | tuple[list[int], ...]:
+def _table(block_ids: BlockIds, hybrid: bool) -> list[int] | tuple[list[int], ...]:
     """A scheduled request's table as the replay takes it: one row, or a tuple of group rows."""
     rows: list[Any] = list(block_ids)
     return tuple(list(r) for r in rows) if hybrid else [int(b) for b in rows]

@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from math import gcd
 from typing import Protocol
 
+from pagesim.errors import InternalError
 from pagesim.request import Request
+
+#: A request's block-table row, or under the hybrid KV cache manager one row per KV cache group.
+BlockIds = list[int] | tuple[list[int], ...]
 
 
 @dataclass(slots=True)
@@ -26,14 +30,22 @@ class ScheduledRequest:
 
     The request samples a token at the end of the step iff `computed + new == num_tokens`
     (a prefill chunk that ends before the prompt's end samples nothing).
+
+    Block ids travel as vLLM's `NewRequestData` / `CachedRequestData` carry them: a runner
+    keeps every live request's row (`apply_block_ids`) and is sent only what changed. A row
+    that had entries replaced in place (a copy-on-write fork's private copy, blocks released
+    by a sliding window) is sent whole, as vLLM sends a resumed request's row.
     """
 
     request: Request
     num_new_tokens: int  # tokens whose K/V this step computes (query length)
     num_computed_tokens: int  # tokens already in the KV cache before this step (context)
-    # The request's block-table row after this step's allocation; under the hybrid KV cache
-    # manager one row per KV cache group.
-    block_ids: list[int] | list[list[int]]
+    # The whole row(s) after this step's allocation, to replace what the runner holds: a
+    # request scheduled for the first time, resumed, or whose row changed in place. None: the
+    # runner's row only grows, by `new_block_ids`.
+    block_ids: BlockIds | None
+    # Ids appended to the row (per KV cache group) this step, when `block_ids` is None.
+    new_block_ids: BlockIds = ()
     resumed: bool = False  # first step after a preemption (recompute) or swap-in
     first_scheduled: bool = False  # first step ever of this request (it was WAITING, never run)
     # Prefix-cache hit found when this step admitted the request (new or recompute-resumed),
@@ -50,9 +62,33 @@ class ScheduledRequest:
         return self.num_new_tokens == 1 and self.num_computed_tokens > 0
 
 
+def apply_block_ids(rows: dict[str, BlockIds], sr: ScheduledRequest) -> BlockIds:
+    """`sr`'s request's row(s) after its step, updated in `rows` (a runner's copy of every
+    live request's rows; the runner drops finished and preempted ids itself)."""
+    whole = sr.block_ids
+    if whole is not None:
+        rows[sr.request_id] = copy = (
+            list(whole) if isinstance(whole, list) else tuple(list(g) for g in whole)
+        )
+        return copy
+    row = rows.get(sr.request_id)
+    if row is None:
+        raise InternalError(f"request {sr.request_id!r}: new block ids for a row never sent")
+    if isinstance(row, list):
+        row.extend(sr.new_block_ids)  # type: ignore[arg-type]
+    else:
+        for group, new in zip(row, sr.new_block_ids, strict=False):
+            group.extend(new)  # type: ignore[arg-type]
+    return row
+
+
 @dataclass(slots=True)
 class SchedulerOutput:
-    """What one engine step must do. Every field is in tokens or block ids unless named."""
+    """What one engine step must do. Every field is in tokens or block ids unless named.
+
+    A runner that keeps block-table rows must see every step's output: the simulator's lead
+    decodes (`Scheduler.schedule(num_lead_decodes)`) grow rows that no output reports.
+    """
 
     step_id: int
     scheduled: list[ScheduledRequest] = field(default_factory=list)  # running order

@@ -26,7 +26,12 @@ from pagesim.errors import InternalError, WorkloadError
 from pagesim.kvcache import sizing
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.admission import kv_fit_check, reject_reason
-from pagesim.scheduler.output import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from pagesim.scheduler.output import (
+    BlockIds,
+    ModelRunnerOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+)
 from pagesim.scheduler.preemption import CPUSwapPool, Preemptor, SchedulerStats, select_victim_index
 from pagesim.scheduler.request_queue import create_request_queue
 
@@ -207,7 +212,10 @@ class Scheduler:
                 budget = self._schedule_swapped(out, budget, threshold)
             if not self.swapped:
                 self._schedule_waiting(out, budget, threshold)
-        out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
+        kv = self.kv_cache_manager
+        out.blocks_to_copy = kv.take_blocks_to_copy()
+        if kv.rewritten_req_ids:
+            self._send_rewritten_rows(out.scheduled, kv.rewritten_req_ids)
         total = 0
         for sr in out.scheduled:
             n = sr.num_new_tokens
@@ -215,6 +223,18 @@ class Scheduler:
             total += n
         out.total_num_scheduled_tokens = total
         return out
+
+    def _send_rewritten_rows(self, scheduled: list[ScheduledRequest], rewritten: set[str]) -> None:
+        """Rows whose entries the manager replaced in place go out whole (membership only)."""
+        for sr in scheduled:
+            if sr.block_ids is None and sr.request.request_id in rewritten:
+                sr.block_ids, sr.new_block_ids = self._row(sr.request.request_id), ()
+        rewritten.clear()
+
+    def _row(self, request_id: str) -> BlockIds:
+        """A copy of the request's row(s) (the hybrid manager's rows are copies already)."""
+        ids = self.kv_cache_manager.get_block_ids(request_id)
+        return list(ids) if isinstance(ids, list) else ids
 
     def skip_lead_only_step(self, num_lead_decodes: int) -> bool:
         """Account for a step of lead decodes only (see `schedule(num_lead_decodes)`) without
@@ -240,7 +260,6 @@ class Scheduler:
         running = self.running
         scheduled = out.scheduled
         allocate_slots = self.kv_cache_manager.allocate_slots
-        get_block_ids = self.kv_cache_manager.get_block_ids
         last_position = self.max_model_len - 1  # the input position may not pass it
         priority = self.policy == "priority"
         req_index = start
@@ -279,9 +298,7 @@ class Scheduler:
                     continue  # it preempted itself; running[req_index] is the next one
                 break
             scheduled.append(
-                ScheduledRequest(
-                    request, num_new, num_computed, list(get_block_ids(request.request_id))
-                )
+                ScheduledRequest(request, num_new, num_computed, None, new_blocks.get_block_ids())
             )
             budget -= num_new
             req_index += 1
@@ -361,7 +378,7 @@ class Scheduler:
                     request,
                     num_new,
                     num_hit,
-                    list(kv.get_block_ids(request.request_id)),
+                    self._row(request.request_id),
                     resumed=resumed,
                     first_scheduled=not resumed,
                     num_prefix_hit_tokens=num_hit,

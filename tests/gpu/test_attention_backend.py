@@ -16,8 +16,6 @@ from paged_kv_helpers import assert_close_rel, randn
 from pagesim.errors import KernelInputError
 from pagesim.gpu.attention import AttentionMetadata, PagedAttentionBackend
 from pagesim.gpu.kernels.configs import decode_config, decode_partition
-from pagesim.request import Request
-from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
 
 class Engine:
@@ -131,18 +129,9 @@ def test_steps_chunked_prefill_mixed_and_decode(gen, device, dtype, window):
     eng.check_cache()
 
 
-def test_metadata_from_scheduler_output(device):
+def test_metadata_of_a_mixed_step(device):
     backend = PagedAttentionBackend(8, 2, 128, 16)
-    reqs = [Request(f"r{i}", list(range(30)), max_tokens=4) for i in range(2)]
-    out = SchedulerOutput(
-        step_id=0,
-        scheduled=[
-            ScheduledRequest(reqs[0], num_new_tokens=14, num_computed_tokens=16, block_ids=[3, 5]),
-            ScheduledRequest(reqs[1], num_new_tokens=1, num_computed_tokens=20, block_ids=[7, 2]),
-        ],
-        total_num_scheduled_tokens=15,
-    )
-    md = backend.build_metadata_for_step(out, device)
+    md = backend.build_metadata([[3, 5], [7, 2]], [16, 20], [14, 1], device)
     assert isinstance(md, AttentionMetadata) and not md.is_decode_only
     assert md.seq_lens.tolist() == [30, 21]
     assert md.query_start_loc.tolist() == [0, 14, 15]

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from pagesim.errors import InternalError
 from pagesim.gpu.input_buffers import (
     ALIGN,
     BlockTableRows,
@@ -31,6 +32,8 @@ from pagesim.kvcache.block_table import (
     build_positions,
     build_slot_mapping,
 )
+from pagesim.request import Request
+from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
 WIDTH = 16
 MAX_STEP = 8  # rows of the staged table in the state machine
@@ -119,19 +122,36 @@ def test_a_row_longer_than_the_table_is_refused() -> None:
 
 def test_an_unchanged_row_is_not_rewritten() -> None:
     rows = BlockTableRows(8)
-    assert not rows.holds("a", [3, 4])
     r = rows.row_index("a", [3, 4])
-    assert rows.holds("a", [3, 4]) and not rows.holds("a", [3, 4, 7])
+    assert rows.block_ids("a") == [3, 4]
     rows.table[r, 5] = 99  # a byte a rewrite would reset to the null block
     assert rows.row_index("a", [3, 4]) == r and rows.table[r, 5] == 99
-    rows.row_index("a", [3, 4, 7])  # appended: only entry 2 written
+    rows.row_index("a", [3, 4, 7])  # resent longer: its blocks written, nothing past them
     assert rows.table[r, :3].tolist() == [3, 4, 7] and rows.table[r, 5] == 99
     rows.row_index("a", [3, 8, 7])  # changed in place: the row's blocks rewritten
     assert rows.table[r, :3].tolist() == [3, 8, 7] and rows.table[r, 5] == 99
     rows.row_index("a", [3])  # shrunk: the entries it gave up reset, nothing past them
     assert rows.table[r, :3].tolist() == [3, 0, 0] and rows.table[r, 5] == 99
     rows.free(["a"])
-    assert not rows.holds("a", [3])
+    assert rows.num_live == 0
+
+
+def test_a_step_s_deltas_append_to_the_rows_it_holds() -> None:
+    rows = BlockTableRows(8, num_rows=1)
+    a, b = Request("a", [1] * 8, 4), Request("b", [2] * 8, 4)
+    first = SchedulerOutput(0, [ScheduledRequest(a, 8, 0, [3, 4]), ScheduledRequest(b, 8, 0, [5])])
+    assert rows.update(first) == [0, 1]  # the table grew to hold b
+    rows.table[0, 5] = 99  # a byte no append may touch
+    nxt = SchedulerOutput(
+        1, [ScheduledRequest(a, 1, 8, None, [7]), ScheduledRequest(b, 1, 8, None)]
+    )
+    assert rows.update(nxt) == [0, 1]
+    assert rows.table[:2, :3].tolist() == [[3, 4, 7], [5, 0, 0]] and rows.table[0, 5] == 99
+    assert rows.block_ids("a") == [3, 4, 7] and rows.lengths[:2].tolist() == [3, 1]
+    done = SchedulerOutput(2, [ScheduledRequest(b, 1, 9, None)], finished_req_ids=["a"])
+    assert rows.update(done) == [1] and rows.num_live == 1
+    with pytest.raises(InternalError, match="'a': new block ids for no row"):
+        rows.update(SchedulerOutput(3, [ScheduledRequest(a, 1, 9, None, [8])]))
 
 
 @settings(max_examples=80, deadline=None)

@@ -305,7 +305,7 @@ def test_encoder_and_decoder_keep_workers_in_step():
 
     def step(i: int, entries, finished=()) -> SchedulerOutput:
         out = SchedulerOutput(step_id=i, block_size=16, finished_req_ids=list(finished))
-        out.scheduled = [ScheduledRequest(r, n, c, list(b)) for r, n, c, b in entries]
+        out.scheduled = [ScheduledRequest(r, n, c, b, new) for r, n, c, b, new in entries]
         out.total_num_scheduled_tokens = sum(e[1] for e in entries)
         return out
 
@@ -317,6 +317,7 @@ def test_encoder_and_decoder_keep_workers_in_step():
                 s.num_new_tokens,
                 s.num_computed_tokens,
                 s.block_ids,
+                s.new_block_ids,
                 s.request.prompt_token_ids,
                 s.request.output_token_ids,
             )
@@ -327,24 +328,25 @@ def test_encoder_and_decoder_keep_workers_in_step():
                 s.num_new_tokens,
                 s.num_computed_tokens,
                 s.block_ids,
+                s.new_block_ids,
                 s.request.prompt_token_ids,
                 s.request.output_token_ids,
             )
             for s in out.scheduled
         ]
 
-    same(step(0, [(a, 32, 0, [4, 9])]))
-    same(step(1, [(a, 8, 32, [4, 9, 2])]))
+    same(step(0, [(a, 32, 0, [4, 9], ())]))
+    same(step(1, [(a, 8, 32, None, [2])]))
     a.output_token_ids.append(17)
-    msg = enc.encode(step(2, [(a, 1, 40, [4, 9, 2])]))
+    msg = enc.encode(step(2, [(a, 1, 40, None, [])]))
     assert msg.new_requests == [] and msg.entries[0].new_output == [17]
-    assert msg.entries[0].keep_blocks == 3 and msg.entries[0].new_blocks == []
+    assert msg.entries[0].block_ids is None and msg.entries[0].new_block_ids == []
     dec.decode(msg)
-    same(step(3, [(a, 41, 0, [7, 3, 6])]))  # preempted and recomputed: a new block table
+    same(step(3, [(a, 41, 0, [7, 3, 6], ())]))  # preempted and recomputed: a new block table
     b = Request("a", list(range(5)), max_tokens=1)  # the id reused by another request
-    same(step(4, [(b, 5, 0, [8])]))
-    msg = enc.encode(step(5, [(a, 1, 41, [7, 3, 6])]))  # interleaved again: nothing resent
-    assert msg.new_requests == [] and msg.entries[0].new_blocks == []
+    same(step(4, [(b, 5, 0, [8], ())]))
+    msg = enc.encode(step(5, [(a, 1, 41, None, [])]))  # interleaved again: nothing resent
+    assert msg.new_requests == [] and msg.entries[0].new_block_ids == []
     assert msg.entries[0].new_output == [] and msg.entries[0].keep_output == 1
     dec.decode(msg)
     dec.decode(enc.encode(step(6, [], finished=["a"])))  # the latest "a" finished

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from weakref import WeakKeyDictionary
+
 from pagesim.config import EngineConfig
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.request import Request
 from pagesim.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, synthetic_token
+from pagesim.scheduler.output import BlockIds, apply_block_ids
 
 
 def make_kv(
@@ -43,9 +46,31 @@ def req(rid: str, prompt: list[int] | int, max_tokens: int = 4, **kw) -> Request
     return Request(rid, prompt, max_tokens, **kw)
 
 
+_TABLES: WeakKeyDictionary[Scheduler, dict[str, BlockIds]] = WeakKeyDictionary()
+
+
+def tables(sched: Scheduler) -> dict[str, BlockIds]:
+    """The block tables a runner holds after `sched`'s last `run_step`, built from the
+    outputs' block-id deltas alone."""
+    return _TABLES.setdefault(sched, {})
+
+
+def follow_rows(sched: Scheduler, out: SchedulerOutput) -> None:
+    """Apply `out`'s block ids to `tables(sched)` as a runner does, and check that every
+    scheduled request's table equals its row in the manager."""
+    rows = tables(sched)
+    for rid in (*out.finished_req_ids, *out.preempted_req_ids):
+        rows.pop(rid, None)
+    for sr in out.scheduled:
+        got = apply_block_ids(rows, sr)
+        assert got == sched.kv_cache_manager.get_block_ids(sr.request_id), sr.request_id
+
+
 def run_step(sched: Scheduler) -> tuple[SchedulerOutput, list[Request]]:
-    """schedule(), sample a token for every request that completed its tokens, update."""
+    """schedule() (its block ids followed: `follow_rows`), sample a token for every request
+    that completed its tokens, update."""
     out = sched.schedule()
+    follow_rows(sched, out)
     sampled = {}
     for sr in out.scheduled:
         r = sr.request

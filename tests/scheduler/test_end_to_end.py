@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from sched_helpers import make_config, make_kv, req, run_step, tokens
+from sched_helpers import make_config, make_kv, req, run_step, tables, tokens
 
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.request import Request, RequestStatus
@@ -55,7 +55,8 @@ def check_step(s: Scheduler, out, seen_preempted: set[str]) -> None:
         assert sr.num_prefix_hit_tokens < r.num_tokens
         if r.num_output_tokens and sr.num_computed_tokens == r.num_tokens - 1:
             assert sr.num_new_tokens == 1  # one token per decode step
-        assert len(sr.block_ids) * cfg.block_size >= sr.num_computed_tokens + sr.num_new_tokens
+        num_slots = len(tables(s)[sr.request_id]) * cfg.block_size
+        assert num_slots >= sr.num_computed_tokens + sr.num_new_tokens
     seen_preempted.update(out.preempted_req_ids)
 
 
@@ -84,7 +85,7 @@ def run_all(seed: int, **kw) -> tuple[Scheduler, list[Request], list]:
         log.append(
             (
                 tokens(out),
-                [sr.block_ids for sr in out.scheduled],
+                [list(tables(s)[sr.request_id]) for sr in out.scheduled],
                 out.preempted_req_ids,
                 out.blocks_to_swap_out,
                 out.blocks_to_swap_in,

@@ -14,7 +14,7 @@ its 4th block and none is free:
 from __future__ import annotations
 
 import pytest
-from sched_helpers import make_config, make_kv, make_scheduler, req, run_step, tokens
+from sched_helpers import make_config, make_kv, make_scheduler, req, run_step, tables, tokens
 
 from pagesim.request import RequestStatus
 from pagesim.scheduler import CPUSwapPool, Scheduler
@@ -31,9 +31,10 @@ def two_request_scheduler(**kw) -> Scheduler:
 
 
 def run_until_preemption(s: Scheduler):
-    outs = [run_step(s)[0] for _ in range(6)]
+    outs = [run_step(s)[0] for _ in range(2)]
+    assert tables(s)["b"] == [3, 4, 6] and outs[1].scheduled[1].new_block_ids == [6]
+    outs += [run_step(s)[0] for _ in range(4)]
     assert [tokens(o) for o in outs[:5]] == [{"a": 8, "b": 8}] + [{"a": 1, "b": 1}] * 4
-    assert outs[1].scheduled[1].block_ids == [3, 4, 6]
     assert all(not o.preempted_req_ids for o in outs[:5])
     return outs[5]
 
@@ -43,7 +44,7 @@ def test_recompute_round_trip() -> None:
     a, b = s.requests["a"], s.requests["b"]
     out = run_until_preemption(s)
     assert tokens(out) == {"a": 1} and out.preempted_req_ids == ["b"]
-    assert out.scheduled[0].block_ids == [1, 2, 5, 6]
+    assert tables(s)["a"] == [1, 2, 5, 6]
     assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
     assert b.num_preemptions == 1 and b.num_tokens == 13
     assert s.kv_cache_manager.get_block_ids("b") == []
@@ -126,14 +127,14 @@ def test_fcfs_victim_is_the_last_admitted() -> None:
     s = three_requests("fcfs")
     out, _ = run_step(s)  # x needs a 2nd block: z goes; then y needs one: y is the last left
     assert tokens(out) == {"x": 1} and out.preempted_req_ids == ["z", "y"]
-    assert out.scheduled[0].block_ids == [1, 3]
+    assert tables(s)["x"] == [1, 3]
 
 
 def test_priority_victim_is_the_lowest_priority() -> None:
     s = three_requests("priority")
     out, _ = run_step(s)  # x needs a block: y (priority 5) goes, not z, the last admitted
     assert tokens(out) == {"x": 1, "z": 1} and out.preempted_req_ids == ["y"]
-    assert out.scheduled[0].block_ids == [1, 2]
+    assert tables(s)["x"] == [1, 2]
     assert [r.request_id for r in s.waiting] == ["y"]
 
 
@@ -148,7 +149,7 @@ def test_priority_victim_scheduled_earlier_in_the_step_is_unscheduled() -> None:
     out, _ = run_step(s)  # x decodes, then y needs a block: x (priority 5) gives its back
     assert tokens(out) == {"y": 1} and out.total_num_scheduled_tokens == 1
     assert out.preempted_req_ids == ["x"] and x.num_computed_tokens == 0
-    assert out.scheduled[0].block_ids == [2, 3]
+    assert tables(s)["y"] == [2, 3]
 
 
 @pytest.mark.parametrize("compat,expected", [("0.33", {"a": 1, "c": 1}), ("0.23", {"a": 1})])

@@ -7,7 +7,16 @@ blocks are handed out lowest id first on a fresh pool.
 from __future__ import annotations
 
 import pytest
-from sched_helpers import make_config, make_kv, make_scheduler, req, run_step, tokens
+from sched_helpers import (
+    follow_rows,
+    make_config,
+    make_kv,
+    make_scheduler,
+    req,
+    run_step,
+    tables,
+    tokens,
+)
 
 from pagesim.errors import InternalError, WorkloadError
 from pagesim.request import RequestStatus
@@ -26,8 +35,8 @@ def test_chunked_prefill_under_the_token_budget() -> None:
     out, _ = run_step(s)  # running first: r1's last 36, then a 28-token chunk of r2
     assert tokens(out) == {"r1": 36, "r2": 28}
     assert [sr.num_computed_tokens for sr in out.scheduled] == [64, 0]
-    assert out.scheduled[0].block_ids == [1, 2, 3, 4, 5, 6, 7]
-    assert out.scheduled[1].block_ids == [8, 9]
+    assert out.scheduled[0].block_ids is None and out.scheduled[0].new_block_ids == [5, 6, 7]
+    assert tables(s)["r1"] == [1, 2, 3, 4, 5, 6, 7] and out.scheduled[1].block_ids == [8, 9]
     assert r1.num_output_tokens == 1 and r2.num_output_tokens == 0
     out, finished = run_step(s)
     assert tokens(out) == {"r1": 1, "r2": 22} and out.total_num_scheduled_tokens == 23
@@ -170,6 +179,7 @@ def test_rejections_with_reasons_and_nothing_lost() -> None:
         assert r.status == RequestStatus.FINISHED_REJECTED
         assert r.reject_reason.split(":")[0] == code, r.reject_reason
     first = s.schedule()
+    follow_rows(s, first)
     assert first.rejected_req_ids == list(cases)
     s.update_from_output(
         first, ModelRunnerOutput(0.0, {sr.request_id: 1 for sr in first.scheduled})
