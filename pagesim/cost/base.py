@@ -10,7 +10,7 @@ Token accounting of one scheduled request (`num_computed_tokens` is the value *b
     | <- context (cached K/V, read) -> | <- new tokens (K/V written, queries) -> |
     0                        num_computed_tokens           num_computed_tokens + num_new_tokens
 
-A *decode* entry is one new token over a non-empty context (`ScheduledRequest.is_decode`);
+A *decode* entry is one new token over a non-empty context (`scheduler.output.is_decode`);
 everything else (a whole prompt, a chunk of one, a recompute after preemption) is a *prefill*
 entry, described by its new tokens and its context.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from pagesim.errors import ConfigError
-from pagesim.scheduler.output import SchedulerOutput
+from pagesim.scheduler.output import SchedulerOutput, is_decode
 
 
 def longest_context(contexts: Sequence[int]) -> int:
@@ -99,7 +99,7 @@ class BatchShape:
         for s, c in zip(sched, ctx, strict=True):
             k = s.num_new_tokens
             total += k
-            if k == 1 and c > 0:
+            if is_decode(k, c):
                 dctx.append(c)
             else:
                 pnew.append(k)

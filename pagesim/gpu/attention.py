@@ -48,6 +48,7 @@ from pagesim.kvcache.block_table import (
     build_query_start_loc,
     build_slot_mapping,
 )
+from pagesim.scheduler.output import is_decode
 
 #: SM count assumed when the metadata is built for a CPU device (an H200 has 132).
 DEFAULT_NUM_SMS = 132
@@ -154,7 +155,7 @@ class PagedAttentionBackend:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
             query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(device),
         )
-        if num_seqs and all(n == 1 for n in num_new_tokens):
+        if num_seqs and all(map(is_decode, num_new_tokens, num_computed_tokens)):
             if num_sms is None:
                 num_sms = (
                     torch.cuda.get_device_properties(device).multi_processor_count

@@ -53,7 +53,7 @@ from pagesim.cost.profile import (
 from pagesim.gpu.calibration_grid import CalibrationGrid, CalibrationRows
 from pagesim.gpu.overhead import overhead_requests, overhead_rows
 from pagesim.request import Request
-from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
+from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput, is_decode
 
 __all__ = [
     "BlockSource",
@@ -126,7 +126,7 @@ def _request(rid: str, context: int, num_new: int, prompts: dict[int, list[int]]
     token, as after its prefill. Otherwise: a prompt of `context + num_new` tokens. Prompt
     lists are shared through `prompts` (length -> tokens) so big batches build quickly.
     """
-    decode = num_new == 1 and context > 0
+    decode = is_decode(num_new, context)
     n = context if decode else context + num_new
     if n not in prompts:
         prompts[n] = [(j * 104_729 + 17) % 32_000 for j in range(n)]

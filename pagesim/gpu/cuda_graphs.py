@@ -136,11 +136,6 @@ def token_capture_sizes(
     return capture_sizes(max_num_batched_tokens, max_size)
 
 
-def is_decode_only(scheduled) -> bool:
-    """Every scheduled request computes exactly one new token (the decode kernel's steps)."""
-    return bool(scheduled) and all(sr.num_new_tokens == 1 for sr in scheduled)
-
-
 def _pad_to(sizes: tuple[int, ...], n: int) -> int | None:
     """The smallest size >= n, or None if n exceeds them all."""
     for s in sizes:
@@ -250,7 +245,7 @@ class StepGraphs:
         size of its family, or graphs failed earlier)."""
         if self.failed is not None or not scheduled:
             return None
-        if not is_decode_only(scheduled):
+        if not all(sr.is_decode for sr in scheduled):
             tokens = sum(sr.num_new_tokens for sr in scheduled)
             size = _pad_to(self.token_sizes, tokens)
             if size is None or len(scheduled) > self.mixed_seqs(size):

@@ -58,8 +58,14 @@ class ScheduledRequest:
 
     @property
     def is_decode(self) -> bool:
-        """One new token on top of a computed context: the decode shape."""
-        return self.num_new_tokens == 1 and self.num_computed_tokens > 0
+        return is_decode(self.num_new_tokens, self.num_computed_tokens)
+
+
+def is_decode(num_new_tokens: int, num_computed_tokens: int) -> bool:
+    """One new token on top of a computed context: the decode shape, the one test the cost
+    model, the GPU kernels and graphs and both worlds' step records apply (a one-token prompt
+    with nothing cached is a prefill: it has no context to read)."""
+    return num_new_tokens == 1 and num_computed_tokens > 0
 
 
 def apply_block_ids(rows: dict[str, BlockIds], sr: ScheduledRequest) -> BlockIds:
