@@ -36,6 +36,7 @@ import numpy as np
 from pagesim.config import EngineConfig
 from pagesim.kvcache.waste import KVProbe, ProbeValues
 from pagesim.metrics import MetricsCollector, summarize
+from pagesim.metrics.collector import StepRecord
 from pagesim.metrics.report import engine_keys
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.factory import make_scheduler
@@ -184,10 +185,7 @@ def _loop(
             last.period_s = t_sched - t0 - last.start_s
         out = scheduler.schedule()
         start = t_sched - t0
-        for sr in out.scheduled:
-            req = sr.request
-            if sr.num_computed_tokens == (req.num_cached_tokens or 0):
-                metrics.on_first_scheduled(req, start)
+        metrics.on_scheduled(out.scheduled, start)
         t_exec = clock()
         result = runner.execute_model(out)
         t_upd = clock()
@@ -200,7 +198,9 @@ def _loop(
         for req in finished:
             metrics.on_finish(req, visible)
             source.on_finish(req, visible)
-        num_prefill_reqs = _on_step(metrics, out, scheduler, probe, start, visible - start)
+        counts = scheduler.get_request_counts()
+        step = StepRecord.of_step(start, visible - start, out, counts, probe())
+        metrics.on_step(step)
         t_end = clock()
         last = ServeStep(
             start,
@@ -210,36 +210,10 @@ def _loop(
             t_upd - t_exec,
             t_end - t_upd,
             t_end - t_sched,
-            num_prefill_reqs,
+            len(out.scheduled) - step.num_decode_reqs,
         )
         run.steps.append(last)
     run.wall_s = clock() - t0
-
-
-def _on_step(metrics, out, scheduler, probe, start: float, step_time: float) -> int:
-    """Record the step in `metrics`; returns its number of prefill entries."""
-    num_prefill = 0
-    num_decode = 0
-    for sr in out.scheduled:
-        if sr.is_decode:
-            num_decode += 1
-        else:
-            num_prefill += sr.num_new_tokens
-    num_running, num_waiting = scheduler.get_request_counts()
-    metrics.on_step(
-        start,
-        step_time,
-        len(out.scheduled),
-        out.total_num_scheduled_tokens,
-        num_prefill,
-        num_decode,
-        num_running,
-        num_waiting,
-        probe(),
-        len(out.preempted_req_ids),
-        out.swap_bytes,
-    )
-    return len(out.scheduled) - num_decode
 
 
 def _wait_until(target: float, t0: float, clock, sleep) -> None:

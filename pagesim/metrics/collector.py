@@ -22,6 +22,7 @@ import numpy as np
 from pagesim.errors import InternalError
 from pagesim.metrics.runs import expand
 from pagesim.request import Request
+from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
 
 @dataclass(slots=True)
@@ -46,7 +47,11 @@ class RequestRecord:
 
 
 class StepRecord(NamedTuple):
-    """One engine step, as `MetricsCollector.on_step` stores it (every field as a float64)."""
+    """One engine step, as `MetricsCollector.on_step` stores it (every field as a float64).
+
+    A NamedTuple because its tuple is the stored row: `on_step` appends it in one C call.
+    Both worlds' engines build it through `of_step`.
+    """
 
     start_time_s: float  # simulated time the step began
     step_time_s: float  # its duration from the cost model (or the GPU)
@@ -63,6 +68,51 @@ class StepRecord(NamedTuple):
     kv_external_frag_frac: float
     num_preempted: int  # preemptions decided in this step
     swap_bytes: int  # bytes over the host link this step
+
+    @classmethod
+    def of_step(
+        cls,
+        start_time_s: float,
+        step_time_s: float,
+        out: SchedulerOutput | None,
+        request_counts: tuple[int, int],
+        kv: tuple[float, float, float, float, float],
+        num_lead: int = 0,
+    ) -> StepRecord:
+        """The record of a step that ran `out`'s entries (None: none) after `num_lead` lead
+        decodes the simulator's fast path ran outside it; `request_counts` is the
+        scheduler's (running, waiting) after the step, `kv` its KV probe's values. Decode
+        entries have one token each, so the rest of the step's tokens are prefill tokens."""
+        if out is None:
+            return cls(
+                start_time_s,
+                step_time_s,
+                num_lead,
+                num_lead,
+                0,
+                num_lead,
+                *request_counts,
+                *kv,
+                0,
+                0,
+            )
+        num_decode = 0
+        for sr in out.scheduled:
+            if sr.is_decode:
+                num_decode += 1
+        num_tokens = out.total_num_scheduled_tokens
+        return cls(
+            start_time_s,
+            step_time_s,
+            len(out.scheduled) + num_lead,
+            num_tokens + num_lead,
+            num_tokens - num_decode,
+            num_decode + num_lead,
+            *request_counts,
+            *kv,
+            len(out.preempted_req_ids),
+            out.swap_bytes,
+        )
 
 
 STEP_COLUMNS: tuple[str, ...] = StepRecord._fields
@@ -111,6 +161,14 @@ class MetricsCollector:
         if rec.first_scheduled_time is None:
             rec.first_scheduled_time = now
             rec.num_cached_tokens = request.num_cached_tokens or 0
+
+    def on_scheduled(self, scheduled: list[ScheduledRequest], now: float) -> None:
+        """A step starting at `now` runs `scheduled`: note each admission's first step (its
+        context is still its prefix-cache hit)."""
+        for sr in scheduled:
+            request = sr.request
+            if sr.num_computed_tokens == (request.num_cached_tokens or 0):
+                self.on_first_scheduled(request, now)
 
     def on_token(self, rec: RequestRecord, now: float) -> None:
         """One output token of `rec`'s request became visible to the client at `now`."""
@@ -163,38 +221,10 @@ class MetricsCollector:
         rec.finish_time = now
         rec.num_preemptions = request.num_preemptions
 
-    def on_step(
-        self,
-        start_time_s: float,
-        step_time_s: float,
-        num_reqs: int,
-        num_tokens: int,
-        num_prefill_tokens: int,
-        num_decode_reqs: int,
-        num_running: int,
-        num_waiting: int,
-        kv: tuple[float, float, float, float, float],
-        num_preempted: int,
-        swap_bytes: int,
-    ) -> None:
-        """Record one step: the one place a `StepRecord`'s values are laid out. `kv` is the
-        KV probe's (kv_usage, token_state, reserved, internal, external) fractions."""
+    def on_step(self, record: StepRecord) -> None:
+        """Record one step (`StepRecord.of_step`)."""
         values = self.step_values
-        values.extend(
-            (
-                start_time_s,
-                step_time_s,
-                num_reqs,
-                num_tokens,
-                num_prefill_tokens,
-                num_decode_reqs,
-                num_running,
-                num_waiting,
-                *kv,
-                num_preempted,
-                swap_bytes,
-            )
-        )
+        values.extend(record)
         if len(values) >= _SPILL_VALUES:
             self.step_spill.write(values)
             del values[:]

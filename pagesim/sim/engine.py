@@ -21,7 +21,7 @@ import simpy
 
 from pagesim.errors import InternalError
 from pagesim.kvcache.waste import KVProbe
-from pagesim.metrics.collector import MetricsCollector
+from pagesim.metrics.collector import MetricsCollector, StepRecord
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner, ModelRunnerOutput, SchedulerOutput
 from pagesim.sim.fast_path import DecodeFastPath
@@ -30,9 +30,9 @@ FinishCallback = Callable[[Request], None]
 
 
 # One step between its schedule and its end: (scheduler output, runner output (both None for
-# a step of the fast path's lazy decodes only), step time (s), prefill tokens, decode requests
-# (lazy ones included), lazy decodes leading the batch (None: a step off the fast path)).
-_Step = tuple[SchedulerOutput | None, ModelRunnerOutput | None, float, int, int, int | None]
+# a step of the fast path's lazy decodes only), step time (s), lazy decodes leading the batch
+# (None: a step off the fast path)).
+_Step = tuple[SchedulerOutput | None, ModelRunnerOutput | None, float, int | None]
 
 
 class ServingEngine:
@@ -112,21 +112,21 @@ class ServingEngine:
                     f"scheduler made no progress at t={start:.6f}s with "
                     f"{scheduler.get_request_counts()} requests (running, waiting)"
                 )
-            num_prefill, num_decode = self._note_scheduled(out, start)
+            self.metrics.on_scheduled(out.scheduled, start)
             result = runner.execute_model(out)
-            return out, result, result.step_time_s, num_prefill, num_decode, None
+            return out, result, result.step_time_s, None
         num_lead = len(fast.lazies)
         if scheduler.skip_lead_only_step(num_lead):  # the common step: lazy decodes only
             step_time_s = fast.runner.lead_decode_step_time(
                 scheduler.block_size, num_lead, fast.lead_context_sum(), fast.lead_contexts()
             )
-            return None, None, step_time_s, 0, num_lead, num_lead
+            return None, None, step_time_s, num_lead
         out = scheduler.schedule(num_lead)
-        num_prefill, num_decode = self._note_scheduled(out, start)
+        self.metrics.on_scheduled(out.scheduled, start)
         result = fast.runner.execute_with_lead_decodes(
             out, num_lead, fast.lead_context_sum(), fast.lead_contexts()
         )
-        return out, result, result.step_time_s, num_prefill, num_decode + num_lead, num_lead
+        return out, result, result.step_time_s, num_lead
 
     def _end_step(
         self,
@@ -134,8 +134,6 @@ class ServingEngine:
         out: SchedulerOutput | None,
         result: ModelRunnerOutput | None,
         step_time_s: float,
-        num_prefill: int,
-        num_decode: int,
         num_lead: int | None,
     ) -> None:
         """Once the step's time has passed: the lazy decodes' tokens first (as they come first
@@ -148,51 +146,22 @@ class ServingEngine:
             finished = fast.end_step(now)
             if finished:
                 scheduler.finish_decoded(finished)
-        num_reqs = num_tokens = num_preempted = swap_bytes = 0
         if out is not None and result is not None:
             done = scheduler.update_from_output(out, result)
             finished = finished + done if finished else done
             sampled = result.sampled_token_ids
-            num_reqs, num_tokens = len(out.scheduled), out.total_num_scheduled_tokens
-            num_preempted, swap_bytes = len(out.preempted_req_ids), out.swap_bytes
         else:
             sampled = {}
         self._note_tokens(sampled, now, num_lead or 0, now - start)
         for req in finished:
             metrics.on_finish(req, now)
             self._finished(req)
-        num_running, num_waiting = scheduler.get_request_counts()
         if num_lead is None or fast is None:
             kv = self.kv_probe()
         else:
             kv = self.kv_probe.with_lead_sums(*fast.probe_sums())  # type: ignore[attr-defined]
-        metrics.on_step(
-            start,
-            step_time_s,
-            num_reqs + (num_lead or 0),
-            num_tokens + (num_lead or 0),
-            num_prefill,
-            num_decode,
-            num_running,
-            num_waiting,
-            kv,
-            num_preempted,
-            swap_bytes,
-        )
-
-    def _note_scheduled(self, out, start: float) -> tuple[int, int]:
-        """(prefill tokens, decode requests) of the scheduled entries; first schedulings."""
-        metrics = self.metrics
-        num_prefill = num_decode = 0
-        for sr in out.scheduled:
-            computed = sr.num_computed_tokens
-            if sr.is_decode:
-                num_decode += 1
-            else:
-                num_prefill += sr.num_new_tokens
-            if computed == (sr.request.num_cached_tokens or 0):  # first step of an admission
-                metrics.on_first_scheduled(sr.request, start)
-        return num_prefill, num_decode
+        counts = scheduler.get_request_counts()
+        metrics.on_step(StepRecord.of_step(start, step_time_s, out, counts, kv, num_lead or 0))
 
     def _note_tokens(
         self, sampled: dict[str, int], now: float, num_lead: int, lead_gap_s: float

@@ -282,9 +282,11 @@ def test_steps_spill_to_disk_and_read_back_in_order():
         rows = []
         for i in range(n):
             kv = (i / n, 0.1, 0.2, 0.3, 0.4)
-            args = (base + i * 0.5, 0.01 * i, i % 7, i, i % 3, i % 5, 9, 2, kv, i % 2, 4 * i)
-            m.on_step(*args)
-            rows.append(StepRecord(*args[:8], *kv, *args[9:]))
+            row = StepRecord(
+                base + i * 0.5, 0.01 * i, i % 7, i, i % 3, i % 5, 9, 2, *kv, i % 2, 4 * i
+            )
+            m.on_step(row)
+            rows.append(row)
         return rows
 
     a, b = MetricsCollector(), MetricsCollector()
@@ -295,3 +297,25 @@ def test_steps_spill_to_disk_and_read_back_in_order():
     assert merged.num_steps == len(rows)
     for j, name in enumerate(STEP_COLUMNS):
         assert merged.step_column(name).tolist() == [float(r[j]) for r in rows]
+
+
+def test_a_step_record_counts_decodes_prefill_tokens_and_lead_decodes():
+    from pagesim.metrics.collector import StepRecord
+    from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
+
+    r = [Request(f"r{i}", [1] * 40, 8) for i in range(4)]
+    entries = [(1, 20), (1, 0), (12, 8), (1, 33)]  # decode, a 1-token prompt, a chunk, decode
+    out = SchedulerOutput(
+        3,
+        [ScheduledRequest(q, n, c, None) for q, (n, c) in zip(r, entries, strict=True)],
+        15,
+        preempted_req_ids=["x"],
+        swap_bytes=64,
+    )
+    kv = (0.5, 0.1, 0.2, 0.3, 0.4)
+    assert StepRecord.of_step(1.0, 0.02, out, (6, 2), kv, num_lead=10) == StepRecord(
+        1.0, 0.02, 14, 25, 13, 12, 6, 2, *kv, 1, 64
+    )
+    assert StepRecord.of_step(2.0, 0.01, None, (10, 0), kv, num_lead=10) == StepRecord(
+        2.0, 0.01, 10, 10, 0, 10, 10, 0, *kv, 0, 0
+    )
