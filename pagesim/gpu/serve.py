@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from pagesim.config import EngineConfig
-from pagesim.kvcache.waste import KVProbe, ProbeValues
+from pagesim.kvcache.waste import KVProbe, UsageProbe
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.metrics.collector import StepRecord
 from pagesim.metrics.report import engine_keys
@@ -137,7 +137,7 @@ def replay(
     metrics = MetricsCollector()
     run = ServeRun(metrics)
     records = metrics.records
-    probe = kv_probe or _usage_probe(scheduler)
+    probe = kv_probe or UsageProbe(scheduler.kv_cache_manager)
     gc_was_enabled = gc.isenabled()
     if disable_gc:
         gc.collect()
@@ -287,17 +287,6 @@ def run_records(run: ServeRun) -> dict[str, Any]:
 
 def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else 0.0
-
-
-def _usage_probe(scheduler) -> KVProbe:
-    """KV usage from the manager; the waste breakdown is the simulator's (NaN here)."""
-    kv = scheduler.kv_cache_manager
-    nan = float("nan")
-
-    def probe() -> ProbeValues:
-        return float(kv.usage), nan, nan, nan, nan
-
-    return probe
 
 
 def warm_up(runner, config: EngineConfig) -> int:

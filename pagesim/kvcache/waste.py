@@ -31,9 +31,9 @@ the running requests' sums themselves (the simulator's decode fast path) pass th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from pagesim.errors import ConfigError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
@@ -41,9 +41,35 @@ from pagesim.request import Request
 
 # (kv_usage, token_state, reserved, internal_frag, external_frag): fractions of KV memory
 ProbeValues = tuple[float, float, float, float, float]
-# The KV snapshot an engine takes after each step, in either world: the simulator's
-# time-weighted `pagesim.sim.probe.WasteProbe`, or the GPU replay's usage-only probe.
-KVProbe = Callable[[], ProbeValues]
+
+
+class KVProbe(Protocol):
+    """The KV snapshot an engine takes after each step, in either world: the simulator's
+    time-weighted `pagesim.sim.probe.WasteProbe`, or the GPU replay's `UsageProbe`."""
+
+    def __call__(self) -> ProbeValues: ...
+
+    def with_lead_sums(
+        self, num_lead: int, computed_sum: int, min_span_sum: int, over_final_sum: int
+    ) -> ProbeValues:
+        """The snapshot, the first `num_lead` running requests given as sums by the decode
+        fast path (see `WasteProbe.with_lead_sums`)."""
+        ...
+
+
+class UsageProbe:
+    """The `KVProbe` of a run that measures usage only (the GPU replay): the waste split is
+    the simulator's, NaN here."""
+
+    def __init__(self, manager) -> None:
+        self.manager = manager
+
+    def __call__(self) -> ProbeValues:
+        nan = float("nan")
+        return float(self.manager.usage), nan, nan, nan, nan
+
+    def with_lead_sums(self, *sums: int) -> ProbeValues:
+        return self()  # usage never depends on how the running requests are summarised
 
 
 class KVWaste(NamedTuple):

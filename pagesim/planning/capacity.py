@@ -41,8 +41,8 @@ from pagesim.sim.simulate import LoadSpec, simulate
 
 
 @dataclass(frozen=True)
-class Probe:
-    """One simulated point of a search."""
+class SearchPoint:
+    """One simulated point of a search (the plan's "probes"; not a KV probe)."""
 
     value: float  # request rate (req/s), replica count or KV bytes, as the search says
     passed: bool
@@ -61,7 +61,7 @@ class CapacityResult:
     first_failing_rate: float | None
     result: dict[str, Any] | None  # the run at max_rate
     saturated_throughput: float  # req/s with every request sent at t=0
-    probes: tuple[Probe, ...]  # rate probes in the order run
+    probes: tuple[SearchPoint, ...]  # rate probes in the order run
     slos: SLOSpec
     # why no rate was searched (the saturated run rejected requests, which no rate can
     # change, and `slos` does not allow it); None: the search ran
@@ -78,7 +78,7 @@ class ReplicaPlan:
     estimate: int | None  # ceil(target / per-replica capacity)
     num_replicas: int | None
     result: dict[str, Any] | None  # the cluster run at num_replicas
-    probes: tuple[Probe, ...]  # one per replica count tried
+    probes: tuple[SearchPoint, ...]  # one per replica count tried
 
 
 DEFAULT_MIN_DURATION_S = 60.0
@@ -106,9 +106,9 @@ def plan_load(
     )
 
 
-def _probe(value: float, slos: SLOSpec, result: dict[str, Any]) -> Probe:
+def _search_point(value: float, slos: SLOSpec, result: dict[str, Any]) -> SearchPoint:
     passed, violations = slos.check(result)
-    return Probe(value, passed, violations, result)
+    return SearchPoint(value, passed, violations, result)
 
 
 def max_sustainable_rate(
@@ -140,7 +140,7 @@ def max_sustainable_rate(
     ceiling = max_rate_limit if max_rate_limit is not None else max(2.0 * throughput, min_rate)
     guess = 0.5 * throughput if near is None else near
     start = min(max(guess, min_rate), ceiling)
-    probes: list[Probe] = []
+    probes: list[SearchPoint] = []
 
     def passes(rate: float) -> bool:
         run = simulate(
@@ -149,7 +149,7 @@ def max_sustainable_rate(
             profile=profile,
             cost_model=cost_model,
         )
-        probes.append(_probe(rate, slos, run.result))
+        probes.append(_search_point(rate, slos, run.result))
         return probes[-1].passed
 
     b = search_max(passes, start, min_rate, ceiling, rel_tol, step=2.0 if near is None else 1.1)
@@ -185,7 +185,7 @@ def replicas_for_rate(
         cost_model=cost_model,
     )
     estimate = math.ceil(target_rate / cap.max_rate - 1e-9) if cap.max_rate else None
-    tried: dict[int, Probe] = {}
+    tried: dict[int, SearchPoint] = {}
 
     def check(n: int) -> bool:
         if n not in tried:
@@ -199,7 +199,7 @@ def replicas_for_rate(
             run = simulate_cluster(
                 config, cluster_load, n, make_router(router), profile=profile, cost_model=cost_model
             )
-            tried[n] = _probe(n, slos, run.result)
+            tried[n] = _search_point(n, slos, run.result)
         return tried[n].passed
 
     n = min(max(estimate or 1, 1), max_replicas)

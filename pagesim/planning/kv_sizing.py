@@ -19,7 +19,7 @@ from pagesim.config import EngineConfig
 from pagesim.cost.base import CostModel
 from pagesim.errors import ConfigError
 from pagesim.kvcache.sizing import estimate_non_kv_memory, kv_capacity
-from pagesim.planning.capacity import DEFAULT_MIN_DURATION_S, Probe, _probe, plan_load
+from pagesim.planning.capacity import DEFAULT_MIN_DURATION_S, SearchPoint, _search_point, plan_load
 from pagesim.planning.search import search_min
 from pagesim.planning.slo import SLOSpec
 from pagesim.sim.simulate import LoadSpec, simulate
@@ -36,7 +36,7 @@ class KVSizing:
     gpu_memory_utilization: float | None  # smallest (to 0.001) giving >= num_gpu_blocks
     max_num_gpu_blocks: int  # at gpu_memory_utilization = 1.0
     result: dict[str, Any] | None
-    probes: tuple[Probe, ...]  # value = num_gpu_blocks
+    probes: tuple[SearchPoint, ...]  # value = num_gpu_blocks
 
 
 def min_kv_memory(
@@ -69,7 +69,7 @@ def min_kv_memory(
             f"{config.model} on {config.gpu}: even gpu_memory_utilization=1.0 "
             "holds no request of max_model_len"
         )
-    probes: dict[int, Probe] = {}
+    probes: dict[int, SearchPoint] = {}
     load = plan_load(load, slos, target_rate, min_duration_s=min_duration_s)
 
     def passes(blocks: float) -> bool:
@@ -81,7 +81,7 @@ def min_kv_memory(
                 profile=profile,
                 cost_model=cost_model,
             )
-            probes[n] = _probe(n, slos, run.result)
+            probes[n] = _search_point(n, slos, run.result)
         return probes[n].passed
 
     b = search_min(

@@ -159,7 +159,7 @@ class ServingEngine:
         if num_lead is None or fast is None:
             kv = self.kv_probe()
         else:
-            kv = self.kv_probe.with_lead_sums(*fast.probe_sums())  # type: ignore[attr-defined]
+            kv = self.kv_probe.with_lead_sums(*fast.probe_sums())
         counts = scheduler.get_request_counts()
         metrics.on_step(StepRecord.of_step(start, step_time_s, out, counts, kv, num_lead or 0))
 

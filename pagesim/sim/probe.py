@@ -18,6 +18,7 @@ import simpy
 
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.waste import (
+    KVProbe,
     KVWaste,
     ProbeValues,
     WasteAverager,
@@ -28,7 +29,7 @@ from pagesim.kvcache.waste import (
 )
 
 
-class WasteProbe:
+class WasteProbe(KVProbe):
     """The simulator's `KVProbe`: snapshots of one replica's KV memory, fed to `averager`
     (see the module docstring)."""
 
