@@ -167,10 +167,10 @@ def _calibrate_tp(
         raise ConfigError("--shard-only: give --tensor-parallel-size N with N >= 2")
     check_tensor_parallel(config.model_spec, tp)
     if shard_only:
-        from pagesim.gpu.tp_profiler import calibrate_shard
+        from pagesim.gpu.profiler import run_calibration
 
         with _bar(quiet) as progress:
-            result = calibrate_shard(
+            result = run_calibration(
                 config,
                 grid,
                 dtype=dtype,

@@ -7,7 +7,9 @@
     pinned-memory copies -> host link rate (prices swap preemption)
     -> Profile (pagesim.cost.profile), saved under calibration/<gpu>/<model>/
 
-Block sizes run in the order: the fully measured ones first, so that a time budget that
+`calibrate` is that flow from the loaded model on, for one GPU (`run_calibration`: a world
+of size 1) and for tensor parallelism alike (`pagesim.gpu.tp_profiler`: an N-way `World`,
+the group's driver runner, the all-reduce table). Block sizes run in the order: the fully measured ones first, so that a time budget that
 runs out leaves the most useful rows measured.
 """
 
@@ -18,12 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from pagesim.config import EngineConfig
-from pagesim.cost.profile import Profile, ProfileMetadata, profile_dir
+from pagesim.cost.profile import AllReduceRow, Profile, ProfileMetadata, profile_dir
 from pagesim.errors import ConfigError
 from pagesim.gpu.calibrate import (
     CalibrationGrid,
@@ -50,9 +52,13 @@ from pagesim.gpu.overhead import (
     overhead_rows,
     ramp_prompt_len,
 )
+from pagesim.gpu.parallel import TPGroup
 from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 from pagesim.gpu.serve import make_engine, replay
+from pagesim.gpu.tp_model import TensorParallelDecoder
 from pagesim.kvcache.sizing import page_size_bytes
+
+MakeRunner = Callable[[EngineConfig, int], Any]  # (config, num_gpu_blocks) -> ModelRunner
 
 METHOD = (
     "step_time_ms: host wall time of GPUModelRunner.execute_model (input preparation, "
@@ -74,10 +80,24 @@ METHOD = (
 @dataclass(frozen=True)
 class CalibrationResult:
     profile: Profile
-    capacity: MeasuredKVCapacity
+    capacity: MeasuredKVCapacity  # tensor parallel: rank 0's, with the group's block counts
     directory: Path | None
     elapsed_s: float
     model: RandomWeightDecoder  # the weights, kept for real runs in the same process
+
+
+@dataclass(frozen=True)
+class World:
+    """What a profile's step times ran on: one GPU (the default), an N-way tensor-parallel
+    group whose step times include its all-reduces, or one rank's shard alone (`shard`: no
+    all-reduce in the times; saved under `<model>-tp<N>-shard/`)."""
+
+    tensor_parallel_size: int = 1
+    allreduce_in_step_times: bool = True
+    method: str = ""  # what the profile's method says beyond the single-GPU method
+    notes: str = ""  # what the profile's notes say after the seed
+    capacity_notes: bool = True  # the notes give the measured KV capacity vs the estimate
+    shard: bool = False
 
 
 def gpu_key(device_name: str) -> str:
@@ -115,6 +135,18 @@ def measure_host_link(device: torch.device, nbytes: int = 1 << 30, repeats: int 
     return sorted(rates[1:])[len(rates[1:]) // 2]
 
 
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """How a calibration runs, whatever its world."""
+
+    seed: int = 0
+    calibration_root: str | Path | None = None  # None: the profile is not saved
+    progress: Progress | None = None
+    time_budget_s: float | None = None
+    log: Callable[[str], None] = print
+    cuda_graphs: bool = True
+
+
 def run_calibration(
     config: EngineConfig,
     grid: CalibrationGrid,
@@ -127,45 +159,119 @@ def run_calibration(
     log: Callable[[str], None] = print,
     device: str = "cuda",
     cuda_graphs: bool = True,
+    rank: int = 0,
 ) -> CalibrationResult:
     """Calibrate `config.model` on this GPU; save the profile if `calibration_root` is set.
 
-    `cuda_graphs` is the runner's flag (decode steps replay graphs, captured lazily: each
-    point's warm-up calls capture its graph). `device="cpu"` is a dry run for tests (Triton
-    interpreter; no graphs): the KV cache then has
+    With `config.tensor_parallel_size` N > 1: rank `rank`'s shard of the N-way model alone
+    (no communication), saved under `<gpu>/<model>-tp<N>-shard/`; the cost model adds the
+    all-reduces. `cuda_graphs` is the runner's flag (decode steps replay graphs, captured
+    lazily: each point's warm-up calls capture its graph). `device="cpu"` is a dry run for
+    tests (Triton interpreter; no graphs): the KV cache then has
     `config.num_gpu_blocks_override` blocks for every block size and no memory or host-link
     measurement is made.
     """
     if device != "cpu":
         require_cuda()
-    elif config.num_gpu_blocks_override is None:
-        raise ConfigError("device='cpu': a dry run needs num_gpu_blocks_override")
     t_start = time.monotonic()
-    deadline = None if time_budget_s is None else t_start + time_budget_s
     dev = torch.device(device)
-    info = device_info(dev if dev.type == "cuda" else None)
-    order = sorted(
+    order = tuple(block_order(config, grid))
+    model, capacity = load_model(config, order, dtype=dtype, seed=seed, device=dev, rank=rank)
+    log(capacity.report())
+    n = config.tensor_parallel_size
+    world = World()
+    if n > 1:
+        world = World(
+            n,
+            allreduce_in_step_times=False,
+            method=f" Rank {rank}'s shard of a {n}-way split alone on one GPU: no all-reduce, "
+            "no logits all-gather in the times.",
+            notes=f", tensor_parallel_size {n}: one rank's shard alone, no communicator",
+            capacity_notes=False,
+            shard=True,
+        )
+    runner_options = RunnerConfig(device=dev, seed=seed, cuda_graphs=cuda_graphs)
+    options = CalibrationOptions(seed, calibration_root, progress, time_budget_s, log, cuda_graphs)
+    return calibrate(
+        lambda cfg, blocks: GPUModelRunner(cfg, blocks, runner_options, model=model, log=log),
+        model,
+        capacity,
+        config,
+        grid,
+        t_start,
+        options,
+        world,
+    )
+
+
+def calibrate(
+    make_runner: MakeRunner,
+    model: RandomWeightDecoder,
+    capacity: MeasuredKVCapacity,
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    t_start: float,
+    options: CalibrationOptions,
+    world: World,
+    allreduce: tuple[AllReduceRow, ...] = (),
+) -> CalibrationResult:
+    """The calibration after the model is loaded and its KV capacity known, for any `world`:
+    the grid over the block sizes on the runners `make_runner(config, num_gpu_blocks)`
+    builds (one GPU's, or a TP group's driver), the host-overhead replay, the host link,
+    then the profile (with the group's `allreduce` table), saved if
+    `options.calibration_root` is set. The time budget counts from `t_start`."""
+    o = options
+    deadline = None if o.time_budget_s is None else t_start + o.time_budget_s
+    measured = grid_rows(
+        make_runner, config, grid, capacity.num_gpu_blocks, t_start, deadline, options
+    )
+    overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks, grid)
+    release_cached(model.device)
+    o.log(
+        f"host overhead rows: {len(overhead)}; a step admitting prompts: "
+        + (
+            "not measured"
+            if admission is None
+            else f"+{admission[0]:.3f} ms + {admission[1]:.3f} ms per prefill entry"
+        )
+    )
+    host_link = measure_host_link(model.device) if model.device.type == "cuda" else None
+    meta = profile_metadata(config, grid, model, capacity, world, o, admission, host_link)
+    profile = Profile(meta, overhead=tuple(overhead), allreduce=allreduce, **measured.tables())
+    directory = None
+    if o.calibration_root is not None:
+        base = profile_dir(o.calibration_root, meta.gpu, config.model, world.tensor_parallel_size)
+        directory = profile.save(base.with_name(base.name + "-shard") if world.shard else base)
+    return CalibrationResult(profile, capacity, directory, time.monotonic() - t_start, model)
+
+
+def block_order(config: EngineConfig, grid: CalibrationGrid) -> list[int]:
+    """Fully measured block sizes first (a spent time budget leaves the useful rows)."""
+    return sorted(
         set(grid.block_sizes) | {config.block_size},
         key=lambda b: (b not in grid.full_block_sizes, b),
     )
-    model, capacity = load_model(config, tuple(order), dtype=dtype, seed=seed, device=dev)
-    log(capacity.report())
-    options = RunnerConfig(device=dev, seed=seed, cuda_graphs=cuda_graphs)
+
+
+def grid_rows(
+    make_runner: MakeRunner,
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    num_gpu_blocks: dict[int, int],
+    t_start: float,
+    deadline: float | None,
+    options: CalibrationOptions,
+) -> CalibrationRows:
+    """The grid's rows over its block sizes, one runner per size."""
+    log = options.log
     measured = CalibrationRows.empty()
-    for bs in order:
+    for bs in block_order(config, grid):
         if bs not in grid.block_sizes:
             continue
         if deadline is not None and time.monotonic() > deadline:
             log(f"time budget spent: block size {bs} not measured")
             continue
-        model.set_block_size(bs)
-        runner = GPUModelRunner(
-            config.replace(block_size=bs),
-            capacity.num_gpu_blocks[bs],
-            options,
-            model=model,
-            log=log,
-        )
+        runner = make_runner(config.replace(block_size=bs), num_gpu_blocks[bs])
         rows = calibrate_block_size(
             runner,
             bs,
@@ -174,8 +280,8 @@ def run_calibration(
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
             full=bs in grid.full_block_sizes,
-            progress=progress,
-            seed=seed,
+            progress=options.progress,
+            seed=options.seed,
             deadline=deadline,
         )
         measured.extend(rows)
@@ -192,25 +298,34 @@ def run_calibration(
         )
         del graphs
         del runner
-        release_cached(dev)
-    model.set_block_size(config.block_size)
-    overhead, admission = measure_overhead(
-        lambda cfg, blocks: GPUModelRunner(cfg, blocks, options, model=model),
-        config,
-        capacity.num_gpu_blocks,
-        grid,
+        release_cached()
+    return measured
+
+
+def profile_metadata(
+    config: EngineConfig,
+    grid: CalibrationGrid,
+    model: RandomWeightDecoder,
+    capacity: MeasuredKVCapacity,
+    world: World,
+    options: CalibrationOptions,
+    admission: tuple[float, float] | None,
+    host_link: float | None,
+) -> ProfileMetadata:
+    """The profile's metadata: where and how its rows were measured."""
+    dev = model.device
+    info = device_info(dev if dev.type == "cuda" else None)
+    graphs = options.cuda_graphs and dev.type == "cuda"
+    notes = (
+        f"random-weight {config.model} (seed {options.seed}){world.notes}; max_num_seqs "
+        f"{config.max_num_seqs}, max_num_batched_tokens "
+        f"{config.max_num_batched_tokens}, max_model_len {config.max_model_len}"
     )
-    release_cached(dev)
-    log(
-        f"host overhead rows: {len(overhead)}; a step admitting prompts: "
-        + (
-            "not measured"
-            if admission is None
-            else f"+{admission[0]:.3f} ms + {admission[1]:.3f} ms per prefill entry"
+    if world.capacity_notes:
+        notes += "; measured KV capacity vs sizing's estimate (blocks, %): " + ", ".join(
+            f"bs{b}: {capacity.error_pct(b):+.2f}" for b in sorted(capacity.num_gpu_blocks)
         )
-    )
-    host_link = measure_host_link(dev) if dev.type == "cuda" else None
-    meta = ProfileMetadata(
+    return ProfileMetadata(
         gpu=gpu_key(info["gpu_name"]),
         model=config.model,
         gpu_name=info["gpu_name"],
@@ -218,21 +333,19 @@ def run_calibration(
         cuda=info["cuda"],
         torch=info["torch"],
         triton=info["triton"],
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=str(model.dtype).removeprefix("torch."),
         date=info["date"],
         kv_cache_dtype=config.kv_cache_dtype,
-        attention_backend=backend_description(cuda_graphs and dev.type == "cuda"),
+        tensor_parallel_size=world.tensor_parallel_size,
+        allreduce_in_step_times=world.allreduce_in_step_times,
+        attention_backend=backend_description(graphs),
         grid=grid.to_json(),
         num_gpu_blocks=dict(capacity.num_gpu_blocks),
-        cuda_graph_sizes=(
-            list(capture_sizes(config.max_num_seqs)) if cuda_graphs and dev.type == "cuda" else []
-        ),
+        cuda_graph_sizes=list(capture_sizes(config.max_num_seqs)) if graphs else [],
         cuda_graph_token_sizes=(
-            list(token_capture_sizes(config.max_num_batched_tokens))
-            if cuda_graphs and dev.type == "cuda"
-            else []
+            list(token_capture_sizes(config.max_num_batched_tokens)) if graphs else []
         ),
-        **varlen_tiles(model, dtype, dev),
+        **varlen_tiles(model, model.dtype, dev),
         overhead_prefill_step_ms=admission[0] if admission else None,
         overhead_per_prefill_ms=admission[1] if admission else None,
         gpu_memory_utilization=config.gpu_memory_utilization,
@@ -242,23 +355,10 @@ def run_calibration(
             for k, v in info.items()
             if k in ("num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")
         },
-        method=METHOD.format(bs=config.block_size),
+        method=METHOD.format(bs=config.block_size) + world.method,
         synthetic=dev.type != "cuda",
-        notes=(
-            f"random-weight {config.model} (seed {seed}); max_num_seqs "
-            f"{config.max_num_seqs}, max_num_batched_tokens "
-            f"{config.max_num_batched_tokens}, max_model_len {config.max_model_len}; "
-            f"measured KV capacity vs sizing's estimate (blocks, %): "
-            + ", ".join(
-                f"bs{b}: {capacity.error_pct(b):+.2f}" for b in sorted(capacity.num_gpu_blocks)
-            )
-        ),
+        notes=notes,
     )
-    profile = Profile(meta, overhead=tuple(overhead), **measured.tables())
-    directory = None
-    if calibration_root is not None:
-        directory = profile.save(profile_dir(calibration_root, meta.gpu, config.model))
-    return CalibrationResult(profile, capacity, directory, time.monotonic() - t_start, model)
 
 
 class LoadedModel(NamedTuple):
@@ -275,20 +375,26 @@ def load_model(
     dtype: torch.dtype,
     seed: int = 0,
     device: str | torch.device = "cuda",
+    rank: int = 0,
 ) -> LoadedModel:
-    """The model's random weights (laid out for the first block size) and the KV blocks
-    each block size gets, measured as vLLM measures them (weights loaded, one profiling step,
-    free memory); on the CPU (a dry run) `config.num_gpu_blocks_override` blocks for each.
-    What a calibration starts with, and all a call that only serves needs."""
+    """The model's random weights (laid out for the first block size; with
+    `config.tensor_parallel_size` N > 1, rank `rank`'s shard of them) and the KV blocks each
+    block size gets, measured as vLLM measures them (weights loaded, one profiling step, free
+    memory); on the CPU (a dry run) `config.num_gpu_blocks_override` blocks for each. What a
+    calibration starts with, and all a call that only serves needs."""
     dev = torch.device(device)
-    if dev.type == "cuda":
-        before = MemorySnapshot.take(dev)
-        model = RandomWeightDecoder(config.model_spec, dtype, dev, block_sizes[0], seed)
-        return LoadedModel(model, measure_kv_capacity(config, model, before, block_sizes))
-    if config.num_gpu_blocks_override is None:
+    if dev.type != "cuda" and config.num_gpu_blocks_override is None:
         raise ConfigError("device='cpu': a dry run needs num_gpu_blocks_override")
-    model = RandomWeightDecoder(config.model_spec, dtype, dev, block_sizes[0], seed)
-    return LoadedModel(model, override_capacity(config, block_sizes))
+    before = MemorySnapshot.take(dev) if dev.type == "cuda" else None
+    spec, bs, n = config.model_spec, block_sizes[0], config.tensor_parallel_size
+    model = (
+        RandomWeightDecoder(spec, dtype, dev, bs, seed)
+        if n == 1
+        else TensorParallelDecoder(spec, dtype, dev, bs, TPGroup.solo(n, rank), seed)
+    )
+    if before is None:
+        return LoadedModel(model, override_capacity(config, block_sizes))
+    return LoadedModel(model, measure_kv_capacity(config, model, before, block_sizes))
 
 
 def varlen_tiles(
@@ -337,7 +443,7 @@ def override_capacity(config: EngineConfig, block_sizes: tuple[int, ...]) -> Mea
 
 
 def measure_overhead(
-    make_runner: Callable[[EngineConfig, int], object],
+    make_runner: MakeRunner,
     config: EngineConfig,
     num_gpu_blocks: dict[int, int],
     grid: CalibrationGrid,

@@ -7,12 +7,14 @@ Two ways to calibrate `config.model` at `config.tensor_parallel_size` N:
                                 every step time includes its all-reduces; then the all-reduce
                                 benchmark on the same group -> profile `<gpu>/<model>-tp<N>/`
                                 with `allreduce_in_step_times=true` and `allreduce.csv`
-    calibrate_shard             one process, one GPU: rank 0's shard alone (a solo group, no
-                                communication) -> profile `<gpu>/<model>-tp<N>-shard/` with
+    gpu.profiler.run_calibration one process, one GPU: rank 0's shard alone (a solo group,
+                                no communication) -> profile `<gpu>/<model>-tp<N>-shard/` with
                                 `allreduce_in_step_times=false`; the cost model adds the
                                 all-reduces (a measured table, or the analytical term)
 
-Both reuse the single-GPU grid (`gpu.calibrate`), host-overhead replay and profile format.
+Both are the one calibration driver (`gpu.profiler.calibrate`, where one GPU is a world of
+size 1) with an N-way `World`; this module adds only what N ranks need: spawning them, the
+group's KV capacity, the broadcast runner and the all-reduce table.
 KV capacity is measured per rank as vLLM's workers do (`gpu.memory`), and the group keeps the
 smallest block count (vLLM takes the minimum over workers). The communicators start before
 the memory snapshot, as in vLLM 0.33's worker, so NCCL's buffers are not charged to the KV
@@ -27,24 +29,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pagesim.config import EngineConfig
-from pagesim.cost.profile import Profile, ProfileMetadata, profile_dir
 from pagesim.gpu.allreduce_bench import DEFAULT_MESSAGE_BYTES, bench_allreduce
 from pagesim.gpu.allreduce_bench import METHOD as ALLREDUCE_METHOD
-from pagesim.gpu.calibrate import (
-    CalibrationGrid,
-    CalibrationRows,
-    Progress,
-    calibrate_block_size,
-)
-from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
-from pagesim.gpu.device import device_info
+from pagesim.gpu.calibrate import CalibrationGrid, Progress
 from pagesim.gpu.graph_check import DEFAULT_SHAPES, graph_vs_eager_rows
 from pagesim.gpu.memory import (
     MeasuredKVCapacity,
@@ -52,38 +45,19 @@ from pagesim.gpu.memory import (
     measure_kv_capacity,
     release_cached,
 )
-from pagesim.gpu.modes import backend_description
 from pagesim.gpu.parallel import TPGroup, destroy_tensor_parallel, init_tensor_parallel
 from pagesim.gpu.profiler import (
-    METHOD,
-    gpu_key,
-    measure_host_link,
-    measure_overhead,
+    CalibrationOptions,
+    CalibrationResult,
+    World,
+    block_order,
+    calibrate,
     override_capacity,
-    varlen_tiles,
 )
-from pagesim.gpu.runner import GPUModelRunner, RunnerConfig, step_record_columns
+from pagesim.gpu.runner import step_record_columns
 from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 from pagesim.gpu.tp_model import TensorParallelDecoder
 from pagesim.gpu.tp_runner import TPDriverRunner, broadcast_stop, run_collective, run_worker
-
-MakeRunner = Callable[[EngineConfig, int], Any]  # (config, num_gpu_blocks) -> ModelRunner
-
-
-@dataclass(frozen=True)
-class TPCalibrationResult:
-    profile: Profile
-    capacity: MeasuredKVCapacity  # rank 0's, with the group's smallest block counts
-    directory: Path | None
-    elapsed_s: float
-
-
-def block_order(config: EngineConfig, grid: CalibrationGrid) -> list[int]:
-    """Fully measured block sizes first (a spent time budget leaves the useful rows)."""
-    return sorted(
-        set(grid.block_sizes) | {config.block_size},
-        key=lambda b: (b not in grid.full_block_sizes, b),
-    )
 
 
 def group_capacity(
@@ -104,102 +78,6 @@ def group_capacity(
     return dataclasses.replace(cap, num_gpu_blocks=smallest)
 
 
-def grid_rows(
-    make_runner: MakeRunner,
-    config: EngineConfig,
-    grid: CalibrationGrid,
-    num_gpu_blocks: dict[int, int],
-    *,
-    seed: int,
-    deadline: float | None,
-    progress: Progress | None,
-    log: Callable[[str], None],
-):
-    """The grid's rows over its block sizes, one runner per size."""
-    measured = CalibrationRows.empty()
-    for bs in block_order(config, grid):
-        if bs not in grid.block_sizes:
-            continue
-        if deadline is not None and time.monotonic() > deadline:
-            log(f"time budget spent: block size {bs} not measured")
-            continue
-        runner = make_runner(config.replace(block_size=bs), num_gpu_blocks[bs])
-        rows = calibrate_block_size(
-            runner,
-            bs,
-            grid,
-            max_model_len=config.max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            full=bs in grid.full_block_sizes,
-            progress=progress,
-            seed=seed,
-            deadline=deadline,
-        )
-        measured.extend(rows)
-        log(f"block size {bs}: {rows.summary()}")
-        del runner
-        release_cached()
-    return measured
-
-
-def _metadata(
-    config: EngineConfig,
-    grid: CalibrationGrid,
-    model: TensorParallelDecoder,
-    capacity: MeasuredKVCapacity,
-    *,
-    seed: int,
-    in_steps: bool,
-    host_link: float | None,
-    method: str,
-    notes: str,
-    cuda_graphs: bool,
-    admission: tuple[float, float] | None,
-) -> ProfileMetadata:
-    info = device_info(model.device if model.device.type == "cuda" else None)
-    graphs = cuda_graphs and model.device.type == "cuda"
-    return ProfileMetadata(
-        gpu=gpu_key(info["gpu_name"]),
-        model=config.model,
-        gpu_name=info["gpu_name"],
-        driver=info.get("driver", ""),
-        cuda=info["cuda"],
-        torch=info["torch"],
-        triton=info["triton"],
-        dtype=str(model.dtype).removeprefix("torch."),
-        date=info["date"],
-        kv_cache_dtype=config.kv_cache_dtype,
-        tensor_parallel_size=model.tp_size,
-        allreduce_in_step_times=in_steps,
-        attention_backend=backend_description(graphs),
-        grid=grid.to_json(),
-        num_gpu_blocks=dict(capacity.num_gpu_blocks),
-        cuda_graph_sizes=(list(capture_sizes(config.max_num_seqs)) if graphs else []),
-        cuda_graph_token_sizes=(
-            list(token_capture_sizes(config.max_num_batched_tokens)) if graphs else []
-        ),
-        **varlen_tiles(model, model.dtype, model.device),
-        overhead_prefill_step_ms=admission[0] if admission else None,
-        overhead_per_prefill_ms=admission[1] if admission else None,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        host_link_bytes_per_s=host_link,
-        device={
-            k: v
-            for k, v in info.items()
-            if k in ("num_sms", "memory_total_bytes", "compute_capability", "l2_cache_bytes")
-        },
-        method=method,
-        synthetic=model.device.type != "cuda",
-        notes=(
-            f"random-weight {config.model} (seed {seed}), tensor_parallel_size "
-            f"{model.tp_size}: {notes}; max_num_seqs {config.max_num_seqs}, "
-            f"max_num_batched_tokens {config.max_num_batched_tokens}, max_model_len "
-            f"{config.max_model_len}"
-        ),
-    )
-
-
 def calibrate_tensor_parallel(
     group: TPGroup,
     model: TensorParallelDecoder,
@@ -215,7 +93,7 @@ def calibrate_tensor_parallel(
     allreduce_bytes: tuple[int, ...] = DEFAULT_MESSAGE_BYTES,
     allreduce_repeats: int = 20,
     cuda_graphs: bool = False,
-) -> TPCalibrationResult | None:
+) -> CalibrationResult | None:
     """Every rank of the group calls this; rank 0 returns the result, the others None.
 
     `before`: the memory snapshot taken before `model` was built (CUDA); on a CPU,
@@ -227,134 +105,42 @@ def calibrate_tensor_parallel(
         run_worker(group, model, seed=seed)
         return None
     log(capacity.report())
-    deadline = None if time_budget_s is None else t0 + time_budget_s
-
-    def make_runner(cfg: EngineConfig, blocks: int) -> TPDriverRunner:
-        return TPDriverRunner(group, cfg, blocks, model=model, seed=seed, cuda_graphs=cuda_graphs)
-
+    n = group.world_size
+    world = World(
+        n,
+        allreduce_in_step_times=True,
+        method=f" Steps ran on all {n} ranks (rank 0 broadcasts each step; times are rank "
+        "0's and include the all-reduces). "
+        + ALLREDUCE_METHOD.format(
+            dtype=str(model.dtype).removeprefix("torch."),
+            backend="NCCL" if model.device.type == "cuda" else "gloo",
+            warmup=5,
+            repeats=allreduce_repeats,
+        ),
+        notes=f", tensor_parallel_size {n}: {n} processes; smallest KV block count of the group",
+        capacity_notes=False,
+    )
     try:
         # the all-reduce table first: a few seconds, and a collective that fails there fails
         # before the grid's minutes are spent
         allreduce = run_collective(
             group, bench_allreduce, allreduce_bytes, dtype=model.dtype, repeats=allreduce_repeats
         )
-        measured = grid_rows(
-            make_runner,
+        return calibrate(
+            lambda cfg, blocks: TPDriverRunner(
+                group, cfg, blocks, model=model, seed=seed, cuda_graphs=cuda_graphs
+            ),
+            model,
+            capacity,
             config,
             grid,
-            capacity.num_gpu_blocks,
-            seed=seed,
-            deadline=deadline,
-            progress=progress,
-            log=log,
+            t0,
+            CalibrationOptions(seed, calibration_root, progress, time_budget_s, log, cuda_graphs),
+            world,
+            tuple(allreduce),
         )
-        overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks, grid)
-        release_cached()
     finally:
         broadcast_stop(group)
-    host_link = measure_host_link(model.device) if model.device.type == "cuda" else None
-    method = (
-        METHOD.format(bs=config.block_size) + " Steps ran on all "
-        f"{group.world_size} ranks (rank 0 broadcasts each step; times are rank 0's "
-        "and include the all-reduces). "
-        + ALLREDUCE_METHOD.format(
-            dtype=str(model.dtype).removeprefix("torch."),
-            backend="NCCL" if model.device.type == "cuda" else "gloo",
-            warmup=5,
-            repeats=allreduce_repeats,
-        )
-    )
-    meta = _metadata(
-        config,
-        grid,
-        model,
-        capacity,
-        seed=seed,
-        in_steps=True,
-        host_link=host_link,
-        method=method,
-        notes=f"{group.world_size} processes; smallest KV block count of the group",
-        cuda_graphs=cuda_graphs,
-        admission=admission,
-    )
-    profile = Profile(
-        meta, overhead=tuple(overhead), allreduce=tuple(allreduce), **measured.tables()
-    )
-    directory = None
-    if calibration_root is not None:
-        directory = profile.save(
-            profile_dir(calibration_root, meta.gpu, config.model, group.world_size)
-        )
-    return TPCalibrationResult(profile, capacity, directory, time.monotonic() - t0)
-
-
-def calibrate_shard(
-    config: EngineConfig,
-    grid: CalibrationGrid,
-    *,
-    dtype: torch.dtype,
-    seed: int = 0,
-    calibration_root: str | Path | None = None,
-    progress: Progress | None = None,
-    time_budget_s: float | None = None,
-    log: Callable[[str], None] = print,
-    device: str = "cuda",
-    rank: int = 0,
-    cuda_graphs: bool = False,
-) -> TPCalibrationResult:
-    """Rank `rank`'s shard of an N-way model (N = `config.tensor_parallel_size`) on one GPU,
-    no communication; saved under `<gpu>/<model>-tp<N>-shard/`. Eager by default, as the TP
-    group runs (`TPDriverRunner`), so that both kinds of profile time the same code path."""
-    t0 = time.monotonic()
-    group = TPGroup.solo(config.tensor_parallel_size, rank)
-    dev = torch.device(device)
-    before = MemorySnapshot.take(dev) if dev.type == "cuda" else None
-    model = TensorParallelDecoder(config.model_spec, dtype, dev, config.block_size, group, seed)
-    capacity = group_capacity(config, model, before, group, tuple(block_order(config, grid)))
-    log(capacity.report())
-    deadline = None if time_budget_s is None else t0 + time_budget_s
-
-    options = RunnerConfig(device=dev, seed=seed, cuda_graphs=cuda_graphs)
-
-    def make_runner(cfg: EngineConfig, blocks: int) -> GPUModelRunner:
-        return GPUModelRunner(cfg, blocks, options, model=model)
-
-    measured = grid_rows(
-        make_runner,
-        config,
-        grid,
-        capacity.num_gpu_blocks,
-        seed=seed,
-        deadline=deadline,
-        progress=progress,
-        log=log,
-    )
-    overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks, grid)
-    release_cached()
-    method = (
-        METHOD.format(bs=config.block_size) + f" Rank {rank}'s shard of a "
-        f"{group.world_size}-way split alone on one GPU: no all-reduce, no logits "
-        "all-gather in the times."
-    )
-    meta = _metadata(
-        config,
-        grid,
-        model,
-        capacity,
-        seed=seed,
-        in_steps=False,
-        host_link=measure_host_link(dev) if dev.type == "cuda" else None,
-        method=method,
-        notes="one rank's shard alone, no communicator",
-        cuda_graphs=cuda_graphs,
-        admission=admission,
-    )
-    profile = Profile(meta, overhead=tuple(overhead), **measured.tables())
-    directory = None
-    if calibration_root is not None:
-        base = profile_dir(calibration_root, meta.gpu, config.model, group.world_size)
-        directory = profile.save(base.with_name(base.name + "-shard"))
-    return TPCalibrationResult(profile, capacity, directory, time.monotonic() - t0)
 
 
 def calibration_main(

@@ -325,6 +325,48 @@ class _RecordingRunner:
         self.calls.append((out.step_id, self.skip_attention))
 
 
+@pytest.mark.slow
+def test_a_shard_calibration_is_the_same_driver_with_a_solo_world(tmp_path) -> None:
+    """`tensor_parallel_size` 2 in one process: rank 0's shard alone, saved apart from the
+    whole model's profile and marked as holding no all-reduce."""
+    config = EngineConfig.create(
+        model="tiny-llama",
+        block_size=16,
+        max_num_seqs=2,
+        max_num_batched_tokens=32,
+        max_model_len=64,
+        num_gpu_blocks_override=32,
+        tensor_parallel_size=2,
+    )
+    grid = CalibrationGrid(
+        block_sizes=(16,),
+        full_block_sizes=(16,),
+        decode_batches=(1,),
+        decode_contexts=(16, 32),
+        prefill_tokens=(16,),
+        prefill_cached=(0,),
+        mixed=(),
+        overhead_max_reqs=2,
+        repeats=1,
+        min_repeats=1,
+    )
+    res = run_calibration(
+        config,
+        grid,
+        dtype=torch.float32,
+        calibration_root=tmp_path,
+        log=lambda m: None,
+        device="cpu",
+    )
+    assert res.directory == tmp_path / "cpu" / "tiny-llama-tp2-shard"
+    meta = Profile.load(res.directory).metadata
+    assert meta.tensor_parallel_size == 2 and not meta.allreduce_in_step_times
+    assert "Rank 0's shard of a 2-way split" in meta.method
+    assert (
+        res.model.tp_size == 2 and res.model.num_heads == config.model_spec.num_attention_heads // 2
+    )
+
+
 def test_interleaved_rounds_time_every_item_once_per_round_in_shuffled_order() -> None:
     from pagesim.gpu.calibrate import measure_interleaved
     from pagesim.scheduler.output import SchedulerOutput
