@@ -19,13 +19,8 @@ from pathlib import Path
 from pagesim.data import calibration_dir
 from pagesim.sim.band import HEADLINE
 from pagesim.sim.build import band_cost_model, step_time_band
-from pagesim.validate import (
-    base_run_name,
-    read_real_run,
-    real_run_config,
-    real_run_files,
-    simulate_like,
-)
+from pagesim.validate.compare import base_run_name, simulate_like
+from pagesim.validate.store import read_real_run, real_run_config, real_run_files
 
 
 def groups(folder: Path) -> dict[str, list[dict]]:

@@ -601,7 +601,8 @@ def main() -> int:
     from pagesim.gpu.calibrate import CalibrationGrid
     from pagesim.gpu.device import ClockSampler, device_info
     from pagesim.gpu.profiler import load_model, run_calibration
-    from pagesim.validate import load_dict, save_real_run, serve_workload
+    from pagesim.validate.serve import serve_workload
+    from pagesim.validate.store import load_dict, save_real_run
 
     device = "cpu" if dry else "cuda"
     dtype = torch.float32 if dry else torch.bfloat16

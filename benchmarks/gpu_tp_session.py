@@ -225,7 +225,8 @@ def serve_runs(group, model, config, blocks, args, say) -> dict:
     """Rank 0 picks each run (or skips it) and broadcasts the pick; every rank serves it."""
     from pagesim.gpu.device import device_info
     from pagesim.gpu.tp_profiler import serve_tp
-    from pagesim.validate import build_requests, load_dict, save_real_run
+    from pagesim.validate.serve import build_requests
+    from pagesim.validate.store import load_dict, load_spec, save_real_run
 
     out = Path(args["out"])
     runs: dict = {}
@@ -253,21 +254,7 @@ def serve_runs(group, model, config, blocks, args, say) -> dict:
             serve_tp(group, model, config, 0)
             continue
         load = {k: v for k, v in pick.items() if k != "max_wall_s"}
-        params = {
-            k: v
-            for k, v in load.items()
-            if k not in ("workload", "num_prompts", "seed", "request_rate", "burstiness")
-        }
-        rate = math.inf if load["request_rate"] == "inf" else load["request_rate"]
-        requests = build_requests(
-            config,
-            load["workload"],
-            load["num_prompts"],
-            load["seed"],
-            rate,
-            load.get("burstiness", 1.0),
-            **params,
-        )
+        requests = build_requests(config, load_spec(load))
         t = time.time()
         result, records = serve_tp(
             group,

@@ -14,7 +14,8 @@ import pytest
 
 from pagesim.cli.app import main
 from pagesim.data import calibration_dir
-from pagesim.validate import read_json_file, read_real_run, real_run_files, write_json_file
+from pagesim.validate.report import REPEATS_HEADING
+from pagesim.validate.store import read_json_file, read_real_run, real_run_files, write_json_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # GPU calls kept as fixtures: real runs, their profiles and the reports made of them then.
@@ -150,7 +151,7 @@ def test_a_saved_run_keeps_its_records_at_the_clocks_resolution(tmp_path) -> Non
     """Floats in the records are stored to 1 ns (the host clock's resolution); everything
     else, and every result key, as given."""
     from pagesim.config import EngineConfig
-    from pagesim.validate import RECORD_DECIMALS, save_real_run
+    from pagesim.validate.store import RECORD_DECIMALS, save_real_run
 
     assert RECORD_DECIMALS == 9
     records = {
@@ -263,7 +264,7 @@ def test_repeats_of_one_run_are_simulated_once_and_compared_by_their_mean(
 ) -> None:
     """Two stored runs of one traffic (the second 10 % slower per output token): one
     simulation prices both, and the repeats' table compares the prediction with their mean."""
-    import pagesim.validate as v
+    import pagesim.validate.compare as v
 
     doc = read_json_file(REAL / f"{RUN}.json.xz")
     first, second = _run_and_repeat(tmp_path, doc, "mean_tpot_ms", 1.1)
@@ -288,8 +289,8 @@ def test_repeats_of_one_run_are_simulated_once_and_compared_by_their_mean(
     assert group["mean_ttft_ms"]["error_pct"] == pytest.approx(_shipped_rows(RUN)["mean_ttft_ms"])
     assert report["repeat_targets_checked"] == len(group)
     out = capsys.readouterr().out
-    assert v.REPEATS_HEADING in out and f"| {RUN} | llama-2-7b | 16 | inf | 2 |" in out
-    assert v.REPEATS_HEADING in (tmp_path / "out" / "v.md").read_text()
+    assert REPEATS_HEADING in out and f"| {RUN} | llama-2-7b | 16 | inf | 2 |" in out
+    assert REPEATS_HEADING in (tmp_path / "out" / "v.md").read_text()
 
 
 def test_runs_of_other_traffic_are_not_repeats(tmp_path) -> None:
@@ -306,7 +307,7 @@ def test_runs_of_other_traffic_are_not_repeats(tmp_path) -> None:
 def test_repeat_targets_widen_to_half_the_repeats_spread() -> None:
     """Throughput, mean TPOT and mean E2E are held to max(3 %, half the real runs' spread);
     mean TTFT to 5 % and P99s to 10 % whatever the spread."""
-    import pagesim.validate as v
+    import pagesim.validate.compare as v
 
     spread = {m: 8.0 for m in v.REPEAT_TARGETS_PCT}
     spread["mean_e2el_ms"] = 4.0
@@ -320,7 +321,8 @@ def test_repeat_targets_widen_to_half_the_repeats_spread() -> None:
 
 def test_repeats_report_says_which_targets_were_met(tmp_path) -> None:
     """The report counts the repeats' targets met against their mean and names the misses."""
-    import pagesim.validate as v
+    import pagesim.validate.compare as v
+    from pagesim.validate.report import REPEATS_MET_HEADING
 
     first, second = _run_and_repeat(
         tmp_path, read_json_file(REAL / f"{RUN}.json.xz"), "p99_tpot_ms", 1.5
@@ -332,6 +334,6 @@ def test_repeats_report_says_which_targets_were_met(tmp_path) -> None:
     met = sum(r["met"] for r in rows)
     assert report["repeat_targets_met"] == met and report["repeat_targets_checked"] == 8
     text = (tmp_path / "out" / "v.md").read_text()
-    assert v.REPEATS_MET_HEADING in text and f"| all | | {met}/8 | |" in text
+    assert REPEATS_MET_HEADING in text and f"| all | | {met}/8 | |" in text
     tpot = next(r for r in rows if r["metric"] == "p99_tpot_ms")
     assert tpot["met"] == (abs(tpot["error_pct"]) <= 10.0)

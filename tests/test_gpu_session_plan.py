@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_session  # noqa: E402
 
-from pagesim.validate import base_run_name  # noqa: E402
+from pagesim.validate.compare import base_run_name  # noqa: E402
 
 
 def test_later_passes_repeat_the_chosen_runs_in_the_plans_order() -> None:

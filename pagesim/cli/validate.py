@@ -60,7 +60,8 @@ def validate_command(
 ) -> None:
     """Run (or read) a real GPU run, simulate the same requests with the calibrated profile,
     and report per metric the real value, the prediction and the error in %."""
-    from pagesim.validate import TruncatedRunError, validate_real_run, write_report
+    from pagesim.validate.compare import TruncatedRunError, validate_real_run
+    from pagesim.validate.report import write_report
 
     check_output_dir(output_dir, "--output-dir")
     predictions: dict = {}  # one simulation per traffic: repeats are priced once
@@ -105,7 +106,7 @@ def validate_command(
         if "runner_note" in e:
             typer.echo(f"warning: {e['run']}: {e['runner_note']}", err=True)
     paths = write_report(entries, output_dir, name, tuple(skipped))
-    from pagesim.validate import report_tables
+    from pagesim.validate.report import report_tables
 
     typer.echo(report_tables(entries), nl=False)
     typer.echo(f"report: {paths['json']}, {paths['md']}, {paths['png']}")
@@ -114,7 +115,7 @@ def validate_command(
 def _default_profile(real_path: Path) -> Path | None:
     from pagesim.config import EngineConfig
     from pagesim.sim.build import default_profile
-    from pagesim.validate import read_real_run
+    from pagesim.validate.store import read_real_run
 
     cfg = read_real_run(real_path)["engine_config"]
     return default_profile(EngineConfig(**cfg))
@@ -156,7 +157,8 @@ def _serve_now(
     from pagesim.gpu.device import device_info
     from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
     from pagesim.gpu.model import RandomWeightDecoder
-    from pagesim.validate import load_dict, save_real_run, serve_workload
+    from pagesim.validate.serve import serve_workload
+    from pagesim.validate.store import load_dict, save_real_run
 
     config = EngineConfig.create(
         model=model or "llama-2-7b",

@@ -19,7 +19,8 @@ from pagesim.gpu.serve import make_engine, replay, serve_result
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.sim.engine import ServingEngine
 from pagesim.sim.runner import CostModelRunner
-from pagesim.validate import build_requests
+from pagesim.sim.simulate import LoadSpec
+from pagesim.validate.serve import build_requests
 
 STEP_S = 0.0125
 
@@ -89,8 +90,8 @@ def _simulate(config, requests):
 def test_replay_on_a_fake_clock_matches_the_simulator(rate: float) -> None:
     config = _config()
     kw = dict(random_input_len=40, random_output_len=12, random_range_ratio=0.5)
-    real_reqs = build_requests(config, "random", 24, 7, rate, **kw)
-    sim_reqs = build_requests(config, "random", 24, 7, rate, **kw)
+    real_reqs = build_requests(config, LoadSpec("random", 24, rate, seed=7, **kw))
+    sim_reqs = build_requests(config, LoadSpec("random", 24, rate, seed=7, **kw))
     clock = _FakeClock()
     scheduler = make_engine(config, 200)
     run = replay(
@@ -127,7 +128,9 @@ def test_replay_on_a_fake_clock_matches_the_simulator(rate: float) -> None:
 
 def test_wall_clock_limit_aborts_the_rest() -> None:
     config = _config()
-    reqs = build_requests(config, "random", 10, 1, 1.0, random_input_len=40, random_output_len=12)
+    reqs = build_requests(
+        config, LoadSpec("random", 10, 1.0, seed=1, random_input_len=40, random_output_len=12)
+    )
     clock = _FakeClock()
     run = replay(
         reqs,
@@ -169,7 +172,7 @@ def test_warm_up_runs_eager_shapes_and_leaves_no_records() -> None:
     # a run served afterwards still starts from a clean scheduler
     sched = make_engine(cfg, 128)
     for r in build_requests(
-        cfg, "random", 2, 0, math.inf, random_input_len=20, random_output_len=2
+        cfg, LoadSpec("random", 2, math.inf, random_input_len=20, random_output_len=2)
     ):
         sched.add_request(r)
     while sched.has_unfinished_requests():
@@ -214,13 +217,13 @@ def test_multi_turn_sessions_are_closed_loop_in_wall_clock_time_as_in_the_simula
     own clock; the replay and the simulator's clients send the same turns (ids, prompts with
     their histories, prefix hits) at the same times."""
     from pagesim.sim.arrivals import session_arrival_times
-    from pagesim.validate import build_traffic
+    from pagesim.validate.serve import build_traffic
     from pagesim.workload import load_workload
     from pagesim.workload.sessions import ClosedLoopSessions
 
     config = _multi_turn_config()
     # sessions at 2/s: several overlap (the fake clock makes the think times cost nothing)
-    traffic = build_traffic(config, "multi-turn", 40, 3, 2.0)
+    traffic = build_traffic(config, LoadSpec("multi-turn", 40, 2.0, seed=3))
     assert isinstance(traffic, ClosedLoopSessions) and traffic.num_sessions < 40
     clock = _FakeClock()
     run = replay(
@@ -268,7 +271,7 @@ def test_single_turn_build_requests_refuses_sessions() -> None:
     from pagesim.errors import WorkloadError
 
     with pytest.raises(WorkloadError, match="closed loop"):
-        build_requests(_multi_turn_config(), "multi-turn", 10, 0, None)
+        build_requests(_multi_turn_config(), LoadSpec("multi-turn", 10))
 
 
 @pytest.mark.slow
@@ -280,13 +283,9 @@ def test_a_multi_turn_load_is_served_by_the_gpu_runner_and_validated(tmp_path) -
     from pathlib import Path
 
     from pagesim.gpu.model import RandomWeightDecoder
-    from pagesim.validate import (
-        load_dict,
-        read_real_run,
-        save_real_run,
-        serve_workload,
-        simulate_like,
-    )
+    from pagesim.validate.compare import simulate_like
+    from pagesim.validate.serve import serve_workload
+    from pagesim.validate.store import load_dict, read_real_run, save_real_run
 
     spec = Path(__file__).resolve().parents[1] / "fixtures" / "workloads" / "tiny-multi-turn.yaml"
     cfg = EngineConfig.create(
