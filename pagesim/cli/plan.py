@@ -22,6 +22,7 @@ from pagesim.cli.app import app
 from pagesim.config import EngineConfig
 from pagesim.cost.scaled import check_step_time_scale
 from pagesim.errors import ConfigError
+from pagesim.metrics.report import HEADLINE_METRICS
 from pagesim.planning.blocksize import best_block_size, block_size_table, compare_block_sizes
 from pagesim.planning.capacity import (
     DEFAULT_MIN_DURATION_S,
@@ -55,12 +56,7 @@ MAX_REPLICAS = 4096
 MAX_MIN_DURATION_S = 86_400.0  # probes of a day of arrivals at most
 DEFAULTS = {"workload": "chat", "num_prompts": 500}
 SHOWN = (
-    "request_throughput",
-    "output_throughput",
-    "mean_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "p99_tpot_ms",
+    *HEADLINE_METRICS,
     "p99_e2el_ms",
     "kv_cache_usage_mean",
     "prefix_cache_hit_rate",

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pagesim.config import KV_CACHE_DTYPES
-from pagesim.cost.base import BatchShape
+from pagesim.cost.base import BatchShape, OneKindShapes
 from pagesim.cost.moe import MoELinear
 from pagesim.errors import ConfigError
 from pagesim.specs import GPUSpec, ModelSpec
@@ -133,7 +133,7 @@ def matmul_params_per_layer(model: ModelSpec) -> int:
     return attn + mlp_mats * model.hidden_size * model.intermediate_size
 
 
-class AnalyticalCostModel:
+class AnalyticalCostModel(OneKindShapes):
     """Roofline step time for `model` on `gpu` with tensor parallelism `tensor_parallel_size`.
 
     Per GPU, weights, attention heads and the lm_head are divided by the TP degree (Megatron-LM
@@ -232,16 +232,6 @@ class AnalyticalCostModel:
     def step_time_breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per component, keyed by `BREAKDOWN_KEYS`."""
         return dict(zip(BREAKDOWN_KEYS, self._components(batch), strict=True))
-
-    def decode_time(self, batch_size: int, context_len: int, block_size: int = 16) -> float:
-        """Seconds for a decode step of `batch_size` sequences over `context_len` tokens each."""
-        return self.step_time(BatchShape.decode(batch_size, context_len, block_size))
-
-    def prefill_time(
-        self, num_new_tokens: int, num_cached_tokens: int = 0, block_size: int = 16
-    ) -> float:
-        """Seconds for a step computing one prompt (or chunk) over a cached prefix."""
-        return self.step_time(BatchShape.prefill(num_new_tokens, num_cached_tokens, block_size))
 
     def allreduce_time(self, num_tokens: int) -> float:
         """Seconds of a step's all-reduces over `num_tokens` tokens (0 at TP 1 or 0 tokens)."""

@@ -172,6 +172,24 @@ class CostModel(Protocol):
     def step_time(self, batch: BatchShape) -> float: ...
 
 
+class OneKindShapes:
+    """`decode_time` and `prefill_time`: `step_time` of a decode-only step and of a one-prompt
+    step, the two shapes tests, notebooks and planners reason in."""
+
+    def step_time(self, batch: BatchShape) -> float:
+        raise NotImplementedError
+
+    def decode_time(self, batch_size: int, context_len: int, block_size: int = 16) -> float:
+        """Seconds for a decode step of `batch_size` sequences over `context_len` tokens each."""
+        return self.step_time(BatchShape.decode(batch_size, context_len, block_size))
+
+    def prefill_time(
+        self, num_new_tokens: int, num_cached_tokens: int = 0, block_size: int = 16
+    ) -> float:
+        """Seconds for a step computing one prompt (or chunk) over a cached prefix."""
+        return self.step_time(BatchShape.prefill(num_new_tokens, num_cached_tokens, block_size))
+
+
 def _require(ok: bool, name: str, value: object, why: str = "must be >= 1") -> None:
     if not ok:
         raise ConfigError(f"{name}={value!r}: {why}")

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Sequence
 from pagesim.cost import corrections
 from pagesim.cost.allreduce_pricing import allreduce_pricer
 from pagesim.cost.analytical import AnalyticalConstants, kv_dtype_bytes
-from pagesim.cost.base import BatchShape, longest_context
+from pagesim.cost.base import BatchShape, OneKindShapes, longest_context
 from pagesim.cost.corrections import varlen
 from pagesim.cost.corrections.drift import section_drift_ms
 from pagesim.cost.corrections.multi_part import fit_shared
@@ -65,7 +65,7 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
 )
 
 
-class CalibratedCostModel:
+class CalibratedCostModel(OneKindShapes):
     """Step times from a measured profile (see the module docstring for the decomposition).
 
     `model` (optional) is checked against the profile's model and, with `gpu`, prices
@@ -220,14 +220,6 @@ class CalibratedCostModel:
         if not sizes or num_decode_seqs > sizes[-1]:
             return num_decode_seqs
         return sizes[bisect_left(sizes, num_decode_seqs)]
-
-    def decode_time(self, batch_size: int, context_len: int, block_size: int = 16) -> float:
-        return self.step_time(BatchShape.decode(batch_size, context_len, block_size))
-
-    def prefill_time(
-        self, num_new_tokens: int, num_cached_tokens: int = 0, block_size: int = 16
-    ) -> float:
-        return self.step_time(BatchShape.prefill(num_new_tokens, num_cached_tokens, block_size))
 
     # ---- the model ----
     def _components(self, b: BatchShape) -> tuple[float, float, float, float, float, float]:

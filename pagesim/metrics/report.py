@@ -17,6 +17,16 @@ from pagesim.metrics.collector import MetricsCollector, RequestRecord
 from pagesim.metrics.runs import run_stats
 
 LATENCY_METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+#: The throughputs and the TTFT and TPOT figures that summary tables lead with, in vllm bench's
+#: order of its printed block.
+HEADLINE_METRICS: tuple[str, ...] = (
+    "request_throughput",
+    "output_throughput",
+    "mean_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p99_tpot_ms",
+)
 METRIC_TITLES = {
     "ttft": ("Time to First Token", "TTFT"),
     "tpot": ("Time per Output Token (excl. 1st token)", "TPOT"),

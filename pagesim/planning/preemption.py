@@ -16,17 +16,13 @@ import pandas as pd
 
 from pagesim.config import EngineConfig
 from pagesim.cost.analytical import AnalyticalCostModel
+from pagesim.metrics.report import HEADLINE_METRICS
 from pagesim.planning.router import make_router
 from pagesim.sim.cluster import simulate_cluster
 from pagesim.sim.simulate import LoadSpec
 
 KEYS = (
-    "request_throughput",
-    "output_throughput",
-    "mean_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "p99_tpot_ms",
+    *HEADLINE_METRICS,
     "mean_e2el_ms",
     "num_preemptions",
     "num_swap_preemptions",

@@ -42,11 +42,7 @@ def search_max(
 
     `step` is the bracketing factor: 2 from a rough start; smaller when `start` is known to be
     near the answer (a band's end, from the center's answer), so that fewer values are tried."""
-    if not 0 < floor <= start <= ceiling:
-        raise ConfigError(
-            f"search range: need 0 < floor ({floor:g}) <= start ({start:g}) "
-            f"<= ceiling ({ceiling:g})"
-        )
+    _check_range(floor, start, ceiling)
     if not 0 < rel_tol < 1:
         raise ConfigError(f"rel_tol={rel_tol!r}: must be in (0, 1)")
     if not step > 1:
@@ -101,15 +97,19 @@ def search_min(
     """Smallest x in [floor, ceiling] with passes(x), for passes monotone non-decreasing.
 
     Runs `search_max` over y = 1/x (passing is then monotone non-increasing in y)."""
+    _check_range(floor, start, ceiling)
+    b = search_max(
+        lambda y: passes(1.0 / y), 1.0 / start, 1.0 / ceiling, 1.0 / floor, rel_tol, max_evaluations
+    )
+    return Boundary(_inverse(b.best), _inverse(b.failed), b.num_evaluations)
+
+
+def _check_range(floor: float, start: float, ceiling: float) -> None:
     if not 0 < floor <= start <= ceiling:
         raise ConfigError(
             f"search range: need 0 < floor ({floor:g}) <= start ({start:g}) "
             f"<= ceiling ({ceiling:g})"
         )
-    b = search_max(
-        lambda y: passes(1.0 / y), 1.0 / start, 1.0 / ceiling, 1.0 / floor, rel_tol, max_evaluations
-    )
-    return Boundary(_inverse(b.best), _inverse(b.failed), b.num_evaluations)
 
 
 def _inverse(y: float | None) -> float | None:

@@ -20,6 +20,15 @@ import pandas as pd
 from pagesim.errors import ConfigError
 from pagesim.sim.build import profile_path
 
+# The load settings a run's metadata carries (as vllm bench's result JSON does).
+_METADATA_LOAD = (
+    "workload",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "seed",
+)
 # Run metadata written before the metrics; its settings already have columns of their own.
 METADATA_KEYS = frozenset(
     {
@@ -27,12 +36,7 @@ METADATA_KEYS = frozenset(
         "backend",
         "model_id",
         "gpu",
-        "workload",
-        "num_prompts",
-        "request_rate",
-        "burstiness",
-        "max_concurrency",
-        "seed",
+        *_METADATA_LOAD,
         "cost_model",
         "profile",
         "sweep_point",
@@ -42,12 +46,7 @@ METADATA_KEYS = frozenset(
     }
 )
 LOAD_COLUMNS = (
-    "workload",
-    "num_prompts",
-    "request_rate",
-    "burstiness",
-    "max_concurrency",
-    "seed",
+    *_METADATA_LOAD,
     "random_input_len",
     "random_output_len",
     "random_range_ratio",

@@ -18,6 +18,7 @@ import pandas as pd
 
 from pagesim.config import EngineConfig
 from pagesim.metrics import MetricsCollector
+from pagesim.metrics.report import HEADLINE_METRICS
 from pagesim.sim.simulate import LoadSpec, simulate
 
 POLICIES: tuple[str, ...] = ("reserve-max", "pow2", "oracle", "paged")
@@ -40,12 +41,7 @@ TABLE_KEYS: tuple[str, ...] = (
     "kv_cache_usage_mean",
     "mean_num_running",
     "max_num_running",
-    "request_throughput",
-    "output_throughput",
-    "mean_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "p99_tpot_ms",
+    *HEADLINE_METRICS,
     "mean_e2el_ms",
     "num_preemptions",
     "num_rejected",
