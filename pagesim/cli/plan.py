@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -34,7 +35,7 @@ from pagesim.planning.capacity import (
 from pagesim.planning.capacity_report import binding_slo, capacity_table
 from pagesim.planning.kv_sizing import min_kv_memory
 from pagesim.planning.router import ROUTERS, make_router
-from pagesim.planning.slo import DEFAULT_ATTAINMENT, parse_slos
+from pagesim.planning.slo import DEFAULT_ATTAINMENT, SLOSpec, parse_slos
 from pagesim.sim.build import (
     band_cost_model,
     block_size_note,
@@ -62,6 +63,34 @@ SHOWN = (
     "prefix_cache_hit_rate",
     "num_preemptions",
 )
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What every search of one plan shares: the load and SLOs, the search's precision, the
+    replica settings and how steps are priced."""
+
+    load: LoadSpec
+    slos: SLOSpec
+    rel_tol: float
+    min_duration: float
+    target_rate: float | None
+    router: str
+    max_replicas: int
+    analytical: bool
+    scale: float
+
+    def max_rate(self, engine, prof, cost, near: float | None = None) -> CapacityResult:
+        return max_sustainable_rate(
+            engine,
+            self.load,
+            self.slos,
+            profile=prof,
+            rel_tol=self.rel_tol,
+            min_duration_s=self.min_duration,
+            cost_model=cost,
+            near=near,
+        )
 
 
 @app.command("plan")
@@ -226,6 +255,9 @@ def plan_command(
         f"probes of >= {load.num_prompts} requests and >= {min_duration:g} s of arrivals; "
         f"SLO: {slos}"
     )
+    plan = _Search(
+        load, slos, rel_tol, min_duration, target_rate, router, max_replicas, analytical, scale
+    )
     doc: dict[str, Any] = {
         "model": engine.model,
         "gpu": engine.gpu,
@@ -236,36 +268,11 @@ def plan_command(
         doc["step_time_scale"] = scale
     if compare_block_sizes is not None:
         doc["compare_block_sizes"] = _plan_block_sizes(
-            compare_block_sizes,
-            values,
-            sizes,
-            kv_sizing,
-            engine,
-            load,
-            slos,
-            analytical,
-            rel_tol,
-            min_duration,
-            scale,
+            compare_block_sizes, values, sizes, kv_sizing, engine, plan
         )
         doc["best"] = best_block_size(doc["compare_block_sizes"])
     elif sizes:
-        doc["compare_tp"] = [
-            _plan_tp(
-                values,
-                tp,
-                load,
-                slos,
-                target_rate,
-                router,
-                max_replicas,
-                rel_tol,
-                min_duration,
-                analytical,
-                scale,
-            )
-            for tp in sizes
-        ]
+        doc["compare_tp"] = [_plan_tp(values, tp, plan) for tp in sizes]
         if all("error" in e for e in doc["compare_tp"]):  # an impossible config, not a plan
             raise ConfigError(
                 f"--compare-tp {compare_tp}: no size can be built: {doc['compare_tp'][0]['error']}"
@@ -277,47 +284,15 @@ def plan_command(
         doc["profile"] = profile_record(pricing_profile(engine, prof, not analytical))
         cost = scaled_cost_model(engine, prof, scale, transfer=not analytical)
         if kv_sizing:
-            doc["kv_sizing"] = _kv(
-                engine, load, slos, target_rate, prof, rel_tol, min_duration, cost
-            )
+            doc["kv_sizing"] = _kv(engine, plan, prof, cost)
         else:
-            cap = max_sustainable_rate(
-                engine,
-                load,
-                slos,
-                profile=prof,
-                rel_tol=rel_tol,
-                min_duration_s=min_duration,
-                cost_model=cost,
-            )
+            cap = plan.max_rate(engine, prof, cost)
             doc["capacity"] = _capacity(cap, load.num_prompts)
             ends = step_time_band(engine, prof, not analytical) if band else None
             if ends is not None and cap.max_rate is not None:
-                doc["capacity"]["band"] = _band(
-                    engine,
-                    load,
-                    slos,
-                    prof,
-                    cap,
-                    ends.scaled(scale),
-                    rel_tol,
-                    min_duration,
-                    not analytical,
-                )
+                doc["capacity"]["band"] = _band(engine, plan, prof, cap, ends.scaled(scale))
             if target_rate is not None:
-                doc["replicas"] = _replicas(
-                    engine,
-                    load,
-                    slos,
-                    target_rate,
-                    router,
-                    prof,
-                    cap,
-                    max_replicas,
-                    rel_tol,
-                    min_duration,
-                    cost,
-                )
+                doc["replicas"] = _replicas(engine, plan, prof, cap, cost)
     if save_result is not None:
         save_result.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(save_result, json.dumps(doc, indent=2, default=str) + "\n")
@@ -348,7 +323,7 @@ def _cost_line(engine, prof, analytical: bool = False, scale: float = 1.0) -> st
 
 
 def _plan_block_sizes(
-    text, values, tp_sizes, kv_sizing, engine, load, slos, analytical, rel_tol, min_duration, scale
+    text, values, tp_sizes, kv_sizing, engine, plan: _Search
 ) -> list[dict[str, Any]]:
     """`--compare-block-sizes`: one capacity search per block size, printed as a table."""
     sizes = sorted(set(parse_int_list(text, "compare-block-sizes")))
@@ -359,19 +334,19 @@ def _plan_block_sizes(
     ):
         if given is not None:
             raise ConfigError(f"--compare-block-sizes sets each plan's block size: drop {clash}")
-    prof = None if analytical else values.get("profile") or default_profile(engine)
-    print(_cost_line(engine, prof, analytical, scale).splitlines()[0])
+    prof = None if plan.analytical else values.get("profile") or default_profile(engine)
+    print(_cost_line(engine, prof, plan.analytical, plan.scale).splitlines()[0])
     rows = compare_block_sizes(
         engine,
-        load,
-        slos,
+        plan.load,
+        plan.slos,
         sizes,
         profile=prof,
-        rel_tol=rel_tol,
-        min_duration_s=min_duration,
-        step_time_scale=scale,
+        rel_tol=plan.rel_tol,
+        min_duration_s=plan.min_duration,
+        step_time_scale=plan.scale,
     )
-    print("\n".join(block_size_table(rows, profiled=prof is not None, rel_tol=rel_tol)))
+    print("\n".join(block_size_table(rows, profiled=prof is not None, rel_tol=plan.rel_tol)))
     return rows
 
 
@@ -399,58 +374,26 @@ def _tp_sizes(compare_tp: str | None, values: dict[str, Any], kv_sizing: bool) -
     return sorted(sizes)
 
 
-def _plan_tp(
-    values,
-    tp,
-    load,
-    slos,
-    target_rate,
-    router,
-    max_replicas,
-    rel_tol,
-    min_duration,
-    analytical: bool,
-    scale: float,
-) -> dict[str, Any]:
+def _plan_tp(values, tp, plan: _Search) -> dict[str, Any]:
     """One TP size's plan, printed as a single-size plan is; a size whose engine cannot be
     built (the weights do not fit, the heads do not divide) is reported and skipped."""
     print(f"\n=== tensor_parallel_size {tp} ===")
     try:
         engine = o.engine_config({**values, "tensor_parallel_size": tp})
-        prof = None if analytical else default_profile(engine)
-        print(_cost_line(engine, prof, analytical, scale))
-        cost = scaled_cost_model(engine, prof, scale, transfer=not analytical)
-        cap = max_sustainable_rate(
-            engine,
-            load,
-            slos,
-            profile=prof,
-            rel_tol=rel_tol,
-            min_duration_s=min_duration,
-            cost_model=cost,
-        )
+        prof = None if plan.analytical else default_profile(engine)
+        print(_cost_line(engine, prof, plan.analytical, plan.scale))
+        cost = scaled_cost_model(engine, prof, plan.scale, transfer=not plan.analytical)
+        cap = plan.max_rate(engine, prof, cost)
     except ConfigError as e:
         print(f"Not possible: {e}")
         return {"tp": tp, "error": str(e)}
     entry: dict[str, Any] = {
         "tp": tp,
-        "cost_model": _cost_name(engine, prof, analytical),
-        "capacity": _capacity(cap, load.num_prompts),
+        "cost_model": _cost_name(engine, prof, plan.analytical),
+        "capacity": _capacity(cap, plan.load.num_prompts),
     }
-    if target_rate is not None and cap.max_rate is not None:
-        entry["replicas"] = _replicas(
-            engine,
-            load,
-            slos,
-            target_rate,
-            router,
-            prof,
-            cap,
-            max_replicas,
-            rel_tol,
-            min_duration,
-            cost,
-        )
+    if plan.target_rate is not None and cap.max_rate is not None:
+        entry["replicas"] = _replicas(engine, plan, prof, cap, cost)
     return entry
 
 
@@ -556,21 +499,13 @@ def _capacity(cap: CapacityResult, num_prompts: int) -> dict[str, Any]:
     }
 
 
-def _band(engine, load, slos, prof, cap, ends, rel_tol, min_duration, transfer) -> dict[str, Any]:
+def _band(engine, plan: _Search, prof, cap, ends) -> dict[str, Any]:
     """The rate within the SLOs at the band's two ends, each searched from the center's rate
     over the factor (a step time x f slower serves about 1/f the rate), and the printed line."""
     rates = [cap.max_rate]
     for factor in (ends.low, ends.high):
-        end = max_sustainable_rate(
-            engine,
-            load,
-            slos,
-            profile=prof,
-            rel_tol=rel_tol,
-            min_duration_s=min_duration,
-            cost_model=band_cost_model(engine, prof, factor, transfer),
-            near=cap.max_rate / factor,
-        )
+        priced = band_cost_model(engine, prof, factor, not plan.analytical)
+        end = plan.max_rate(engine, prof, priced, near=cap.max_rate / factor)
         rates.append(end.max_rate)
     known = [r for r in rates if r is not None]
     low = None if None in rates else min(known)
@@ -582,20 +517,19 @@ def _band(engine, load, slos, prof, cap, ends, rel_tol, min_duration, transfer) 
     return {**ends.to_json(), "max_rate": [low, max(known)]}
 
 
-def _replicas(
-    engine, load, slos, target_rate, router, prof, cap, max_replicas, rel_tol, min_duration, cost
-):
+def _replicas(engine, search, prof, cap, cost):
+    target_rate, router, max_replicas = search.target_rate, search.router, search.max_replicas
     plan = replicas_for_rate(
         engine,
-        load,
-        slos,
+        search.load,
+        search.slos,
         target_rate,
         router=router,
         profile=prof,
         per_replica=cap,
         max_replicas=max_replicas,
-        rel_tol=rel_tol,
-        min_duration_s=min_duration,
+        rel_tol=search.rel_tol,
+        min_duration_s=search.min_duration,
         cost_model=cost,
     )
     print(
@@ -626,15 +560,16 @@ def _replicas(
     }
 
 
-def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration, cost):
+def _kv(engine, plan, prof, cost):
+    target_rate = plan.target_rate
     k = min_kv_memory(
         engine,
-        load,
-        slos,
+        plan.load,
+        plan.slos,
         target_rate,
         profile=prof,
-        rel_tol=rel_tol,
-        min_duration_s=min_duration,
+        rel_tol=plan.rel_tol,
+        min_duration_s=plan.min_duration,
         cost_model=cost,
     )
     for p in k.probes:
@@ -654,7 +589,7 @@ def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration, cost):
             f"{k.kv_cache_memory_bytes / GiB:.2f} GiB (--kv-cache-memory-bytes "
             f"{k.kv_cache_memory_bytes}), --gpu-memory-utilization {util}"
         )
-        print("Check it: " + _run_command(engine, load, slos, target_rate, min_duration, k))
+        print("Check it: " + _run_command(engine, plan, k))
         print("\n".join(_metrics_lines(k.result)))
     return {
         "target_rate": target_rate,
@@ -666,7 +601,7 @@ def _kv(engine, load, slos, target_rate, prof, rel_tol, min_duration, cost):
     }
 
 
-def _run_command(engine, load, slos, target_rate, min_duration, k) -> str:
+def _run_command(engine, plan, k) -> str:
     """The `pagesim run` that serves the plan's probe load on the KV cache found: every
     engine setting that differs from the defaults for this model and GPU, every load setting
     given, and the probe's request count."""
@@ -679,7 +614,8 @@ def _run_command(engine, load, slos, target_rate, min_duration, k) -> str:
         if f.name not in ("kv_cache_memory_bytes", "num_gpu_blocks_override", "model", "gpu"):
             if value != getattr(base, f.name):
                 flags[f.name] = value
-    probe = plan_load(load, slos, target_rate, min_duration_s=min_duration)
+    target_rate = plan.target_rate
+    probe = plan_load(plan.load, plan.slos, target_rate, min_duration_s=plan.min_duration)
     for name in ("workload", "burstiness", "max_concurrency", "seed", *WORKLOAD_PARAMS):
         value = getattr(probe, name)
         if value is not None and value != getattr(LoadSpec(), name):
