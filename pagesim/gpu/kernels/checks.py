@@ -114,3 +114,74 @@ def check_sliding_window(sliding_window: int | None) -> int:
     if sliding_window < 1:
         raise KernelInputError(f"sliding_window={sliding_window}, expected >= 1 or None")
     return int(sliding_window)
+
+
+def check_index(name: str, t: torch.Tensor) -> None:
+    """An index tensor (block table, lengths, offsets): int32/int64 and contiguous."""
+    check_dtype(name, t, INDEX_DTYPES)
+    check_contiguous(name, t)
+
+
+def check_query(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> tuple[int, int, int, int]:
+    """Query rows `[*, num_heads, head_size]` over the caches (`check_kv_cache`), with the
+    caches' dtype and whole heads per KV head.
+
+    Returns `(block_size, num_kv_heads, head_size, num_queries_per_kv)`.
+    """
+    _, block_size, num_kv_heads, head_size = check_kv_cache(key_cache, value_cache)
+    check_shape("query", query, (None, None, head_size))
+    group = check_num_queries_per_kv(query.shape[1], num_kv_heads)
+    check_same_dtype("query", query, "key_cache", key_cache)
+    check_last_dim_contiguous("query", query)
+    return block_size, num_kv_heads, head_size, group
+
+
+def check_attention_args(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    index: dict[str, torch.Tensor],
+    sliding_window: int | None,
+    out: torch.Tensor | None,
+) -> tuple[int, torch.Tensor]:
+    """What an attention wrapper checks after the shapes: its index tensors (`check_index`),
+    the window, `out` against `query` (a new tensor like `query` when None), and one device
+    for all. Returns `(window, out)`, the window in `check_sliding_window`'s form."""
+    for name, t in index.items():
+        check_index(name, t)
+    window = check_sliding_window(sliding_window)
+    if out is None:
+        out = torch.empty_like(query)
+    check_shape("out", out, tuple(query.shape))
+    check_dtype("out", out, ATTENTION_DTYPES)
+    check_last_dim_contiguous("out", out)
+    check_same_device({"query": query, "key_cache": key_cache, **index, "out": out})
+    return window, out
+
+
+def cache_strides(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, ...]:
+    """The kernels' `stride_kc_blk, stride_kc_off, stride_kc_head` and the same for V."""
+    return (*key_cache.stride()[:3], *value_cache.stride()[:3])
+
+
+def attention_strides(
+    query: torch.Tensor,
+    out: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+) -> tuple[int, ...]:
+    """The attention kernels' stride arguments, in their order: query and out per token and
+    head, the caches (`cache_strides`), the block table per sequence."""
+    return (
+        *query.stride()[:2],
+        *out.stride()[:2],
+        *cache_strides(key_cache, value_cache),
+        block_table.stride(0),
+    )
+
+
+def dot_precision(query: torch.Tensor) -> str:
+    """`tl.dot`'s input precision: exact for fp32 inputs (ignored by fp16/bf16)."""
+    return "ieee" if query.dtype == torch.float32 else "tf32"
