@@ -100,13 +100,36 @@ class BlockSource:
     """Hands out block ids from a seeded permutation of `1 .. num_blocks - 1`, restarting
     for every grid point (a point's sequences never share a block). `scattered=False` hands
     them out in order instead, as a fresh cache's free queue does (`benchmarks/block_order.py`
-    compares the two)."""
+    compares the two).
 
-    def __init__(self, num_blocks: int, seed: int = 0, scattered: bool = True) -> None:
+    `group_windows` (a runner under the hybrid KV layout: one entry per KV cache group, its
+    sliding window or None) makes `synthetic_step` hand every sequence one row per group, as
+    the hybrid manager does."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        seed: int = 0,
+        scattered: bool = True,
+        group_windows: tuple[int | None, ...] | None = None,
+    ) -> None:
         ids = np.arange(1, num_blocks)
         if scattered:
             ids = np.random.default_rng(seed).permutation(num_blocks - 1) + 1
         self.ids = ids.tolist()
+        self.group_windows = group_windows
+
+    @classmethod
+    def for_runner(cls, runner, seed: int = 0) -> BlockSource:
+        """The blocks of `runner`'s cache, in rows shaped as its KV layout reads them."""
+        layout = getattr(runner, "kv_layout", None)
+        windows = None
+        if layout is not None and layout.is_hybrid:
+            spec = runner.spec
+            windows = tuple(
+                spec.sliding_window if kind == "sliding" else None for kind in layout.group_kinds
+            )
+        return cls(runner.num_gpu_blocks, seed, group_windows=windows)
 
     def take(self, counts: list[int]) -> list[list[int]] | None:
         """Rows of `counts[i]` distinct blocks, or None if the cache cannot hold them all."""
@@ -151,12 +174,9 @@ def synthetic_step(
     the graph path keeps a block-table row per request id (`BlockTableRows`), so steps that
     should each find their own rows in place, as a served request does, need prefixes of
     their own."""
-    common = shared // block_size
-    counts = [-(-(c + n) // block_size) - common for c, n in entries]
-    rows = blocks.take([common] + counts)
+    rows = _rows(entries, block_size, blocks, shared)
     if rows is None:
         return None
-    rows = [rows[0] + row for row in rows[1:]]
     out = SchedulerOutput(step_id=step_id, block_size=block_size)
     prompts: dict[int, list[int]] = {}
     for k, ((ctx, new), row) in enumerate(zip(entries, rows, strict=False)):
@@ -164,6 +184,42 @@ def synthetic_step(
         out.scheduled.append(ScheduledRequest(req, new, ctx, row))
         out.total_num_scheduled_tokens += new
     return out
+
+
+def _rows(
+    entries: list[tuple[int, int]], block_size: int, blocks: BlockSource, shared: int
+) -> list | None:
+    """Each entry's block-table row, or under `blocks.group_windows` its row per KV cache
+    group: a sliding group's blocks wholly before the first new token's window are the null
+    block, as the hybrid manager frees them, and only full-attention rows share the prefix."""
+    common = shared // block_size
+    windows = blocks.group_windows or (None,)
+    counts: list[int] = []
+    nulls: list[list[int]] = []
+    for window in windows:
+        first = [0 if window is None else max(0, c - window + 1) // block_size for c, _ in entries]
+        nulls.append(first)
+        counts.append(common if window is None else 0)
+        counts.extend(
+            -(-(c + n) // block_size) - (common if window is None else f)
+            for (c, n), f in zip(entries, first, strict=True)
+        )
+    taken = blocks.take(counts)
+    if taken is None:
+        return None
+    per_group = []
+    for g, window in enumerate(windows):
+        part = taken[g * (len(entries) + 1) : (g + 1) * (len(entries) + 1)]
+        head = part[0]
+        per_group.append(
+            [
+                (head + row) if window is None else [0] * f + row
+                for row, f in zip(part[1:], nulls[g], strict=True)
+            ]
+        )
+    if blocks.group_windows is None:
+        return per_group[0]
+    return [list(group_rows) for group_rows in zip(*per_group, strict=True)]
 
 
 def round_order_rng(seed: int) -> np.random.Generator:
@@ -393,7 +449,7 @@ def calibrate_block_size(
     (new tokens, decodes) of the mixed points and per (entries, new tokens) of the
     multi-prefill points, in the same interleaved rounds as the full steps.
     """
-    blocks = BlockSource(runner.num_gpu_blocks, seed)
+    blocks = BlockSource.for_runner(runner, seed)
     capacity = (runner.num_gpu_blocks - 1) * block_size
     entries = calibration_entries(
         grid,

@@ -66,15 +66,25 @@ class BlockTableRows:
     def num_live(self) -> int:
         return len(self._rows)
 
-    def update(self, out: SchedulerOutput) -> list[int]:
+    def update(self, out: SchedulerOutput, group: int | None = None) -> list[int]:
         """Free the step's finished and preempted requests' rows, then bring each scheduled
-        request's row up to date; their rows, in scheduled order."""
+        request's row up to date; their rows, in scheduled order. With `group` (the hybrid
+        KV cache manager's ids: one row per KV cache group) these are that group's rows."""
         self.free(out.finished_req_ids)
         self.free(out.preempted_req_ids)
         row_index = self.row_index
+        if group is None:
+            return [
+                row_index(sr.request.request_id, sr.block_ids, sr.new_block_ids)  # type: ignore[arg-type]
+                for sr in out.scheduled  # one KV cache group: its ids are one row
+            ]
         return [
-            row_index(sr.request.request_id, sr.block_ids, sr.new_block_ids)  # type: ignore[arg-type]
-            for sr in out.scheduled  # one KV cache group: its ids are one row
+            row_index(
+                sr.request.request_id,
+                None if sr.block_ids is None else sr.block_ids[group],  # type: ignore[arg-type]
+                sr.new_block_ids[group] if sr.new_block_ids else (),  # type: ignore[arg-type]
+            )
+            for sr in out.scheduled
         ]
 
     def block_ids(self, request_id: str) -> list[int]:

@@ -151,7 +151,13 @@ def measure_kv_capacity(
     available = requested - (weights + peak + non_torch)
     spec = config.model_spec
     pages = {
-        bs: sizing.page_size_bytes(spec, bs, config.kv_cache_dtype, config.tensor_parallel_size)
+        bs: sizing.page_size_bytes(
+            spec,
+            bs,
+            config.kv_cache_dtype,
+            config.tensor_parallel_size,
+            hybrid_kv_cache_manager=sizing.serves_hybrid(config),
+        )
         for bs in block_sizes
     }
     blocks = {bs: max(0, available // pages[bs]) for bs in block_sizes}

@@ -14,10 +14,15 @@ One step, all sequences flattened into `T = num_tokens` rows (vLLM's layout):
                         a = attention(q, k, v)              paged backend: writes K/V, attends
                         h = a @ W_o^T ; x = RMSNorm(h + residual)
                         h = (silu(x @ W_gate^T) * (x @ W_up^T)) @ W_down^T
+                        (MoE layers: top-k of softmax(x @ W_router^T), then the chosen
+                        experts' MLPs through the grouped-GEMM kernel, `kernels.fused_moe`)
     final RMSNorm -> rows at logits_indices [S] -> LM head [S, vocab] -> sampler -> [S] ids
 
 OPT: LayerNorm with bias, learned positions (offset 2), biases on every projection, ReLU MLP,
-tied LM head. `skip_attention=True` replaces attention by the identity (the K/V cache is
+tied LM head. A layer's attention kind is the spec's (`ModelSpec.attention_kinds`: sliding
+layers attend to their last `sliding_window` positions). `metadata` is one `AttentionMetadata`
+when every layer reads one block table, or one per KV cache group under the hybrid layout
+(`pagesim.gpu.kv_layout`), each layer reading its group's. `skip_attention=True` replaces attention by the identity (the K/V cache is
 neither written nor read): calibration times the rest of the step that way, and the memory
 profile run uses it as vLLM's profile run does (no attention metadata).
 """
@@ -30,6 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from pagesim.gpu.attention import AttentionMetadata, PagedAttentionBackend
+from pagesim.gpu.kernels.fused_moe import fused_moe, fused_moe_reference, route
+from pagesim.gpu.kv_layout import KVLayout
 from pagesim.specs import ModelSpec
 
 #: Standard deviation of every random weight matrix (GPT-2/Llama initializer range): keeps
@@ -41,6 +48,8 @@ RMS_EPS = 1e-5
 OPT_POSITION_OFFSET = 2  # OPT's learned position table has two extra leading rows
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: key, value caches
+#: One step's attention inputs: one table for every layer, or one per KV cache group.
+StepMetadata = AttentionMetadata | tuple[AttentionMetadata, ...]
 
 
 class RandomWeightDecoder:
@@ -69,7 +78,7 @@ class RandomWeightDecoder:
         self.kv_size = self.num_kv_heads * self.head_size
         gen = torch.Generator(device=self.device).manual_seed(seed)
         self._gen = gen
-        self.layers = [self._make_layer(gen) for _ in range(spec.num_layers)]
+        self.layers = [self._make_layer(gen, i) for i in range(spec.num_layers)]
         hidden = spec.hidden_size
         self.embed = self._rand((spec.vocab_size, hidden), gen)
         if spec.arch == "opt":
@@ -84,13 +93,10 @@ class RandomWeightDecoder:
             self.cos, self.sin = _rope_tables(
                 spec.max_position_embeddings, self.head_size, dtype, self.device
             )
-        self.attn = PagedAttentionBackend(
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_size,
-            block_size,
-            sliding_window=spec.sliding_window,
-        )
+        # Per layer its window (None: full attention); under the hybrid layout, its group.
+        self.layer_windows = tuple(self._window(kind) for kind in spec.attention_kinds)
+        self.hybrid_layout = KVLayout.of(spec, hybrid_kv_cache_manager=True)
+        self.set_block_size(block_size)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
 
     # ---- weights ------------------------------------------------------------------------------
@@ -104,12 +110,12 @@ class RandomWeightDecoder:
     def _zeros(self, n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=self.dtype, device=self.device)
 
-    def _make_layer(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        """One layer's tensors from `layer_shapes`: matrices random, norm scales one, biases
-        zero."""
+    def _make_layer(self, gen: torch.Generator, index: int) -> dict[str, torch.Tensor]:
+        """Layer `index`'s tensors from `layer_shapes`: matrices (and expert stacks) random,
+        norm scales one, biases zero."""
         layer: dict[str, torch.Tensor] = {}
-        for name, shape in layer_shapes(self.spec).items():
-            if len(shape) == 2:
+        for name, shape in layer_shapes(self.spec, index).items():
+            if len(shape) >= 2:
                 layer[name] = self._rand(shape, gen)
             elif name.startswith("norm") and not name.endswith("_b"):
                 layer[name] = self._ones(shape[0])
@@ -131,21 +137,34 @@ class RandomWeightDecoder:
         return sum(seen.values())
 
     def set_block_size(self, block_size: int) -> None:
-        """Use a backend for another KV block size (the caches must be rebuilt to match)."""
-        self.attn = PagedAttentionBackend(
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_size,
-            block_size,
-            sliding_window=self.spec.sliding_window,
-        )
+        """Use backends for another KV block size (the caches must be rebuilt to match).
+
+        One backend per window the layers use; `attn` is the one-table layout's (its group
+        slides only when every layer does), `group_attn(kind)` a KV cache group's."""
+        one_table = KVLayout.of(self.spec, hybrid_kv_cache_manager=False).group_kinds[0]
+        kinds = (one_table, *self.hybrid_layout.group_kinds)
+        windows = (*self.layer_windows, *(self._window(k) for k in kinds))
+        self._backends = {
+            w: PagedAttentionBackend(
+                self.num_heads, self.num_kv_heads, self.head_size, block_size, sliding_window=w
+            )
+            for w in dict.fromkeys(windows)
+        }
+        self.attn = self.group_attn(one_table)
+
+    def group_attn(self, kind: str) -> PagedAttentionBackend:
+        """The backend whose `build_metadata` plans a KV cache group of attention `kind`."""
+        return self._backends[self._window(kind)]
+
+    def _window(self, kind: str) -> int | None:
+        return self.spec.sliding_window if kind == "sliding" else None
 
     # ---- forward ------------------------------------------------------------------------------
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        metadata: AttentionMetadata | None,
+        metadata: StepMetadata | None,
         kv_caches: KVCache | None,
         logits_indices: torch.Tensor,
         skip_attention: bool = False,
@@ -172,8 +191,7 @@ class RandomWeightDecoder:
             )
             residual = residual + self._row_linear(a, layer["o"])
             x = F.rms_norm(residual, (hidden,), layer["norm2"], RMS_EPS)
-            gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-            h = self._row_linear(F.silu(gate) * up, layer["down"])
+            h = self._mlp(layer, x)
         residual = residual + h if residual is not None else h
         x = residual[logits_indices]  # norm only the rows that reach the LM head
         return F.rms_norm(x, (hidden,), self.final_norm[0], RMS_EPS)
@@ -181,6 +199,19 @@ class RandomWeightDecoder:
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """`[T, hidden]` token embeddings (a tensor-parallel model gathers its vocab shards)."""
         return F.embedding(input_ids, self.embed)
+
+    def _mlp(self, layer: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """A Llama layer's MLP: SwiGLU, or for a MoE layer its routed experts (plus shared
+        experts, a SwiGLU of their summed width, where the spec has them)."""
+        out = None
+        if "router" in layer:
+            weights, ids = route(F.linear(x, layer["router"]), self.spec.num_experts_per_tok)
+            out = fused_moe(x, layer["w13"], layer["w2"], weights, ids)
+            if "gate_up" not in layer:
+                return out
+        gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+        dense = self._row_linear(F.silu(gate) * up, layer["down"])
+        return dense if out is None else out + dense
 
     def _row_linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """The o and down projections (row-parallel, all-reduced, under tensor parallelism)."""
@@ -192,7 +223,7 @@ class RandomWeightDecoder:
         qkv: torch.Tensor,
         cos: torch.Tensor | None,
         sin: torch.Tensor | None,
-        metadata: AttentionMetadata | None,
+        metadata: StepMetadata | None,
         kv_caches: KVCache | None,
         skip: bool,
     ) -> torch.Tensor:
@@ -209,7 +240,10 @@ class RandomWeightDecoder:
         if skip:
             return q.reshape(t, self.q_size)
         key_cache, value_cache = kv_caches[i]
-        out = self.attn.forward(q, k, v, key_cache, value_cache, metadata)
+        md = (
+            metadata[self.hybrid_layout.layer_group[i]] if isinstance(metadata, tuple) else metadata
+        )
+        out = self._backends[self.layer_windows[i]].forward(q, k, v, key_cache, value_cache, md)
         return out.view(t, self.q_size)
 
     def _forward_opt(self, input_ids, positions, metadata, kv_caches, logits_indices, skip):
@@ -247,9 +281,15 @@ class RandomWeightDecoder:
         return probs.div_(q).argmax(dim=-1)
 
 
-def layer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
-    """Tensor shapes of one decoder layer, `[out, in]` for matrices (the fused q/k/v rows;
-    Llama's fused gate/up rows)."""
+def is_moe_layer(spec: ModelSpec, index: int) -> bool:
+    """Layer `index` routes to experts (a MoE model's leading `num_dense_layers` do not)."""
+    return spec.is_moe and index >= spec.num_dense_layers
+
+
+def layer_shapes(spec: ModelSpec, index: int = 0) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes of decoder layer `index`, `[out, in]` for matrices (the fused q/k/v rows;
+    Llama's fused gate/up rows; a MoE layer's router `[E, hidden]` and expert stacks
+    `w13 [E, 2 I, hidden]`, `w2 [E, hidden, I]` as the fused-MoE kernel reads them)."""
     hidden, inter = spec.hidden_size, spec.intermediate_size
     q = spec.num_attention_heads * spec.head_size
     qkv = q + 2 * spec.num_kv_heads * spec.head_size
@@ -270,6 +310,12 @@ def layer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
             norm1_b=(hidden,),
             norm2_b=(hidden,),
         )
+    elif is_moe_layer(spec, index):
+        e, moe = spec.num_experts, spec.moe_intermediate_size
+        shapes.update(router=(e, hidden), w13=(e, 2 * moe, hidden), w2=(e, hidden, moe))
+        if spec.num_shared_experts:
+            shared = spec.num_shared_experts * moe
+            shapes.update(gate_up=(2 * shared, hidden), down=(hidden, shared))
     else:
         shapes.update(gate_up=(2 * inter, hidden), down=(hidden, inter))
     return shapes
@@ -279,8 +325,10 @@ def num_weights(spec: ModelSpec) -> int:
     """Parameters the random-weight model holds for `spec` (tied tensors once): embeddings,
     layers, final norm, LM head (Llama, untied) or learned positions (OPT, tied head)."""
     hidden = spec.hidden_size
-    per_layer = sum(math.prod(s) for s in layer_shapes(spec).values())
-    total = spec.vocab_size * hidden + spec.num_layers * per_layer
+    layers = sum(
+        math.prod(s) for i in range(spec.num_layers) for s in layer_shapes(spec, i).values()
+    )
+    total = spec.vocab_size * hidden + layers
     if spec.arch == "opt":
         return total + (spec.max_position_embeddings + OPT_POSITION_OFFSET) * hidden + 2 * hidden
     return total + hidden + spec.vocab_size * hidden
@@ -314,7 +362,8 @@ def reference_attention_forward(
 
     For tests: `seq_ranges[s] = (row_start, row_end, seq_key)` are sequence s's query rows;
     `past_kv[layer][seq_key]` holds its earlier K and V `[n, KV, D]` and is extended in place,
-    so calling this step after step mirrors a paged run. Llama and OPT.
+    so calling this step after step mirrors a paged run. Llama and OPT; sliding layers see
+    their window, MoE layers run every expert on every token (`fused_moe_reference`).
     """
     spec = model.spec
     hidden = spec.hidden_size
@@ -335,7 +384,7 @@ def reference_attention_forward(
         for i, layer in enumerate(model.layers):
             x = F.layer_norm(h, (hidden,), layer["norm1"], layer["norm1_b"])
             q, k, v = split_qkv(F.linear(x, layer["qkv"], layer["qkv_b"]))
-            out = _dense_attention(model, q, k, v, seq_ranges, past_kv[i])
+            out = _dense_attention(model, q, k, v, seq_ranges, past_kv[i], model.layer_windows[i])
             h = h + F.linear(out.view(-1, model.q_size), layer["o"], layer["o_b"])
             x = F.layer_norm(h, (hidden,), layer["norm2"], layer["norm2_b"])
             h = h + F.linear(
@@ -351,14 +400,34 @@ def reference_attention_forward(
         x = F.rms_norm(residual, (hidden,), layer["norm1"], RMS_EPS)
         q, k, v = split_qkv(F.linear(x, layer["qkv"]))
         out = _dense_attention(
-            model, _rope(q, cos, sin), _rope(k, cos, sin), v, seq_ranges, past_kv[i]
+            model,
+            _rope(q, cos, sin),
+            _rope(k, cos, sin),
+            v,
+            seq_ranges,
+            past_kv[i],
+            model.layer_windows[i],
         )
         residual = residual + F.linear(out.view(-1, model.q_size), layer["o"])
         x = F.rms_norm(residual, (hidden,), layer["norm2"], RMS_EPS)
-        gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
-        h = F.linear(F.silu(gate) * up, layer["down"])
+        h = _reference_mlp(model, layer, x)
     residual = residual + h
     return F.rms_norm(residual[logits_indices], (hidden,), model.final_norm[0], RMS_EPS)
+
+
+def _reference_mlp(
+    model: RandomWeightDecoder, layer: dict[str, torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
+    """A Llama layer's MLP with every expert of a MoE layer run on every token (fp32)."""
+    out = None
+    if "router" in layer:
+        weights, ids = route(F.linear(x, layer["router"]), model.spec.num_experts_per_tok)
+        out = fused_moe_reference(x, layer["w13"], layer["w2"], weights, ids).to(x.dtype)
+        if "gate_up" not in layer:
+            return out
+    gate, up = F.linear(x, layer["gate_up"]).chunk(2, dim=-1)
+    dense = F.linear(F.silu(gate) * up, layer["down"])
+    return dense if out is None else out + dense
 
 
 def _dense_attention(
@@ -368,9 +437,11 @@ def _dense_attention(
     v: torch.Tensor,
     seq_ranges: list[tuple[int, int, int]],
     past: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's rows over its past and new K/V, in fp32 (`past`
-    is one layer's and is extended in place)."""
+    is one layer's and is extended in place); with `window`, each row sees its last `window`
+    positions."""
     group = model.num_heads // model.num_kv_heads
     out = torch.zeros_like(q)
     for r0, r1, key in seq_ranges:
@@ -384,6 +455,8 @@ def _dense_attention(
         )
         ar = torch.arange(n, device=q.device)
         mask = ar[None, :] <= ar[n - m :, None]
+        if window is not None:
+            mask &= ar[n - m :, None] - ar[None, :] < window
         probs = logits.masked_fill(~mask, float("-inf")).softmax(-1)
         out[r0:r1] = torch.einsum("hqk,khd->qhd", probs, vv.float().repeat_interleave(group, 1)).to(
             out.dtype

@@ -56,7 +56,7 @@ from pagesim.gpu.parallel import TPGroup
 from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.gpu.tp_model import TensorParallelDecoder
-from pagesim.kvcache.sizing import page_size_bytes
+from pagesim.kvcache.sizing import page_size_bytes, serves_hybrid
 
 MakeRunner = Callable[[EngineConfig, int], Any]  # (config, num_gpu_blocks) -> ModelRunner
 
@@ -422,7 +422,11 @@ def override_capacity(config: EngineConfig, block_sizes: tuple[int, ...]) -> Mea
     n = config.num_gpu_blocks_override
     pages = {
         bs: page_size_bytes(
-            config.model_spec, bs, config.kv_cache_dtype, config.tensor_parallel_size
+            config.model_spec,
+            bs,
+            config.kv_cache_dtype,
+            config.tensor_parallel_size,
+            hybrid_kv_cache_manager=serves_hybrid(config),
         )
         for bs in block_sizes
     }

@@ -38,12 +38,14 @@ from dataclasses import dataclass
 import torch
 
 from pagesim.config import EngineConfig
-from pagesim.errors import InternalError
+from pagesim.errors import ConfigError, InternalError
 from pagesim.gpu.attention import AttentionMetadata
 from pagesim.gpu.cuda_graphs import GraphKey, StepGraphs
 from pagesim.gpu.input_buffers import BlockTableRows
-from pagesim.gpu.model import KVCache, RandomWeightDecoder
+from pagesim.gpu.kv_layout import KVLayout
+from pagesim.gpu.model import KVCache, RandomWeightDecoder, StepMetadata
 from pagesim.kvcache.block_table import build_positions
+from pagesim.kvcache.sizing import serves_hybrid
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, sample_synthetic
 
 
@@ -54,7 +56,7 @@ class StepInputs:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     logits_indices: torch.Tensor  # [S] int64, last row of every sequence
-    metadata: AttentionMetadata
+    metadata: StepMetadata  # one per KV cache group under the hybrid layout
 
 
 @dataclass(slots=True)
@@ -105,6 +107,11 @@ class GPUModelRunner:
     `num_gpu_blocks` blocks of `config.block_size` tokens per layer (block 0 is the null
     block). `model` is a model built already (shared across block sizes by a calibration,
     a tensor-parallel shard); without it the runner builds one from `options`.
+
+    A hybrid model served by the hybrid KV cache manager (`sizing.serves_hybrid`) gets the
+    hybrid layout (`pagesim.gpu.kv_layout`): one block-table row per KV cache group in each
+    request's `block_ids`, layers of a group reading its table, layer i of every group
+    sharing one K/V tensor. Its steps run eagerly (the graphs' static buffers hold one table).
     """
 
     def __init__(
@@ -131,17 +138,28 @@ class GPUModelRunner:
         self.temperature = opts.temperature
         on_cuda = self.device.type == "cuda"
         self.num_gpu_blocks = num_gpu_blocks
-        self.kv_caches: KVCache = allocate_kv_cache(self.model, num_gpu_blocks, self.device)
+        self.kv_layout = KVLayout.of(self.spec, serves_hybrid(config))
+        self.kv_caches: KVCache = allocate_kv_cache(
+            self.model, num_gpu_blocks, self.device, layout=self.kv_layout
+        )
         self.num_cpu_blocks = opts.num_cpu_blocks
         self.cpu_caches: KVCache = (
-            allocate_kv_cache(self.model, opts.num_cpu_blocks, "cpu", pin=on_cuda)
+            allocate_kv_cache(
+                self.model, opts.num_cpu_blocks, "cpu", pin=on_cuda, layout=self.kv_layout
+            )
             if opts.num_cpu_blocks
             else []
         )
         # Every live request's block-table row, kept from the scheduler's block-id deltas.
-        self.block_rows = BlockTableRows(
-            table_width(-(-config.max_model_len // config.block_size)), config.max_num_seqs
-        )
+        # Every live request's block-table row, kept from the scheduler's block-id deltas;
+        # under the hybrid layout one set of rows per KV cache group (`block_rows` is group 0's).
+        self.group_block_rows = [
+            BlockTableRows(
+                table_width(-(-config.max_model_len // config.block_size)), config.max_num_seqs
+            )
+            for _ in range(self.kv_layout.num_groups)
+        ]
+        self.block_rows = self.group_block_rows[0]
         self.step_records: list[StepRecord] = []
         self.record_steps = True
         # Calibration only: run every layer with attention replaced by the identity.
@@ -171,6 +189,8 @@ class GPUModelRunner:
         self, capture: bool = True, log: Callable[[str], None] | None = None
     ) -> StepGraphs:
         """Static buffers (and graphs, if `capture`) for this runner's graph steps."""
+        if self.kv_layout.is_hybrid:
+            raise ConfigError("the hybrid KV layout runs eagerly (graph buffers hold one table)")
         cfg = self.config
         return StepGraphs(
             self.model,
@@ -189,7 +209,10 @@ class GPUModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         t0 = time.perf_counter()
         out = scheduler_output
-        rows = self.block_rows.update(out)
+        hybrid = self.kv_layout.is_hybrid
+        rows = self.block_rows.update(out, 0 if hybrid else None)
+        for g, group_rows in enumerate(self.group_block_rows[1:], 1):
+            group_rows.update(out, g)
         key = self._graph_key(out)
         inputs = None
         if key is not None:
@@ -293,19 +316,27 @@ class GPUModelRunner:
         news = [sr.num_new_tokens for sr in sched]
         ids = self._input_ids(sched)
         positions = build_positions(starts, news)
-        rows = [self.block_rows.block_ids(sr.request.request_id) for sr in sched]
-        metadata = self.model.attn.build_metadata(
-            rows,
-            starts,
-            news,
-            self.device,
-            max_num_blocks_per_seq=table_width(max(len(r) for r in rows)),
-        )
         dev = self.device
+
+        def build(backend, rows: list[list[int]]) -> AttentionMetadata:
+            width = table_width(max(len(r) for r in rows))
+            return backend.build_metadata(rows, starts, news, dev, max_num_blocks_per_seq=width)
+
+        metadata: StepMetadata
+        metadata = tuple(
+            build(
+                self.model.group_attn(kind),
+                [group.block_ids(sr.request.request_id) for sr in sched],
+            )
+            for kind, group in zip(self.kv_layout.group_kinds, self.group_block_rows, strict=True)
+        )
+        if not self.kv_layout.is_hybrid:
+            metadata = metadata[0]
+        first = metadata[0] if isinstance(metadata, tuple) else metadata
         return StepInputs(
             input_ids=torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True),
             positions=torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True),
-            logits_indices=(metadata.query_start_loc[1:] - 1).to(torch.int64),
+            logits_indices=(first.query_start_loc[1:] - 1).to(torch.int64),
             metadata=metadata,
         )
 
@@ -434,20 +465,26 @@ def table_width(longest_row: int) -> int:
 
 
 def allocate_kv_cache(
-    model: RandomWeightDecoder, num_blocks: int, device: torch.device | str, pin: bool = False
+    model: RandomWeightDecoder,
+    num_blocks: int,
+    device: torch.device | str,
+    pin: bool = False,
+    layout: KVLayout | None = None,
 ) -> KVCache:
     """Per layer (key, value) caches `[num_blocks, block_size, num_kv_heads, head_size]`.
 
     One allocation for all layers (so the memory is contiguous and counted once); block 0 is
-    the null block that padded block-table entries point at.
+    the null block that padded block-table entries point at. Under a hybrid `layout` the
+    layers that share a tensor get the same pair (default: one tensor per layer).
     """
+    layout = layout or KVLayout.of(model.spec, hybrid_kv_cache_manager=False)
     shape = model.attn.kv_cache_shape(num_blocks)
-    layers = model.spec.num_layers
-    whole = torch.empty((layers, 2, *shape), dtype=model.dtype, device=device, pin_memory=pin)
+    tensors = layout.num_tensors
+    whole = torch.empty((tensors, 2, *shape), dtype=model.dtype, device=device, pin_memory=pin)
     # Zeroed once (~40 ms for 115 GB on an H200): kernels read the unwritten tail of a
     # sequence's last block (masked, but 0 * NaN is NaN), so leftover bits must be finite.
     whole.zero_()
-    return [(whole[i, 0], whole[i, 1]) for i in range(layers)]
+    return [(whole[t, 0], whole[t, 1]) for t in layout.layer_tensor]
 
 
 def _index_pair(pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:

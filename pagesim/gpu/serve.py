@@ -78,10 +78,10 @@ class ServeRun:
 
 def make_engine(config: EngineConfig, num_gpu_blocks: int) -> Scheduler:
     """The scheduler over a KV cache of `num_gpu_blocks`, assembled as the simulator assembles
-    it (`pagesim.scheduler.factory`): same manager arguments, same swap pool sizing. The GPU
-    runner reads one block table per request, so a hybrid model's layers share it as full
-    attention (vLLM's --disable-hybrid-kv-cache-manager), not the hybrid manager's groups."""
-    return make_scheduler(config, num_gpu_blocks, hybrid_kv_cache_manager=False)
+    it (`pagesim.scheduler.factory`): same manager arguments, same swap pool sizing. A hybrid
+    model gets the hybrid KV cache manager, one block-table row per KV cache group, which the
+    runner's hybrid KV layout reads (`pagesim.gpu.kv_layout`)."""
+    return make_scheduler(config, num_gpu_blocks)
 
 
 class FixedArrivals:
@@ -315,7 +315,7 @@ def warm_up(runner, config: EngineConfig) -> int:
         spec = [(c, n) for c, n in spec if n >= 1 and c + n <= config.max_model_len]
         if not spec or len(spec) > config.max_num_seqs:
             continue
-        out = synthetic_step(spec, config.block_size, BlockSource(runner.num_gpu_blocks, 1))
+        out = synthetic_step(spec, config.block_size, BlockSource.for_runner(runner, 1))
         if out is None:
             continue
         runner.execute_model(out)

@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 
 from pagesim.errors import ConfigError
-from pagesim.gpu.attention import PagedAttentionBackend
 from pagesim.gpu.model import RandomWeightDecoder
 from pagesim.gpu.parallel import (
     TPGroup,
@@ -50,6 +49,11 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
         raise ConfigError(
             f"model={spec.name!r}: tensor parallelism supports the Llama family "
             f"only (arch {spec.arch!r})"
+        )
+    if spec.is_moe:
+        raise ConfigError(
+            f"model={spec.name!r}: tensor parallelism of mixture-of-experts layers is not "
+            "modelled on the GPU"
         )
     split_range(spec.num_attention_heads, 0, tp, "num_attention_heads")
     split_range(spec.intermediate_size, 0, tp, "intermediate_size")
@@ -104,17 +108,11 @@ class TensorParallelDecoder(RandomWeightDecoder):
         self.vocab_start = vocab_range(spec.vocab_size, rank, tp)[0]
         self.embed = shard_vocab(self.embed, rank, tp)
         self.lm_head = shard_vocab(self.lm_head, rank, tp)
-        self.attn = PagedAttentionBackend(
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_size,
-            block_size,
-            sliding_window=spec.sliding_window,
-        )
+        self.set_block_size(block_size)  # backends for this rank's heads
 
-    def _make_layer(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    def _make_layer(self, gen: torch.Generator, index: int) -> dict[str, torch.Tensor]:
         """Draw the whole layer as the unsharded model does, keep this rank's shard."""
-        return shard_layer(super()._make_layer(gen), self.spec, self.tp_rank, self.tp_size)
+        return shard_layer(super()._make_layer(gen, index), self.spec, self.tp_rank, self.tp_size)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embeddings from this rank's vocab slice, summed over the group."""

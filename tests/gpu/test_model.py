@@ -8,8 +8,10 @@ import dataclasses
 import pytest
 import torch
 
+from pagesim.gpu.kv_layout import KVLayout
 from pagesim.gpu.model import RandomWeightDecoder, num_weights, reference_attention_forward
 from pagesim.gpu.runner import allocate_kv_cache
+from pagesim.kvcache.sizing import page_size_bytes
 from pagesim.specs import MODELS, ModelSpec
 
 TINY = ModelSpec.from_name("tiny-llama")
@@ -96,3 +98,79 @@ def test_sampler_greedy_and_random() -> None:
     flat = torch.zeros((2000, TINY.vocab_size))
     draws = model.sample(flat, temperature=1.0)
     assert len(set(draws.tolist())) > 400  # uniform logits spread over the vocabulary
+
+
+TINY_MOE = ModelSpec.from_name("tiny-moe")
+TINY_HYBRID = ModelSpec.from_name("tiny-hybrid")
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_paged_moe_forward_equals_dense_forward(block_size: int) -> None:
+    """Routed experts through the grouped GEMM = every expert densely, prefill and decode."""
+    model = RandomWeightDecoder(TINY_MOE, torch.float32, "cpu", block_size, seed=0)
+    assert set(model.layers[0]) >= {"router", "w13", "w2"} and "gate_up" not in model.layers[0]
+    assert model.weight_bytes == num_weights(TINY_MOE) * 4
+    _paged_vs_dense(model, block_size)
+
+
+def test_moe_forward_of_one_token() -> None:
+    model = RandomWeightDecoder(TINY_MOE, torch.float32, "cpu", 16, seed=3)
+    kv = allocate_kv_cache(model, 4, "cpu")
+    md = model.attn.build_metadata([[2]], [0], [1], "cpu")
+    ids, pos, li = torch.tensor([7]), torch.tensor([0]), torch.tensor([0])
+    out = model.forward(ids, pos, md, kv, li)
+    ref = reference_attention_forward(model, ids, pos, [(0, 1, 0)], [{} for _ in kv], li)
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
+def test_hybrid_layout_shares_one_tensor_per_layer_index_of_the_groups() -> None:
+    layout = KVLayout.of(TINY_HYBRID, hybrid_kv_cache_manager=True)
+    assert layout.group_kinds == ("sliding", "full")
+    assert layout.layer_group == (0, 1, 0, 1) and layout.layer_tensor == (0, 0, 1, 1)
+    model = RandomWeightDecoder(TINY_HYBRID, torch.float32, "cpu", 8, seed=0)
+    kv = allocate_kv_cache(model, 5, "cpu", layout=layout)
+    ptr = [k.data_ptr() for k, _ in kv]
+    assert ptr[0] == ptr[1] and ptr[2] == ptr[3] and ptr[0] != ptr[2]
+    # one block of the pool holds one group's layers: sizing's hybrid page size
+    page = page_size_bytes(TINY_HYBRID, 8, hybrid_kv_cache_manager=True) * 2  # fp32 here
+    assert sum(k.nbytes + v.nbytes for k, v in kv[:1] + kv[2:3]) == 5 * page
+    one_table = KVLayout.of(TINY_HYBRID, hybrid_kv_cache_manager=False)
+    assert one_table.group_kinds == ("full",) and one_table.layer_tensor == (0, 1, 2, 3)
+
+
+def test_paged_hybrid_forward_equals_dense_forward() -> None:
+    """Sliding layers (window 40) read group 0's table, whose blocks before the window are the
+    null block (the hybrid manager frees them), full layers group 1's; the paged forward
+    equals a dense forward that masks each sliding layer to its window."""
+    bs = 8
+    model = RandomWeightDecoder(TINY_HYBRID, torch.float32, "cpu", bs, seed=0)
+    layout = KVLayout.of(TINY_HYBRID, hybrid_kv_cache_manager=True)
+    kv = allocate_kv_cache(model, 40, "cpu", layout=layout)
+    sliding = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]  # group 0
+    full = [[20, 21, 22, 23, 24, 25, 26, 27], [30, 31, 32, 33, 34, 35]]  # group 1
+    past = [{} for _ in model.layers]
+    gen = torch.Generator().manual_seed(0)
+    for computed, new in (([0, 0], [50, 20]), ([50, 20], [1, 25]), ([51, 45], [1, 1])):
+        seq_lens = [c + n for c, n in zip(computed, new, strict=True)]
+        for row, start in zip(sliding, [c - 39 for c in computed], strict=True):
+            row[: max(0, start) // bs] = [0] * (max(0, start) // bs)  # out of the window
+        md = tuple(
+            model.group_attn(kind).build_metadata(
+                [r[: -(-n // bs)] for r, n in zip(rows, seq_lens, strict=True)],
+                computed,
+                new,
+                "cpu",
+            )
+            for kind, rows in zip(layout.group_kinds, (sliding, full), strict=True)
+        )
+        assert md[0].is_decode_only == md[1].is_decode_only
+        ids = torch.randint(0, TINY_HYBRID.vocab_size, (sum(new),), generator=gen)
+        pos = torch.cat([torch.arange(c, c + n) for c, n in zip(computed, new, strict=True)])
+        li = (md[0].query_start_loc[1:] - 1).long()
+        out = model.forward(ids, pos, md, kv, li)
+        ranges = [(0, new[0], 0), (new[0], new[0] + new[1], 1)]
+        ref = reference_attention_forward(model, ids, pos, ranges, past, li)
+        err = float((out - ref).norm() / ref.norm())
+        assert err < 1e-5, f"paged hybrid forward differs from dense (rel {err:.2e})"
+        assert max(seq_lens) <= 8 * bs
+    assert sliding[0][:1] == [0]  # the window did free blocks along the way

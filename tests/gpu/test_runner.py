@@ -21,6 +21,7 @@ from pagesim.gpu.runner import GPUModelRunner, RunnerConfig, table_width
 from pagesim.gpu.serve import make_engine
 from pagesim.kvcache.block_table import build_block_table, build_slot_mapping
 from pagesim.request import Request
+from pagesim.scheduler.output import apply_block_ids
 from pagesim.sim.runner import CostModelRunner
 
 
@@ -100,7 +101,9 @@ def _lockstep(
         "swaps": 0,
         "chunks": 0,
         "graph_steps": 0,
+        "null_entries": 0,
     }
+    tables: dict = {}  # request id -> its rows, rebuilt from the steps' block-id deltas
     for step in range(max_steps):
         if not gpu_sched.has_unfinished_requests():
             break
@@ -118,8 +121,12 @@ def _lockstep(
         assert out_g.blocks_to_swap_in == out_s.blocks_to_swap_in
         res_g, res_s = runner.execute_model(out_g), sim_runner.execute_model(out_s)
         assert res_g.sampled_token_ids == res_s.sampled_token_ids, f"step {step}: tokens"
-        if out_g.scheduled:
-            rows = [s.block_ids for s in out_g.scheduled]
+        for rid in (*out_g.finished_req_ids, *out_g.preempted_req_ids):
+            tables.pop(rid, None)
+        rows = [apply_block_ids(tables, s) for s in out_g.scheduled]  # the manager's rows
+        if out_g.scheduled and runner.kv_layout.is_hybrid:
+            seen["null_entries"] += _check_group_tables(runner, out_g.scheduled, rows)
+        elif out_g.scheduled:
             starts = [s.num_computed_tokens for s in out_g.scheduled]
             news = [s.num_new_tokens for s in out_g.scheduled]
             if runner.step_records[-1].cuda_graph:  # the staged buffers the graph reads
@@ -133,6 +140,7 @@ def _lockstep(
                 width = table_width(max(len(r) for r in rows))
             assert slots.tolist() == build_slot_mapping(rows, starts, news, 16)
             assert table.tolist() == build_block_table(rows, width)
+        if out_g.scheduled:
             if step % check_every == 0:
                 ref = _dense_rows(runner.model, out_g.scheduled)
                 err = (runner.last_hidden - ref).norm() / ref.norm()
@@ -149,6 +157,37 @@ def _lockstep(
         assert [r.request_id for r in fin_g] == [r.request_id for r in fin_s]
     assert not gpu_sched.has_unfinished_requests(), "run did not finish"
     return seen
+
+
+def _check_group_tables(runner: GPUModelRunner, sched, rows) -> int:
+    """Under the hybrid layout: every KV cache group's slot mapping and table are the core's
+    functions of that group's rows (`rows[i][g]`). Returns the null entries they hold."""
+    starts = [s.num_computed_tokens for s in sched]
+    news = [s.num_new_tokens for s in sched]
+    for g, md in enumerate(runner.last_inputs.metadata):
+        group = [r[g] for r in rows]
+        assert md.slot_mapping.tolist() == build_slot_mapping(group, starts, news, 16)
+        width = table_width(max(len(r) for r in group))
+        assert md.block_table.tolist() == build_block_table(group, width)
+    return sum(r.count(0) for per_seq in rows for r in per_seq)
+
+
+@pytest.mark.parametrize("model", ["tiny-moe", "tiny-hybrid"])
+def test_moe_and_hybrid_models_in_lockstep(model: str) -> None:
+    """MoE layers and sliding/full layers through the scheduler: chunked prefills longer than
+    the tiny-hybrid window (40), decodes past it; the hybrid model under the hybrid manager
+    (one row per KV cache group, sliding rows nulled behind the window)."""
+
+    def make():
+        return _requests([list(range(3, 75)), list(range(7, 52))], [5, 8])
+
+    config = _config(model=model)
+    seen = _lockstep(config, 40, make, check_every=2)
+    assert seen["chunks"] > 0
+    if model == "tiny-hybrid":
+        assert seen["null_entries"] > 0
+        sched = make_engine(config, 40)
+        assert type(sched.kv_cache_manager).__name__ == "HybridKVCacheManager"
 
 
 @pytest.mark.slow
