@@ -174,16 +174,18 @@ def _check_group_tables(runner: GPUModelRunner, sched, rows) -> int:
 
 @pytest.mark.parametrize("model", ["tiny-moe", "tiny-hybrid"])
 def test_moe_and_hybrid_models_in_lockstep(model: str) -> None:
-    """MoE layers and sliding/full layers through the scheduler: chunked prefills longer than
-    the tiny-hybrid window (40), decodes past it; the hybrid model under the hybrid manager
-    (one row per KV cache group, sliding rows nulled behind the window)."""
+    """MoE layers (padded graph-path steps: padding rows are routed too) and sliding/full layers
+    through the scheduler: chunked prefills longer than the tiny-hybrid window (40), decodes
+    past it; the hybrid model under the hybrid manager (one row per KV cache group, sliding
+    rows nulled behind the window)."""
 
     def make():
         return _requests([list(range(3, 75)), list(range(7, 52))], [5, 8])
 
     config = _config(model=model)
-    seen = _lockstep(config, 40, make, check_every=2)
-    assert seen["chunks"] > 0
+    moe = model == "tiny-moe"  # through the graph path's padded static buffers
+    seen = _lockstep(config, 40, make, check_every=2, graphs=moe)
+    assert seen["chunks"] > 0 and seen["graph_steps"] == (seen["steps"] if moe else 0)
     if model == "tiny-hybrid":
         assert seen["null_entries"] > 0
         sched = make_engine(config, 40)
