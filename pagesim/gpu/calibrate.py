@@ -219,7 +219,7 @@ def _rows(
         )
     if blocks.group_windows is None:
         return per_group[0]
-    return [list(group_rows) for group_rows in zip(*per_group, strict=True)]
+    return [tuple(group_rows) for group_rows in zip(*per_group, strict=True)]
 
 
 def round_order_rng(seed: int) -> np.random.Generator:
