@@ -68,9 +68,10 @@ def moe_config(num_tokens: int, top_k: int, num_experts: int, on_gpu: bool) -> M
 
     Few pairs per expert (decode): 16-row tiles, so that padding stays small and the step is
     the weight read it is; many (prefill): 64 x 128 tiles that reuse each weight tile over 64
-    rows. The interpreter gets small tiles (its cost grows with the tile, not the work)."""
+    rows. The interpreter gets the fewest programs and loop iterations (its cost is per
+    program and per op, nearly whatever the tile's size)."""
     if not on_gpu:
-        return MoEConfig(16, 32, 32, 4, 1)
+        return MoEConfig(16, 128, 128, 4, 1)
     if num_tokens * top_k <= 16 * num_experts:
         return MoEConfig(16, 64, 128, 4, 3)
     return MoEConfig(64, 128, 64, 8, 3)
