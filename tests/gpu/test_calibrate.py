@@ -4,6 +4,8 @@ profile loads and drives the calibrated cost model."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -426,3 +428,72 @@ def test_a_point_with_its_own_request_ids_finds_its_rows_in_place() -> None:
 
     assert writes(("cal", "cal")) == [4, 4, 4, 4]
     assert writes(("cal0", "cal1")) == [4, 4, 0, 0]
+
+
+def test_hybrid_synthetic_steps_give_one_row_per_kv_cache_group() -> None:
+    """Window 40, block 8: a sequence of 60 cached tokens keeps its blocks from the first
+    new token's window on (positions 21..) in the sliding group, all of them in the full
+    group; no block is in two rows."""
+    blocks = BlockSource(64, seed=0, group_windows=(40, None))
+    out = synthetic_step([(60, 1), (10, 5)], 8, blocks)
+    (s0, f0), (s1, f1) = (sr.block_ids for sr in out.scheduled)
+    assert len(s0) == len(f0) == 8 and s0[:2] == [0, 0] and 0 not in s0[2:] + f0
+    assert len(s1) == len(f1) == 2 and 0 not in s1 + f1
+    ids = s0[2:] + f0 + s1 + f1
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tiny-moe", "tiny-hybrid"])
+def test_dry_run_calibration_and_serve_of_moe_and_hybrid_models(tmp_path, name: str) -> None:
+    """The calibration and a served run, as the GPU session makes them, of an MoE model and
+    of a hybrid one (served through the hybrid KV cache manager)."""
+    from pagesim.gpu.serve import make_engine
+    from pagesim.validate.serve import serve_workload
+    from pagesim.validate.store import load_dict
+
+    config = EngineConfig.create(
+        model=name,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        num_gpu_blocks_override=64,
+    )
+    grid = CalibrationGrid(
+        block_sizes=(16,),
+        full_block_sizes=(16,),
+        decode_batches=(1, 2),
+        decode_contexts=(16, 60),
+        prefill_tokens=(48,),
+        prefill_cached=(0,),
+        mixed=(),
+        multi_prefill=(),
+        decode_shared=(),
+        varlen_shared=(),
+        decode_shared_spread=(),
+        decode_spread=(),
+        overhead_max_reqs=2,
+        repeats=3,
+    )
+    res = run_calibration(
+        config,
+        grid,
+        dtype=torch.float32,
+        calibration_root=tmp_path,
+        log=lambda m: None,
+        device="cpu",
+    )
+    prof = Profile.load(res.directory)
+    assert [(r.batch_size, r.context_len) for r in prof.decode] == [
+        (1, 16),
+        (1, 60),
+        (2, 16),
+        (2, 60),
+    ]
+    assert prof.prefill and all(r.step_time_ms > 0 for r in prof.decode + prof.prefill)
+    load = load_dict("random", 3, 0, math.inf, 1.0, random_input_len=50, random_output_len=3)
+    result, _ = serve_workload(config, res.model, 64, load, device="cpu")
+    assert result["completed"] == 3 and not result["truncated"]
+    manager = type(make_engine(config, 64).kv_cache_manager).__name__
+    assert manager == ("HybridKVCacheManager" if name == "tiny-hybrid" else "KVCacheManager")
