@@ -29,74 +29,21 @@ import triton.language as tl
 
 from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.checks import (
-    attention_strides,
-    check_attention_args,
+    ATTENTION_DTYPES,
+    INDEX_DTYPES,
     check_contiguous,
-    check_query,
+    check_dtype,
+    check_kv_cache,
+    check_last_dim_contiguous,
+    check_num_queries_per_kv,
+    check_same_device,
+    check_same_dtype,
     check_shape,
-    dot_precision,
+    check_sliding_window,
 )
 from pagesim.gpu.kernels.configs import DecodePartition, KernelConfig, decode_config
 
 LOG2E = 1.4426950408889634
-
-
-@triton.jit
-def softmax_state(BLOCK_M: tl.constexpr, HEAD_SIZE: tl.constexpr):
-    """An empty online softmax: output [BLOCK_M, HEAD_SIZE], running max and sum [BLOCK_M]."""
-    acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    return acc, m_i, tl.zeros([BLOCK_M], dtype=tl.float32)
-
-
-@triton.jit
-def load_kv_tile(
-    kv,  # (bt_row, k_base, v_base, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off)
-    start,
-    lo,
-    hi,  # the tile's first position; positions in [lo, hi) exist
-    HEAD_SIZE: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    TILE_N: tl.constexpr,  #
-    MASKED: tl.constexpr,  # False: the caller guarantees every position of the tile exists
-):
-    """Positions `t` [TILE_N] of one tile, which exist, and their K and V [TILE_N, HEAD_SIZE]
-    read through the block table (missing positions read as 0). `kv` is one sequence's
-    block-table row and the caches at one KV head, with the caches' block and offset strides."""
-    bt_row, k_base, v_base, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off = kv
-    d = tl.arange(0, HEAD_SIZE)
-    t = start + tl.arange(0, TILE_N)
-    t_mask = (t >= lo) & (t < hi)
-    if BLOCK_SIZE >= TILE_N:  # the tile lies in one cache block (starts are multiples of TILE_N)
-        blk = tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64)
-    elif MASKED:  # one block id per token (a tile spans TILE_N // BLOCK_SIZE blocks)
-        blk = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
-    else:
-        blk = tl.load(bt_row + t // BLOCK_SIZE).to(tl.int64)
-    off = t % BLOCK_SIZE
-    k_ptrs = k_base + (blk * stride_kc_blk + off * stride_kc_off)[:, None] + d[None, :]
-    v_ptrs = v_base + (blk * stride_vc_blk + off * stride_vc_off)[:, None] + d[None, :]
-    if MASKED:
-        k = tl.load(k_ptrs, mask=t_mask[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=t_mask[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    return t, t_mask, k, v
-
-
-@triton.jit
-def online_softmax_update(acc, m_i, l_i, s, v, DOT_PRECISION: tl.constexpr):
-    """Fold a tile's base-2 logits `s` [BLOCK_M, TILE_N] and values `v` [TILE_N, HEAD_SIZE]
-    into the running output, max and sum (the flash-attention update)."""
-    # A row may see nothing in a masked tile (window edge, padding): keep its max finite.
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
 
 
 @triton.jit(do_not_specialize=["partition_size", "max_parts", "sliding_window"])
@@ -160,19 +107,38 @@ def _paged_decode_kernel(
         other=0.0,
     )  # [BLOCK_M, HEAD_SIZE], stays in registers
 
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)
     bt_row = block_table_ptr + seq * stride_bt_seq
     k_base = key_cache_ptr + kv_head * stride_kc_head
     v_base = value_cache_ptr + kv_head * stride_vc_head
-    kv = (bt_row, k_base, v_base, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off)
-    acc, m_i, l_i = softmax_state(BLOCK_M, HEAD_SIZE)
+    offs_t = tl.arange(0, TILE_N)
 
     # Tiles start at multiples of TILE_N so that, when BLOCK_SIZE >= TILE_N, a tile lies in one
     # cache block; the first tile masks positions before `lo`. Every tile has >= 1 valid token.
     for start in range((lo // TILE_N) * TILE_N, hi, TILE_N):
-        t, t_mask, k, v = load_kv_tile(kv, start, lo, hi, HEAD_SIZE, BLOCK_SIZE, TILE_N, True)
+        t = start + offs_t
+        t_mask = (t >= lo) & (t < hi)
+        if BLOCK_SIZE >= TILE_N:  # one block id for the whole tile
+            blk = tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64)
+        else:  # one block id per token (a tile spans TILE_N // BLOCK_SIZE blocks)
+            blk = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        off = t % BLOCK_SIZE
+        k_rows = blk * stride_kc_blk + off * stride_kc_off  # [TILE_N] element offsets
+        v_rows = blk * stride_vc_blk + off * stride_vc_off
+        k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
+
+        # -- logits and online-softmax update (base 2)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
         s = tl.where(t_mask[None, :], s, float("-inf"))
-        acc, m_i, l_i = online_softmax_update(acc, m_i, l_i, s, v, DOT_PRECISION)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the tile has a valid token
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
 
     if SPLIT:
         part_row = (seq * tl.num_programs(1) * QUERIES_PER_KV + heads) * max_parts + part
@@ -278,12 +244,32 @@ def paged_attention_decode(
     the call can be captured in a CUDA graph when `out` and `workspace` are given.
     Returns `out`, `[num_seqs, num_heads, head_size]` in the query's dtype.
     """
-    block_size, num_kv_heads, head_size, group = check_query(query, key_cache, value_cache)
+    _, block_size, num_kv_heads, head_size = check_kv_cache(key_cache, value_cache)
+    check_shape("query", query, (None, None, head_size))
     num_seqs, num_heads, _ = query.shape
+    group = check_num_queries_per_kv(num_heads, num_kv_heads)
+    check_same_dtype("query", query, "key_cache", key_cache)
+    check_last_dim_contiguous("query", query)
     check_shape("block_table", block_table, (num_seqs, None))
     check_shape("seq_lens", seq_lens, (num_seqs,))
-    index = {"block_table": block_table, "seq_lens": seq_lens}
-    window, out = check_attention_args(query, key_cache, index, sliding_window, out)
+    for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
+        check_dtype(name, t, INDEX_DTYPES)
+        check_contiguous(name, t)
+    window = check_sliding_window(sliding_window)
+    if out is None:
+        out = torch.empty_like(query)
+    check_shape("out", out, tuple(query.shape))
+    check_dtype("out", out, ATTENTION_DTYPES)
+    check_last_dim_contiguous("out", out)
+    check_same_device(
+        {
+            "query": query,
+            "key_cache": key_cache,
+            "block_table": block_table,
+            "seq_lens": seq_lens,
+            "out": out,
+        }
+    )
     cfg = config or decode_config(head_size, group, query.is_cuda, device_arch(query.device))
     split = partition.num_partitions > 1
     if split and workspace is None:
@@ -313,7 +299,17 @@ def paged_attention_decode(
         partition.partition_size,
         partition.num_partitions,
         window,
-        *attention_strides(query, out, key_cache, value_cache, block_table),
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_table.stride(0),
         QUERIES_PER_KV=group,
         BLOCK_M=cfg.block_m,
         HEAD_SIZE=head_size,
@@ -321,7 +317,7 @@ def paged_attention_decode(
         TILE_N=cfg.tile_n,
         USE_WINDOW=window > 0,
         SPLIT=split,
-        DOT_PRECISION=dot_precision(query),
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

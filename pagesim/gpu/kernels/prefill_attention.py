@@ -30,20 +30,20 @@ import triton.language as tl
 
 from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.checks import (
-    attention_strides,
-    check_attention_args,
-    check_query,
+    ATTENTION_DTYPES,
+    INDEX_DTYPES,
+    check_contiguous,
+    check_dtype,
+    check_kv_cache,
+    check_last_dim_contiguous,
+    check_num_queries_per_kv,
+    check_same_device,
+    check_same_dtype,
     check_shape,
-    dot_precision,
+    check_sliding_window,
 )
 from pagesim.gpu.kernels.configs import KernelConfig, prefill_config
-from pagesim.gpu.kernels.paged_attention import (
-    LOG2E,
-    gather_kv,
-    load_kv_tile,
-    online_softmax_update,
-    softmax_state,
-)
+from pagesim.gpu.kernels.paged_attention import LOG2E, gather_kv
 
 
 @triton.jit
@@ -68,32 +68,61 @@ def _attend_tiles(
     l_i,  # running output [BLOCK_M, HEAD_SIZE], max and sum [BLOCK_M] (fp32)
     q,
     q_pos,  # [BLOCK_M, HEAD_SIZE] queries and [BLOCK_M] their absolute positions
-    kv,  # the sequence's paged K/V at this KV head (`load_kv_tile`)
-    starts,
-    stops,  # tuples: run r's tiles start in [starts[r], stops[r])
-    hi,  # keys < hi exist
+    bt_row,
+    k_base,
+    v_base,  # block-table row of the sequence; caches at this KV head
+    start_lo,
+    start_hi,
+    hi,  # tiles start in [start_lo, start_hi); keys < hi exist
     qk_scale,
     sliding_window,  #
+    stride_kc_blk,
+    stride_kc_off,
+    stride_vc_blk,
+    stride_vc_off,  #
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,  #
+    MASKED: tl.constexpr,  # False: the caller guarantees every row sees every key
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  #
 ):
-    """Online softmax over three runs of context tiles (the flash-attention inner loop); the
-    middle run is unmasked: the caller guarantees every row sees every key there."""
-    for run in tl.static_range(3):  # masked, unmasked, masked
-        for start in range(starts[run], stops[run], TILE_N):
-            t, t_mask, k, v = load_kv_tile(
-                kv, start, 0, hi, HEAD_SIZE, BLOCK_SIZE, TILE_N, run != 1
-            )
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-            if run != 1:  # [BLOCK_M, TILE_N] logits
-                visible = t_mask[None, :] & (t[None, :] <= q_pos[:, None])  # causal
-                if USE_WINDOW:
-                    visible = visible & (q_pos[:, None] - t[None, :] < sliding_window)
-                s = tl.where(visible, s, float("-inf"))
-            acc, m_i, l_i = online_softmax_update(acc, m_i, l_i, s, v, DOT_PRECISION)
+    """Online-softmax update over a run of context tiles (the flash-attention inner loop)."""
+    d = tl.arange(0, HEAD_SIZE)
+    offs_t = tl.arange(0, TILE_N)
+    for start in range(start_lo, start_hi, TILE_N):
+        t = start + offs_t
+        t_mask = t < hi
+        if BLOCK_SIZE >= TILE_N:  # the tile lies in one cache block
+            blk = tl.load(bt_row + start // BLOCK_SIZE).to(tl.int64)
+        elif MASKED:
+            blk = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        else:
+            blk = tl.load(bt_row + t // BLOCK_SIZE).to(tl.int64)
+        off = t % BLOCK_SIZE
+        k_ptrs = k_base + (blk * stride_kc_blk + off * stride_kc_off)[:, None] + d[None, :]
+        v_ptrs = v_base + (blk * stride_vc_blk + off * stride_vc_off)[:, None] + d[None, :]
+        if MASKED:
+            k = tl.load(k_ptrs, mask=t_mask[:, None], other=0.0)  # [TILE_N, HEAD_SIZE]
+            v = tl.load(v_ptrs, mask=t_mask[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]
+        if MASKED:
+            visible = t_mask[None, :] & (t[None, :] <= q_pos[:, None])  # causal
+            if USE_WINDOW:
+                visible = visible & (q_pos[:, None] - t[None, :] < sliding_window)
+            s = tl.where(visible, s, float("-inf"))
+        # A row may see nothing in a masked tile (window edge, padding): keep its max finite.
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
     return acc, m_i, l_i
 
 
@@ -169,27 +198,84 @@ def _paged_prefill_kernel(
         b = tl.maximum(b, a)
     c = tl.maximum(((first_pos + 1) // TILE_N) * TILE_N, b)
 
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
     k_base = key_cache_ptr + kv_head * stride_kc_head
     v_base = value_cache_ptr + kv_head * stride_vc_head
-    kv = (bt_row, k_base, v_base, stride_kc_blk, stride_kc_off, stride_vc_blk, stride_vc_off)
-    acc, m_i, l_i = softmax_state(BLOCK_M, HEAD_SIZE)
-    starts, stops = (a, b, c), (tl.minimum(b, hi), c, hi)
     acc, m_i, l_i = _attend_tiles(
         acc,
         m_i,
         l_i,
         q,
         q_pos,
-        kv,
-        starts,
-        stops,
+        bt_row,
+        k_base,
+        v_base,
+        a,
+        tl.minimum(b, hi),
         hi,
         qk_scale,
         sliding_window,
+        stride_kc_blk,
+        stride_kc_off,
+        stride_vc_blk,
+        stride_vc_off,
         HEAD_SIZE,
         BLOCK_SIZE,
         TILE_N,
+        True,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
+    acc, m_i, l_i = _attend_tiles(
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        bt_row,
+        k_base,
+        v_base,
+        b,
+        c,
+        hi,
+        qk_scale,
+        sliding_window,
+        stride_kc_blk,
+        stride_kc_off,
+        stride_vc_blk,
+        stride_vc_off,
+        HEAD_SIZE,
+        BLOCK_SIZE,
+        TILE_N,
+        False,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
+    acc, m_i, l_i = _attend_tiles(
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        bt_row,
+        k_base,
+        v_base,
+        c,
+        hi,
+        hi,
+        qk_scale,
+        sliding_window,
+        stride_kc_blk,
+        stride_kc_off,
+        stride_vc_blk,
+        stride_vc_off,
+        HEAD_SIZE,
+        BLOCK_SIZE,
+        TILE_N,
+        True,
         USE_WINDOW,
         DOT_PRECISION,
     )
@@ -219,14 +305,39 @@ def paged_attention_prefill(
     Rows past `query_start_loc[-1]` (batch padding) are not written. No host sync happens
     here. Returns `out`, `[num_tokens, num_heads, head_size]` in the query's dtype.
     """
-    block_size, num_kv_heads, head_size, group = check_query(query, key_cache, value_cache)
-    num_tokens = query.shape[0]
+    _, block_size, num_kv_heads, head_size = check_kv_cache(key_cache, value_cache)
+    check_shape("query", query, (None, None, head_size))
+    num_tokens, num_heads, _ = query.shape
+    group = check_num_queries_per_kv(num_heads, num_kv_heads)
+    check_same_dtype("query", query, "key_cache", key_cache)
+    check_last_dim_contiguous("query", query)
     check_shape("block_table", block_table, (None, None))
     num_seqs = block_table.shape[0]
     check_shape("seq_lens", seq_lens, (num_seqs,))
     check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
-    index = {"block_table": block_table, "seq_lens": seq_lens, "query_start_loc": query_start_loc}
-    window, out = check_attention_args(query, key_cache, index, sliding_window, out)
+    for name, t in (
+        ("block_table", block_table),
+        ("seq_lens", seq_lens),
+        ("query_start_loc", query_start_loc),
+    ):
+        check_dtype(name, t, INDEX_DTYPES)
+        check_contiguous(name, t)
+    window = check_sliding_window(sliding_window)
+    if out is None:
+        out = torch.empty_like(query)
+    check_shape("out", out, tuple(query.shape))
+    check_dtype("out", out, ATTENTION_DTYPES)
+    check_last_dim_contiguous("out", out)
+    check_same_device(
+        {
+            "query": query,
+            "key_cache": key_cache,
+            "block_table": block_table,
+            "seq_lens": seq_lens,
+            "query_start_loc": query_start_loc,
+            "out": out,
+        }
+    )
     if num_seqs == 0 or num_tokens == 0:
         return out
     cfg = config or prefill_config(
@@ -247,7 +358,17 @@ def paged_attention_prefill(
         scale * LOG2E,
         num_seqs,
         window,
-        *attention_strides(query, out, key_cache, value_cache, block_table),
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+        block_table.stride(0),
         QUERIES_PER_KV=group,
         BLOCK_Q=block_q,
         BLOCK_M=cfg.block_m,
@@ -255,7 +376,7 @@ def paged_attention_prefill(
         BLOCK_SIZE=block_size,
         TILE_N=cfg.tile_n,
         USE_WINDOW=window > 0,
-        DOT_PRECISION=dot_precision(query),
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -17,8 +17,9 @@ import triton
 import triton.language as tl
 
 from pagesim.gpu.kernels.checks import (
-    cache_strides,
-    check_index,
+    INDEX_DTYPES,
+    check_contiguous,
+    check_dtype,
     check_kv_cache,
     check_last_dim_contiguous,
     check_same_device,
@@ -88,7 +89,8 @@ def reshape_and_cache(
     for name, t in (("key", key), ("value", value)):
         check_same_dtype(name, t, "key_cache", key_cache)
         check_last_dim_contiguous(name, t)
-    check_index("slot_mapping", slot_mapping)
+    check_dtype("slot_mapping", slot_mapping, INDEX_DTYPES)
+    check_contiguous("slot_mapping", slot_mapping)
     check_same_device(
         {
             "key": key,
@@ -111,7 +113,12 @@ def reshape_and_cache(
         key.stride(1),
         value.stride(0),
         value.stride(1),
-        *cache_strides(key_cache, value_cache),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
         num_kv_heads,
         BLOCK_SIZE=block_size,
         HEAD_SIZE=head_size,
