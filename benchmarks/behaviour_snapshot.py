@@ -10,7 +10,7 @@ that behave the same write the same bytes. The cases cover every allocator and p
 and recompute preemption (under a small KV pool so that preemption happens), prefix caching on
 and off, fcfs and priority, tensor parallelism, multi-turn sessions and a concurrency cap,
 traces, several block sizes, the analytical and calibrated cost models, vLLM 0.23 semantics,
-fp8 KV, and each case that has a per-request reference with `fast_path=False` as well.
+fp8 KV, and each case that has a per-request reference with `bulk_decodes=False` as well.
 
 `compare` prints one line per file that differs or is missing on one side (with the first
 differing byte offset) and a summary line; it exits 1 when anything differs.
@@ -175,7 +175,7 @@ CASES: dict[str, Case] = {
         True,
     ),
 }
-# Cases run again through the per-request path, whose results must equal the fast path's.
+# Cases run again through the per-request path, whose results must equal those with bulk decodes.
 SLOW_TWINS = ("chat-default", "recompute-small", "swap-small", "multi-turn", "system-prompt")
 
 
@@ -191,7 +191,7 @@ def write_case(directory: Path, name: str, engine: dict, load: dict, prof: bool,
     config = EngineConfig.create(**engine)
     spec = LoadSpec(**load)
     profile = default_profile(config) if prof else None
-    sim = simulate(config, spec, profile=profile, fast_path=fast)
+    sim = simulate(config, spec, profile=profile, bulk_decodes=fast)
     metadata = result_metadata(config, spec)
     metadata["cost_model"] = "calibrated" if profile else "analytical"
     (directory / f"{name}.json").write_text(result_json(sim.result, metadata, date=FIXED_DATE))

@@ -10,7 +10,7 @@ the process's CPU time is reported beside it because the benchmark machine may b
 load average at the start of each run is recorded too). `--repeat N` runs each size N times
 (below 100,000 requests; `--repeat-large` too) and keeps the fastest, with the median of the
 N wall times beside it. `--slow` runs every step through the
-per-request path (`simulate(..., fast_path=False)`), for comparison. Prints a table; writes
+per-request path (`simulate(..., bulk_decodes=False)`), for comparison. Prints a table; writes
 results/sim_speed.csv.
 """
 
@@ -36,7 +36,7 @@ config = EngineConfig.create(model="llama-2-7b", gpu="h200")
 load_avg = os.getloadavg()[0]
 t0, c0 = time.perf_counter(), time.process_time()
 sim = simulate(config, LoadSpec(workload="chat", num_prompts=n, request_rate=rate, seed=0),
-               profile=default_profile(config), fast_path=fast)
+               profile=default_profile(config), bulk_decodes=fast)
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 r = sim.result
 tokens = r["total_input_tokens"] + r["total_output_tokens"]
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000,100000")
     ap.add_argument("--load", type=float, default=0.9)
     ap.add_argument("--out", default="results/sim_speed.csv")
-    ap.add_argument("--slow", action="store_true", help="fast_path=False (per-request path)")
+    ap.add_argument("--slow", action="store_true", help="bulk_decodes=False (per-request path)")
     ap.add_argument(
         "--repeat",
         type=int,
@@ -93,7 +93,7 @@ def main() -> None:
             requests=n,
             rate=rate,
             capacity=capacity,
-            fast_path=not args.slow,
+            bulk_decodes=not args.slow,
             tokens_per_wall_s=r["tokens"] / r["wall_s"],
             runs=len(runs),
             wall_s_median=statistics.median(x["wall_s"] for x in runs),

@@ -27,7 +27,7 @@ from pagesim.scheduler.output import SchedulerOutput, is_decode
 
 def longest_context(contexts: Sequence[int]) -> int:
     """The longest of a step's decode contexts (0 for none). A sequence that knows its
-    maximum (the simulator's lazy views have `longest()`) answers without being iterated."""
+    maximum (the simulator's views have `longest()`) answers without being iterated."""
     longest = getattr(contexts, "longest", None)
     if longest is not None:
         return longest()
@@ -46,7 +46,7 @@ class BatchShape:
     total_tokens: int  # sum of new tokens over all entries (== num_decode_seqs + prefill tokens)
     num_decode_seqs: int = 0
     decode_context_sum: int = 0  # sum of decode contexts (tokens)
-    # [num_decode_seqs]; a list, or another sequence (the simulator's decode fast path gives
+    # [num_decode_seqs]; a list, or another sequence (the simulator's bulk decodes give
     # a view that computes its contexts when read: cost models that only need the sum
     # never pay for it)
     decode_context_tokens: Sequence[int] = field(default_factory=list)

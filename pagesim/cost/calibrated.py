@@ -260,7 +260,8 @@ class CalibratedCostModel(OneKindShapes):
     ) -> float:
         """`step_time` of `num_seqs` (>= 1) decodes and nothing else over `contexts` (their sum
         `context_sum`), `shared` of them in shared blocks (None: unknown), without a
-        `BatchShape` (the decode fast path's steps); `step_time` of such a shape runs this."""
+        `BatchShape` (the simulator's steps of bulk decodes); `step_time` of such a shape runs
+        this."""
         other, attention, allreduce, host = self._device_and_host(
             *self._decode_parts(block_size, num_seqs, context_sum, contexts, shared),
             num_seqs,

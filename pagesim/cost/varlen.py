@@ -226,7 +226,7 @@ def launch_of(
     """The launch of a step of prefill `entries` (new, cached) plus decodes of the given
     contexts, in batch order; `padded_tokens` is the graph's size (None: eager)."""
     bq, tile, fixed = kernel.block_q, float(kernel.tile_n), kernel.program_overhead
-    if not isinstance(decode_contexts, list):  # a simulator's lazy view: read it once
+    if not isinstance(decode_contexts, list):  # a view computed on read: read it once
         decode_contexts = list(decode_contexts)
     num_decodes = len(decode_contexts)
     decode_sum = sum(decode_contexts)

@@ -9,12 +9,8 @@ threads its links through these same objects, so allocating and freeing create n
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 from pagesim.errors import InternalError
-
-if TYPE_CHECKING:
-    from pagesim.kvcache.lazy_hashes import DeferredBlocks
 
 
 class KVCacheBlock:
@@ -22,18 +18,15 @@ class KVCacheBlock:
 
     `block_hash` is set while the block is *cached* (full and registered in the pool's hash map);
     it stays set while the block sits in the free queue (an eviction candidate) and is cleared
-    only when the pool hands the block out again (lazy eviction).
-
-    With lazy hashing (`pagesim.kvcache.lazy_hashes`) a cached block's hash may not be computed
-    yet: the slot `_block_hash` then holds the `DeferredBlocks` record it belongs to, and
-    reading `block_hash` computes and registers it first, so `block_hash` always reads the
-    value that eager hashing gives. The pool's hot paths read `_block_hash` (None: not cached).
+    only when the pool hands the block out again (lazy eviction). With deferred hashes
+    (`pagesim.kvcache.deferred_hashes`) a cached block may hold a placeholder, bytes that are
+    no key of the hash map, until its hash is computed.
     """
 
     __slots__ = (
         "block_id",
         "ref_cnt",
-        "_block_hash",
+        "block_hash",
         "prev_free_block",
         "next_free_block",
         "is_null",
@@ -50,29 +43,17 @@ class KVCacheBlock:
     ) -> None:
         self.block_id = block_id  # index into the KV cache: slots block_id * block_size ...
         self.ref_cnt = ref_cnt  # requests whose block table holds this block (0: free queue)
-        self._block_hash: bytes | DeferredBlocks | None = block_hash  # None: not cached
+        self.block_hash = block_hash  # chained hash of its tokens once cached; None: not cached
         # Free-queue links; None while the block is used. Inside the queue they are never None
         # (the sentinels bound it), which the hot loops below rely on without checking.
         self.prev_free_block = prev_free_block
         self.next_free_block = next_free_block
         self.is_null = is_null  # the placeholder block 0: never allocated, never freed
 
-    @property
-    def block_hash(self) -> bytes | None:
-        """Chained hash of the tokens it holds, once full and cached; None otherwise."""
-        h = self._block_hash
-        if h is None or isinstance(h, bytes):
-            return h
-        return h.resolve(self)
-
-    @block_hash.setter
-    def block_hash(self, value: bytes | None) -> None:
-        self._block_hash = value
-
     def __repr__(self) -> str:  # links would recurse through the whole queue
         return (
             f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
-            f"hashed={self._block_hash is not None}, is_null={self.is_null})"
+            f"hashed={self.block_hash is not None}, is_null={self.is_null})"
         )
 
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from pagesim.errors import AllocationError, ConfigError, InternalError
 from pagesim.kvcache.block import FreeKVCacheBlockQueue, KVCacheBlock
-from pagesim.kvcache.lazy_hashes import DeferredBlocks, LazyHashes
+from pagesim.kvcache.deferred_hashes import DeferredHashes
 
 # Where `free_blocks` puts blocks whose ref_cnt reaches 0:
 #   "lifo_unhashed" (vLLM >= 0.24): blocks without a hash at the head (reused first), hashed
@@ -79,9 +79,11 @@ class BlockPool:
         self._lifo_unhashed = free_order == "lifo_unhashed"
         self.blocks: list[KVCacheBlock] = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        self._cached: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
-        # Lazy hashing (`pagesim.kvcache.lazy_hashes`), set up by the manager; None: eager.
-        self.lazy: LazyHashes | None = None
+        self.cached_block_hash_to_block: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+        # The owner of deferred hashes (`pagesim.kvcache.deferred_hashes`), set by the manager,
+        # and the placeholders of the deferred blocks handed out since it last took them.
+        self.deferred_hashes: DeferredHashes | None = None
+        self.handed_out_placeholders: list[bytes] = []
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.enable_kv_cache_events = enable_kv_cache_events
@@ -91,13 +93,6 @@ class BlockPool:
         self.num_shared_refs = 0
 
     # ---- lookups -------------------------------------------------------------------------
-    @property
-    def cached_block_hash_to_block(self) -> dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]]:
-        """The hash map (see the class docstring), every deferred block registered first."""
-        if self.lazy is not None:
-            self.lazy.materialize_all()
-        return self._cached
-
     def get_cached_block(self, block_hash: bytes) -> KVCacheBlock | None:
         """The cached block holding `block_hash` (the first one if duplicated), or None."""
         found = self.cached_block_hash_to_block.get(block_hash)
@@ -137,22 +132,22 @@ class BlockPool:
         # One pass does the queue pop, the eviction and the ref count: the hot path of a
         # simulation, where most handed-out blocks still hold a (deferred) hash.
         if self.enable_caching:
-            cache = self._cached
+            cache = self.cached_block_hash_to_block
             plain = not self.enable_kv_cache_events
+            placeholders = self.handed_out_placeholders
             for _ in range(num_blocks):
                 append(block)
                 nxt = block.next_free_block
                 block.prev_free_block = block.next_free_block = None
-                block_hash = block._block_hash
+                block_hash = block.block_hash
                 if block_hash is not None:
-                    if type(block_hash) is DeferredBlocks:  # never registered: nothing to drop
-                        block._block_hash = None  # `DeferredBlocks.evict`, inlined
-                        block_hash.live -= 1
-                        if not block_hash.live:
-                            block_hash.drop()
-                    elif plain and cache.get(block_hash) is block:  # type: ignore[arg-type]
-                        del cache[block_hash]  # type: ignore[arg-type]  # bytes: not deferred
-                        block._block_hash = None
+                    found = cache.get(block_hash)
+                    if found is None:  # a deferred block's placeholder: nothing to drop
+                        block.block_hash = None
+                        placeholders.append(block_hash)
+                    elif found is block and plain:
+                        del cache[block_hash]
+                        block.block_hash = None
                     else:
                         self.evict_cached_block(block)
                 block.ref_cnt = 1
@@ -169,12 +164,11 @@ class BlockPool:
         return out
 
     def evict_cached_block(self, block: KVCacheBlock) -> None:
-        """Drop `block`'s registered hash from the cache map (it is being reused). A
-        `DeferredBlocks` hash is never in the map: it is evicted by `DeferredBlocks.evict`."""
-        block_hash = block._block_hash
-        if not isinstance(block_hash, bytes):
+        """Drop `block`'s registered hash from the cache map (it is being reused)."""
+        block_hash = block.block_hash
+        if block_hash is None:
             raise InternalError(f"block_id={block.block_id}: no registered hash to evict")
-        cache = self._cached
+        cache = self.cached_block_hash_to_block
         found = cache.get(block_hash)
         if found is block:
             del cache[block_hash]
@@ -184,7 +178,7 @@ class BlockPool:
                 cache[block_hash] = next(iter(found.values()))
             elif not found:
                 del cache[block_hash]
-        block._block_hash = None
+        block.block_hash = None
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(BlockRemoved(block.block_id, block_hash))
 
@@ -221,54 +215,42 @@ class BlockPool:
         """
         if not self.enable_caching or num_cached_blocks >= num_full_blocks:
             return
+        events = self.enable_kv_cache_events
         register = self._register
-        if not self.enable_kv_cache_events:  # the hot path: no event bookkeeping
-            # `_register` inlined: a new hash (the common case) is one setdefault.
-            setdefault = self._cached.setdefault
-            for block, block_hash in zip(
-                blocks[num_cached_blocks:num_full_blocks],
-                block_hashes[num_cached_blocks:num_full_blocks],
-                strict=True,
-            ):
-                if block._block_hash is None and not block.is_null:
-                    block._block_hash = block_hash
-                    if setdefault(block_hash, block) is not block:
-                        block._block_hash = None
-                        register(block, block_hash)
-            return
         stored_ids: list[int] = []
         stored_hashes: list[bytes] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
-            if block._block_hash is None and not block.is_null:
+            if block.block_hash is None and not block.is_null:
                 register(block, block_hashes[i])
-                stored_ids.append(block.block_id)
-                stored_hashes.append(block_hashes[i])
+                if events:
+                    stored_ids.append(block.block_id)
+                    stored_hashes.append(block_hashes[i])
         if stored_ids:
             self.kv_event_queue.append(BlockStored(tuple(stored_ids), tuple(stored_hashes)))
 
     def cache_block(self, block: KVCacheBlock, block_hash: bytes) -> None:
-        """`cache_full_blocks` of one block (a decode filling a block, hot path)."""
-        if block._block_hash is not None or block.is_null or not self.enable_caching:
+        """`cache_full_blocks` of one block (a decode filling a block)."""
+        if block.block_hash is not None or block.is_null or not self.enable_caching:
             return
         if self.enable_kv_cache_events:
             self.cache_full_blocks((block,), (block_hash,), 0, 1)
-            return
-        block._block_hash = block_hash
-        if self._cached.setdefault(block_hash, block) is not block:
-            block._block_hash = None
-            self._register(block, block_hash)  # a duplicate: the general entry
+        else:
+            self._register(block, block_hash)
 
     def _register(self, block: KVCacheBlock, block_hash: bytes) -> None:
         """Give an unhashed block its hash and enter it in the hash map; a second block of an
         already cached hash turns the entry into {block_id: block} of all of them."""
-        block._block_hash = block_hash
-        found = self._cached.setdefault(block_hash, block)
+        block.block_hash = block_hash
+        found = self.cached_block_hash_to_block.setdefault(block_hash, block)
         if found is not block:  # a duplicate of a cached block
             if isinstance(found, dict):
                 found[block.block_id] = block
             else:
-                self._cached[block_hash] = {found.block_id: found, block.block_id: block}
+                self.cached_block_hash_to_block[block_hash] = {
+                    found.block_id: found,
+                    block.block_id: block,
+                }
 
     # ---- freeing -------------------------------------------------------------------------
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
@@ -295,7 +277,7 @@ class BlockPool:
                     shared -= 2 if r == 2 else 1
                 block.ref_cnt = r - 1
                 if r == 1:
-                    if block._block_hash is None:
+                    if block.block_hash is None:
                         to_head.append(block)
                     else:
                         last.next_free_block = block
@@ -328,11 +310,11 @@ class BlockPool:
         """Drop every cached hash. Only possible when no block is in use; returns success."""
         if self.free_block_queue.num_free_blocks != self.num_usable_blocks:
             return False
-        self._cached = {}
-        if self.lazy is not None:
-            self.lazy.clear()
+        self.cached_block_hash_to_block = {}
+        if self.deferred_hashes is not None:
+            self.deferred_hashes.clear()
         for block in self.blocks:
-            block._block_hash = None
+            block.block_hash = None
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True

@@ -8,8 +8,8 @@ spread over the groups' block tables.
     mgr.free(req)
 
 A models of one attention kind is one group and uses `KVCacheManager`, whose single-table path
-this leaves untouched. Not here (vLLM has neither for hybrid models in this form): lazy
-hashing, copy-on-write forks, swap preemption.
+this leaves untouched. Not here (vLLM has neither for hybrid models in this form): deferred
+hashes, copy-on-write forks, swap preemption.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class HybridKVCacheManager(BlockPoolViews):
         return self.coordinator.get_block_ids(request_id)
 
     def decode_row_blocks(self, request_id: str) -> int | None:
-        """Never a plain decode row: windows free blocks on the way (no decode fast path)."""
+        """Never a plain decode row: windows free blocks on the way (no bulk decodes)."""
         return None
 
     def can_fit(self, num_tokens: int) -> bool:

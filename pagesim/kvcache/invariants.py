@@ -9,8 +9,7 @@ Pool:
 - `num_shared_refs` is the sum of ref_cnt over blocks with ref_cnt >= 2;
 - the hash map and the blocks agree: every mapped block holds that hash, every hashed block is
   mapped; nothing is hashed with caching off;
-- lazy hashing: every deferred block is in its record's range, every record is in its root's
-  group and counts its deferred blocks (the checks read the slots, so they register nothing).
+- a hashed block that is not mapped holds a placeholder of deferred hashes (its owner checks).
 Manager, in addition:
 - each block's ref_cnt equals the number of table entries that hold it, over every KV cache
   group (so once every request is freed, every usable block is free or cached-free);
@@ -27,7 +26,6 @@ from typing import TYPE_CHECKING, cast
 
 from pagesim.errors import InternalError
 from pagesim.kvcache.block_pool import BlockPool
-from pagesim.kvcache.lazy_hashes import DeferredBlocks
 
 if TYPE_CHECKING:
     from pagesim.kvcache.hybrid_kv_cache_manager import HybridKVCacheManager
@@ -73,7 +71,7 @@ def check_block_pool(pool: BlockPool) -> None:
         null.is_null
         and null.block_id == 0
         and null.ref_cnt == 0
-        and null._block_hash is None
+        and null.block_hash is None
         and 0 not in in_queue,
         "null block misused",
     )
@@ -110,50 +108,27 @@ def check_block_pool(pool: BlockPool) -> None:
 
 def _check_hash_map(pool: BlockPool) -> None:
     mapped: set[int] = set()
-    for block_hash, found in pool._cached.items():
+    for block_hash, found in pool.cached_block_hash_to_block.items():
         blocks = found.values() if isinstance(found, dict) else (found,)
         _require(len(blocks) > 0, "empty duplicate set in the hash map")
         for block in blocks:
             _require(
-                block._block_hash == block_hash,
+                block.block_hash == block_hash,
                 f"block {block.block_id}: mapped under another hash",
             )
             _require(block.block_id not in mapped, f"block {block.block_id}: mapped twice")
             mapped.add(block.block_id)
-    hashed = {
-        b.block_id
-        for b in pool.blocks
-        if b._block_hash is not None and type(b._block_hash) is not DeferredBlocks
-    }
-    _require(hashed == mapped, f"hashed blocks {sorted(hashed ^ mapped)} not in the map")
-    deferred = Counter(b._block_hash for b in pool.blocks if type(b._block_hash) is DeferredBlocks)
+    hashed = [b for b in pool.blocks if b.block_hash is not None]
     if not pool.enable_caching:
-        _require(not hashed and not deferred, "blocks hashed with caching disabled")
-    _check_deferred(pool, deferred)
-
-
-def _check_deferred(pool: BlockPool, deferred: Counter) -> None:
-    lazy = pool.lazy
-    _require(lazy is not None or not deferred, "deferred blocks without lazy hashing")
-    if lazy is None:
-        return
-    grouped = 0
-    for root, group in lazy.groups.items():
-        _require(len(group) > 0, "empty group of deferred blocks")
-        last = next(reversed(group))
-        for record in group:
-            grouped += 1
-            _require(not record.tail or record is last, "a tail record is not its group's last")
-            _require(record.root == root and record.owner is lazy, "record in a foreign group")
-            _require(
-                record.live == deferred[record] > 0,
-                f"deferred record counts {record.live} blocks, {deferred[record]} point to it",
-            )
-            inside = sum(
-                1 for b in record.row[record.start : record.end] if b._block_hash is record
-            )
-            _require(inside == record.live, "deferred block outside its record's range")
-    _require(grouped == len(deferred), "deferred blocks of a record in no group")
+        _require(not hashed, "blocks hashed with caching disabled")
+    deferred = [b for b in hashed if b.block_id not in mapped]  # placeholders only
+    owner = pool.deferred_hashes
+    _require(
+        owner is not None or not deferred,
+        f"hashed blocks {sorted(b.block_id for b in deferred)} not in the map",
+    )
+    if owner is not None:
+        owner.check(deferred)
 
 
 def check_kv_cache_manager(manager: KVCacheManager | HybridKVCacheManager) -> None:
@@ -201,7 +176,7 @@ def _check_rows(
         _require(num_cached <= len(row), f"request {rid!r}: {num_cached} cached > {len(row)}")
         for block in row[:num_cached]:
             _require(
-                block.is_null or block._block_hash is not None or not rows.enable_caching,
+                block.is_null or block.block_hash is not None or not rows.enable_caching,
                 f"request {rid!r}: cached block {block.block_id} has no hash",
             )
         if hash_suffix is not None:
@@ -215,7 +190,7 @@ def _check_rows(
                 f"request {rid!r}: null entries of a window row are not a prefix",
             )
             for block in row:
-                h = block._block_hash
+                h = block.block_hash
                 _require(
                     h is None or (isinstance(h, bytes) and h.endswith(hash_suffix)),
                     f"request {rid!r}: block {block.block_id} cached under another group's key",

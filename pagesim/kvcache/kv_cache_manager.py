@@ -16,10 +16,14 @@ The scheduler's view of a request's KV cache:
 Caching happens at allocation, as in vLLM: every block that the computed + new tokens fill is
 hashed and registered before the step runs, so a request admitted later in the same step can
 already hit it. The manager extends `Request.block_hashes` (with caching on) as the request's
-blocks fill, prompt and generated tokens alike, hashing each block once. With `lazy_hashing`
-(the simulator's setting) blocks after a request's first are hashed only when a lookup, a read
-of `block_hash` or of the hash map could see them (`pagesim.kvcache.lazy_hashes`): the same
-decisions and values, most blocks never hashed.
+blocks fill, prompt and generated tokens alike, hashing each block once. With an owner of
+deferred hashes (the simulator's setting, `pagesim.kvcache.deferred_hashes`) blocks after a
+request's first are hashed only when a lookup could see them: the same decisions.
+
+Bulk decodes (the simulator's `pagesim.sim.bulk_decodes`) leave a decoding request's counters
+behind and make only the calls that change something: `append_decode_block` when its context
+fills its row, `cache_decode_block` / `cache_decode_blocks` for the blocks it fills, each what
+`allocate_slots(request, 1)` does then (`tests/kvcache/test_decode_events.py` holds them to it).
 
 Copy-on-write (n > 1 sampling, beam search): `fork(parent, child)` shares the parent's blocks.
 A request about to write into a shared block gets a private copy first; `take_blocks_to_copy()`
@@ -33,15 +37,14 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from pagesim.config import VLLM_COMPAT
-from pagesim.errors import AllocationError, ConfigError
+from pagesim.errors import AllocationError, ConfigError, InternalError
 from pagesim.kvcache.alloc_checks import check_allocation_arguments, check_ever_fits
 from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.block_pool import BlockPool
 from pagesim.kvcache.copy_on_write import replace_shared_blocks, shared_write_indices
-from pagesim.kvcache.decode_blocks import DecodeBlockEvents
+from pagesim.kvcache.deferred_hashes import DeferredHashesFactory
 from pagesim.kvcache.hashing import BlockHasher
 from pagesim.kvcache.invariants import check_kv_cache_manager
-from pagesim.kvcache.lazy_hashes import LazyHashes
 from pagesim.kvcache.pool_views import BlockPoolViews
 from pagesim.kvcache.prefix_stats import PrefixCacheStats
 from pagesim.kvcache.sliding_window import SlidingWindow
@@ -71,7 +74,7 @@ class KVCacheBlocks:
         return len(self.blocks)
 
 
-class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
+class KVCacheManager(BlockPoolViews):
     """Block tables of all live requests over one `BlockPool`.
 
     `vllm_compat` picks the free order ("0.33": unhashed freed blocks reused first; "0.23":
@@ -79,7 +82,9 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
     them by the null block in the table. `max_model_len` caps slots as vLLM does;
     `max_num_batched_tokens` enables vLLM's recycling-aware admission cap for sliding windows.
     With `check_invariants`, every mutating call ends with a full consistency check (slow).
-    `lazy_hashing`: see the module docstring (ignored with a sliding window or KV events).
+    `deferred_hashes` builds the owner of deferred hashes from the pool and the hasher (see the
+    module docstring; not used with a sliding window, whose lookups read the whole map, or KV
+    events).
     """
 
     def __init__(
@@ -94,7 +99,7 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
         max_model_len: int | None = None,
         max_num_batched_tokens: int | None = None,
         enable_kv_cache_events: bool = False,
-        lazy_hashing: bool = False,
+        deferred_hashes: DeferredHashesFactory | None = None,
     ) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ConfigError(f"block_size={block_size!r}: must be an int >= 1")
@@ -118,17 +123,15 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
             else SlidingWindow(sliding_window, block_size, max_num_batched_tokens, max_model_len)
         )
         self.hasher = BlockHasher(block_size)
-        # Lazy hashing: same lookups, blocks hashed only when observable (see lazy_hashes).
-        # Not with a sliding window (its lookups read the whole map) or with KV events.
-        self._lazy = (
-            LazyHashes(self.block_pool, self.hasher)
-            if lazy_hashing
+        self.deferred_hashes = (
+            deferred_hashes(self.block_pool, self.hasher)
+            if deferred_hashes is not None
             and enable_caching
             and sliding_window is None
             and not enable_kv_cache_events
             else None
         )
-        self.block_pool.lazy = self._lazy
+        self.block_pool.deferred_hashes = self.deferred_hashes
         self.check_invariants = check_invariants
         # request id -> blocks / block ids in table order (the same row, kept in step).
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -184,8 +187,8 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
         Touches nothing: the hit takes effect in `allocate_slots`."""
         if not self.enable_caching:
             return self.empty_kv_cache_blocks, 0
-        if self._lazy is not None:
-            hit = self._lazy.lookup(request)
+        if self.deferred_hashes is not None:
+            hit = self.deferred_hashes.lookup(request)
             if not hit:
                 return self.empty_kv_cache_blocks, 0
             return KVCacheBlocks(hit), len(hit) * self.block_size
@@ -257,7 +260,7 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
                 num_lookahead_tokens,
                 full_sequence_must_fit,
             )
-        # Fast path: a running full-attention request growing by num_new_tokens (decode).
+        # The common case: a running full-attention request growing by num_new_tokens (decode).
         bs = self.block_size
         main = request.num_computed_tokens + num_new_tokens
         num_new_blocks = -(-main // bs) - len(row)
@@ -408,8 +411,8 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
         self.num_cached_block.pop(rid, None)
         self._cow_req_ids.discard(rid)
         self.rewritten_req_ids.discard(rid)
-        if self._lazy is not None:
-            self._lazy.forget_request(rid)
+        if self.deferred_hashes is not None:
+            self.deferred_hashes.forget_request(rid)
         if row:
             self.block_pool.free_blocks(reversed(row))
         if self.check_invariants:
@@ -465,6 +468,63 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
         out, self._blocks_to_copy = self._blocks_to_copy, []
         return out
 
+    # ---- bulk decodes (see the module docstring) ----------------------------------------------
+    def append_decode_block(self, request_id: str) -> bool:
+        """One more block at the end of a running request's row: what `allocate_slots(request,
+        1)` does for a full-attention decode whose context fills its row exactly. False: no
+        free block; nothing changed. The caller guarantees `allocate_slots`' common-case
+        conditions (no sliding window, no copy-on-write, the max_model_len cap not reached);
+        full blocks of the row may still wait to be cached (`cache_decode_blocks`)."""
+        pool = self.block_pool
+        if not pool.free_block_queue.num_free_blocks:
+            return False
+        block = pool.get_new_blocks(1)[0]
+        self.req_to_blocks[request_id].append(block)
+        self.req_to_block_ids[request_id].append(block.block_id)
+        if self.check_invariants:
+            check_kv_cache_manager(self)
+        return True
+
+    def cache_decode_block(self, request: Request, packed_tokens: bytes) -> None:
+        """Cache the request's next full block (row index `num_cached_block`, not the first),
+        its tokens given packed as little-endian int32 because they may not be in the request
+        yet: what `allocate_slots(request, 1)` does when a decode fills a block."""
+        rid = request.request_id
+        index = self.num_cached_block[rid]
+        row = self.req_to_blocks[rid]
+        if not 0 < index < len(row):
+            raise InternalError(
+                f"request_id={rid!r}: block {index} of a row of {len(row)} "
+                "is not a decode block to cache"
+            )
+        if self.deferred_hashes is not None:
+            self.deferred_hashes.defer(request, row, index, index + 1, packed_tokens)
+        else:
+            hashes = request.block_hashes
+            if len(hashes) == index:
+                hashes.append(self.hasher.next_hash(hashes[-1], packed_tokens, request.lora_name))
+            self.block_pool.cache_block(row[index], hashes[index])
+        self.num_cached_block[rid] = index + 1
+        if self.check_invariants:
+            check_kv_cache_manager(self)
+
+    def cache_decode_blocks(self, request: Request, num_full: int) -> None:
+        """Cache the request's full blocks up to `num_full` (row indices `num_cached_block`
+        to `num_full - 1`; the first block already cached), its tokens up to them in the
+        request: what the `allocate_slots` calls of the decodes that filled them did, when
+        nothing touched the prefix cache's group of their root in between."""
+        rid = request.request_id
+        row = self.req_to_blocks[rid]
+        start = self.num_cached_block[rid]
+        if not 0 < start < num_full <= len(row) or num_full * self.block_size > request.num_tokens:
+            raise InternalError(
+                f"request_id={rid!r}: blocks {start}..{num_full - 1} of a row "
+                f"of {len(row)} ({request.num_tokens} tokens) are not decode blocks to cache"
+            )
+        self._cache_blocks(request, row, num_full)
+        if self.check_invariants:
+            check_kv_cache_manager(self)
+
     # ---- helpers ---------------------------------------------------------------------------
     def _add_computed_blocks(
         self,
@@ -488,17 +548,17 @@ class KVCacheManager(DecodeBlockEvents, BlockPoolViews):
 
     def _cache_blocks(self, request: Request, row: list[KVCacheBlock], num_full: int) -> None:
         rid = request.request_id
-        lazy = self._lazy
-        if lazy is not None:  # the first block now, the others deferred
+        deferred = self.deferred_hashes
+        if deferred is not None:  # the first block now, the others deferred
             start = self.num_cached_block[rid]
             hashes = request.block_hashes
             if not hashes:
-                lazy.chain(request, 1)
+                self.hasher.extend(request, 1)
             if start == 0:
                 self.block_pool.cache_full_blocks(row, hashes, 0, 1)
                 start = 1
             if num_full > start:
-                lazy.defer(request, row, start, num_full, hashes[0])
+                deferred.defer(request, row, start, num_full, None)
             self.num_cached_block[rid] = num_full
             return
         if len(request.block_hashes) < num_full:

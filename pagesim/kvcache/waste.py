@@ -25,7 +25,7 @@ Paged: any free block serves any request, so it is 0 (the paper's point).
 
 Cost per snapshot: O(running requests) with one attribute read or two per request; the
 contiguous manager keeps its region sums up to date as it allocates and frees. Callers that keep
-the running requests' sums themselves (the simulator's decode fast path) pass them in
+the running requests' sums themselves (the simulator's bulk decodes) pass them in
 (`paged_waste_from_tails`, `contiguous_slots(..., tokens=)`) and pay O(1).
 """
 
@@ -49,11 +49,11 @@ class KVProbe(Protocol):
 
     def __call__(self) -> ProbeValues: ...
 
-    def with_lead_sums(
-        self, num_lead: int, computed_sum: int, min_span_sum: int, over_final_sum: int
+    def with_bulk_sums(
+        self, num_bulk: int, computed_sum: int, min_span_sum: int, over_final_sum: int
     ) -> ProbeValues:
-        """The snapshot, the first `num_lead` running requests given as sums by the decode
-        fast path (see `WasteProbe.with_lead_sums`)."""
+        """The snapshot, the first `num_bulk` running requests given as sums by the
+        simulator's bulk decodes (see `WasteProbe.with_bulk_sums`)."""
         ...
 
 
@@ -68,7 +68,7 @@ class UsageProbe:
         nan = float("nan")
         return float(self.manager.usage), nan, nan, nan, nan
 
-    def with_lead_sums(self, *sums: int) -> ProbeValues:
+    def with_bulk_sums(self, *sums: int) -> ProbeValues:
         return self()  # usage never depends on how the running requests are summarised
 
 
@@ -117,7 +117,7 @@ def contiguous_slots(
     """The split for a contiguous manager; `next_request` is the head of the waiting queue.
 
     `tokens`: the sum of `num_computed_tokens` over the requests holding regions, when the
-    caller keeps it up to date (the simulator's decode fast path); summed here when None.
+    caller keeps it up to date (the simulator's bulk decodes); summed here when None.
     """
     bs = manager.block_size
     alloc = manager.allocator

@@ -77,20 +77,20 @@ class StepRecord(NamedTuple):
         out: SchedulerOutput | None,
         request_counts: tuple[int, int],
         kv: tuple[float, float, float, float, float],
-        num_lead: int = 0,
+        num_bulk: int = 0,
     ) -> StepRecord:
-        """The record of a step that ran `out`'s entries (None: none) after `num_lead` lead
-        decodes the simulator's fast path ran outside it; `request_counts` is the
+        """The record of a step that ran `out`'s entries (None: none) after `num_bulk` bulk
+        decodes the simulator ran outside it; `request_counts` is the
         scheduler's (running, waiting) after the step, `kv` its KV probe's values. Decode
         entries have one token each, so the rest of the step's tokens are prefill tokens."""
         if out is None:
             return cls(
                 start_time_s,
                 step_time_s,
-                num_lead,
-                num_lead,
+                num_bulk,
+                num_bulk,
                 0,
-                num_lead,
+                num_bulk,
                 *request_counts,
                 *kv,
                 0,
@@ -104,10 +104,10 @@ class StepRecord(NamedTuple):
         return cls(
             start_time_s,
             step_time_s,
-            len(out.scheduled) + num_lead,
-            num_tokens + num_lead,
+            len(out.scheduled) + num_bulk,
+            num_tokens + num_bulk,
             num_tokens - num_decode,
-            num_decode + num_lead,
+            num_decode + num_bulk,
             *request_counts,
             *kv,
             len(out.preempted_req_ids),

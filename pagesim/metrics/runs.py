@@ -2,7 +2,7 @@
 expanded samples, float for float.
 
 The pooled ITL of a run holds one gap per output token (tens of millions at 100k requests),
-but a step of n lazy decodes adds n equal gaps, so the collector keeps it as runs: the gap
+but a step of n bulk decodes adds n equal gaps, so the collector keeps it as runs: the gap
 `values[i]` repeated `counts[i]` times, in order. `run_stats` gives
 what `_stats` of `pagesim.metrics.report` gives for the expanded array:
 

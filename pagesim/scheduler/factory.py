@@ -7,6 +7,7 @@ from __future__ import annotations
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
+from pagesim.kvcache.deferred_hashes import DeferredHashesFactory
 from pagesim.kvcache.hybrid_kv_cache_manager import HybridKVCacheManager
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.kvcache.kv_cache_spec import KVCacheConfig
@@ -18,11 +19,12 @@ def build_kv_cache_manager(
     config: EngineConfig,
     num_gpu_blocks: int,
     check_invariants: bool = False,
-    lazy_hashing: bool = False,
+    deferred_hashes: DeferredHashesFactory | None = None,
     hybrid_kv_cache_manager: bool | None = None,
 ):
-    """The paged manager, or a contiguous baseline over the same KV memory. `lazy_hashing`:
-    see `pagesim.kvcache.lazy_hashes` (the simulator's choice; same decisions).
+    """The paged manager, or a contiguous baseline over the same KV memory. `deferred_hashes`
+    builds the paged manager's owner of deferred hashes (`pagesim.kvcache.deferred_hashes`;
+    the simulator's choice, same decisions).
 
     A hybrid model (sliding-window and full-attention layers) gets vLLM's hybrid KV cache
     manager, one block table per KV cache group (vLLM v1 has no swap preemption for it);
@@ -53,7 +55,7 @@ def build_kv_cache_manager(
             sliding_window=_uniform_window(config),
             vllm_compat=config.vllm_compat,
             check_invariants=check_invariants,
-            lazy_hashing=lazy_hashing,
+            deferred_hashes=deferred_hashes,
         )
     return ContiguousKVCacheManager(
         num_gpu_blocks=num_gpu_blocks,
@@ -76,7 +78,7 @@ def make_scheduler(
     config: EngineConfig,
     num_gpu_blocks: int,
     check_invariants: bool = False,
-    lazy_hashing: bool = False,
+    deferred_hashes: DeferredHashesFactory | None = None,
     hybrid_kv_cache_manager: bool | None = None,
 ) -> Scheduler:
     """A scheduler over a KV cache of `num_gpu_blocks` blocks (block 0 is the null block), with
@@ -88,7 +90,7 @@ def make_scheduler(
         )
     hybrid = serves_hybrid(config) if hybrid_kv_cache_manager is None else hybrid_kv_cache_manager
     manager = build_kv_cache_manager(
-        config, num_gpu_blocks, check_invariants, lazy_hashing, hybrid_kv_cache_manager=hybrid
+        config, num_gpu_blocks, check_invariants, deferred_hashes, hybrid_kv_cache_manager=hybrid
     )
     page = page_size_bytes(
         config.model_spec,

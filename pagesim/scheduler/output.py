@@ -92,8 +92,8 @@ def apply_block_ids(rows: dict[str, BlockIds], sr: ScheduledRequest) -> BlockIds
 class SchedulerOutput:
     """What one engine step must do. Every field is in tokens or block ids unless named.
 
-    A runner that keeps block-table rows must see every step's output: the simulator's lead
-    decodes (`Scheduler.schedule(num_lead_decodes)`) grow rows that no output reports.
+    A runner that keeps block-table rows must see every step's output: the simulator's bulk
+    decodes (`Scheduler.schedule_bulk`) grow rows that no output reports.
     """
 
     step_id: int

@@ -172,7 +172,7 @@ class Scheduler:
 
     # ---- one step ----------------------------------------------------------------------------
 
-    def schedule(self, num_lead_decodes: int = 0) -> SchedulerOutput:
+    def schedule(self) -> SchedulerOutput:
         """Decide this step. `num_computed_tokens` of every scheduled request is advanced.
 
         vLLM 0.33 (`vllm_compat="0.33"`) differs from 0.23 in three ways, all followed here:
@@ -180,14 +180,53 @@ class Scheduler:
         waiting at the start of the step (nobody to starve); and under `priority`, a victim
         taken from before the current position steps the position back whether or not it was
         scheduled yet, and a request that preempts itself lets the ones after it still run.
-
-        `num_lead_decodes` (the simulator's decode fast path): the caller has already given the
-        first `num_lead_decodes` running requests one decode token each, with their
-        `allocate_slots` calls, and advances them itself; they are left out of the output and
-        of `total_num_scheduled_tokens`, and the step continues from the next running request
-        with the budget they left. The caller guarantees that none of them can be preempted
-        in this step (fcfs victims come from the end of the running list).
         """
+        return self._schedule(0)
+
+    # ---- bulk decodes: the simulator may account a step's routine decodes itself -------------
+    # The first `num_bulk_decodes` running requests get one decode token each; the caller makes
+    # their `allocate_slots` calls (or proves them no-ops), advances them, hands their finishes
+    # to `finish_bulk_decodes`, and guarantees that none can be preempted in the step.
+
+    def schedule_bulk(self, num_bulk_decodes: int) -> SchedulerOutput | None:
+        """`schedule()` of a step whose first `num_bulk_decodes` running requests are decoded
+        in bulk: they are left out of the output and of `total_num_scheduled_tokens`, and the
+        step goes on from the next running request with the budget they leave. None when the
+        output would carry nothing (no other request to schedule, no finished, rejected or
+        preempted ids, no swap, no copy): the step is counted and nothing else changes."""
+        if (
+            num_bulk_decodes == len(self.running)
+            and not self.waiting
+            and not self.swapped
+            and not self._finished_ids
+            and not self._rejected_ids
+            and not self.kv_cache_manager.num_blocks_to_copy
+        ):
+            self._step_id += 1
+            return None
+        return self._schedule(num_bulk_decodes)
+
+    def finish_bulk_decodes(self, requests: list[Request]) -> None:
+        """Finish bulk decodes that reached their length, their last sampled token appended by
+        the caller: as `update_from_output` would, in the given (running) order, before
+        `update_from_output` is called for the same step."""
+        if not requests:
+            return
+        kv = self.kv_cache_manager
+        for request in requests:
+            request.status = _FINISHED_LENGTH
+            kv.free(request)
+            del self.requests[request.request_id]
+            self._finished_ids.append(request.request_id)
+        running = self.running
+        if len(requests) == 1:  # the common case: one list copy without it, no status reads
+            i = running.index(requests[0])
+            self.running = running[:i] + running[i + 1 :]
+        else:
+            self.running = [r for r in running if r.status == _RUNNING]
+        self.stats.num_finished += len(requests)
+
+    def _schedule(self, num_bulk_decodes: int) -> SchedulerOutput:
         out = SchedulerOutput(
             step_id=self._step_id,
             block_size=self.block_size,
@@ -197,15 +236,15 @@ class Scheduler:
         self._step_id += 1
         self._finished_ids = []
         self._rejected_ids = []
-        if num_lead_decodes == len(self.running) and not self.waiting and not self.swapped:
-            # Nothing but the lead decodes to schedule (what the steps below would find).
+        if num_bulk_decodes == len(self.running) and not self.waiting and not self.swapped:
+            # Nothing but the bulk decodes to schedule (what the steps below would find).
             out.blocks_to_copy = self.kv_cache_manager.take_blocks_to_copy()
             return out
         threshold = self.long_prefill_token_threshold
         if self.vllm_033 and len(self.running) + len(self.waiting) + len(self.swapped) <= 1:
             threshold = 0
         budget = self._schedule_running(
-            out, self.max_num_batched_tokens - num_lead_decodes, threshold, num_lead_decodes
+            out, self.max_num_batched_tokens - num_bulk_decodes, threshold, num_bulk_decodes
         )
         if not out.preempted_req_ids:
             if self.swapped:
@@ -235,24 +274,6 @@ class Scheduler:
         """A copy of the request's row(s) (the hybrid manager's rows are copies already)."""
         ids = self.kv_cache_manager.get_block_ids(request_id)
         return list(ids) if isinstance(ids, list) else ids
-
-    def skip_lead_only_step(self, num_lead_decodes: int) -> bool:
-        """Account for a step of lead decodes only (see `schedule(num_lead_decodes)`) without
-        building its output, when that output would carry nothing: no other request to
-        schedule, no finished, rejected or preempted ids, no swap and no copy. True: the step
-        is counted (its step id) and nothing else changes. False: nothing changed; call
-        `schedule(num_lead_decodes)`."""
-        if (
-            num_lead_decodes != len(self.running)
-            or self.waiting
-            or self.swapped
-            or self._finished_ids
-            or self._rejected_ids
-            or self.kv_cache_manager.num_blocks_to_copy
-        ):
-            return False
-        self._step_id += 1
-        return True
 
     def _schedule_running(
         self, out: SchedulerOutput, budget: int, threshold: int, start: int = 0
@@ -397,29 +418,6 @@ class Scheduler:
         return num_new
 
     # ---- after the step ----------------------------------------------------------------------
-
-    def finish_decoded(self, requests: list[Request]) -> None:
-        """Finish lead decodes (see `schedule(num_lead_decodes)`) that reached their length.
-
-        The caller has appended their last sampled token. They are finished as
-        `update_from_output` would have finished them, in the given (running) order, and must
-        be passed before `update_from_output` is called for the same step.
-        """
-        if not requests:
-            return
-        kv = self.kv_cache_manager
-        for request in requests:
-            request.status = _FINISHED_LENGTH
-            kv.free(request)
-            del self.requests[request.request_id]
-            self._finished_ids.append(request.request_id)
-        running = self.running
-        if len(requests) == 1:  # the common case: one list copy without it, no status reads
-            i = running.index(requests[0])
-            self.running = running[:i] + running[i + 1 :]
-        else:
-            self.running = [r for r in running if r.status == _RUNNING]
-        self.stats.num_finished += len(requests)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput

@@ -22,6 +22,7 @@ from pagesim.errors import ConfigError
 from pagesim.kvcache.sizing import kv_capacity
 from pagesim.scheduler.factory import make_scheduler
 from pagesim.scheduler.scheduler import Scheduler
+from pagesim.sim.deferred_hashes import DeferredHashTable
 
 
 def default_profile(config: EngineConfig) -> Path | None:
@@ -312,8 +313,8 @@ def _transferred(config: EngineConfig, source: Path) -> CostModel:
 
 
 def build_scheduler(config: EngineConfig, check_invariants: bool = False) -> Scheduler:
-    """A scheduler over a freshly sized KV cache, hashing prefix-cache blocks lazily (only
-    when a lookup can see them: the same decisions, less hashing)."""
+    """A scheduler over a freshly sized KV cache, with deferred hashes (prefix-cache blocks
+    hashed only when a lookup can see them: the same decisions, less hashing)."""
     return make_scheduler(
-        config, kv_capacity(config).num_gpu_blocks, check_invariants, lazy_hashing=True
+        config, kv_capacity(config).num_gpu_blocks, check_invariants, DeferredHashTable
     )

@@ -30,8 +30,8 @@ from pagesim.kvcache.waste import WasteAverager
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.request import Request
 from pagesim.sim.build import build_cost_model, build_scheduler
+from pagesim.sim.bulk_decodes import BulkDecodes
 from pagesim.sim.engine import ServingEngine
-from pagesim.sim.fast_path import DecodeFastPath
 from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
 from pagesim.sim.simulate import (
     LoadSpec,
@@ -96,11 +96,11 @@ def simulate_cluster(
     profile: str | Path | None = None,
     cost_model: CostModel | None = None,
     progress: ProgressHook | None = None,
-    fast_path: bool = True,
+    bulk_decodes: bool = True,
 ) -> ClusterResult:
     """Run `load` against `num_replicas` replicas of `config` behind `router`.
 
-    `fast_path=False` keeps every step on the per-request path (same results)."""
+    `bulk_decodes=False` keeps every step on the per-request path (same results)."""
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
         raise ConfigError(f"num_replicas={num_replicas!r}: must be an integer >= 1")
     model = config.model_spec
@@ -118,12 +118,12 @@ def simulate_cluster(
             vocab_size=model.vocab_size,
             shared_block_refs=shared_blocks_counter(cost, scheduler),
         )
-        fast = (
-            DecodeFastPath.for_config(config, scheduler, runner, metrics.records)
-            if fast_path
+        bulk = (
+            BulkDecodes.for_config(config, scheduler, runner, metrics.records)
+            if bulk_decodes
             else None
         )
-        engines.append(ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast))
+        engines.append(ServingEngine(env, scheduler, runner, metrics, probe, bulk_decodes=bulk))
         parts.append((scheduler, metrics, averager))
     frontend = _Frontend(engines, router)
     clients = _Clients(env, frontend, plan, arrivals, load.max_concurrency, progress)
@@ -265,8 +265,8 @@ def simulate_requests(
     runner = CostModelRunner(
         cost, config.model_spec.vocab_size, shared_block_refs=shared_blocks_counter(cost, scheduler)
     )
-    fast = DecodeFastPath.for_config(config, scheduler, runner, metrics.records)
-    engine = ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast)
+    bulk = BulkDecodes.for_config(config, scheduler, runner, metrics.records)
+    engine = ServingEngine(env, scheduler, runner, metrics, probe, bulk_decodes=bulk)
 
     def send(request: Request):
         yield env.timeout(request.arrival_time)

@@ -4,10 +4,10 @@ The engine loop is vLLM's busy loop with time made explicit:
 
     schedule() -> runner.execute_model() -> yield env.timeout(step_time) -> update_from_output()
 
-Where the simulator gives it one (`DecodeFastPath.for_config`), steps go through the decode fast path
-(`pagesim/sim/fast_path.py`): running requests that only decode are advanced in bulk and
-brought up to date when anything can observe them, with the same results byte for byte;
-`fast_path=False` keeps every step on the per-request path.
+Where the simulator gives it one (`BulkDecodes.for_config`), a step's routine decodes are
+accounted in bulk (`pagesim/sim/bulk_decodes.py`): running requests that only decode are
+advanced together and brought up to date when anything can observe them, with the same results
+byte for byte; `bulk_decodes=False` keeps every step on the per-request path.
 
 An idle engine waits on an event that `add_request` triggers; simulated time moves only through
 `env.timeout`. Tokens become visible to clients at the end of the step that sampled them.
@@ -24,15 +24,14 @@ from pagesim.kvcache.waste import KVProbe
 from pagesim.metrics.collector import MetricsCollector, StepRecord
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner, ModelRunnerOutput, SchedulerOutput
-from pagesim.sim.fast_path import DecodeFastPath
+from pagesim.sim.bulk_decodes import BulkDecodes
 
 FinishCallback = Callable[[Request], None]
 
 
 # One step between its schedule and its end: (scheduler output, runner output (both None for
-# a step of the fast path's lazy decodes only), step time (s), lazy decodes leading the batch
-# (None: a step off the fast path)).
-_Step = tuple[SchedulerOutput | None, ModelRunnerOutput | None, float, int | None]
+# a step of bulk decodes only), step time (s), bulk decodes at the head of the batch (0: none)).
+_Step = tuple[SchedulerOutput | None, ModelRunnerOutput | None, float, int]
 
 
 class ServingEngine:
@@ -49,7 +48,7 @@ class ServingEngine:
         runner: ModelRunner,
         metrics: MetricsCollector,
         kv_probe: KVProbe,
-        fast_path: DecodeFastPath | None = None,
+        bulk_decodes: BulkDecodes | None = None,
     ) -> None:
         self.env = env
         self.scheduler = scheduler
@@ -58,9 +57,9 @@ class ServingEngine:
         self.kv_probe = kv_probe
         self.on_finish: list[FinishCallback] = []
         self._idle: simpy.Event | None = None
-        # The decode fast path (same results, less work per step): the simulator builds it
-        # for the parts it built (`DecodeFastPath.for_config`); None: every step per request.
-        self.fast_path = fast_path
+        # Bulk decodes (same results, less work per step): the simulator builds them for the
+        # parts it built (`BulkDecodes.for_config`); None: every step per request.
+        self.bulk_decodes = bulk_decodes
         self.process = env.process(self._loop())
 
     def add_request(self, request: Request) -> None:
@@ -94,11 +93,12 @@ class ServingEngine:
             self._end_step(start, *step)
 
     def _begin_step(self, start: float) -> _Step:
-        """schedule() and execute_model() of one step. Where the fast path takes the step, its
-        lazy decodes lead the batch (their events of this step already run by `begin_step`)
-        and the scheduler and runner see only the rest, or nothing when nothing else is due."""
-        scheduler, runner, fast = self.scheduler, self.runner, self.fast_path
-        if fast is None or not fast.begin_step(start):
+        """schedule() and execute_model() of one step. Where bulk decodes take part, they come
+        first in the batch (their events of this step already run by `begin_step`) and the
+        scheduler and runner see only the rest, or nothing when nothing else is due."""
+        scheduler, runner, bulk = self.scheduler, self.runner, self.bulk_decodes
+        num_bulk = bulk.begin_step(start) if bulk is not None else 0
+        if bulk is None or not num_bulk:
             out = scheduler.schedule()
             # A step that only preempts is progress: vLLM 0.23's priority policy stops
             # scheduling when a request is its own victim, and vLLM then runs an empty step.
@@ -114,19 +114,18 @@ class ServingEngine:
                 )
             self.metrics.on_scheduled(out.scheduled, start)
             result = runner.execute_model(out)
-            return out, result, result.step_time_s, None
-        num_lead = len(fast.lazies)
-        if scheduler.skip_lead_only_step(num_lead):  # the common step: lazy decodes only
-            step_time_s = fast.runner.lead_decode_step_time(
-                scheduler.block_size, num_lead, fast.lead_context_sum(), fast.lead_contexts()
+            return out, result, result.step_time_s, 0
+        out = scheduler.schedule_bulk(num_bulk)
+        if out is None:  # the common step: bulk decodes only
+            step_time_s = bulk.runner.bulk_decode_step_time(
+                scheduler.block_size, num_bulk, bulk.context_sum(), bulk.contexts()
             )
-            return None, None, step_time_s, num_lead
-        out = scheduler.schedule(num_lead)
+            return None, None, step_time_s, num_bulk
         self.metrics.on_scheduled(out.scheduled, start)
-        result = fast.runner.execute_with_lead_decodes(
-            out, num_lead, fast.lead_context_sum(), fast.lead_contexts()
+        result = bulk.runner.execute_with_bulk_decodes(
+            out, num_bulk, bulk.context_sum(), bulk.contexts()
         )
-        return out, result, result.step_time_s, num_lead
+        return out, result, result.step_time_s, num_bulk
 
     def _end_step(
         self,
@@ -134,41 +133,41 @@ class ServingEngine:
         out: SchedulerOutput | None,
         result: ModelRunnerOutput | None,
         step_time_s: float,
-        num_lead: int | None,
+        num_bulk: int,
     ) -> None:
-        """Once the step's time has passed: the lazy decodes' tokens first (as they come first
+        """Once the step's time has passed: the bulk decodes' tokens first (as they come first
         in the batch), then update_from_output(); finish the finished requests, then record
         the step (counts and the KV probe after the finishes). Arguments: `_Step`."""
-        scheduler, metrics, fast = self.scheduler, self.metrics, self.fast_path
+        scheduler, metrics, bulk = self.scheduler, self.metrics, self.bulk_decodes
         now = self.env.now
         finished: list[Request] = []
-        if num_lead is not None and fast is not None:
-            finished = fast.end_step(now)
+        if num_bulk and bulk is not None:
+            finished = bulk.end_step(now)
             if finished:
-                scheduler.finish_decoded(finished)
+                scheduler.finish_bulk_decodes(finished)
         if out is not None and result is not None:
             done = scheduler.update_from_output(out, result)
             finished = finished + done if finished else done
             sampled = result.sampled_token_ids
         else:
             sampled = {}
-        self._note_tokens(sampled, now, num_lead or 0, now - start)
+        self._note_tokens(sampled, now, num_bulk, now - start)
         for req in finished:
             metrics.on_finish(req, now)
             self._finished(req)
-        if num_lead is None or fast is None:
+        if not num_bulk or bulk is None:
             kv = self.kv_probe()
         else:
-            kv = self.kv_probe.with_lead_sums(*fast.probe_sums())
+            kv = self.kv_probe.with_bulk_sums(*bulk.probe_sums())
         counts = scheduler.get_request_counts()
-        metrics.on_step(StepRecord.of_step(start, step_time_s, out, counts, kv, num_lead or 0))
+        metrics.on_step(StepRecord.of_step(start, step_time_s, out, counts, kv, num_bulk))
 
     def _note_tokens(
-        self, sampled: dict[str, int], now: float, num_lead: int, lead_gap_s: float
+        self, sampled: dict[str, int], now: float, num_bulk: int, bulk_gap_s: float
     ) -> None:
-        """Token metrics of a step: `num_lead` lazy decodes first (each a gap of
-        `lead_gap_s`), then the sampled requests in order; all visible at `now`."""
+        """Token metrics of a step: `num_bulk` bulk decodes first (each a gap of
+        `bulk_gap_s`), then the sampled requests in order; all visible at `now`."""
         metrics = self.metrics
-        if num_lead:
-            metrics.on_gaps(lead_gap_s, num_lead)
-        metrics.on_tokens(sampled, now, num_lead)
+        if num_bulk:
+            metrics.on_gaps(bulk_gap_s, num_bulk)
+        metrics.on_tokens(sampled, now, num_bulk)

@@ -7,8 +7,8 @@ gap included).
 Two ways to take a snapshot, with identical results:
 
     probe()                        reads every running request (O(running))
-    probe.with_lead_sums(n, ...)   the first n running requests are summarised by the caller
-                                   (the decode fast path keeps their sums up to date); only
+    probe.with_bulk_sums(n, ...)   the first n running requests are summarised by the caller
+                                   (bulk decodes keep their sums up to date); only
                                    the other running requests are read
 """
 
@@ -48,10 +48,10 @@ class WasteProbe(KVProbe):
         head = waiting.peek_request() if (self.contiguous and waiting) else None
         return self._record(kv_waste(self.manager, scheduler.running, head))
 
-    def with_lead_sums(
-        self, num_lead: int, computed_sum: int, min_span_sum: int, over_final_sum: int
+    def with_bulk_sums(
+        self, num_bulk: int, computed_sum: int, min_span_sum: int, over_final_sum: int
     ) -> ProbeValues:
-        """The snapshot, with the first `num_lead` running requests given as sums (tokens):
+        """The snapshot, with the first `num_bulk` running requests given as sums (tokens):
         `computed_sum` of their `num_computed_tokens`; paged only, over their rows,
         `min_span_sum` of min(row span, final K/V length) and `over_final_sum` of the span past
         the final length. Each such request must have computed fewer tokens than its final
@@ -63,11 +63,11 @@ class WasteProbe(KVProbe):
             waiting = scheduler.waiting
             head = waiting.peek_request() if waiting else None
             tokens = computed_sum
-            for request in running[num_lead:]:
+            for request in running[num_bulk:]:
                 tokens += request.num_computed_tokens
             return self._record(contiguous_slots(manager, head, tokens).fractions())
-        if len(running) > num_lead:
-            reserved, internal = paged_tails(manager, running[num_lead:])
+        if len(running) > num_bulk:
+            reserved, internal = paged_tails(manager, running[num_bulk:])
         else:  # the common step: every running request is summarised
             reserved = internal = 0
         return self._record(

@@ -47,35 +47,34 @@ class CostModelRunner:
             step_time_s=step_time_s, sampled_token_ids=self._sample(scheduler_output)
         )
 
-    def execute_with_lead_decodes(
+    def execute_with_bulk_decodes(
         self,
         scheduler_output: SchedulerOutput,
-        num_lead: int,
-        lead_context_sum: int,
-        lead_contexts: Sequence[int],
+        num_bulk: int,
+        bulk_context_sum: int,
+        bulk_contexts: Sequence[int],
     ) -> ModelRunnerOutput:
-        """`execute_model` for a step whose batch also holds `num_lead` decodes ahead of
-        `scheduler_output.scheduled` (see `Scheduler.schedule(num_lead_decodes)`), given by
-        their context sum and contexts (tokens, before the step). Their sampled tokens are the
+        """`execute_model` for a step whose batch also holds `num_bulk` decodes ahead of
+        `scheduler_output.scheduled` (see `Scheduler.schedule_bulk`), given by their context sum and contexts (tokens, before the step). Their sampled tokens are the
         caller's (`synthetic_token`); only the others' are returned.
 
         The cost model sees the same `BatchShape` values as for the whole batch in one output.
         """
-        if not scheduler_output.scheduled:  # lead decodes only (the common step)
+        if not scheduler_output.scheduled:  # bulk decodes only
             if (
-                num_lead and not scheduler_output.swap_bytes and not scheduler_output.blocks_to_copy
+                num_bulk and not scheduler_output.swap_bytes and not scheduler_output.blocks_to_copy
             ):  # nothing else in the step
                 return ModelRunnerOutput(
-                    step_time_s=self.lead_decode_step_time(
-                        scheduler_output.block_size, num_lead, lead_context_sum, lead_contexts
+                    step_time_s=self.bulk_decode_step_time(
+                        scheduler_output.block_size, num_bulk, bulk_context_sum, bulk_contexts
                     )
                 )
             shape = BatchShape(
                 scheduler_output.block_size,
-                num_lead,
-                num_lead,
-                lead_context_sum,
-                lead_contexts,
+                num_bulk,
+                num_bulk,
+                bulk_context_sum,
+                bulk_contexts,
                 [],
                 [],
                 scheduler_output.swap_bytes,
@@ -83,33 +82,33 @@ class CostModelRunner:
             )
             return ModelRunnerOutput(step_time_s=self._priced(shape))
         shape = BatchShape.from_scheduler_output(scheduler_output)
-        if num_lead:
-            shape.total_tokens += num_lead
-            shape.num_decode_seqs += num_lead
-            shape.decode_context_sum += lead_context_sum
+        if num_bulk:
+            shape.total_tokens += num_bulk
+            shape.num_decode_seqs += num_bulk
+            shape.decode_context_sum += bulk_context_sum
             rest = shape.decode_context_tokens
-            shape.decode_context_tokens = _Joined(lead_contexts, rest) if rest else lead_contexts
+            shape.decode_context_tokens = _Joined(bulk_contexts, rest) if rest else bulk_contexts
         return ModelRunnerOutput(
             step_time_s=self._priced(shape), sampled_token_ids=self._sample(scheduler_output)
         )
 
-    def lead_decode_step_time(
-        self, block_size: int, num_lead: int, lead_context_sum: int, lead_contexts: Sequence[int]
+    def bulk_decode_step_time(
+        self, block_size: int, num_bulk: int, bulk_context_sum: int, bulk_contexts: Sequence[int]
     ) -> float:
-        """Step time of a batch of `num_lead` decodes and nothing else (no swap, no copy): the
-        time `execute_with_lead_decodes` gives for an empty output."""
+        """Step time of a batch of `num_bulk` decodes and nothing else (no swap, no copy): the
+        time `execute_with_bulk_decodes` gives for an empty output."""
         price = self._decode_price
         if price is not None:
             refs = self.shared_block_refs
             return price(
                 block_size,
-                num_lead,
-                lead_context_sum,
-                lead_contexts,
+                num_bulk,
+                bulk_context_sum,
+                bulk_contexts,
                 refs() * block_size if refs is not None else None,
             )
         return self._priced(
-            BatchShape(block_size, num_lead, num_lead, lead_context_sum, lead_contexts, [], [])
+            BatchShape(block_size, num_bulk, num_bulk, bulk_context_sum, bulk_contexts, [], [])
         )
 
     def _sample(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
@@ -129,7 +128,7 @@ def shared_blocks_counter(cost_model: CostModel, scheduler) -> Callable[[], int]
 
 
 class _Joined(Sequence):
-    """Two sequences read as one (lead decode contexts, then the scheduled decodes')."""
+    """Two sequences read as one (bulk decode contexts, then the scheduled decodes')."""
 
     __slots__ = ("_a", "_b")
 

@@ -28,8 +28,8 @@ from pagesim.metrics.report import engine_keys
 from pagesim.request import Request
 from pagesim.sim.arrivals import session_arrival_times
 from pagesim.sim.build import build_cost_model, build_scheduler
+from pagesim.sim.bulk_decodes import BulkDecodes
 from pagesim.sim.engine import ServingEngine
-from pagesim.sim.fast_path import DecodeFastPath
 from pagesim.sim.probe import WasteProbe
 from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
 from pagesim.utils import MAX_COUNT, MAX_TOKENS, check_number
@@ -121,15 +121,15 @@ def simulate(
     profile: str | Path | None = None,
     check_invariants: bool = False,
     progress: ProgressHook | None = None,
-    fast_path: bool = True,
+    bulk_decodes: bool = True,
     cost_model: CostModel | None = None,
 ) -> SimulationResult:
     """Run `load` against one replica of `config` and summarise it.
 
     `cost_model` prices the steps in place of `profile`'s model (or the analytical default).
 
-    `fast_path=False` runs every step through the scheduler's per-request path (the reference
-    the decode fast path is tested against); results are the same, byte for byte.
+    `bulk_decodes=False` runs every step through the scheduler's per-request path (the reference
+    bulk decodes are tested against); results are the same, byte for byte.
     """
     model = config.model_spec
     plan, arrivals = sample_traffic(load, model.vocab_size)
@@ -143,10 +143,10 @@ def simulate(
     metrics = MetricsCollector()
     averager = WasteAverager()
     probe = _kv_probe(scheduler, manager, averager, env)
-    fast = (
-        DecodeFastPath.for_config(config, scheduler, runner, metrics.records) if fast_path else None
+    bulk = (
+        BulkDecodes.for_config(config, scheduler, runner, metrics.records) if bulk_decodes else None
     )
-    engine = ServingEngine(env, scheduler, runner, metrics, probe, fast_path=fast)
+    engine = ServingEngine(env, scheduler, runner, metrics, probe, bulk_decodes=bulk)
     clients = _Clients(env, engine, plan, arrivals, load.max_concurrency, progress)
     env.run()
 

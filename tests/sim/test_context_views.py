@@ -4,7 +4,7 @@ exactly as the list they stand for would."""
 from __future__ import annotations
 
 from pagesim.cost.base import longest_context
-from pagesim.sim.fast_path import _Contexts
+from pagesim.sim.bulk_decodes import _Contexts
 from pagesim.sim.runner import _Joined
 
 
@@ -22,6 +22,6 @@ def test_joined_views_know_their_longest() -> None:
         assert longest_context(joined) == max(list(joined))
 
 
-def test_the_fast_paths_kept_maximum_is_the_views_longest() -> None:
+def test_the_bulk_decodes_kept_maximum_is_the_views_longest() -> None:
     view = _Contexts([120, 900, 45], 3, 7, offset_max=900)
     assert longest_context(view) == 907 == max(view)

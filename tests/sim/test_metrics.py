@@ -313,9 +313,9 @@ def test_a_step_record_counts_decodes_prefill_tokens_and_lead_decodes():
         swap_bytes=64,
     )
     kv = (0.5, 0.1, 0.2, 0.3, 0.4)
-    assert StepRecord.of_step(1.0, 0.02, out, (6, 2), kv, num_lead=10) == StepRecord(
+    assert StepRecord.of_step(1.0, 0.02, out, (6, 2), kv, num_bulk=10) == StepRecord(
         1.0, 0.02, 14, 25, 13, 12, 6, 2, *kv, 1, 64
     )
-    assert StepRecord.of_step(2.0, 0.01, None, (10, 0), kv, num_lead=10) == StepRecord(
+    assert StepRecord.of_step(2.0, 0.01, None, (10, 0), kv, num_bulk=10) == StepRecord(
         2.0, 0.01, 10, 10, 0, 10, 10, 0, *kv, 0, 0
     )

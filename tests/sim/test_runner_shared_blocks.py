@@ -47,8 +47,8 @@ def test_counter_only_for_models_that_price_shared_reads() -> None:
 def test_decode_shapes_carry_the_shared_tokens() -> None:
     cost = _Recorder()
     runner = CostModelRunner(cost, shared_block_refs=lambda: 5)
-    runner.lead_decode_step_time(16, 3, 3000, [1000, 1000, 1000])
+    runner.bulk_decode_step_time(16, 3, 3000, [1000, 1000, 1000])
     assert cost.shapes[-1].shared_context_tokens == 5 * 16
     plain = CostModelRunner(cost)
-    plain.lead_decode_step_time(16, 3, 3000, [1000, 1000, 1000])
+    plain.bulk_decode_step_time(16, 3, 3000, [1000, 1000, 1000])
     assert cost.shapes[-1].shared_context_tokens is None

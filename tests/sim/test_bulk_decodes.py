@@ -1,6 +1,6 @@
-"""The decode fast path changes nothing: both paths give the same bytes.
+"""Bulk decodes change nothing: both paths give the same bytes.
 
-`simulate(..., fast_path=False)` runs every step through the scheduler's per-request path.
+`simulate(..., bulk_decodes=False)` runs every step through the scheduler's per-request path.
 Each case runs both ways and compares the result JSON and the per-request and per-step Parquet
 files byte for byte; the engine-level property test also compares the token gaps, the
 requests' final state and the KV cache's block order after random small runs.
@@ -27,9 +27,10 @@ from pagesim.request import Request
 from pagesim.scheduler.output import synthetic_token, synthetic_tokens
 from pagesim.scheduler.scheduler import Scheduler
 from pagesim.sim.build import default_profile
+from pagesim.sim.bulk_decodes import BulkDecodes
 from pagesim.sim.cluster import simulate_cluster
+from pagesim.sim.deferred_hashes import DeferredHashTable
 from pagesim.sim.engine import ServingEngine
-from pagesim.sim.fast_path import DecodeFastPath
 from pagesim.sim.output import requests_table, result_json, steps_table
 from pagesim.sim.probe import WasteProbe
 from pagesim.sim.runner import CostModelRunner
@@ -99,40 +100,40 @@ def _outputs(metrics, result: dict) -> tuple[str, bytes, bytes, bytes]:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_simulate_fast_equals_slow(name: str) -> None:
+def test_simulate_bulk_equals_per_request(name: str) -> None:
     engine, load = CASES[name]
     config = EngineConfig.create(**engine)
     # The invariant checker walks every block after each KV operation: one small case only.
     check = name == "recompute-pressure"
-    fast = simulate(config, LoadSpec(**load), fast_path=True, check_invariants=check)
-    slow = simulate(config, LoadSpec(**load), fast_path=False)
-    assert fast.result["completed"] > 0
+    bulk = simulate(config, LoadSpec(**load), bulk_decodes=True, check_invariants=check)
+    slow = simulate(config, LoadSpec(**load), bulk_decodes=False)
+    assert bulk.result["completed"] > 0
     for a, b in zip(
-        _outputs(fast.metrics, fast.result), _outputs(slow.metrics, slow.result), strict=True
+        _outputs(bulk.metrics, bulk.result), _outputs(slow.metrics, slow.result), strict=True
     ):
         assert a == b
 
 
-def test_calibrated_cost_model_fast_equals_slow() -> None:
+def test_calibrated_cost_model_bulk_equals_per_request() -> None:
     """The shipped calibration profile's cost model sees the same batch shapes."""
     config = EngineConfig.create(model="llama-2-7b", gpu="h200")
     profile = default_profile(config)
     if profile is None:
         pytest.skip("no shipped llama-2-7b/h200 calibration profile")
     runs = [
-        simulate(config, LoadSpec(**CHAT), profile=profile, fast_path=flag)
+        simulate(config, LoadSpec(**CHAT), profile=profile, bulk_decodes=flag)
         for flag in (True, False)
     ]
     assert _outputs(runs[0].metrics, runs[0].result) == _outputs(runs[1].metrics, runs[1].result)
 
 
-def test_cluster_fast_equals_slow() -> None:
+def test_cluster_bulk_equals_per_request() -> None:
     from pagesim.planning.router import make_router
 
     config = EngineConfig.create()
     load = LoadSpec(workload="system-prompt", num_prompts=80, request_rate=30.0)
     runs = [
-        simulate_cluster(config, load, 2, make_router("prefix-aware"), fast_path=flag)
+        simulate_cluster(config, load, 2, make_router("prefix-aware"), bulk_decodes=flag)
         for flag in (True, False)
     ]
     assert runs[0].replicas == runs[1].replicas
@@ -141,22 +142,22 @@ def test_cluster_fast_equals_slow() -> None:
         assert _outputs(a, {}) == _outputs(b, {})
 
 
-def test_fast_path_engages_on_chat() -> None:
-    """The fast path is really taken (the equality tests would pass if it never were)."""
+def test_bulk_decodes_engage_on_chat() -> None:
+    """Bulk decodes really take part (the equality tests would pass if it never were)."""
     seen: list[int] = []
-    import pagesim.sim.fast_path as fp
+    import pagesim.sim.bulk_decodes as fp
 
-    original = fp.DecodeFastPath.end_step
+    original = fp.BulkDecodes.end_step
 
     def spy(self, now):
-        seen.append(len(self.lazies))
+        seen.append(len(self.members))
         return original(self, now)
 
-    fp.DecodeFastPath.end_step = spy  # type: ignore[method-assign]
+    fp.BulkDecodes.end_step = spy  # type: ignore[method-assign]
     try:
         simulate(EngineConfig.create(), LoadSpec(**CHAT))
     finally:
-        fp.DecodeFastPath.end_step = original  # type: ignore[method-assign]
+        fp.BulkDecodes.end_step = original  # type: ignore[method-assign]
     assert len(seen) > 100 and max(seen) > 10
 
 
@@ -169,7 +170,7 @@ def test_synthetic_tokens_match_one_by_one() -> None:
 # ---- engine level: random small runs --------------------------------------------------------
 class _Linear:
     """Dyadic step costs: every simulated time is exact, ties between events are common. It
-    reads the per-entry decode contexts too (the fast path gives them as a view)."""
+    reads the per-entry decode contexts too (bulk decodes give them as a view)."""
 
     def step_time(self, batch: BatchShape) -> float:
         contexts = batch.decode_context_tokens
@@ -180,12 +181,12 @@ class _Linear:
 
 
 def _run(
-    fast: bool,
+    bulk: bool,
     cfg: EngineConfig,
     allocator: str,
     num_blocks: int,
     requests: list[tuple[float, int, int, int]],
-    lazy: bool = False,
+    deferred: bool = False,
 ):
     if allocator == "paged":
         kv = KVCacheManager(
@@ -193,7 +194,7 @@ def _run(
             block_size=cfg.block_size,
             enable_caching=cfg.enable_prefix_caching,
             vllm_compat=cfg.vllm_compat,
-            lazy_hashing=lazy,
+            deferred_hashes=DeferredHashTable if deferred else None,
         )
     else:
         kv = ContiguousKVCacheManager(
@@ -208,8 +209,10 @@ def _run(
     averager = WasteAverager()
     probe = WasteProbe(scheduler, kv, averager, env)
     runner = CostModelRunner(_Linear(), vocab_size=1000)
-    path = DecodeFastPath(scheduler, runner, metrics.records, paged=allocator == "paged")
-    engine = ServingEngine(env, scheduler, runner, metrics, probe, fast_path=path if fast else None)
+    path = BulkDecodes(scheduler, runner, metrics.records, paged=allocator == "paged")
+    engine = ServingEngine(
+        env, scheduler, runner, metrics, probe, bulk_decodes=path if bulk else None
+    )
     made: list[Request] = []
     for i, (at, prompt_len, max_tokens, family) in enumerate(requests):
         prompt = [(family * 37 + j) % 1000 for j in range(prompt_len)]  # shared prefixes
@@ -237,11 +240,14 @@ def _run(
     steps = {k: v.tobytes() for k, v in metrics.steps.items()}
     blocks = None
     if allocator == "paged":
+        table = kv.deferred_hashes
         queue = kv.block_pool.free_block_queue
         order, block = [], queue.fake_free_list_head.next_free_block
-        while block is not queue.fake_free_list_tail:
-            order.append((block.block_id, block.block_hash))
+        while block is not queue.fake_free_list_tail:  # hashes in free-queue order, eager values
+            order.append((block.block_id, table.hash_of(block) if table else block.block_hash))
             block = block.next_free_block
+        if table is not None:
+            table.materialize_all()
         blocks = (order, list(kv.block_pool.cached_block_hash_to_block))
     return (
         state,
@@ -281,7 +287,7 @@ def _run(
         max_size=14,
     ),
 )
-def test_engine_fast_equals_slow(
+def test_engine_bulk_equals_per_request(
     block_size,
     num_blocks,
     budget,
@@ -313,16 +319,16 @@ def test_engine_fast_equals_slow(
     num_blocks = max(num_blocks, -(-128 // block_size) + 2)  # any one request fits
     slow = _run(False, cfg, allocator, num_blocks, requests)
     assert _run(True, cfg, allocator, num_blocks, requests) == slow
-    if allocator == "paged" and caching:  # lazy hashing (the simulator's): the same run
-        lazy = _run(True, cfg, allocator, num_blocks, requests, lazy=True)
-        assert lazy == _run(False, cfg, allocator, num_blocks, requests, lazy=True)
-        assert _without_hash_order(lazy) == _without_hash_order(slow)
-        for lazy_req, eager_req in zip(lazy[0], slow[0], strict=True):
-            assert lazy_req[4] == eager_req[4][: len(lazy_req[4])]
+    if allocator == "paged" and caching:  # deferred hashes (the simulator's): the same run
+        deferred = _run(True, cfg, allocator, num_blocks, requests, deferred=True)
+        assert deferred == _run(False, cfg, allocator, num_blocks, requests, deferred=True)
+        assert _without_hash_order(deferred) == _without_hash_order(slow)
+        for deferred_req, eager_req in zip(deferred[0], slow[0], strict=True):
+            assert deferred_req[4] == eager_req[4][: len(deferred_req[4])]
 
 
 def _without_hash_order(run: tuple) -> tuple:
-    """A run's state, less what lazy hashing may leave different: how far each request's
+    """A run's state, less what deferred hashes may leave different: how far each request's
     hashes reach (a prefix of the eager list, checked apart) and the hash map's key order."""
     state, *rest, (order, keys) = run
     state = [(*s[:4], *s[5:]) for s in state]
@@ -331,7 +337,7 @@ def _without_hash_order(run: tuple) -> tuple:
 
 @pytest.mark.parametrize("vocab", [32000, 128256, 7, 2, 1])
 def test_synthetic_token_table_windows(vocab: int) -> None:
-    """The fast path's table gives `synthetic_tokens` as slices, and their int32 packing."""
+    """The bulk decodes' table gives `synthetic_tokens` as slices, and their int32 packing."""
     import struct
 
     from pagesim.scheduler.output import SyntheticTokenTable
@@ -351,8 +357,8 @@ def test_synthetic_token_table_windows(vocab: int) -> None:
     assert not SyntheticTokenTable(2 * 104_729).usable  # stride not invertible: no table
 
 
-def test_filled_blocks_join_late(monkeypatch) -> None:
-    """With lazy hashing the filled decode blocks join in bulk, not one event per block (the
+def test_filled_blocks_join_later(monkeypatch) -> None:
+    """With deferred hashes the filled decode blocks join in bulk, not one event per block (the
     equality tests would pass if they never did)."""
     calls = {"one": 0, "bulk": 0}
     one, bulk = KVCacheManager.cache_decode_block, KVCacheManager.cache_decode_blocks

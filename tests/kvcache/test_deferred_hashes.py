@@ -1,12 +1,12 @@
-"""Lazy hashing (`pagesim.kvcache.lazy_hashes`) makes the decisions eager hashing makes.
+"""Deferred hashes (`pagesim.sim.deferred_hashes`) make the decisions eager hashing makes.
 
-Two managers run the same random program: the eager one through `allocate_slots` only, the lazy
-one through the decode fast path's calls where they apply (`append_decode_block`,
+Two managers run the same random program: the eager one through `allocate_slots` only, the
+deferred one through the calls of bulk decodes where they apply (`append_decode_block`,
 `cache_decode_block` with the request's tokens not appended yet, as the simulator does). Every
 call must return the same blocks; whenever the program looks, the whole state read through the
 public API must be the same (rows, ref counts, free-queue order with each block's hash, the hash
-map's content), and the lazy request's hashes a prefix of the eager ones. The lazy manager runs
-its invariant checker after every call.
+map's content, every deferred block registered first), and the deferred side's request hashes
+a prefix of the eager ones. The deferred manager runs its invariant checker after every call.
 """
 
 from __future__ import annotations
@@ -18,18 +18,23 @@ from hypothesis import strategies as st
 from kv_helpers import make_manager, make_request
 
 from pagesim.request import Request
+from pagesim.sim.deferred_hashes import DeferredHashTable
 
 
 class _Side:
     """One manager and its copies of the requests."""
 
-    def __init__(self, lazy: bool, num_blocks: int, bs: int, compat: str) -> None:
+    def __init__(self, deferred: bool, num_blocks: int, bs: int, compat: str) -> None:
         self.mgr = make_manager(
-            num_blocks, bs, lazy_hashing=lazy, check_invariants=lazy, vllm_compat=compat
+            num_blocks,
+            bs,
+            deferred_hashes=DeferredHashTable if deferred else None,
+            check_invariants=deferred,
+            vllm_compat=compat,
         )
-        self.lazy = lazy
+        self.deferred = deferred
         self.requests: dict[str, Request] = {}
-        self.lag: dict[str, list[int]] = {}  # tokens the lazy side has not appended yet
+        self.lag: dict[str, list[int]] = {}  # tokens the deferred side has not appended yet
 
     def sync(self, rid: str) -> None:
         self.requests[rid].output_token_ids.extend(self.lag.pop(rid, []))
@@ -54,10 +59,10 @@ class _Side:
         token = (c + n_out) % 3  # equal prompts decode equal tokens: duplicate blocks
         prompt_len = len(req.prompt_token_ids)
         row = mgr.req_to_block_ids[rid]
-        if self.lazy and c == len(row) * bs and (c + 1) % bs:
+        if self.deferred and c == len(row) * bs and (c + 1) % bs:
             ok = mgr.append_decode_block(rid)
         elif (
-            self.lazy
+            self.deferred
             and c != len(row) * bs
             and (c + 1) % bs == 0
             and c + 1 - bs >= prompt_len
@@ -69,7 +74,7 @@ class _Side:
             mgr.cache_decode_block(req, struct.pack(f"<{bs}i", *tokens))
             req.num_computed_tokens += 1
             return True
-        elif self.lazy and c != len(row) * bs and (c + 1) % bs:
+        elif self.deferred and c != len(row) * bs and (c + 1) % bs:
             ok = True  # allocate_slots would change nothing
         else:
             self.sync(rid)
@@ -93,6 +98,8 @@ class _Side:
 
     def state(self) -> tuple:
         pool = self.mgr.block_pool
+        if self.deferred:
+            self.mgr.deferred_hashes.materialize_all()
         cache = {
             h: (b.block_id if not isinstance(b, dict) else tuple(b))
             for h, b in pool.cached_block_hash_to_block.items()
@@ -131,64 +138,69 @@ _OPS = st.lists(
         max_size=4,
     ),
 )
-def test_lazy_hashing_matches_eager(bs, num_blocks, ops, compat, prompts) -> None:
+def test_deferred_hashes_match_eager(bs, num_blocks, ops, compat, prompts) -> None:
     # (any one request fits: at most 13 + 40 tokens, 27 blocks of 2, with the null block)
-    eager, lazy = _Side(False, num_blocks, bs, compat), _Side(True, num_blocks, bs, compat)
+    eager, deferred = _Side(False, num_blocks, bs, compat), _Side(True, num_blocks, bs, compat)
     for i, (family, length, salt) in enumerate(prompts):
         prompt = [(family * 7 + j) % 5 for j in range(length)]  # few distinct: many shared blocks
-        for side in (eager, lazy):
+        for side in (eager, deferred):
             side.requests[f"r{i}"] = make_request(f"r{i}", prompt, max_tokens=40, cache_salt=salt)
     for op, k in ops:
         rid = f"r{k}"
         running = rid in eager.mgr.req_to_block_ids
         if op == "admit" and not running:
-            assert eager.admit(rid) == lazy.admit(rid)
+            assert eager.admit(rid) == deferred.admit(rid)
         elif op == "decode" and running:
-            assert eager.decode(rid) == lazy.decode(rid)
+            assert eager.decode(rid) == deferred.decode(rid)
         elif op == "free" and running:
             eager.free(rid)
-            lazy.free(rid)
+            deferred.free(rid)
         elif op == "look":
-            assert eager.state() == lazy.state()
-    assert eager.state() == lazy.state()
-    for rid, req in lazy.requests.items():
+            assert eager.state() == deferred.state()
+    assert eager.state() == deferred.state()
+    for rid, req in deferred.requests.items():
         full = eager.requests[rid].block_hashes
         assert req.block_hashes == full[: len(req.block_hashes)]
 
 
-def test_lazy_hashing_defers_unshared_blocks() -> None:
+def test_deferred_hashes_skip_unshared_blocks() -> None:
     """A request whose first block nobody else has: only that block is hashed, and reading a
-    deferred block's hash (or the map) registers it with the eager value."""
-    mgr = make_manager(20, 4, lazy_hashing=True)
+    deferred block's hash needs it registered first, with the eager value."""
+    mgr = make_manager(20, 4, deferred_hashes=DeferredHashTable)
     eager = make_manager(20, 4)
     reqs = [make_request("a", list(range(13))), make_request("a", list(range(13)))]
     for m, r in zip((mgr, eager), reqs, strict=True):
         hit, n = m.get_computed_blocks(r)
         assert m.allocate_slots(r, 13, n, hit) is not None
     assert len(reqs[0].block_hashes) == 1 and len(reqs[1].block_hashes) == 3
-    assert len(mgr.block_pool._cached) == 1  # the first block only
+    assert len(mgr.block_pool.cached_block_hash_to_block) == 1  # the first block only
     row = mgr.req_to_blocks["a"]
-    assert row[2].block_hash == reqs[1].block_hashes[2]  # computed on read, eager value
+    placeholder = row[2].block_hash  # bytes that are no key of the map
+    assert placeholder is not None and placeholder not in mgr.block_pool.cached_block_hash_to_block
+    mgr.deferred_hashes.materialize_all()
+    assert row[2].block_hash == reqs[1].block_hashes[2]  # the eager value
     assert reqs[0].block_hashes == reqs[1].block_hashes
     assert list(mgr.block_pool.cached_block_hash_to_block) == list(
         eager.block_pool.cached_block_hash_to_block
     )
 
 
-def test_lazy_hashing_keeps_the_order_of_duplicates() -> None:
+def test_deferred_hashes_keep_the_order_of_duplicates() -> None:
     """Two requests with one prompt decode equal tokens: each decode block has a twin, and the
     first registered must stay first (lookups return it) after deferred registration."""
-    eager, lazy = _Side(False, 40, 2, "0.33"), _Side(True, 40, 2, "0.33")
-    for side in (eager, lazy):
+    eager, deferred = _Side(False, 40, 2, "0.33"), _Side(True, 40, 2, "0.33")
+    for side in (eager, deferred):
         for rid in "ab":
             side.requests[rid] = make_request(rid, [1, 2, 3], max_tokens=40)
         side.admit("a")
         side.admit("b")
     for _ in range(6):
-        for side in (eager, lazy):
+        for side in (eager, deferred):
             side.decode("a")
             side.decode("b")
-    assert len(lazy.mgr._lazy.groups) == 1  # nothing registered past the first blocks yet
+    assert (
+        len(deferred.mgr.deferred_hashes.groups) == 1
+    )  # nothing registered past the first blocks yet
     state = eager.state()
     assert sum(isinstance(v, tuple) for v in state[2].values()) >= 3  # duplicates, in order
-    assert lazy.state() == state
+    assert deferred.state() == state
