@@ -9,7 +9,7 @@ from typing import Any
 from pagesim.config import EngineConfig
 from pagesim.errors import WorkloadError
 from pagesim.request import Request
-from pagesim.sim.simulate import LoadSpec, sample_traffic
+from pagesim.sim.load import LoadSpec, sample_traffic
 from pagesim.validate.store import load_spec
 from pagesim.workload.sessions import ClosedLoopSessions
 

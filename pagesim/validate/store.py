@@ -13,7 +13,7 @@ from typing import Any
 
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError
-from pagesim.sim.simulate import LoadSpec
+from pagesim.sim.load import LoadSpec
 
 REAL_RUN_FORMAT = 1
 #: The endings of compressed real runs (plain `.json` ones are read too).
