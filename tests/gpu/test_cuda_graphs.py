@@ -24,6 +24,7 @@ from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 from pagesim.gpu.serve import make_engine
 from pagesim.kvcache.block_table import build_block_table, build_positions, build_slot_mapping
 from pagesim.request import Request
+from pagesim.scheduler.output import apply_block_ids
 
 
 def _config(**kw) -> EngineConfig:
@@ -50,10 +51,11 @@ def _requests() -> list[Request]:
     ]
 
 
-def _check_staged_inputs(graphs, scheduled, block_size: int) -> None:
+def _check_staged_inputs(graphs, scheduled, block_size: int, kept: dict) -> None:
     """The device buffers of a graph step hold what the core's functions build from the
-    step's rows (rows kept across steps and staged in one copy must not drift from them)."""
-    rows = [sr.block_ids for sr in scheduled]
+    step's rows (rows kept across steps and staged in one copy must not drift from them);
+    `kept` holds every request's row, rebuilt from the steps' block-id deltas."""
+    rows = [list(apply_block_ids(kept, sr)) for sr in scheduled]
     starts = [sr.num_computed_tokens for sr in scheduled]
     news = [sr.num_new_tokens for sr in scheduled]
     t = sum(news)
@@ -99,6 +101,7 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
         for r in _requests():
             s.add_request(r)
     keys: set[GraphKey] = set()
+    kept: dict = {}
     padded_steps = 0
     mixed_steps = 0
     eager_unsplit = 0
@@ -117,7 +120,7 @@ def test_static_padded_path_equals_unpadded_eager_path() -> None:
         assert res[0].sampled_token_ids == res[1].sampled_token_ids
         rec = static.step_records[-1]
         decode_only = all(x.num_new_tokens == 1 for x in outs[1].scheduled)
-        _check_staged_inputs(static.graphs, outs[1].scheduled, cfg.block_size)
+        _check_staged_inputs(static.graphs, outs[1].scheduled, cfg.block_size, kept)
         assert rec.cuda_graph, f"step {step}"  # every step fits the 128-token budget
         assert rec.mixed_graph == (not decode_only)
         assert not eager.step_records[-1].cuda_graph
