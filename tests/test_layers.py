@@ -21,7 +21,7 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     "scheduler": (FIRST_ROW | {"kvcache", "scheduler"}, set()),
     "workload": (FIRST_ROW | {"kvcache", "workload"}, {"numpy", "pandas", "yaml"}),
     "cost": (FIRST_ROW | {"scheduler", "cost"}, {"numpy"}),
-    "metrics": (FIRST_ROW | {"scheduler", "metrics"}, {"numpy"}),
+    "metrics": (FIRST_ROW | {"metrics"}, {"numpy"}),
     "sim": (
         FIRST_ROW | {"kvcache", "scheduler", "workload", "cost", "sim", "metrics"},
         {"simpy", "numpy", "pandas", "pyarrow"},

@@ -13,16 +13,39 @@ from __future__ import annotations
 
 import tempfile
 from array import array
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from pagesim.errors import InternalError
 from pagesim.metrics.runs import expand
 from pagesim.request import Request
-from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
+
+
+class StepEntry(Protocol):
+    """What a step record reads of one scheduled request (`scheduler.output.ScheduledRequest`;
+    metrics sits below the scheduler in the layer table, so it names the shape, not the type)."""
+
+    request: Request
+    num_computed_tokens: int
+
+    @property
+    def is_decode(self) -> bool: ...
+
+
+class StepOutput(Protocol):
+    """What a step record reads of a step's `scheduler.output.SchedulerOutput`."""
+
+    total_num_scheduled_tokens: int
+    swap_bytes: int
+
+    @property
+    def scheduled(self) -> Sequence[StepEntry]: ...
+
+    @property
+    def preempted_req_ids(self) -> Sequence[str]: ...
 
 
 @dataclass(slots=True)
@@ -74,7 +97,7 @@ class StepRecord(NamedTuple):
         cls,
         start_time_s: float,
         step_time_s: float,
-        out: SchedulerOutput | None,
+        out: StepOutput | None,
         request_counts: tuple[int, int],
         kv: tuple[float, float, float, float, float],
         num_bulk: int = 0,
@@ -162,7 +185,7 @@ class MetricsCollector:
             rec.first_scheduled_time = now
             rec.num_cached_tokens = request.num_cached_tokens or 0
 
-    def on_scheduled(self, scheduled: list[ScheduledRequest], now: float) -> None:
+    def on_scheduled(self, scheduled: Sequence[StepEntry], now: float) -> None:
         """A step starting at `now` runs `scheduled`: note each admission's first step (its
         context is still its prefix-cache hit)."""
         for sr in scheduled:
