@@ -398,20 +398,23 @@ def _out_of_sample_plan() -> list[dict]:
 MOE_HYBRID_MODELS = "qwen3-30b-a3b,gemma-2-9b"
 
 
+#: Chat at rate inf (its throughput is the capacity the loads after it take shares of) and
+#: at 85 % of it, block 16: the first two runs of several plans.
+CHAT_CAPACITY = {
+    "name": "chat-inf-bs16",
+    "workload": "chat",
+    "rate": "inf",
+    "block_size": 16,
+    "num_prompts": 150,
+}
+CHAT_85 = {"name": "chat-85pct-bs16", "workload": "chat", "rate": 0.85, "block_size": 16}
+
+
 def _moe_hybrid_plan() -> list[dict]:
     """Each model of `MOE_HYBRID_MODELS`, after its calibration at block 16: chat at rate inf
     (its throughput is the capacity), then chat at 85 % of it, then both again (`-r2`, the
     second pass after the first)."""
-    first = [
-        {
-            "name": "chat-inf-bs16",
-            "workload": "chat",
-            "rate": "inf",
-            "block_size": 16,
-            "num_prompts": 150,
-        },
-        {"name": "chat-85pct-bs16", "workload": "chat", "rate": 0.85, "block_size": 16},
-    ]
+    first = [CHAT_CAPACITY, CHAT_85]
     return first + [{**spec, "name": spec["name"] + "-r2"} for spec in first]
 
 
@@ -526,14 +529,8 @@ def write_dry_workloads(folder: Path) -> None:
 
 def _repeat_plan() -> list[dict]:
     base = [
-        {
-            "name": "chat-inf-bs16",
-            "workload": "chat",
-            "rate": "inf",
-            "block_size": 16,
-            "num_prompts": 150,
-        },
-        {"name": "chat-85pct-bs16", "workload": "chat", "rate": 0.85, "block_size": 16},
+        CHAT_CAPACITY,
+        CHAT_85,
         {
             "name": "system-prompt-inf-bs16",
             "workload": "system-prompt",
