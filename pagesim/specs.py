@@ -7,7 +7,7 @@ names (`ModelSpec.from_name("llama-9b")`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pagesim.errors import unknown_name
@@ -120,6 +120,36 @@ def _gib(x: float) -> int:
 # the shapes, and it matches the published totals (Llama-2-7b 6,738,415,616 ...).
 # Module-level constants, never mutated at run time.
 # ---------------------------------------------------------------------------------------------
+# meta-llama/Meta-Llama-3-8B config.json (bfloat16)
+_LLAMA_3_8B = ModelSpec(
+    "llama-3-8b",
+    "llama",
+    num_layers=32,
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_kv_heads=8,
+    head_size=128,
+    intermediate_size=14336,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    num_params=8_030_261_248,
+    hf_id="meta-llama/Meta-Llama-3-8B",
+)
+# meta-llama/Meta-Llama-3-70B config.json (bfloat16)
+_LLAMA_3_70B = ModelSpec(
+    "llama-3-70b",
+    "llama",
+    num_layers=80,
+    hidden_size=8192,
+    num_attention_heads=64,
+    num_kv_heads=8,
+    head_size=128,
+    intermediate_size=28672,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    num_params=70_553_706_496,
+    hf_id="meta-llama/Meta-Llama-3-70B",
+)
 _MODEL_LIST: tuple[ModelSpec, ...] = (
     # meta-llama/Llama-2-7b-hf config.json (float16)
     ModelSpec(
@@ -166,64 +196,21 @@ _MODEL_LIST: tuple[ModelSpec, ...] = (
         num_params=68_976_648_192,
         hf_id="meta-llama/Llama-2-70b-hf",
     ),
-    # meta-llama/Meta-Llama-3-8B config.json (bfloat16)
-    ModelSpec(
-        "llama-3-8b",
-        "llama",
-        num_layers=32,
-        hidden_size=4096,
-        num_attention_heads=32,
-        num_kv_heads=8,
-        head_size=128,
-        intermediate_size=14336,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-        num_params=8_030_261_248,
-        hf_id="meta-llama/Meta-Llama-3-8B",
-    ),
-    # meta-llama/Meta-Llama-3-70B config.json (bfloat16)
-    ModelSpec(
-        "llama-3-70b",
-        "llama",
-        num_layers=80,
-        hidden_size=8192,
-        num_attention_heads=64,
-        num_kv_heads=8,
-        head_size=128,
-        intermediate_size=28672,
-        vocab_size=128256,
-        max_position_embeddings=8192,
-        num_params=70_553_706_496,
-        hf_id="meta-llama/Meta-Llama-3-70B",
-    ),
-    # meta-llama/Llama-3.1-8B config.json (bfloat16; rope_scaling "llama3", 128k context)
-    ModelSpec(
-        "llama-3.1-8b",
-        "llama",
-        num_layers=32,
-        hidden_size=4096,
-        num_attention_heads=32,
-        num_kv_heads=8,
-        head_size=128,
-        intermediate_size=14336,
-        vocab_size=128256,
+    _LLAMA_3_8B,
+    _LLAMA_3_70B,
+    # meta-llama/Llama-3.1-8B config.json (bfloat16; rope_scaling "llama3", 128k context):
+    # Llama 3 8B's shapes with a longer context.
+    replace(
+        _LLAMA_3_8B,
+        name="llama-3.1-8b",
         max_position_embeddings=131072,
-        num_params=8_030_261_248,
         hf_id="meta-llama/Llama-3.1-8B",
     ),
-    # meta-llama/Llama-3.1-70B config.json (bfloat16; 128k context)
-    ModelSpec(
-        "llama-3.1-70b",
-        "llama",
-        num_layers=80,
-        hidden_size=8192,
-        num_attention_heads=64,
-        num_kv_heads=8,
-        head_size=128,
-        intermediate_size=28672,
-        vocab_size=128256,
+    # meta-llama/Llama-3.1-70B config.json (bfloat16; 128k context): Llama 3 70B's shapes.
+    replace(
+        _LLAMA_3_70B,
+        name="llama-3.1-70b",
         max_position_embeddings=131072,
-        num_params=70_553_706_496,
         hf_id="meta-llama/Llama-3.1-70B",
     ),
     # mistralai/Mistral-7B-v0.1 config.json (bfloat16; sliding_window 4096 on every layer,
