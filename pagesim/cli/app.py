@@ -9,10 +9,14 @@ from __future__ import annotations
 import re
 import sys
 import traceback
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from pagesim.errors import InternalError, PagesimError
+
+if TYPE_CHECKING:
+    from pagesim.config import EngineConfig
 
 app = typer.Typer(
     name="pagesim",
@@ -68,6 +72,14 @@ GPU_COMMANDS = {
     "calibrate": "",
     "validate": " (--real RUN.json compares stored real runs on any machine)",
 }
+
+
+def gpu_engine_config(model: str | None, **flags: Any) -> EngineConfig:
+    """The engine a GPU command measures: the given model (llama-2-7b when none) on the H200
+    that the calibration profiles and real runs come from."""
+    from pagesim.config import EngineConfig
+
+    return EngineConfig.create(model=model or "llama-2-7b", gpu="h200", **flags)
 
 
 def _require_gpu_first(argv: list[str] | None) -> None:

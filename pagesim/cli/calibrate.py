@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from pagesim.cli import options as o
-from pagesim.cli.app import app
+from pagesim.cli.app import app, gpu_engine_config
 from pagesim.errors import ConfigError
 from pagesim.utils import check_number, check_output_dir, parse_int_list
 
@@ -75,7 +75,6 @@ def calibrate_command(
     --tensor-parallel-size N: one process per GPU, steps through rank 0's broadcast, plus the
     all-reduce table (profile <root>/<gpu>/<model>-tp<N>/), CUDA graphs on every rank with
     their NCCL all-reduces inside unless --enforce-eager."""
-    from pagesim.config import EngineConfig
     from pagesim.data import calibration_dir
     from pagesim.gpu.device import require_cuda, torch_dtype
 
@@ -91,9 +90,8 @@ def calibrate_command(
             f"--output-dir {output_dir}: is inside the shipped profiles ({shipped}); write "
             "elsewhere and pass the profile with --profile"
         )
-    config = EngineConfig.create(
-        model=model or "llama-2-7b",
-        gpu="h200",
+    config = gpu_engine_config(
+        model,
         gpu_memory_utilization=gpu_memory_utilization,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,

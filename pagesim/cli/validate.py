@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from pagesim.cli import options as o
-from pagesim.cli.app import GPU_COMMANDS, app
+from pagesim.cli.app import GPU_COMMANDS, app, gpu_engine_config
 from pagesim.errors import ConfigError
 from pagesim.utils import check_output_dir
 
@@ -83,24 +83,17 @@ def validate_command(
             typer.echo(f"skipped: {note}", err=True)
     else:
         skipped = []
-        paths = _serve_now(
-            model,
-            block_size,
-            gpu_memory_utilization,
-            max_num_seqs,
-            max_num_batched_tokens,
-            max_model_len,
-            enable_prefix_caching,
-            workload,
-            num_prompts,
-            request_rate,
-            burstiness,
-            seed,
-            dtype,
-            output_dir,
-            enforce_eager,
-            repeats,
-        )
+        engine = {
+            "model": model,
+            "block_size": block_size,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "max_model_len": max_model_len,
+            "enable_prefix_caching": enable_prefix_caching,
+        }
+        load = (workload, num_prompts, request_rate, burstiness, seed)
+        paths = _serve_now(engine, load, dtype, output_dir, enforce_eager, repeats)
         entries = [validate_real_run(p, profile or _default_profile(p), predictions) for p in paths]
     for e in entries:
         if "runner_note" in e:
@@ -122,27 +115,20 @@ def _default_profile(real_path: Path) -> Path | None:
 
 
 def _serve_now(
-    model,
-    block_size,
-    gpu_memory_utilization,
-    max_num_seqs,
-    max_num_batched_tokens,
-    max_model_len,
-    enable_prefix_caching,
-    workload,
-    num_prompts,
-    request_rate,
-    burstiness,
-    seed,
-    dtype,
+    engine: dict[str, Any],
+    load_flags: tuple,
+    dtype: str,
     output_dir: Path,
     enforce_eager: bool = False,
     repeats: int = 1,
 ) -> list[Path]:
-    """Measure the KV cache, serve the load on this GPU `repeats` times, store each real run
-    (the second as `<stem>-r2`, ...); returns their paths."""
-    from pagesim.config import EngineConfig
+    """Measure the KV cache of the engine that `engine` (`gpu_engine_config`'s flags) gives,
+    serve the load of `load_flags` (workload, num_prompts, request_rate, burstiness, seed) on
+    this GPU `repeats` times, store each real run (the second as `<stem>-r2`, ...); returns
+    their paths."""
     from pagesim.sim.simulate import LoadSpec
+
+    workload, num_prompts, request_rate, burstiness, seed = load_flags
 
     # bad input first, GPU or not
     LoadSpec(
@@ -160,16 +146,7 @@ def _serve_now(
     from pagesim.validate.serve import serve_workload
     from pagesim.validate.store import load_dict, save_real_run
 
-    config = EngineConfig.create(
-        model=model or "llama-2-7b",
-        gpu="h200",
-        block_size=block_size,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        enable_prefix_caching=enable_prefix_caching,
-    )
+    config = gpu_engine_config(**engine)
     if request_rate is not None and not (request_rate > 0):
         raise ConfigError(f"--request-rate {request_rate}: must be > 0 (or inf)")
     device = torch.device("cuda")
