@@ -35,7 +35,7 @@ from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.buddy import PLACEMENTS, Region, ceil_pow2
 from pagesim.kvcache.invariants import InvariantViolation
 from pagesim.kvcache.kv_cache_manager import KVCacheBlocks
-from pagesim.kvcache.prefix_stats import PrefixCacheStats
+from pagesim.kvcache.prefix_stats import PrefixCacheStats, PrefixStatsCounters
 from pagesim.request import Request
 
 POLICIES: tuple[str, ...] = ("reserve-max", "pow2", "oracle")
@@ -51,7 +51,7 @@ class Reservation:
     final_kv_len: int  # slots the request will ever fill: prompt + max_tokens - 1
 
 
-class ContiguousKVCacheManager:
+class ContiguousKVCacheManager(PrefixStatsCounters):
     """One contiguous region per request over `num_gpu_blocks - 1` usable blocks.
 
     `policy` sizes the region, `placement` ("buddy" | "first-fit") places it. With
@@ -217,9 +217,7 @@ class ContiguousKVCacheManager:
         slots = region.size * self.block_size
         self.num_reserved_slots += slots
         self.num_fillable_slots += min(slots, res.final_kv_len)
-        preempted = request.num_preemptions > 0
-        self.prefix_cache_stats.record(request.num_tokens, 0, preempted)
-        self._interval_stats.record(request.num_tokens, 0, preempted)
+        self._record_admission(request, 0)
         return res
 
     def free(self, request: Request) -> None:
@@ -258,10 +256,6 @@ class ContiguousKVCacheManager:
     def reset_prefix_cache(self) -> bool:
         self.prefix_cache_stats.reset = self._interval_stats.reset = True
         return True
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats:
-        stats, self._interval_stats = self._interval_stats, PrefixCacheStats()
-        return stats
 
     def take_events(self) -> list:
         return []

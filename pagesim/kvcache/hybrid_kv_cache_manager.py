@@ -17,20 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pagesim.config import VLLM_COMPAT
-from pagesim.errors import ConfigError
 from pagesim.kvcache.alloc_checks import check_allocation_arguments, check_ever_fits
 from pagesim.kvcache.block import KVCacheBlock
-from pagesim.kvcache.block_pool import BlockPool
 from pagesim.kvcache.hashing import BlockHasher
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.kv_cache_coordinator import HybridKVCacheCoordinator
 from pagesim.kvcache.kv_cache_spec import KVCacheConfig
 from pagesim.kvcache.pool_views import BlockPoolViews
-from pagesim.kvcache.prefix_stats import PrefixCacheStats
 from pagesim.request import Request
-
-_FREE_ORDER = {"0.33": "lifo_unhashed", "0.23": "classic"}
 
 
 @dataclass(slots=True)
@@ -62,31 +56,21 @@ class HybridKVCacheManager(BlockPoolViews):
         max_num_batched_tokens: int | None = None,
         enable_kv_cache_events: bool = False,
     ) -> None:
-        if vllm_compat not in VLLM_COMPAT:
-            raise ConfigError(
-                f"vllm_compat={vllm_compat!r}: choose one of {', '.join(VLLM_COMPAT)}"
-            )
-        if max_model_len is not None and max_model_len < 1:
-            raise ConfigError(f"max_model_len={max_model_len!r}: must be >= 1")
-        self.kv_cache_config = kv_cache_config
-        self.block_size = kv_cache_config.block_size
-        self.enable_caching = enable_caching
-        self.vllm_compat = vllm_compat
-        self.max_model_len = max_model_len
-        self.block_pool = BlockPool(
+        self._init_block_pool(
             kv_cache_config.num_blocks,
             enable_caching,
-            _FREE_ORDER[vllm_compat],
+            vllm_compat,
+            max_model_len,
             enable_kv_cache_events,
         )
+        self.kv_cache_config = kv_cache_config
+        self.block_size = kv_cache_config.block_size
         self.coordinator = HybridKVCacheCoordinator(
             kv_cache_config, self.block_pool, enable_caching, max_num_batched_tokens, max_model_len
         )
         self.single_type_managers = self.coordinator.single_type_managers
         self.hasher = BlockHasher(self.block_size)
         self.check_invariants = check_invariants
-        self.prefix_cache_stats = PrefixCacheStats()
-        self._interval_stats = PrefixCacheStats()
         self.empty_kv_cache_blocks = HybridKVCacheBlocks(
             tuple(() for _ in kv_cache_config.kv_cache_groups)
         )
@@ -192,11 +176,7 @@ class HybridKVCacheManager(BlockPoolViews):
                 self.hasher.extend(request)
             coordinator.cache_blocks(request, num_full)
             if not running:
-                preempted = request.num_preemptions > 0
-                self.prefix_cache_stats.record(
-                    request.num_tokens, num_new_computed_tokens, preempted
-                )
-                self._interval_stats.record(request.num_tokens, num_new_computed_tokens, preempted)
+                self._record_admission(request, num_new_computed_tokens)
         if self.check_invariants:
             check_kv_cache_manager(self)
         return HybridKVCacheBlocks(new_blocks)

@@ -36,22 +36,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from pagesim.config import VLLM_COMPAT
 from pagesim.errors import AllocationError, ConfigError, InternalError
 from pagesim.kvcache.alloc_checks import check_allocation_arguments, check_ever_fits
 from pagesim.kvcache.block import KVCacheBlock
-from pagesim.kvcache.block_pool import BlockPool
 from pagesim.kvcache.copy_on_write import replace_shared_blocks, shared_write_indices
 from pagesim.kvcache.deferred_hashes import DeferredHashesFactory
 from pagesim.kvcache.hashing import BlockHasher
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.pool_views import BlockPoolViews
-from pagesim.kvcache.prefix_stats import PrefixCacheStats
 from pagesim.kvcache.sliding_window import SlidingWindow
 from pagesim.request import Request
 
 _block_id = attrgetter("block_id")
-_FREE_ORDER = {"0.33": "lifo_unhashed", "0.23": "classic"}
 
 
 @dataclass(slots=True)
@@ -103,19 +99,10 @@ class KVCacheManager(BlockPoolViews):
     ) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ConfigError(f"block_size={block_size!r}: must be an int >= 1")
-        if vllm_compat not in VLLM_COMPAT:
-            raise ConfigError(
-                f"vllm_compat={vllm_compat!r}: choose one of {', '.join(VLLM_COMPAT)}"
-            )
-        if max_model_len is not None and max_model_len < 1:
-            raise ConfigError(f"max_model_len={max_model_len!r}: must be >= 1")
-        self.block_size = block_size
-        self.enable_caching = enable_caching
-        self.vllm_compat = vllm_compat
-        self.max_model_len = max_model_len
-        self.block_pool = BlockPool(
-            num_gpu_blocks, enable_caching, _FREE_ORDER[vllm_compat], enable_kv_cache_events
+        self._init_block_pool(
+            num_gpu_blocks, enable_caching, vllm_compat, max_model_len, enable_kv_cache_events
         )
+        self.block_size = block_size
         self.sliding_window = sliding_window
         self._window = (
             None
@@ -144,8 +131,6 @@ class KVCacheManager(BlockPoolViews):
         # Requests whose row had entries replaced in place (copy-on-write, sliding window)
         # since the scheduler last sent them whole; membership only, the scheduler clears it.
         self.rewritten_req_ids: set[str] = set()
-        self.prefix_cache_stats = PrefixCacheStats()  # since construction (or reset)
-        self._interval_stats = PrefixCacheStats()  # since the last make_prefix_cache_stats()
         self.empty_kv_cache_blocks = KVCacheBlocks(())
 
     # ---- read-only views -------------------------------------------------------------------
@@ -368,11 +353,7 @@ class KVCacheManager(BlockPoolViews):
             if num_full > self.num_cached_block[rid]:
                 self._cache_blocks(request, row, num_full)
             if is_new:
-                preempted = request.num_preemptions > 0
-                self.prefix_cache_stats.record(
-                    request.num_tokens, num_new_computed_tokens, preempted
-                )
-                self._interval_stats.record(request.num_tokens, num_new_computed_tokens, preempted)
+                self._record_admission(request, num_new_computed_tokens)
         if self.check_invariants:
             check_kv_cache_manager(self)
         return KVCacheBlocks(new_blocks) if new_blocks else self.empty_kv_cache_blocks

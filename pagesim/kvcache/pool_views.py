@@ -4,16 +4,47 @@ and the cache-wide operations (reset, interval stats, KV events)."""
 
 from __future__ import annotations
 
+from pagesim.config import VLLM_COMPAT
+from pagesim.errors import ConfigError
 from pagesim.kvcache.block_pool import BlockPool, KVCacheEvent
-from pagesim.kvcache.prefix_stats import PrefixCacheStats
+from pagesim.kvcache.prefix_stats import PrefixCacheStats, PrefixStatsCounters
+
+# vllm_compat -> the pool's free order
+_FREE_ORDER = {"0.33": "lifo_unhashed", "0.23": "classic"}
 
 
-class BlockPoolViews:
-    """Mixin: the manager sets `block_pool`, `prefix_cache_stats` and `_interval_stats`."""
+class BlockPoolViews(PrefixStatsCounters):
+    """Mixin: the manager calls `_init_block_pool` in its constructor."""
 
     block_pool: BlockPool
-    prefix_cache_stats: PrefixCacheStats
-    _interval_stats: PrefixCacheStats
+    enable_caching: bool
+    vllm_compat: str
+    max_model_len: int | None
+
+    def _init_block_pool(
+        self,
+        num_blocks: int,
+        enable_caching: bool,
+        vllm_compat: str,
+        max_model_len: int | None,
+        enable_kv_cache_events: bool,
+    ) -> None:
+        """Check the arguments both managers take, then make the pool in the free order of
+        `vllm_compat` and the prefix-cache counters."""
+        if vllm_compat not in VLLM_COMPAT:
+            raise ConfigError(
+                f"vllm_compat={vllm_compat!r}: choose one of {', '.join(VLLM_COMPAT)}"
+            )
+        if max_model_len is not None and max_model_len < 1:
+            raise ConfigError(f"max_model_len={max_model_len!r}: must be >= 1")
+        self.enable_caching = enable_caching
+        self.vllm_compat = vllm_compat
+        self.max_model_len = max_model_len
+        self.block_pool = BlockPool(
+            num_blocks, enable_caching, _FREE_ORDER[vllm_compat], enable_kv_cache_events
+        )
+        self.prefix_cache_stats = PrefixCacheStats()  # since construction (or reset)
+        self._interval_stats = PrefixCacheStats()  # since the last make_prefix_cache_stats()
 
     @property
     def usage(self) -> float:
@@ -36,11 +67,6 @@ class BlockPoolViews:
             return False
         self.prefix_cache_stats.reset = self._interval_stats.reset = True
         return True
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Prefix-cache stats since the previous call (vLLM's interval stats), then reset."""
-        stats, self._interval_stats = self._interval_stats, PrefixCacheStats()
-        return stats
 
     def take_events(self) -> list[KVCacheEvent]:
         """KV events (stored / removed blocks) since the last call; needs enable_kv_cache_events."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagesim.request import Request
+
 
 @dataclass(slots=True)
 class PrefixCacheStats:
@@ -36,3 +38,23 @@ class PrefixCacheStats:
     def hit_rate(self) -> float:
         """hits / queries over first admissions (0.0 before any query)."""
         return self.hits / self.queries if self.queries else 0.0
+
+
+class PrefixStatsCounters:
+    """Mixin of every KV cache manager: the counters since construction (or reset),
+    `prefix_cache_stats`, and since the last `make_prefix_cache_stats()`, `_interval_stats`,
+    which the manager sets to fresh `PrefixCacheStats()`."""
+
+    prefix_cache_stats: PrefixCacheStats
+    _interval_stats: PrefixCacheStats
+
+    def _record_admission(self, request: Request, num_hit_tokens: int) -> None:
+        """Count the request's admission, with `num_hit_tokens` found in the cache, in both."""
+        preempted = request.num_preemptions > 0
+        self.prefix_cache_stats.record(request.num_tokens, num_hit_tokens, preempted)
+        self._interval_stats.record(request.num_tokens, num_hit_tokens, preempted)
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """Prefix-cache stats since the previous call (vLLM's interval stats), then reset."""
+        stats, self._interval_stats = self._interval_stats, PrefixCacheStats()
+        return stats
