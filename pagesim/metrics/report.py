@@ -281,6 +281,36 @@ def format_benchmark_block(
     return "\n".join(lines)
 
 
+#: pagesim's numeric result keys beside vllm bench's (`engine_keys`, and the waste split that
+#: the simulator adds), by how a cluster merges them over its replicas: counters add up, peaks
+#: take the largest, time-weighted means and KV fractions average (replicas have equal KV
+#: memory). `prefix_cache_hit_rate` is recomputed from the summed tokens, and `num_gpu_blocks`
+#: is every replica's.
+SUMMED_KEYS: tuple[str, ...] = (
+    "num_rejected",
+    "num_preemptions",
+    "num_swap_preemptions",
+    "preempted_computed_tokens",
+    "recomputed_tokens",
+    "swapped_out_bytes",
+    "swapped_in_bytes",
+    "num_steps",
+    "busy_time_s",
+    "prefix_cache_query_tokens",
+    "prefix_cache_hit_tokens",
+)
+PEAK_KEYS: tuple[str, ...] = ("max_num_running", "kv_cache_usage_peak")
+MEAN_KEYS: tuple[str, ...] = (
+    "mean_num_running",
+    "kv_cache_usage_mean",
+    "kv_token_state_frac",
+    "kv_reserved_frac",
+    "kv_internal_frag_frac",
+    "kv_external_frag_frac",
+    "kv_free_frac",
+)
+
+
 def engine_keys(metrics: MetricsCollector, stats, num_gpu_blocks: int) -> dict[str, Any]:
     """pagesim's counters shared by simulated and real runs: rejections, preemption, swap,
     batch size and KV usage (time-weighted by step time), prefix cache.

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagesim.errors import ConfigError
+from pagesim.metrics.report import MEAN_KEYS, PEAK_KEYS, SUMMED_KEYS
 
 LATENCY_KEY = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
 GOODPUT_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2el")
@@ -42,27 +43,10 @@ RESULT_KEYS: tuple[str, ...] = (
     "total_token_throughput",
     "max_output_tokens_per_s",
     "max_concurrent_requests",
-    "num_rejected",
-    "num_preemptions",
-    "num_swap_preemptions",
-    "preempted_computed_tokens",
-    "recomputed_tokens",
-    "swapped_out_bytes",
-    "swapped_in_bytes",
-    "mean_num_running",
-    "max_num_running",
-    "num_steps",
-    "busy_time_s",
-    "prefix_cache_query_tokens",
-    "prefix_cache_hit_tokens",
+    *SUMMED_KEYS,
+    *PEAK_KEYS,
+    *MEAN_KEYS,
     "prefix_cache_hit_rate",
-    "kv_cache_usage_mean",
-    "kv_cache_usage_peak",
-    "kv_token_state_frac",
-    "kv_reserved_frac",
-    "kv_internal_frag_frac",
-    "kv_external_frag_frac",
-    "kv_free_frac",
     "num_gpu_blocks",
 )
 

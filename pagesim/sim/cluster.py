@@ -28,6 +28,7 @@ from pagesim.cost.base import CostModel
 from pagesim.errors import ConfigError, InternalError
 from pagesim.kvcache.waste import WasteAverager
 from pagesim.metrics import MetricsCollector, summarize
+from pagesim.metrics.report import MEAN_KEYS, PEAK_KEYS, SUMMED_KEYS
 from pagesim.request import Request
 from pagesim.sim.build import build_cost_model, build_scheduler
 from pagesim.sim.bulk_decodes import BulkDecodes
@@ -193,42 +194,17 @@ def merge_metrics(collectors: list[MetricsCollector]) -> MetricsCollector:
     return merged
 
 
-_SUMMED = (
-    "num_rejected",
-    "num_preemptions",
-    "num_swap_preemptions",
-    "preempted_computed_tokens",
-    "recomputed_tokens",
-    "swapped_out_bytes",
-    "swapped_in_bytes",
-    "num_steps",
-    "busy_time_s",
-    "prefix_cache_query_tokens",
-    "prefix_cache_hit_tokens",
-)
-_PEAK = ("max_num_running", "kv_cache_usage_peak")
-_MEAN = (
-    "mean_num_running",
-    "kv_cache_usage_mean",
-    "kv_token_state_frac",
-    "kv_reserved_frac",
-    "kv_internal_frag_frac",
-    "kv_external_frag_frac",
-    "kv_free_frac",
-)
-
-
 def aggregate_replica_keys(replicas: list[dict[str, Any]]) -> dict[str, Any]:
     """Cluster-wide pagesim keys: counters summed, peaks maxed, per-replica fractions averaged
     (replicas have equal KV memory), the prefix hit rate recomputed from the summed tokens."""
     out: dict[str, Any] = {}
     for key in replicas[0]:
         values = [r[key] for r in replicas]
-        if key in _SUMMED:
+        if key in SUMMED_KEYS:
             out[key] = sum(values)
-        elif key in _PEAK:
+        elif key in PEAK_KEYS:
             out[key] = max(values)
-        elif key in _MEAN:
+        elif key in MEAN_KEYS:
             out[key] = sum(values) / len(values)
         elif key == "rejected_reasons":
             reasons: dict[str, int] = {}
