@@ -14,6 +14,7 @@ from typing import Any
 from pagesim.config import EngineConfig
 from pagesim.cost.base import CostModel
 from pagesim.errors import ConfigError
+from pagesim.metrics.report import HEADLINE_METRICS
 from pagesim.sim.simulate import SimulationResult, simulate
 from pagesim.validate.store import jsonable, load_spec, read_real_run, real_run_config
 
@@ -55,12 +56,7 @@ SPREAD_WIDENED: tuple[str, ...] = (
     "mean_e2el_ms",
 )
 SUMMARY_METRICS: tuple[str, ...] = (
-    "request_throughput",
-    "output_throughput",
-    "mean_ttft_ms",
-    "p99_ttft_ms",
-    "mean_tpot_ms",
-    "p99_tpot_ms",
+    *HEADLINE_METRICS,
     "mean_itl_ms",
     "p99_itl_ms",
     "mean_e2el_ms",
