@@ -40,16 +40,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pagesim.cost.profile import (
-    DecodeRow,
-    DecodeSharedRow,
-    DecodeSharedSpreadRow,
-    DecodeSpreadRow,
-    MixedRow,
-    MultiPrefillRow,
-    PrefillRow,
-    VarlenSharedRow,
-)
 from pagesim.gpu.calibration_grid import CalibrationGrid, CalibrationRows
 from pagesim.gpu.overhead import overhead_requests, overhead_rows
 from pagesim.request import Request
@@ -493,12 +483,12 @@ def calibrate_block_size(
         for i, (kind, key, _, _) in enumerate(points)
         if kind in ("vreference", "sreference")
     }
-    # kind -> (row type, table); shared rows carry their unshared reference time
+    # kind -> table; shared rows carry their unshared reference time
     plain_kinds = {
-        "decode": (DecodeRow, "decode"),
-        "prefill": (PrefillRow, "prefill"),
-        "mixed": (MixedRow, "mixed"),
-        "multi": (MultiPrefillRow, "multi_prefill"),
+        "decode": "decode",
+        "prefill": "prefill",
+        "mixed": "mixed",
+        "multi": "multi_prefill",
     }
     rows = CalibrationRows.empty()
     for i, (kind, key, _, other) in enumerate(points):
@@ -506,18 +496,15 @@ def calibrate_block_size(
         o = timings[other_index[other]].median
         fields = (block_size, *key, *_ms(t), max(0.0, t.median - o) * 1e3, min(o, t.median) * 1e3)
         if kind in plain_kinds:
-            row_type, table = plain_kinds[kind]
-            getattr(rows, table).append(row_type(*fields))
+            rows.add(plain_kinds[kind], *fields)
         elif kind == "shared" and key[:2] in plain_ms:
-            rows.decode_shared.append(DecodeSharedRow(*fields, plain_ms[key[:2]]))
+            rows.add("decode_shared", *fields, plain_ms[key[:2]])
         elif kind == "vshared" and ("vreference", key) in twin_ms:
-            rows.varlen_shared.append(VarlenSharedRow(*fields, twin_ms["vreference", key]))
+            rows.add("varlen_shared", *fields, twin_ms["vreference", key])
         elif kind == "sshared" and ("sreference", key) in twin_ms:
-            rows.decode_shared_spread.append(
-                DecodeSharedSpreadRow(*fields, twin_ms["sreference", key])
-            )
+            rows.add("decode_shared_spread", *fields, twin_ms["sreference", key])
         elif kind == "spread" and key[:2] in plain_ms:
-            rows.decode_spread.append(DecodeSpreadRow(*fields, plain_ms[key[:2]]))
+            rows.add("decode_spread", *fields, plain_ms[key[:2]])
     return rows
 
 

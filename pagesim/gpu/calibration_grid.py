@@ -5,16 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from pagesim.cost.profile import (
-    DecodeRow,
-    DecodeSharedRow,
-    DecodeSharedSpreadRow,
-    DecodeSpreadRow,
-    MixedRow,
-    MultiPrefillRow,
-    PrefillRow,
-    VarlenSharedRow,
-)
+from pagesim.cost import profile
 
 
 @dataclass(frozen=True)
@@ -129,18 +120,22 @@ class CalibrationGrid:
 class CalibrationRows(NamedTuple):
     """Measured rows, one list per profile table (the fields are `Profile`'s table names)."""
 
-    decode: list[DecodeRow]
-    prefill: list[PrefillRow]
-    mixed: list[MixedRow]
-    multi_prefill: list[MultiPrefillRow]
-    decode_shared: list[DecodeSharedRow]
-    varlen_shared: list[VarlenSharedRow]
-    decode_spread: list[DecodeSpreadRow]
-    decode_shared_spread: list[DecodeSharedSpreadRow]
+    decode: list[profile.DecodeRow]
+    prefill: list[profile.PrefillRow]
+    mixed: list[profile.MixedRow]
+    multi_prefill: list[profile.MultiPrefillRow]
+    decode_shared: list[profile.DecodeSharedRow]
+    varlen_shared: list[profile.VarlenSharedRow]
+    decode_spread: list[profile.DecodeSpreadRow]
+    decode_shared_spread: list[profile.DecodeSharedSpreadRow]
 
     @classmethod
     def empty(cls) -> CalibrationRows:
         return cls([], [], [], [], [], [], [], [])
+
+    def add(self, table: str, *fields: object) -> None:
+        """Append a row of `fields` to `table`, of that table's row type."""
+        getattr(self, table).append(profile.TABLES[table][0](*fields))
 
     def extend(self, other: CalibrationRows) -> None:
         """Append `other`'s rows (another block size) to these, table by table."""
