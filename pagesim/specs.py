@@ -135,9 +135,9 @@ _LLAMA_3_8B = ModelSpec(
     num_params=8_030_261_248,
     hf_id="meta-llama/Meta-Llama-3-8B",
 )
-# meta-llama/Meta-Llama-3-70B config.json (bfloat16)
-_LLAMA_3_70B = ModelSpec(
-    "llama-3-70b",
+# meta-llama/Llama-2-70b-hf config.json (float16; GQA with 8 KV heads)
+_LLAMA_2_70B = ModelSpec(
+    "llama-2-70b",
     "llama",
     num_layers=80,
     hidden_size=8192,
@@ -145,6 +145,16 @@ _LLAMA_3_70B = ModelSpec(
     num_kv_heads=8,
     head_size=128,
     intermediate_size=28672,
+    vocab_size=32000,
+    max_position_embeddings=4096,
+    num_params=68_976_648_192,
+    hf_id="meta-llama/Llama-2-70b-hf",
+)
+# meta-llama/Meta-Llama-3-70B config.json (bfloat16): Llama 2 70B's layer shapes with a
+# 128,256-token vocabulary and an 8k context.
+_LLAMA_3_70B = replace(
+    _LLAMA_2_70B,
+    name="llama-3-70b",
     vocab_size=128256,
     max_position_embeddings=8192,
     num_params=70_553_706_496,
@@ -181,21 +191,7 @@ _MODEL_LIST: tuple[ModelSpec, ...] = (
         num_params=13_015_864_320,
         hf_id="meta-llama/Llama-2-13b-hf",
     ),
-    # meta-llama/Llama-2-70b-hf config.json (float16; GQA with 8 KV heads)
-    ModelSpec(
-        "llama-2-70b",
-        "llama",
-        num_layers=80,
-        hidden_size=8192,
-        num_attention_heads=64,
-        num_kv_heads=8,
-        head_size=128,
-        intermediate_size=28672,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-        num_params=68_976_648_192,
-        hf_id="meta-llama/Llama-2-70b-hf",
-    ),
+    _LLAMA_2_70B,
     _LLAMA_3_8B,
     _LLAMA_3_70B,
     # meta-llama/Llama-3.1-8B config.json (bfloat16; rope_scaling "llama3", 128k context):
@@ -213,17 +209,12 @@ _MODEL_LIST: tuple[ModelSpec, ...] = (
         max_position_embeddings=131072,
         hf_id="meta-llama/Llama-3.1-70B",
     ),
-    # mistralai/Mistral-7B-v0.1 config.json (bfloat16; sliding_window 4096 on every layer,
-    # max_position_embeddings 32768)
-    ModelSpec(
-        "mistral-7b",
-        "llama",
-        num_layers=32,
-        hidden_size=4096,
-        num_attention_heads=32,
-        num_kv_heads=8,
-        head_size=128,
-        intermediate_size=14336,
+    # mistralai/Mistral-7B-v0.1 config.json (bfloat16): the layer shapes Llama 3 8B has too,
+    # with a 32,000-token vocabulary, max_position_embeddings 32768 and sliding_window 4096
+    # on every layer.
+    replace(
+        _LLAMA_3_8B,
+        name="mistral-7b",
         vocab_size=32000,
         max_position_embeddings=32768,
         num_params=7_241_732_096,
