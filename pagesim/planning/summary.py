@@ -19,6 +19,7 @@ import pandas as pd
 
 from pagesim.errors import ConfigError
 from pagesim.sim.build import profile_path
+from pagesim.workload import WORKLOAD_PARAMS
 
 # The load settings a run's metadata carries (as vllm bench's result JSON does).
 _METADATA_LOAD = (
@@ -45,14 +46,7 @@ METADATA_KEYS = frozenset(
         "engine_config",
     }
 )
-LOAD_COLUMNS = (
-    *_METADATA_LOAD,
-    "random_input_len",
-    "random_output_len",
-    "random_range_ratio",
-    "random_prefix_len",
-    "time_scale",
-)
+LOAD_COLUMNS = (*_METADATA_LOAD, *WORKLOAD_PARAMS)
 
 
 def settings_row(task: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError
 from pagesim.sim.load import LoadSpec
+from pagesim.workload import WORKLOAD_PARAMS  # the workload parameters a stored load may carry
 
 REAL_RUN_FORMAT = 1
 #: The endings of compressed real runs (plain `.json` ones are read too).
@@ -25,16 +26,6 @@ COMPRESSED_RUN_SUFFIXES = (".json.xz", ".json.gz")
 RECORD_DECIMALS = 9
 #: The first bytes of every file `save_real_run` writes.
 _RUN_HEAD = b'{"format":%d,' % REAL_RUN_FORMAT
-
-
-#: The workload parameters a stored load may carry (`LoadSpec`'s names).
-WORKLOAD_PARAMS = (
-    "random_input_len",
-    "random_output_len",
-    "random_range_ratio",
-    "random_prefix_len",
-    "time_scale",
-)
 
 
 def load_dict(
