@@ -132,12 +132,17 @@ class BlockSource:
         return rows
 
 
-def _request(rid: str, context: int, num_new: int, prompts: dict[int, list[int]]) -> Request:
+def _request(
+    rid: str, index: int, context: int, num_new: int, prompts: dict[int, list[int]]
+) -> Request:
     """A request whose step computes `num_new` tokens over `context` cached ones.
 
     Decode shape (num_new == 1, context > 0): prompt of `context` tokens plus one sampled
     token, as after its prefill. Otherwise: a prompt of `context + num_new` tokens. Prompt
     lists are shared through `prompts` (length -> tokens) so big batches build quickly.
+    The sampled token differs per request (`index`), as in a served batch: an MoE layer
+    routes each token by its hidden state, so a batch of one repeated token would pick one
+    top-k set of experts and read a fraction of the weights a served step reads.
     """
     decode = is_decode(num_new, context)
     n = context if decode else context + num_new
@@ -145,7 +150,7 @@ def _request(rid: str, context: int, num_new: int, prompts: dict[int, list[int]]
         prompts[n] = [(j * 104_729 + 17) % 32_000 for j in range(n)]
     req = Request(rid, prompts[n], max_tokens=1 << 20)
     if decode:
-        req.output_token_ids.append(7)
+        req.output_token_ids.append((index * 7_919 + 7) % 32_000)
     return req
 
 
@@ -170,7 +175,7 @@ def synthetic_step(
     out = SchedulerOutput(step_id=step_id, block_size=block_size)
     prompts: dict[int, list[int]] = {}
     for k, ((ctx, new), row) in enumerate(zip(entries, rows, strict=False)):
-        req = _request(f"{request_prefix}-{k}", ctx, new, prompts)
+        req = _request(f"{request_prefix}-{k}", k, ctx, new, prompts)
         out.scheduled.append(ScheduledRequest(req, new, ctx, row))
         out.total_num_scheduled_tokens += new
     return out

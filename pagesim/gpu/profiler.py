@@ -222,7 +222,7 @@ def calibrate(
     `options.calibration_root` is set. The time budget counts from `t_start`."""
     o = options
     deadline = None if o.time_budget_s is None else t_start + o.time_budget_s
-    measured = grid_rows(
+    measured, graphs = grid_rows(
         make_runner, config, grid, capacity.num_gpu_blocks, t_start, deadline, options
     )
     overhead, admission = measure_overhead(make_runner, config, capacity.num_gpu_blocks, grid)
@@ -236,7 +236,7 @@ def calibrate(
         )
     )
     host_link = measure_host_link(model.device) if model.device.type == "cuda" else None
-    meta = profile_metadata(config, grid, model, capacity, world, o, admission, host_link)
+    meta = profile_metadata(config, grid, model, capacity, world, o, admission, host_link, graphs)
     profile = Profile(meta, overhead=tuple(overhead), allreduce=allreduce, **measured.tables())
     directory = None
     if o.calibration_root is not None:
@@ -261,10 +261,13 @@ def grid_rows(
     t_start: float,
     deadline: float | None,
     options: CalibrationOptions,
-) -> CalibrationRows:
-    """The grid's rows over its block sizes, one runner per size."""
+) -> tuple[CalibrationRows, bool]:
+    """The grid's rows over its block sizes, one runner per size, and whether every runner
+    replayed CUDA graphs (a runner whose model graphs cannot serve, such as a hybrid KV
+    layout, runs eagerly, and the profile must name the runner it timed)."""
     log = options.log
     measured = CalibrationRows.empty()
+    all_graphs = True
     for bs in block_order(config, grid):
         if bs not in grid.block_sizes:
             continue
@@ -286,6 +289,7 @@ def grid_rows(
         )
         measured.extend(rows)
         graphs = runner.graphs
+        all_graphs = all_graphs and graphs is not None
         log(
             f"block size {bs}: {rows.summary()}, {time.monotonic() - t_start:.0f} s so far"
             + (
@@ -299,7 +303,7 @@ def grid_rows(
         del graphs
         del runner
         release_cached()
-    return measured
+    return measured, all_graphs
 
 
 def profile_metadata(
@@ -311,11 +315,13 @@ def profile_metadata(
     options: CalibrationOptions,
     admission: tuple[float, float] | None,
     host_link: float | None,
+    graphs: bool,
 ) -> ProfileMetadata:
-    """The profile's metadata: where and how its rows were measured."""
+    """The profile's metadata: where and how its rows were measured (`graphs`: whether the
+    timed runners replayed CUDA graphs; on the CPU only their static buffers exist)."""
     dev = model.device
     info = device_info(dev if dev.type == "cuda" else None)
-    graphs = options.cuda_graphs and dev.type == "cuda"
+    graphs = graphs and dev.type == "cuda"
     notes = (
         f"random-weight {config.model} (seed {options.seed}){world.notes}; max_num_seqs "
         f"{config.max_num_seqs}, max_num_batched_tokens "

@@ -143,6 +143,13 @@ def test_synthetic_steps_have_the_shape_the_cost_model_sees() -> None:
     assert synthetic_step([(5000, 1)] * 10, 16, src) is None  # more K/V than the cache holds
 
 
+def test_a_synthetic_decode_batch_computes_a_different_token_per_request() -> None:
+    # An MoE layer routes by token: one repeated token would read one top-k set of experts.
+    dec = synthetic_step([(300, 1)] * 64, 16, BlockSource(2000))
+    last = [s.request.token_ids_slice(300, 301)[0] for s in dec.scheduled]
+    assert len(set(last)) == 64
+
+
 def test_overhead_rows_bin_host_time_by_batch_size() -> None:
     steps = [
         ServeStep(0.0, n, n, 0.0, 0.010, 0.0, 0.010 + 1e-4 * n)
