@@ -33,9 +33,9 @@ second pass after the first, laid out as the other plans lay them out:
     PYTHONPATH=. python3 benchmarks/gpu_session.py --plan moe-hybrid --models gemma-2-9b \
         --budget-s 570 --calib-budget-s 150
 
-Estimated H200 wall time per call, 7-9 minutes: start, weights and Triton compiles 1-1.5 min,
-the check under 0.3 min, the grid 2.5 min plus the host-overhead replay 0.3-1 min, four runs
-3-4 min (qwen3-30b-a3b captures its CUDA graphs before each run, about 0.5 min; gemma-2-9b
+H200 wall time per call, 5.1-5.4 minutes measured (2026-12-02): weights, the check and the
+first compiles 0.3 min, the grid 1.5 min plus the host-overhead replay 0.4-0.5 min, four runs
+3.1-3.3 min (qwen3-30b-a3b captures its CUDA graphs before each run, about 0.5 min; gemma-2-9b
 serves through the hybrid KV cache manager, whose layout runs eagerly, so its steps are
 launch-bound). The budget check skips a run that no longer fits. The fused-MoE kernel at
 qwen3-30b-a3b's shapes, bf16, one layer, graph replay on the H200: 0.09 ms at 1 token,
