@@ -375,3 +375,19 @@ def test_a_transferred_gpus_band_is_wider_and_the_cost_line_says_so(
     assert f"widened by {gemm:g} %" in out
     (line,) = [x for x in out.splitlines() if x.startswith("Cost model:")]
     assert line.endswith("its band is the source's spread widened by the GEMM error")
+
+
+def test_a_correction_switched_off_prices_the_run_without_it(capsys, tmp_path) -> None:
+    """`--disable-correction drift`: another decode price, so another TPOT; the cost-model line
+    and the saved result say what was off, and an unknown name is one line, exit 2."""
+    base = ["--no-band", *SMALL, "--num-prompts", "20"]
+    full = block_values(run_ok(capsys, *base))
+    out = run_ok(capsys, *base, "--disable-correction", "drift", "--result-dir", str(tmp_path))
+    (line,) = [x for x in out.splitlines() if x.startswith("Cost model:")]
+    assert line.endswith("; corrections off: drift")
+    assert block_values(out)["Mean TPOT (ms):"] != full["Mean TPOT (ms):"]
+    (saved,) = tmp_path.glob("*.json")  # beside the Parquet records
+    assert json.loads(saved.read_text())["disabled_corrections"] == ["drift"]
+    assert main(["run", "--quiet", *base, "--disable-correction", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "'nope' is unknown" in err and err.count("\n") == 1

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
 
@@ -24,13 +25,7 @@ def fit_report_command(
         float, typer.Option(help="Share of each table's rows (per block size) held out of the fit.")
     ] = 0.2,
     seed: Annotated[int, typer.Option(help="Seed of the held-out draw.")] = 0,
-    disable_correction: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="A correction to leave off in the first table (repeatable; the names are "
-            "those the contributions table lists)."
-        ),
-    ] = None,
+    disable_correction: o.DisableCorrection = None,
 ) -> None:
     """Fit the calibrated model on part of a profile's measured steps and print its error on the
     rest, per table (MAPE, max and mean error of the device step time); then the MAPE on the

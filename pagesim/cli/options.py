@@ -15,6 +15,7 @@ import typer
 import yaml
 
 from pagesim.config import EngineConfig
+from pagesim.cost.corrections import CORRECTIONS
 from pagesim.errors import ConfigError
 from pagesim.metrics.report import LATENCY_METRICS
 from pagesim.sim.simulate import LoadSpec
@@ -102,6 +103,14 @@ StepTimeScale = Annotated[
         help="Price every step this many times the cost model's time: 1.03 plans for a GPU "
         "session 3 % slower than the profile's (calibrations of one setup differ by a few "
         "%) [1.0]",
+        rich_help_panel=ENGINE,
+    ),
+]
+DisableCorrection = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Leave this correction of the calibrated cost model off (repeatable; names as "
+        f"`pagesim fit-report` lists them: {', '.join(CORRECTIONS)}).",
         rich_help_panel=ENGINE,
     ),
 ]

@@ -21,6 +21,7 @@ import typer
 from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.config import EngineConfig
+from pagesim.cost.corrections import enabled_corrections
 from pagesim.cost.scaled import check_step_time_scale
 from pagesim.errors import ConfigError
 from pagesim.metrics.report import HEADLINE_METRICS
@@ -79,6 +80,7 @@ class _Search:
     max_replicas: int
     analytical: bool
     scale: float
+    disabled_corrections: tuple[str, ...]
 
     def max_rate(self, engine, prof, cost, near: float | None = None) -> CapacityResult:
         return max_sustainable_rate(
@@ -170,6 +172,7 @@ def plan_command(
         ),
     ] = False,
     step_time_scale: o.StepTimeScale = 1.0,
+    disable_correction: o.DisableCorrection = None,
     band: Annotated[
         bool,
         typer.Option(
@@ -232,10 +235,13 @@ def plan_command(
         "compare_block_sizes",
         "analytical",
         "step_time_scale",
+        "disable_correction",
         "band",
     ):
         flags.pop(key)
     scale = check_step_time_scale(step_time_scale)
+    off = tuple(disable_correction or ())
+    enabled_corrections(off)  # an unknown name fails before any output
     _check_plan_numbers(slo_attainment, target_rate, max_replicas, rel_tol, min_duration)
     if save_result is not None:  # before the search: a bad path must not cost the plan
         check_output_file(save_result, "--save-result")
@@ -248,6 +254,8 @@ def plan_command(
     make_router(router)  # an unknown name fails before any simulation
     if analytical and values.get("profile") is not None:
         raise ConfigError("--analytical prices with the analytical model: drop --profile")
+    if analytical and off:
+        raise ConfigError("--analytical: the analytical model has no corrections to disable")
     sizes = _tp_sizes(compare_tp, values, kv_sizing)
     engine, load = o.engine_config(values), o.load_spec(values)
     print(
@@ -256,7 +264,7 @@ def plan_command(
         f"SLO: {slos}"
     )
     plan = _Search(
-        load, slos, rel_tol, min_duration, target_rate, router, max_replicas, analytical, scale
+        load, slos, rel_tol, min_duration, target_rate, router, max_replicas, analytical, scale, off
     )
     doc: dict[str, Any] = {
         "model": engine.model,
@@ -266,6 +274,8 @@ def plan_command(
     }
     if scale != 1.0:
         doc["step_time_scale"] = scale
+    if off:
+        doc["disabled_corrections"] = list(off)
     if compare_block_sizes is not None:
         doc["compare_block_sizes"] = _plan_block_sizes(
             compare_block_sizes, values, sizes, kv_sizing, engine, plan
@@ -280,9 +290,9 @@ def plan_command(
         doc["best"] = _best(doc["compare_tp"], target_rate)
     else:
         prof = None if analytical else values.get("profile") or default_profile(engine)
-        print(_cost_line(engine, prof, analytical, scale))
+        cost = _priced(engine, prof, plan)  # before the line: a refusal comes alone
+        print(_cost_line(engine, prof, plan))
         doc["profile"] = profile_record(pricing_profile(engine, prof, not analytical))
-        cost = scaled_cost_model(engine, prof, scale, transfer=not analytical)
         if kv_sizing:
             doc["kv_sizing"] = _kv(engine, plan, prof, cost)
         else:
@@ -314,11 +324,23 @@ def _check_plan_numbers(
     check_number("--min-duration", min_duration, low=0, high=MAX_MIN_DURATION_S)
 
 
-def _cost_line(engine, prof, analytical: bool = False, scale: float = 1.0) -> str:
+def _cost_line(engine, prof, plan: _Search) -> str:
     """What prices this plan's steps (`cost_model_line`), and the block-size note if any."""
     note = block_size_note(prof, engine.block_size) if prof is not None else None
-    return cost_model_line(engine, prof, analytical=analytical, step_time_scale=scale) + (
-        f"\n{note}" if note else ""
+    line = cost_model_line(
+        engine,
+        prof,
+        analytical=plan.analytical,
+        step_time_scale=plan.scale,
+        disabled_corrections=plan.disabled_corrections,
+    )
+    return line + (f"\n{note}" if note else "")
+
+
+def _priced(engine, prof, plan: _Search):
+    """The model pricing this plan's steps at the center of its band (`scaled_cost_model`)."""
+    return scaled_cost_model(
+        engine, prof, plan.scale, not plan.analytical, plan.disabled_corrections
     )
 
 
@@ -335,7 +357,7 @@ def _plan_block_sizes(
         if given is not None:
             raise ConfigError(f"--compare-block-sizes sets each plan's block size: drop {clash}")
     prof = None if plan.analytical else values.get("profile") or default_profile(engine)
-    print(_cost_line(engine, prof, plan.analytical, plan.scale).splitlines()[0])
+    print(_cost_line(engine, prof, plan).splitlines()[0])
     rows = compare_block_sizes(
         engine,
         plan.load,
@@ -345,6 +367,7 @@ def _plan_block_sizes(
         rel_tol=plan.rel_tol,
         min_duration_s=plan.min_duration,
         step_time_scale=plan.scale,
+        disabled_corrections=plan.disabled_corrections,
     )
     print("\n".join(block_size_table(rows, profiled=prof is not None, rel_tol=plan.rel_tol)))
     return rows
@@ -381,8 +404,8 @@ def _plan_tp(values, tp, plan: _Search) -> dict[str, Any]:
     try:
         engine = o.engine_config({**values, "tensor_parallel_size": tp})
         prof = None if plan.analytical else default_profile(engine)
-        print(_cost_line(engine, prof, plan.analytical, plan.scale))
-        cost = scaled_cost_model(engine, prof, plan.scale, transfer=not plan.analytical)
+        cost = _priced(engine, prof, plan)
+        print(_cost_line(engine, prof, plan))
         cap = plan.max_rate(engine, prof, cost)
     except ConfigError as e:
         print(f"Not possible: {e}")
@@ -504,7 +527,9 @@ def _band(engine, plan: _Search, prof, cap, ends) -> dict[str, Any]:
     over the factor (a step time x f slower serves about 1/f the rate), and the printed line."""
     rates = [cap.max_rate]
     for factor in (ends.low, ends.high):
-        priced = band_cost_model(engine, prof, factor, not plan.analytical)
+        priced = band_cost_model(
+            engine, prof, factor, not plan.analytical, plan.disabled_corrections
+        )
         end = plan.max_rate(engine, prof, priced, near=cap.max_rate / factor)
         rates.append(end.max_rate)
     known = [r for r in rates if r is not None]
@@ -604,7 +629,7 @@ def _kv(engine, plan, prof, cost):
 def _run_command(engine, plan, k) -> str:
     """The `pagesim run` that serves the plan's probe load on the KV cache found: every
     engine setting that differs from the defaults for this model and GPU, every load setting
-    given, and the probe's request count."""
+    given, the probe's request count and the corrections left off."""
     base = EngineConfig.create(
         model=engine.model, gpu=engine.gpu, tensor_parallel_size=engine.tensor_parallel_size
     )
@@ -629,6 +654,7 @@ def _run_command(engine, plan, k) -> str:
             parts.append(flag if value else flag.replace("--", "--no-", 1))
         else:
             parts.append(f"{flag} {value}")
+    parts += [f"--disable-correction {name}" for name in plan.disabled_corrections]
     return "pagesim run " + " ".join(parts)
 
 

@@ -63,6 +63,7 @@ def run_command(
     vllm_compat: o.VllmCompat = None,
     profile: o.ProfileOpt = None,
     step_time_scale: o.StepTimeScale = 1.0,
+    disable_correction: o.DisableCorrection = None,
     workload: o.WorkloadOpt = None,
     num_prompts: o.NumPrompts = None,
     request_rate: o.RequestRate = None,
@@ -109,6 +110,7 @@ def run_command(
         "quiet",
         "band",
         "step_time_scale",
+        "disable_correction",
         "percentile_metrics",
     ):
         flags.pop(key)
@@ -123,7 +125,8 @@ def run_command(
         engine = o.engine_config(values)
         load = o.load_spec(values)
         prof = values.get("profile") or default_profile(engine)
-        cost = scaled_cost_model(engine, prof, step_time_scale, transfer=True)
+        off = tuple(disable_correction or ())
+        cost = scaled_cost_model(engine, prof, step_time_scale, True, off)
         for note in (
             block_size_note(prof, engine.block_size) if prof is not None else None,
             trace_note(traffic, load.num_prompts, defaulted),
@@ -150,7 +153,7 @@ def run_command(
             served = dataclasses.replace(load, workload=ref)
 
             def simulate_at(factor: float) -> dict:
-                priced = band_cost_model(engine, prof, factor, transfer=True)
+                priced = band_cost_model(engine, prof, factor, True, off)
                 return simulate(engine, served, profile=prof, cost_model=priced).result
 
             band_doc = metric_band(sim.result, simulate_at, ends.scaled(step_time_scale))
@@ -167,7 +170,7 @@ def run_command(
     print(format_kv_block(sim.result))
     if band_doc is not None:  # before the cost-model line, which stays the last line
         print(format_band(sim.result, band_doc, shown))
-    print(cost_model_line(engine, prof, step_time_scale=step_time_scale))
+    print(cost_model_line(engine, prof, step_time_scale=step_time_scale, disabled_corrections=off))
     rejected = rejection_line(sim.result)
     if rejected:
         typer.echo(rejected, err=True)
@@ -177,6 +180,8 @@ def run_command(
         metadata["profile"] = profile_record(pricing_profile(engine, prof, transfer=True))
         if cost is not None:
             metadata["step_time_scale"] = step_time_scale
+        if off:
+            metadata["disabled_corrections"] = list(off)
         date = datetime.now().strftime("%Y%m%d-%H%M%S")
         saved = sim.result if band_doc is None else {**sim.result, "band": band_doc}
         text = result_json(saved, metadata, date=date).encode("utf-8")

@@ -95,6 +95,7 @@ def compare_block_sizes(
     rel_tol: float = 0.025,
     min_duration_s: float = 60.0,
     step_time_scale: float = 1.0,
+    disabled_corrections: tuple[str, ...] = (),
 ) -> list[dict]:
     """Per block size: the max rate within `slos` (`capacity.max_sustainable_rate`), with
     what explains it: the decode step time at `KERNEL_SHAPE` priced by the same cost model
@@ -102,7 +103,8 @@ def compare_block_sizes(
     fragmentation (time-weighted share of the KV cache) and the prefix-cache hit rate.
 
     Every block size gets the same KV memory (`config`'s, in bytes), so only the block size
-    changes. Rows in the order given; `max_rate` None where no rate meets the SLOs."""
+    changes; `disabled_corrections` are left off the calibrated model. Rows in the order
+    given; `max_rate` None where no rate meets the SLOs."""
 
     kv_bytes = kv_capacity(config).available_kv_cache_memory_bytes
     measured = measured_block_sizes(config, profile)
@@ -111,7 +113,7 @@ def compare_block_sizes(
         engine = config.replace(
             block_size=bs, kv_cache_memory_bytes=kv_bytes, num_gpu_blocks_override=None
         )
-        cost = scaled_cost_model(engine, profile, step_time_scale)
+        cost = scaled_cost_model(engine, profile, step_time_scale, False, disabled_corrections)
         priced = cost if cost is not None else build_cost_model(engine, profile)
         batch, context = KERNEL_SHAPE
         cap = max_sustainable_rate(

@@ -79,12 +79,15 @@ def cost_model_line(
     *,
     analytical: bool = False,
     step_time_scale: float = 1.0,
+    disabled_corrections: tuple[str, ...] = (),
 ) -> str:
     """One line saying what priced the steps: a result's figures are as good as their cost
     model, a measured profile (which GPU, when) or the analytical roofline (`analytical`:
-    chosen by the user, not for want of a profile), and the factor on every step if any."""
+    chosen by the user, not for want of a profile), the factor on every step if any, and the
+    corrections left off if any."""
     scaled = "" if step_time_scale == 1.0 else f"; every step x {step_time_scale:g}"
-    return _cost_model_name(config, profile, analytical) + scaled
+    off = f"; corrections off: {', '.join(disabled_corrections)}" if disabled_corrections else ""
+    return _cost_model_name(config, profile, analytical) + scaled + off
 
 
 def _cost_model_name(config: EngineConfig, profile: str | Path | None, analytical: bool) -> str:
@@ -145,21 +148,24 @@ def scaled_cost_model(
     profile: str | Path | None,
     step_time_scale: float,
     transfer: bool = False,
+    disabled_corrections: tuple[str, ...] = (),
 ) -> CostModel | None:
-    """The model that prices every step `step_time_scale` times `build_cost_model`'s; None at
-    1.0, where the simulation builds its own (`pagesim.cost.scaled`). With `transfer` and no
-    `profile`, the transfer model where `transfer_profile` finds a source (what `pagesim run`
-    and `pagesim plan` price a GPU without a profile with)."""
+    """The model that prices every step `step_time_scale` times `build_cost_model`'s (with
+    `disabled_corrections` off); None at 1.0 with every correction on, where the simulation
+    builds its own (`pagesim.cost.scaled`). With `transfer` and no `profile`, the transfer
+    model where `transfer_profile` finds a source (what `pagesim run` and `pagesim plan`
+    price a GPU without a profile with)."""
     from pagesim.cost.scaled import ScaledCostModel, check_step_time_scale
 
     scale = check_step_time_scale(step_time_scale)
     source = transfer_profile(config) if transfer and profile is None else None
     if source is not None:
-        model = _transferred(config, source)
-        return model if scale == 1.0 else ScaledCostModel(model, scale)
-    if scale == 1.0:
+        model = _transferred(config, source, disabled_corrections)
+    elif scale == 1.0 and not disabled_corrections:
         return None
-    return ScaledCostModel(build_cost_model(config, profile), scale)
+    else:
+        model = build_cost_model(config, profile, disabled_corrections)
+    return model if scale == 1.0 else ScaledCostModel(model, scale)
 
 
 def pricing_profile(
@@ -223,25 +229,42 @@ def _shipped_metadata(gpu: str) -> list:
 
 
 def band_cost_model(
-    config: EngineConfig, profile: str | Path | None, factor: float, transfer: bool
+    config: EngineConfig,
+    profile: str | Path | None,
+    factor: float,
+    transfer: bool,
+    disabled_corrections: tuple[str, ...] = (),
 ) -> CostModel:
     """The model that prices every step `factor` times what `scaled_cost_model(..., 1.0,
-    transfer)` would: one end of a band."""
+    transfer, disabled_corrections)` would: one end of a band."""
     from pagesim.cost.scaled import ScaledCostModel
 
+    off = disabled_corrections
     source = transfer_profile(config) if transfer and profile is None else None
-    base = _transferred(config, source) if source is not None else build_cost_model(config, profile)
+    base = (
+        _transferred(config, source, off)
+        if source is not None
+        else build_cost_model(config, profile, off)
+    )
     return ScaledCostModel(base, factor)
 
 
-def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostModel:
-    """The calibrated model for `profile` (a directory), else the analytical default.
+def build_cost_model(
+    config: EngineConfig, profile: str | Path | None, disabled_corrections: tuple[str, ...] = ()
+) -> CostModel:
+    """The calibrated model for `profile` (a directory) with `disabled_corrections` off
+    (`pagesim.cost.corrections`), else the analytical default, which has no corrections.
 
     A calibrated model is fitted once per process for a profile's files as they are on disk
     (names, sizes, modification times) and engine: a sweep or a capacity search runs many
     simulations of one profile, and the fit (tenths of a second) would be paid by each. The
     model only memoizes pure arithmetic, so sharing it changes no result."""
     if profile is None:
+        if disabled_corrections:
+            raise ConfigError(
+                f"disable_correction={disabled_corrections[0]!r}: the analytical cost model "
+                "has no corrections (price the steps with a calibrated profile)"
+            )
         return AnalyticalCostModel(
             config.model_spec,
             config.gpu_spec,
@@ -257,6 +280,7 @@ def build_cost_model(config: EngineConfig, profile: str | Path | None) -> CostMo
         config.model_spec,
         config.gpu_spec,
         config.tensor_parallel_size,
+        tuple(disabled_corrections),
     )
 
 
@@ -283,6 +307,7 @@ def _calibrated(
     model_spec,
     gpu_spec,
     tensor_parallel_size: int,
+    disabled_corrections: tuple[str, ...],
 ) -> CostModel:
     from pagesim.cost.calibrated import CalibratedCostModel
     from pagesim.cost.profile import Profile
@@ -292,16 +317,22 @@ def _calibrated(
     if meta.model and meta.model != model:
         raise ConfigError(f"profile {shown} was measured for model {meta.model!r}, not {model!r}")
     return CalibratedCostModel(
-        loaded, model=model_spec, gpu=gpu_spec, tensor_parallel_size=tensor_parallel_size
+        loaded,
+        model=model_spec,
+        gpu=gpu_spec,
+        tensor_parallel_size=tensor_parallel_size,
+        disabled_corrections=disabled_corrections,
     )
 
 
-def _transferred(config: EngineConfig, source: Path) -> CostModel:
+def _transferred(
+    config: EngineConfig, source: Path, disabled_corrections: tuple[str, ...] = ()
+) -> CostModel:
     from pagesim.cost.transfer import SOURCE_GPU, TransferCostModel
     from pagesim.specs import GPUSpec
 
     src_gpu = GPUSpec.from_name(SOURCE_GPU)
-    calibrated = build_cost_model(replace(config, gpu=SOURCE_GPU), source)
+    calibrated = build_cost_model(replace(config, gpu=SOURCE_GPU), source, disabled_corrections)
     return TransferCostModel(
         calibrated,  # type: ignore[arg-type]
         config.model_spec,

@@ -366,3 +366,25 @@ def test_a_plan_reports_the_rate_across_the_profiles_spread(tmp_path: Path, caps
     assert main(["plan", *args, "--no-band", "--save-result", str(out_file)]) == 0
     assert "Rate within SLOs" not in capsys.readouterr().out
     assert "band" not in json.loads(out_file.read_text())["capacity"]
+
+
+def test_a_plan_prices_with_a_correction_switched_off(tmp_path: Path, capsys) -> None:
+    """`pagesim plan --disable-correction drift`: the saturated throughput moves with the
+    decode price, the saved plan names what was off; the analytical model has none to drop,
+    and an unknown name is one line before any output."""
+    base = [*SMALL, "--slo", "p99_tpot_ms<=1000", "--min-duration", "1", "--no-band"]
+    docs = []
+    for extra in ([], ["--disable-correction", "drift"]):
+        path = tmp_path / f"plan{len(docs)}.json"
+        assert main(["plan", *base, *extra, "--save-result", str(path)]) == 0
+        out = capsys.readouterr().out
+        docs.append(json.loads(path.read_text()))
+    assert "; corrections off: drift" in out
+    full, off = (d["capacity"]["saturated_throughput"] for d in docs)
+    assert off != full
+    assert docs[1]["disabled_corrections"] == ["drift"] and "disabled_corrections" not in docs[0]
+    assert main(["plan", *base, "--analytical", "--disable-correction", "drift"]) == 2
+    assert "no corrections" in capsys.readouterr().err
+    assert main(["plan", *base, "--disable-correction", "nope"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "'nope' is unknown" in err and err.count("\n") == 1

@@ -79,3 +79,26 @@ def test_run_notes_a_block_size_the_shipped_tp2_profile_never_timed(capsys) -> N
     assert "llama-3-70b-tp2 measured block sizes 16; block size 32's step costs" in err
     assert main([*argv, "--block-size", "16"]) == 0
     assert "measured block sizes" not in capsys.readouterr().err
+
+
+def test_a_correction_switched_off_changes_the_priced_step_time() -> None:
+    """The drift correction moves a decode step's price; switched off, the step costs what
+    the fit without it says, and the other entry points price with the same model."""
+    from pagesim.sim.build import band_cost_model, scaled_cost_model
+
+    config = EngineConfig.create(model="llama-2-7b", gpu="h200")
+    shipped = default_profile(config)
+    decode = BatchShape.decode(32, 2048, 16)
+    full = build_cost_model(config, shipped)
+    off = build_cost_model(config, shipped, ("drift",))
+    assert off is not full and off.step_time(decode) != full.step_time(decode)
+    assert "drift" not in off.corrections and "drift" in full.corrections
+    assert scaled_cost_model(config, shipped, 1.0) is None  # every correction on: simulate's own
+    scaled = scaled_cost_model(config, shipped, 1.0, disabled_corrections=("drift",))
+    assert scaled is off
+    band = band_cost_model(config, shipped, 1.1, False, ("drift",))
+    assert band.step_time(decode) == pytest.approx(1.1 * off.step_time(decode))
+    with pytest.raises(ConfigError, match="analytical cost model has no corrections"):
+        build_cost_model(config, None, ("drift",))
+    with pytest.raises(ConfigError, match="'nope' is unknown"):
+        build_cost_model(config, shipped, ("nope",))

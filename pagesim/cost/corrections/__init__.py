@@ -2,8 +2,9 @@
 
 Each is named and one small module, fitted in the order of `CORRECTIONS` (each on the model the
 ones before it leave) and can be switched off (`CalibratedCostModel(disabled_corrections=...)`,
-`pagesim fit-report --disable-correction NAME`, which also prints what each is worth on the
-profile's held-out steps; docs/cost_model.md has that table for the shipped profiles).
+`--disable-correction NAME` on `pagesim run`, `pagesim plan` and `pagesim fit-report`, which
+also prints what each is worth on the profile's held-out steps; docs/cost_model.md has that
+table for the shipped profiles).
 """
 
 from __future__ import annotations
