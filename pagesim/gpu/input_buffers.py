@@ -20,10 +20,8 @@ table rows across steps; this module does the same for `StepGraphs`:
                      asynchronous transfer. The block table comes last, so a step of `s`
                      sequences copies only its `s` rows.
 
-A row the scheduler sends whole (a new or resumed request, or one whose entries changed in
-place: copy-on-write, sliding-window release) is compared with what the row holds and only
-rewritten where it differs, so the gathered table always equals `build_block_table` of the
-manager's rows (the CPU tests check it step by step).
+A row sent whole (a new or resumed request, entries changed in place) is rewritten unless it
+is what the row holds; the gathered table equals `build_block_table` of the manager's rows.
 """
 
 from __future__ import annotations
@@ -97,27 +95,28 @@ class BlockTableRows:
         """The row of `request_id` after `block_ids` replaced it (when given) or
         `new_block_ids` were appended to it."""
         entry = self._rows.get(request_id)
-        if block_ids is None:
+        if block_ids is None:  # the row grows
             if entry is None:
                 raise InternalError(f"request {request_id!r}: new block ids for no row")
+            if not new_block_ids:  # the common decode step
+                return entry[0]
             row, written = entry
-            if new_block_ids:
-                m = len(written)
-                n = m + len(new_block_ids)
-                if n > self.width:
-                    raise ValueError(f"request {request_id}: {n} blocks > table width {self.width}")
-                self.table[row, m:n] = new_block_ids
-                self.lengths[row] = n
-                written.extend(new_block_ids)
-            return row
-        if entry is not None and entry[1] == block_ids:  # resent unchanged
+            start, new = len(written), new_block_ids
+        elif entry is not None and entry[1] == block_ids:  # resent unchanged
             return entry[0]
-        n = len(block_ids)
+        else:  # a new row, or one rewritten whole
+            row, written, start, new = -1 if entry is None else entry[0], [], 0, block_ids
+        n = start + len(new)
         if n > self.width:
             raise ValueError(f"request {request_id}: {n} blocks > table width {self.width}")
-        row = self._take() if entry is None else entry[0]
-        self._write(row, block_ids)
-        self._rows[request_id] = (row, list(block_ids))
+        if row < 0:
+            row = self._take()
+        r = self.table[row]
+        r[start:n] = new
+        r[n : max(n, int(self.lengths[row]))] = NULL_BLOCK_ID  # past the old blocks: null already
+        self.lengths[row] = n
+        written.extend(new)
+        self._rows[request_id] = (row, written)
         return row
 
     def free(self, request_ids: Iterable[str]) -> None:
@@ -127,13 +126,6 @@ class BlockTableRows:
             entry = pop(rid, None)
             if entry is not None:
                 self._free.append(entry[0])
-
-    def _write(self, row: int, block_ids: list[int]) -> None:
-        r = self.table[row]
-        n = len(block_ids)
-        r[:n] = block_ids
-        r[n : max(n, int(self.lengths[row]))] = NULL_BLOCK_ID  # past the old blocks: null already
-        self.lengths[row] = n
 
     def _take(self) -> int:
         if not self._free:

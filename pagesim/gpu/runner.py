@@ -407,23 +407,15 @@ class GPUModelRunner:
         key: GraphKey | None,
         captured: bool,
     ) -> None:
-        num_decode = 0
-        prefill = 0
-        ctx = 0
-        for sr in out.scheduled:
-            ctx += sr.num_computed_tokens
-            if sr.is_decode:
-                num_decode += 1
-            else:
-                prefill += sr.num_new_tokens
+        num_decode = out.num_decodes
         self.step_records.append(
             StepRecord(
                 out.step_id,
                 len(out.scheduled),
                 out.total_num_scheduled_tokens,
                 num_decode,
-                prefill,
-                ctx,
+                out.total_num_scheduled_tokens - num_decode,
+                sum(sr.num_computed_tokens for sr in out.scheduled),
                 b["prepare"],
                 b.get("swap", 0.0),
                 b.get("copy", 0.0),

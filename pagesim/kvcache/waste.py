@@ -51,10 +51,7 @@ class KVProbe(Protocol):
 
     def with_bulk_sums(
         self, num_bulk: int, computed_sum: int, min_span_sum: int, over_final_sum: int
-    ) -> ProbeValues:
-        """The snapshot, the first `num_bulk` running requests given as sums by the
-        simulator's bulk decodes (see `WasteProbe.with_bulk_sums`)."""
-        ...
+    ) -> ProbeValues: ...  # the simulator's bulk decodes' sums: `WasteProbe.with_bulk_sums`
 
 
 class UsageProbe:

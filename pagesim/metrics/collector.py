@@ -31,9 +31,6 @@ class StepEntry(Protocol):
     request: Request
     num_computed_tokens: int
 
-    @property
-    def is_decode(self) -> bool: ...
-
 
 class StepOutput(Protocol):
     """What a step record reads of a step's `scheduler.output.SchedulerOutput`."""
@@ -46,6 +43,9 @@ class StepOutput(Protocol):
 
     @property
     def preempted_req_ids(self) -> Sequence[str]: ...
+
+    @property
+    def num_decodes(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -106,36 +106,12 @@ class StepRecord(NamedTuple):
         decodes the simulator ran outside it; `request_counts` is the
         scheduler's (running, waiting) after the step, `kv` its KV probe's values. Decode
         entries have one token each, so the rest of the step's tokens are prefill tokens."""
-        if out is None:
-            return cls(
-                start_time_s,
-                step_time_s,
-                num_bulk,
-                num_bulk,
-                0,
-                num_bulk,
-                *request_counts,
-                *kv,
-                0,
-                0,
-            )
-        num_decode = 0
-        for sr in out.scheduled:
-            if sr.is_decode:
-                num_decode += 1
-        num_tokens = out.total_num_scheduled_tokens
-        return cls(
-            start_time_s,
-            step_time_s,
-            len(out.scheduled) + num_bulk,
-            num_tokens + num_bulk,
-            num_tokens - num_decode,
-            num_decode + num_bulk,
-            *request_counts,
-            *kv,
-            len(out.preempted_req_ids),
-            out.swap_bytes,
-        )
+        reqs = tokens = decode = preempted = swap = 0
+        if out is not None:
+            reqs, tokens, swap = len(out.scheduled), out.total_num_scheduled_tokens, out.swap_bytes
+            decode, preempted = out.num_decodes, len(out.preempted_req_ids)
+        step = (start_time_s, step_time_s, reqs + num_bulk, tokens + num_bulk, tokens - decode)
+        return cls(*step, decode + num_bulk, *request_counts, *kv, preempted, swap)
 
 
 STEP_COLUMNS: tuple[str, ...] = StepRecord._fields

@@ -24,12 +24,7 @@ from pagesim.parity.decisions import DecisionLog
 from pagesim.parity.replay import StepObservation, replay
 from pagesim.parity.workloads import ParityRequest, ParityWorkload
 from pagesim.request import Request
-from pagesim.scheduler.output import (
-    BlockIds,
-    ModelRunnerOutput,
-    apply_block_ids,
-    synthetic_token,
-)
+from pagesim.scheduler.output import BlockIds, ModelRunnerOutput, synthetic_token
 from pagesim.scheduler.scheduler import Scheduler
 
 
@@ -90,8 +85,6 @@ class PagesimEngine:
         # vLLM's literal victim rule: the harness gives both sides the same tied times
         self.scheduler = Scheduler(config, self.kv, literal_victim_ties=True)
         self._pool = self.kv.block_pool
-        # Every live request's table, rebuilt from the outputs as a runner keeps it.
-        self._rows: dict[str, BlockIds] = {}
 
     def add_request(
         self, request: ParityRequest, prompt_token_ids: list[int], arrival_step: int
@@ -127,10 +120,9 @@ class PagesimEngine:
             if sr.request_id in admitting
         ]
         hybrid = isinstance(self.kv, HybridKVCacheManager)
-        for rid in (*out.finished_req_ids, *out.preempted_req_ids):
-            self._rows.pop(rid, None)
         tables: dict[str, list[int] | tuple[list[int], ...]] = {
-            sr.request_id: _table(apply_block_ids(self._rows, sr), hybrid) for sr in out.scheduled
+            sr.request_id: _table(self.kv.get_block_ids(sr.request_id), hybrid)
+            for sr in out.scheduled
         }
         sampled = {}
         for sr in out.scheduled:

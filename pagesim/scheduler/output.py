@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from math import gcd
 from typing import Protocol
 
-from pagesim.errors import InternalError
 from pagesim.request import Request
 
 #: A request's block-table row, or under the hybrid KV cache manager one row per KV cache group.
@@ -32,7 +31,7 @@ class ScheduledRequest:
     (a prefill chunk that ends before the prompt's end samples nothing).
 
     Block ids travel as vLLM's `NewRequestData` / `CachedRequestData` carry them: a runner
-    keeps every live request's row (`apply_block_ids`) and is sent only what changed. A row
+    keeps every live request's row and is sent only what changed. A row
     that had entries replaced in place (a copy-on-write fork's private copy, blocks released
     by a sliding window) is sent whole, as vLLM sends a resumed request's row.
     """
@@ -68,26 +67,6 @@ def is_decode(num_new_tokens: int, num_computed_tokens: int) -> bool:
     return num_new_tokens == 1 and num_computed_tokens > 0
 
 
-def apply_block_ids(rows: dict[str, BlockIds], sr: ScheduledRequest) -> BlockIds:
-    """`sr`'s request's row(s) after its step, updated in `rows` (a runner's copy of every
-    live request's rows; the runner drops finished and preempted ids itself)."""
-    whole = sr.block_ids
-    if whole is not None:
-        rows[sr.request_id] = copy = (
-            list(whole) if isinstance(whole, list) else tuple(list(g) for g in whole)
-        )
-        return copy
-    row = rows.get(sr.request_id)
-    if row is None:
-        raise InternalError(f"request {sr.request_id!r}: new block ids for a row never sent")
-    if isinstance(row, list):
-        row.extend(sr.new_block_ids)  # type: ignore[arg-type]
-    else:
-        for group, new in zip(row, sr.new_block_ids, strict=False):
-            group.extend(new)  # type: ignore[arg-type]
-    return row
-
-
 @dataclass(slots=True)
 class SchedulerOutput:
     """What one engine step must do. Every field is in tokens or block ids unless named.
@@ -116,8 +95,9 @@ class SchedulerOutput:
         return len(self.scheduled)
 
     @property
-    def is_empty(self) -> bool:
-        return not self.scheduled and not self.blocks_to_swap_out
+    def num_decodes(self) -> int:
+        """Entries in the decode shape (`is_decode`): one token each."""
+        return sum(1 for sr in self.scheduled if sr.is_decode)
 
 
 @dataclass(slots=True)

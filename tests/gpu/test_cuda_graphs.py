@@ -24,7 +24,7 @@ from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 from pagesim.gpu.serve import make_engine
 from pagesim.kvcache.block_table import build_block_table, build_positions, build_slot_mapping
 from pagesim.request import Request
-from pagesim.scheduler.output import apply_block_ids
+from tests.scheduler.sched_helpers import apply_block_ids
 
 
 def _config(**kw) -> EngineConfig:

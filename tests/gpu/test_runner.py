@@ -21,8 +21,8 @@ from pagesim.gpu.runner import GPUModelRunner, RunnerConfig, table_width
 from pagesim.gpu.serve import make_engine
 from pagesim.kvcache.block_table import build_block_table, build_slot_mapping
 from pagesim.request import Request
-from pagesim.scheduler.output import apply_block_ids
 from pagesim.sim.runner import CostModelRunner
+from tests.scheduler.sched_helpers import apply_block_ids
 
 
 class _ConstantCost:

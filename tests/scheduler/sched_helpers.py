@@ -5,10 +5,11 @@ from __future__ import annotations
 from weakref import WeakKeyDictionary
 
 from pagesim.config import EngineConfig
+from pagesim.errors import InternalError
 from pagesim.kvcache.kv_cache_manager import KVCacheManager
 from pagesim.request import Request
 from pagesim.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput, synthetic_token
-from pagesim.scheduler.output import BlockIds, apply_block_ids
+from pagesim.scheduler.output import BlockIds, ScheduledRequest
 
 
 def make_kv(
@@ -44,6 +45,26 @@ def req(rid: str, prompt: list[int] | int, max_tokens: int = 4, **kw) -> Request
         base = 1000 * (sum(map(ord, rid)) + 1)
         prompt = list(range(base, base + prompt))
     return Request(rid, prompt, max_tokens, **kw)
+
+
+def apply_block_ids(rows: dict[str, BlockIds], sr: ScheduledRequest) -> BlockIds:
+    """`sr`'s request's row(s) after its step, updated in `rows` (a runner's copy of every
+    live request's rows; the runner drops finished and preempted ids itself)."""
+    whole = sr.block_ids
+    if whole is not None:
+        rows[sr.request_id] = copy = (
+            list(whole) if isinstance(whole, list) else tuple(list(g) for g in whole)
+        )
+        return copy
+    row = rows.get(sr.request_id)
+    if row is None:
+        raise InternalError(f"request {sr.request_id!r}: new block ids for a row never sent")
+    if isinstance(row, list):
+        row.extend(sr.new_block_ids)
+    else:
+        for group, new in zip(row, sr.new_block_ids, strict=False):
+            group.extend(new)
+    return row
 
 
 _TABLES: WeakKeyDictionary[Scheduler, dict[str, BlockIds]] = WeakKeyDictionary()
