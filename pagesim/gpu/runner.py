@@ -60,7 +60,7 @@ class StepInputs:
 
 
 @dataclass(slots=True)
-class StepRecord:
+class StepTiming:
     """One executed step: its shape and where its time went (seconds)."""
 
     step_id: int
@@ -160,7 +160,7 @@ class GPUModelRunner:
             for _ in range(self.kv_layout.num_groups)
         ]
         self.block_rows = self.group_block_rows[0]
-        self.step_records: list[StepRecord] = []
+        self.step_records: list[StepTiming] = []
         self.record_steps = True
         # Calibration only: run every layer with attention replaced by the identity.
         self.skip_attention = False
@@ -409,7 +409,7 @@ class GPUModelRunner:
     ) -> None:
         num_decode = out.num_decodes
         self.step_records.append(
-            StepRecord(
+            StepTiming(
                 out.step_id,
                 len(out.scheduled),
                 out.total_num_scheduled_tokens,
@@ -437,9 +437,9 @@ class GPUModelRunner:
 TABLE_WIDTH_MULTIPLE = 16
 
 
-def step_record_columns(records: list[StepRecord]) -> dict[str, list]:
-    """`StepRecord`s as JSON-ready columns (field name -> one value per step)."""
-    names = StepRecord.__dataclass_fields__
+def step_record_columns(records: list[StepTiming]) -> dict[str, list]:
+    """`StepTiming`s as JSON-ready columns (field name -> one value per step)."""
+    names = StepTiming.__dataclass_fields__
     return {name: [getattr(r, name) for r in records] for name in names}
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from pagesim.config import EngineConfig
 from pagesim.kvcache.waste import KVProbe, UsageProbe
 from pagesim.metrics import MetricsCollector, summarize
-from pagesim.metrics.collector import StepRecord
+from pagesim.metrics.collector import StepMetricsRow
 from pagesim.metrics.report import engine_keys
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.factory import make_scheduler
@@ -199,7 +199,7 @@ def _loop(
             metrics.on_finish(req, visible)
             source.on_finish(req, visible)
         counts = scheduler.get_request_counts()
-        step = StepRecord.of_step(start, visible - start, out, counts, probe())
+        step = StepMetricsRow.of_step(start, visible - start, out, counts, probe())
         metrics.on_step(step)
         t_end = clock()
         last = ServeStep(

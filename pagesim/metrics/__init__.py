@@ -1,14 +1,14 @@
 """Run metrics shared by the simulator and the real-GPU replay: records, summaries, the
 `vllm bench serve` block. Depends on numpy only, so both worlds import it."""
 
-from pagesim.metrics.collector import STEP_COLUMNS, MetricsCollector, RequestRecord, StepRecord
+from pagesim.metrics.collector import STEP_COLUMNS, MetricsCollector, RequestRecord, StepMetricsRow
 from pagesim.metrics.report import format_benchmark_block, latency_arrays, summarize
 
 __all__ = [
     "STEP_COLUMNS",
     "MetricsCollector",
     "RequestRecord",
-    "StepRecord",
+    "StepMetricsRow",
     "format_benchmark_block",
     "latency_arrays",
     "summarize",

@@ -69,7 +69,7 @@ class RequestRecord:
     parent_request_id: str | None = None  # the prompt this is a sample of (n > 1)
 
 
-class StepRecord(NamedTuple):
+class StepMetricsRow(NamedTuple):
     """One engine step, as `MetricsCollector.on_step` stores it (every field as a float64).
 
     A NamedTuple because its tuple is the stored row: `on_step` appends it in one C call.
@@ -101,7 +101,7 @@ class StepRecord(NamedTuple):
         request_counts: tuple[int, int],
         kv: tuple[float, float, float, float, float],
         num_bulk: int = 0,
-    ) -> StepRecord:
+    ) -> StepMetricsRow:
         """The record of a step that ran `out`'s entries (None: none) after `num_bulk` bulk
         decodes the simulator ran outside it; `request_counts` is the
         scheduler's (running, waiting) after the step, `kv` its KV probe's values. Decode
@@ -114,7 +114,7 @@ class StepRecord(NamedTuple):
         return cls(*step, decode + num_bulk, *request_counts, *kv, preempted, swap)
 
 
-STEP_COLUMNS: tuple[str, ...] = StepRecord._fields
+STEP_COLUMNS: tuple[str, ...] = StepMetricsRow._fields
 # Steps kept in memory before they go to the spill file (1,966,080 bytes a chunk).
 SPILL_STEPS = 1 << 14
 
@@ -220,8 +220,8 @@ class MetricsCollector:
         rec.finish_time = now
         rec.num_preemptions = request.num_preemptions
 
-    def on_step(self, record: StepRecord) -> None:
-        """Record one step (`StepRecord.of_step`)."""
+    def on_step(self, record: StepMetricsRow) -> None:
+        """Record one step (`StepMetricsRow.of_step`)."""
         values = self.step_values
         values.extend(record)
         if len(values) >= _SPILL_VALUES:
@@ -233,9 +233,9 @@ class MetricsCollector:
         """Column -> its values over the steps, in order (new arrays, `STEP_COLUMNS` order)."""
         return {c: array("d", self.step_column(c).tobytes()) for c in STEP_COLUMNS}
 
-    def step(self, index: int) -> StepRecord:
+    def step(self, index: int) -> StepMetricsRow:
         """One step's record (for tests and inspection; reads the spill file if needed)."""
-        return StepRecord(*(float(self.step_column(c)[index]) for c in STEP_COLUMNS))  # type: ignore[arg-type]  # all stored as float64
+        return StepMetricsRow(*(float(self.step_column(c)[index]) for c in STEP_COLUMNS))  # type: ignore[arg-type]  # all stored as float64
 
     def step_tables(self) -> Iterator[np.ndarray]:
         """The steps in order as [steps, len(STEP_COLUMNS)] tables, a spill chunk at a time

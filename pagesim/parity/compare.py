@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagesim.parity.decisions import DecisionLog, StepRecord, decode_free_queues
+from pagesim.parity.decisions import DecisionLog, StepDecisions, decode_free_queues
 
 BLOCK_ID_MODES = ("exact", "renamed")
 CONTEXT_STEPS = 3  # agreeing steps shown before the divergence
@@ -116,7 +116,7 @@ class _Side:
     events: dict[str, list[str]] = field(default_factory=dict)
     queue: list[int] = field(default_factory=list)
 
-    def apply(self, step: StepRecord, queue: list[int]) -> None:
+    def apply(self, step: StepDecisions, queue: list[int]) -> None:
         for rid in step.added:
             self.events.setdefault(rid, []).append(f"added t={step.t}")
         for rid, n in step.hits:
@@ -193,7 +193,7 @@ def compare_logs(
 
 
 def _first_difference(
-    rs: StepRecord, cs: StepRecord, rq: list[int], cq: list[int], bmap: _BlockMap
+    rs: StepDecisions, cs: StepDecisions, rq: list[int], cq: list[int], bmap: _BlockMap
 ) -> tuple[str, str | None, Any, Any] | None:
     if rs.t != cs.t:
         return "step clock", None, rs.t, cs.t
@@ -228,7 +228,7 @@ def _first_difference(
 
 def _divergence(
     i: int,
-    step: StepRecord,
+    step: StepDecisions,
     what: str,
     rid: str | None,
     exp: Any,
@@ -237,7 +237,7 @@ def _divergence(
     candidate: DecisionLog,
     ref_side: _Side,
     cand_side: _Side,
-    cand_step: StepRecord | None = None,
+    cand_step: StepDecisions | None = None,
     queues: tuple[list[int], list[int]] | None = None,
 ) -> Divergence:
     ref, cand = _label(reference.recorded_with), _label(candidate.recorded_with)
@@ -269,7 +269,7 @@ def _divergence(
     return Divergence(i, step.t, what, rid, exp, act, "\n".join(lines))
 
 
-def _step_line(s: StepRecord) -> str:
+def _step_line(s: StepDecisions) -> str:
     parts = ["s=[" + " ".join(f"{r}:{n}" for r, n in s.scheduled) + "]"]
     for name, items in (
         ("hit", [f"{r}:{n}" for r, n in s.hits]),

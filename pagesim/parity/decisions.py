@@ -1,6 +1,6 @@
 """The decision log: what a scheduler + KV cache manager decided, step by step.
 
-One `StepRecord` per engine step, written as one compact JSON object per line:
+One `StepDecisions` per engine step, written as one compact JSON object per line:
 
     {"t": 12,                         engine step (idle stretches are skipped, see replay.py)
      "add": ["r7"],                   requests added before this step's schedule()
@@ -48,7 +48,7 @@ class ParityFileError(PagesimError, ValueError):
 
 
 @dataclass(slots=True)
-class StepRecord:
+class StepDecisions:
     """Decisions of one engine step (see the module docstring for the JSON keys)."""
 
     t: int
@@ -81,7 +81,7 @@ class StepRecord:
         return d
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> StepRecord:
+    def from_json(cls, d: dict[str, Any]) -> StepDecisions:
         fq = d.get("fq")
         edit = (
             None
@@ -130,7 +130,7 @@ class DecisionLog:
     vllm_compat: str  # the vLLM behaviour followed: "0.33" or "0.23"
     workload: dict[str, Any]  # ParityWorkload.to_json()
     initial_free_queue: list[int]
-    steps: list[StepRecord]
+    steps: list[StepDecisions]
 
     def summary(self) -> dict[str, int]:
         return {
@@ -178,7 +178,7 @@ class DecisionLog:
             vllm_compat=d["vllm_compat"],
             workload=d["workload"],
             initial_free_queue=text_to_ids(d["initial_free_queue"]),
-            steps=[StepRecord.from_json(s) for s in d["steps"]],
+            steps=[StepDecisions.from_json(s) for s in d["steps"]],
         )
 
     @classmethod

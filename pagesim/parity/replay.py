@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from pagesim.parity.decisions import DecisionLog, StepRecord, free_queue_edit
+from pagesim.parity.decisions import DecisionLog, StepDecisions, free_queue_edit
 from pagesim.parity.workloads import ParityRequest, ParityWorkload
 
 
@@ -90,7 +90,7 @@ def replay(
             t = _next_arrival(pending, finished_at, t)
             continue
         obs = engine.step()
-        rec = StepRecord(
+        rec = StepDecisions(
             t=t,
             added=[r.request_id for r in ready],
             scheduled=obs.scheduled,

@@ -21,7 +21,7 @@ import simpy
 
 from pagesim.errors import InternalError
 from pagesim.kvcache.waste import KVProbe
-from pagesim.metrics.collector import MetricsCollector, StepRecord
+from pagesim.metrics.collector import MetricsCollector, StepMetricsRow
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner, ModelRunnerOutput, SchedulerOutput
 from pagesim.sim.bulk_decodes import BulkDecodes
@@ -160,7 +160,7 @@ class ServingEngine:
         else:
             kv = self.kv_probe.with_bulk_sums(*bulk.probe_sums())
         counts = scheduler.get_request_counts()
-        metrics.on_step(StepRecord.of_step(start, step_time_s, out, counts, kv, num_bulk))
+        metrics.on_step(StepMetricsRow.of_step(start, step_time_s, out, counts, kv, num_bulk))
 
     def _note_tokens(
         self, sampled: dict[str, int], now: float, num_bulk: int, bulk_gap_s: float

@@ -275,14 +275,14 @@ def test_block_optional_lines_and_percentiles() -> None:
 def test_steps_spill_to_disk_and_read_back_in_order():
     """Past SPILL_STEPS steps the rows go to a temporary file; the columns read back are the
     same as if every row had stayed in memory, also after merging two collectors."""
-    from pagesim.metrics.collector import SPILL_STEPS, STEP_COLUMNS, StepRecord
+    from pagesim.metrics.collector import SPILL_STEPS, STEP_COLUMNS, StepMetricsRow
     from pagesim.sim.cluster import merge_metrics
 
-    def fill(m: MetricsCollector, n: int, base: float) -> list[StepRecord]:
+    def fill(m: MetricsCollector, n: int, base: float) -> list[StepMetricsRow]:
         rows = []
         for i in range(n):
             kv = (i / n, 0.1, 0.2, 0.3, 0.4)
-            row = StepRecord(
+            row = StepMetricsRow(
                 base + i * 0.5, 0.01 * i, i % 7, i, i % 3, i % 5, 9, 2, *kv, i % 2, 4 * i
             )
             m.on_step(row)
@@ -300,7 +300,7 @@ def test_steps_spill_to_disk_and_read_back_in_order():
 
 
 def test_a_step_record_counts_decodes_prefill_tokens_and_lead_decodes():
-    from pagesim.metrics.collector import StepRecord
+    from pagesim.metrics.collector import StepMetricsRow
     from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput
 
     r = [Request(f"r{i}", [1] * 40, 8) for i in range(4)]
@@ -313,9 +313,9 @@ def test_a_step_record_counts_decodes_prefill_tokens_and_lead_decodes():
         swap_bytes=64,
     )
     kv = (0.5, 0.1, 0.2, 0.3, 0.4)
-    assert StepRecord.of_step(1.0, 0.02, out, (6, 2), kv, num_bulk=10) == StepRecord(
+    assert StepMetricsRow.of_step(1.0, 0.02, out, (6, 2), kv, num_bulk=10) == StepMetricsRow(
         1.0, 0.02, 14, 25, 13, 12, 6, 2, *kv, 1, 64
     )
-    assert StepRecord.of_step(2.0, 0.01, None, (10, 0), kv, num_bulk=10) == StepRecord(
+    assert StepMetricsRow.of_step(2.0, 0.01, None, (10, 0), kv, num_bulk=10) == StepMetricsRow(
         2.0, 0.01, 10, 10, 0, 10, 10, 0, *kv, 0, 0
     )
