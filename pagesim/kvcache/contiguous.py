@@ -29,6 +29,7 @@ No prefix caching: `get_computed_blocks` returns nothing, prefix stats count que
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from pagesim.errors import AllocationError, ConfigError
 from pagesim.kvcache.block import KVCacheBlock
@@ -57,6 +58,10 @@ class ContiguousKVCacheManager(PrefixStatsCounters):
     `policy` sizes the region, `placement` ("buddy" | "first-fit") places it. With
     `check_invariants`, every mutating call ends with `check_invariants()` (slow).
     """
+
+    # One region per request: its waste split reads the head of the waiting queue (external
+    # fragmentation is the free space that request's region cannot use).
+    is_contiguous: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -4,6 +4,8 @@ and the cache-wide operations (reset, interval stats, KV events)."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pagesim.config import VLLM_COMPAT
 from pagesim.errors import ConfigError
 from pagesim.kvcache.block_pool import BlockPool, KVCacheEvent
@@ -16,6 +18,9 @@ _FREE_ORDER = {"0.33": "lifo_unhashed", "0.23": "classic"}
 class BlockPoolViews(PrefixStatsCounters):
     """Mixin: the manager calls `_init_block_pool` in its constructor."""
 
+    # Blocks anywhere in the pool, not one region per request (`ContiguousKVCacheManager`):
+    # what a caller that splits KV waste asks instead of the manager's type.
+    is_contiguous: ClassVar[bool] = False
     block_pool: BlockPool
     enable_caching: bool
     vllm_compat: str

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import simpy
 
-from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.waste import (
     KVProbe,
     KVWaste,
@@ -38,7 +37,7 @@ class WasteProbe(KVProbe):
         self.manager = manager
         self.averager = averager
         self.env = env
-        self.contiguous = isinstance(manager, ContiguousKVCacheManager)
+        self.contiguous: bool = manager.is_contiguous
         self._last_time = 0.0
         self._last: KVWaste | None = None
 
