@@ -1,7 +1,7 @@
 """Launch parameters per compute capability: the H200's stay as measured, an sm_80 or sm_89
-card gets tiles within its shared memory, and those tiles give the reference's answer (run in
-the CPU interpreter: the tile shapes and loop bounds are exercised, warps, stages and shared
-memory are not)."""
+card gets tiles within its shared memory, and those tiles give the reference's answer (on the
+GPU when there is one; in the CPU interpreter the tile shapes and loop bounds are exercised,
+warps, stages and shared memory are not)."""
 
 from __future__ import annotations
 
@@ -62,25 +62,27 @@ def test_smaller_sms_get_smaller_tiles_and_fewer_programs() -> None:
 
 
 @pytest.mark.parametrize("arch", [SM80, SM89], ids=lambda a: a.name)
-def test_prefill_tiles_of_other_sms_match_the_reference(gen, arch) -> None:
-    """128-row query tiles over 64-token K/V tiles in the interpreter (fp16, head size 64)."""
+def test_prefill_tiles_of_other_sms_match_the_reference(gen, device, arch) -> None:
+    """128-row query tiles over 64-token K/V tiles (fp16, head size 64)."""
     cfg = prefill_config(64, 2, True, arch=arch)
     seqs = [(0, 70), (40, 30), (130, 1)]  # (cached, new): spans several K/V tiles
     seq_lens = [c + n for c, n in seqs]
-    kv = PagedKV(gen, seq_lens, 16, 2, 64, torch.float16, "cpu")
-    qsl = torch.tensor(build_query_start_loc([n for _, n in seqs]), dtype=torch.int32)
-    query = randn(gen, (int(qsl[-1]), 4, 64), torch.float16, "cpu")
+    kv = PagedKV(gen, seq_lens, 16, 2, 64, torch.float16, device)
+    qsl = torch.tensor(
+        build_query_start_loc([n for _, n in seqs]), dtype=torch.int32, device=device
+    )
+    query = randn(gen, (int(qsl[-1]), 4, 64), torch.float16, device)
     args = (query, kv.key_cache, kv.value_cache, kv.block_table, kv.seq_lens, qsl)
     out = paged_attention_prefill(*args, config=cfg)
     assert_close_rel(out, paged_attention_prefill_reference(*args), torch.float16)
 
 
 @pytest.mark.parametrize("arch", [SM80, SM89], ids=lambda a: a.name)
-def test_decode_tiles_of_other_sms_match_the_reference(gen, arch) -> None:
+def test_decode_tiles_of_other_sms_match_the_reference(gen, device, arch) -> None:
     cfg = decode_config(64, 4, True, arch=arch)
     seq_lens = [150, 37, 64]
-    kv = PagedKV(gen, seq_lens, 16, 1, 64, torch.float16, "cpu")
-    query = randn(gen, (3, 4, 64), torch.float16, "cpu")
+    kv = PagedKV(gen, seq_lens, 16, 1, 64, torch.float16, device)
+    query = randn(gen, (3, 4, 64), torch.float16, device)
     args = (query, kv.key_cache, kv.value_cache, kv.block_table, kv.seq_lens)
     out = paged_attention_decode(*args, DecodePartition(1, 150), config=cfg)
     assert_close_rel(out, paged_attention_decode_reference(*args), torch.float16)
