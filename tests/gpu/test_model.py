@@ -28,27 +28,29 @@ def test_weight_shapes_give_the_published_parameter_count(name: str) -> None:
         assert num_weights(spec) == spec.num_params
 
 
-def test_tiny_model_holds_exactly_its_weights_and_is_seeded() -> None:
-    a = RandomWeightDecoder(TINY, torch.float32, "cpu", 16, seed=1)
-    b = RandomWeightDecoder(TINY, torch.float32, "cpu", 16, seed=1)
-    c = RandomWeightDecoder(TINY, torch.float32, "cpu", 16, seed=2)
+def test_tiny_model_holds_exactly_its_weights_and_is_seeded(device: str) -> None:
+    a = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=1)
+    b = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=1)
+    c = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=2)
     assert a.weight_bytes == TINY.num_params * 4
     assert torch.equal(a.layers[1]["qkv"], b.layers[1]["qkv"])
     assert not torch.equal(a.layers[1]["qkv"], c.layers[1]["qkv"])
     assert float(a.lm_head.std()) == pytest.approx(0.02, rel=0.05)
 
 
-def _paged_vs_dense(model: RandomWeightDecoder, block_size: int) -> None:
+def _paged_vs_dense(model: RandomWeightDecoder, device: str) -> None:
     """Step 1: a prompt of 37 and a prompt of 20; step 2: a decode of the first and a second
     chunk of 9 tokens of the other (over its 20 cached ones), all through one KV cache."""
-    kv = allocate_kv_cache(model, 32, "cpu")
+    kv = allocate_kv_cache(model, 32, device)
     rows = [[5, 9, 2, 30, 17], [11, 3, 8, 21]]
     past = [{} for _ in model.layers]
     gen = torch.Generator().manual_seed(0)
     for computed, new in (([0, 0], [37, 20]), ([37, 20], [1, 9])):
-        md = model.attn.build_metadata(rows, computed, new, "cpu")
-        ids = torch.randint(0, model.spec.vocab_size, (sum(new),), generator=gen)
-        pos = torch.cat([torch.arange(c, c + n) for c, n in zip(computed, new, strict=False)])
+        md = model.attn.build_metadata(rows, computed, new, device)
+        ids = torch.randint(0, model.spec.vocab_size, (sum(new),), generator=gen).to(device)
+        pos = torch.cat(
+            [torch.arange(c, c + n, device=device) for c, n in zip(computed, new, strict=False)]
+        )
         li = (md.query_start_loc[1:] - 1).long()
         out = model.forward(ids, pos, md, kv, li)
         ranges = [(0, new[0], 0), (new[0], new[0] + new[1], 1)]
@@ -58,44 +60,50 @@ def _paged_vs_dense(model: RandomWeightDecoder, block_size: int) -> None:
 
 
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_paged_forward_equals_dense_forward(block_size: int) -> None:
-    _paged_vs_dense(RandomWeightDecoder(TINY, torch.float32, "cpu", block_size, seed=0), block_size)
+def test_paged_forward_equals_dense_forward(block_size: int, device: str) -> None:
+    model = RandomWeightDecoder(TINY, torch.float32, device, block_size, seed=0)
+    _paged_vs_dense(model, device)
 
 
-def test_paged_opt_forward_equals_dense_opt_forward() -> None:
+def test_paged_opt_forward_equals_dense_opt_forward(device: str) -> None:
     opt = dataclasses.replace(TINY, name="tiny-opt", arch="opt", intermediate_size=512)
-    _paged_vs_dense(RandomWeightDecoder(opt, torch.float32, "cpu", 16, seed=0), 16)
+    _paged_vs_dense(RandomWeightDecoder(opt, torch.float32, device, 16, seed=0), device)
 
 
-def test_skip_attention_leaves_the_cache_alone() -> None:
-    model = RandomWeightDecoder(TINY, torch.float32, "cpu", 16, seed=0)
-    kv = allocate_kv_cache(model, 8, "cpu")
-    md = model.attn.build_metadata([[1, 2]], [0], [20], "cpu")
+def test_skip_attention_leaves_the_cache_alone(device: str) -> None:
+    model = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=0)
+    kv = allocate_kv_cache(model, 8, device)
+    md = model.attn.build_metadata([[1, 2]], [0], [20], device)
     h = model.forward(
-        torch.arange(20), torch.arange(20), md, kv, torch.tensor([19]), skip_attention=True
+        *(torch.arange(20, device=device),) * 2,
+        md,
+        kv,
+        torch.tensor([19], device=device),
+        skip_attention=True,
     )
     assert h.shape == (1, TINY.hidden_size) and torch.isfinite(h).all()
     assert all(not k.any() and not v.any() for k, v in kv)
 
 
-def test_opt_variant_runs_with_tied_head() -> None:
+def test_opt_variant_runs_with_tied_head(device: str) -> None:
     opt = dataclasses.replace(TINY, name="tiny-opt", arch="opt", intermediate_size=512)
-    model = RandomWeightDecoder(opt, torch.float32, "cpu", 16, seed=0)
+    model = RandomWeightDecoder(opt, torch.float32, device, 16, seed=0)
     assert model.lm_head is model.embed
-    kv = allocate_kv_cache(model, 8, "cpu")
-    md = model.attn.build_metadata([[1, 2]], [0], [18], "cpu")
-    h = model.forward(torch.arange(18), torch.arange(18), md, kv, torch.tensor([17]))
+    kv = allocate_kv_cache(model, 8, device)
+    md = model.attn.build_metadata([[1, 2]], [0], [18], device)
+    t = torch.arange(18, device=device)
+    h = model.forward(t, t, md, kv, torch.tensor([17], device=device))
     assert h.shape == (1, opt.hidden_size) and torch.isfinite(h).all()
     assert kv[0][0][1].abs().sum() > 0  # its K/V were cached
 
 
-def test_sampler_greedy_and_random() -> None:
-    model = RandomWeightDecoder(TINY, torch.float32, "cpu", 16, seed=0)
-    logits = torch.full((3, TINY.vocab_size), -30.0)
+def test_sampler_greedy_and_random(device: str) -> None:
+    model = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=0)
+    logits = torch.full((3, TINY.vocab_size), -30.0, device=device)
     logits[0, 7] = logits[1, 99] = logits[2, 5] = 10.0
     assert model.sample(logits, temperature=0.0).tolist() == [7, 99, 5]
     assert model.sample(logits, temperature=1.0).tolist() == [7, 99, 5]  # a peaked softmax
-    flat = torch.zeros((2000, TINY.vocab_size))
+    flat = torch.zeros((2000, TINY.vocab_size), device=device)
     draws = model.sample(flat, temperature=1.0)
     assert len(set(draws.tolist())) > 400  # uniform logits spread over the vocabulary
 
@@ -105,30 +113,30 @@ TINY_HYBRID = ModelSpec.from_name("tiny-hybrid")
 
 
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_paged_moe_forward_equals_dense_forward(block_size: int) -> None:
+def test_paged_moe_forward_equals_dense_forward(block_size: int, device: str) -> None:
     """Routed experts through the grouped GEMM = every expert densely, prefill and decode."""
-    model = RandomWeightDecoder(TINY_MOE, torch.float32, "cpu", block_size, seed=0)
+    model = RandomWeightDecoder(TINY_MOE, torch.float32, device, block_size, seed=0)
     assert set(model.layers[0]) >= {"router", "w13", "w2"} and "gate_up" not in model.layers[0]
     assert model.weight_bytes == num_weights(TINY_MOE) * 4
-    _paged_vs_dense(model, block_size)
+    _paged_vs_dense(model, device)
 
 
-def test_moe_forward_of_one_token() -> None:
-    model = RandomWeightDecoder(TINY_MOE, torch.float32, "cpu", 16, seed=3)
-    kv = allocate_kv_cache(model, 4, "cpu")
-    md = model.attn.build_metadata([[2]], [0], [1], "cpu")
-    ids, pos, li = torch.tensor([7]), torch.tensor([0]), torch.tensor([0])
+def test_moe_forward_of_one_token(device: str) -> None:
+    model = RandomWeightDecoder(TINY_MOE, torch.float32, device, 16, seed=3)
+    kv = allocate_kv_cache(model, 4, device)
+    md = model.attn.build_metadata([[2]], [0], [1], device)
+    ids, pos, li = (torch.tensor([v], device=device) for v in (7, 0, 0))
     out = model.forward(ids, pos, md, kv, li)
     ref = reference_attention_forward(model, ids, pos, [(0, 1, 0)], [{} for _ in kv], li)
     assert float((out - ref).norm() / ref.norm()) < 1e-5
 
 
-def test_hybrid_layout_shares_one_tensor_per_layer_index_of_the_groups() -> None:
+def test_hybrid_layout_shares_one_tensor_per_layer_index_of_the_groups(device: str) -> None:
     layout = KVLayout.of(TINY_HYBRID, hybrid_kv_cache_manager=True)
     assert layout.group_kinds == ("sliding", "full")
     assert layout.layer_group == (0, 1, 0, 1) and layout.layer_tensor == (0, 0, 1, 1)
-    model = RandomWeightDecoder(TINY_HYBRID, torch.float32, "cpu", 8, seed=0)
-    kv = allocate_kv_cache(model, 5, "cpu", layout=layout)
+    model = RandomWeightDecoder(TINY_HYBRID, torch.float32, device, 8, seed=0)
+    kv = allocate_kv_cache(model, 5, device, layout=layout)
     ptr = [k.data_ptr() for k, _ in kv]
     assert ptr[0] == ptr[1] and ptr[2] == ptr[3] and ptr[0] != ptr[2]
     # one block of the pool holds one group's layers: sizing's hybrid page size
@@ -138,14 +146,14 @@ def test_hybrid_layout_shares_one_tensor_per_layer_index_of_the_groups() -> None
     assert one_table.group_kinds == ("full",) and one_table.layer_tensor == (0, 1, 2, 3)
 
 
-def test_paged_hybrid_forward_equals_dense_forward() -> None:
+def test_paged_hybrid_forward_equals_dense_forward(device: str) -> None:
     """Sliding layers (window 40) read group 0's table, whose blocks before the window are the
     null block (the hybrid manager frees them), full layers group 1's; the paged forward
     equals a dense forward that masks each sliding layer to its window."""
     bs = 8
-    model = RandomWeightDecoder(TINY_HYBRID, torch.float32, "cpu", bs, seed=0)
+    model = RandomWeightDecoder(TINY_HYBRID, torch.float32, device, bs, seed=0)
     layout = KVLayout.of(TINY_HYBRID, hybrid_kv_cache_manager=True)
-    kv = allocate_kv_cache(model, 40, "cpu", layout=layout)
+    kv = allocate_kv_cache(model, 40, device, layout=layout)
     sliding = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]  # group 0
     full = [[20, 21, 22, 23, 24, 25, 26, 27], [30, 31, 32, 33, 34, 35]]  # group 1
     past = [{} for _ in model.layers]
@@ -159,13 +167,15 @@ def test_paged_hybrid_forward_equals_dense_forward() -> None:
                 [r[: -(-n // bs)] for r, n in zip(rows, seq_lens, strict=True)],
                 computed,
                 new,
-                "cpu",
+                device,
             )
             for kind, rows in zip(layout.group_kinds, (sliding, full), strict=True)
         )
         assert md[0].is_decode_only == md[1].is_decode_only
-        ids = torch.randint(0, TINY_HYBRID.vocab_size, (sum(new),), generator=gen)
-        pos = torch.cat([torch.arange(c, c + n) for c, n in zip(computed, new, strict=True)])
+        ids = torch.randint(0, TINY_HYBRID.vocab_size, (sum(new),), generator=gen).to(device)
+        pos = torch.cat(
+            [torch.arange(c, c + n, device=device) for c, n in zip(computed, new, strict=True)]
+        )
         li = (md[0].query_start_loc[1:] - 1).long()
         out = model.forward(ids, pos, md, kv, li)
         ranges = [(0, new[0], 0), (new[0], new[0] + new[1], 1)]

@@ -53,16 +53,13 @@ def _requests(prompts: list[list[int]], max_tokens: list[int]) -> list[Request]:
 def _dense_rows(model, sched) -> torch.Tensor:
     """Final hidden row of each scheduled sequence, from scratch over its whole history."""
     rows = []
-    vocab = model.spec.vocab_size
+    vocab, dev = model.spec.vocab_size, model.lm_head.device
     for sr in sched:
         n = sr.num_computed_tokens + sr.num_new_tokens
-        ids = torch.tensor([t % vocab for t in sr.request.token_ids_slice(0, n)])
+        ids = torch.tensor([t % vocab for t in sr.request.token_ids_slice(0, n)], device=dev)
+        pos, last = torch.arange(n, device=dev), torch.tensor([n - 1], device=dev)
         past = [{} for _ in model.layers]
-        rows.append(
-            reference_attention_forward(
-                model, ids, torch.arange(n), [(0, n, 0)], past, torch.tensor([n - 1])
-            )[0]
-        )
+        rows.append(reference_attention_forward(model, ids, pos, [(0, n, 0)], past, last)[0])
     return torch.stack(rows)
 
 
@@ -73,6 +70,7 @@ def _lockstep(
     max_steps: int = 60,
     check_every: int = 1,
     graphs: bool = False,
+    device: str = "cpu",
 ) -> dict[str, int]:
     gpu_sched = make_engine(config, num_gpu_blocks)
     sim_sched = make_engine(config, num_gpu_blocks)
@@ -81,7 +79,7 @@ def _lockstep(
         config,
         num_gpu_blocks,
         RunnerConfig(
-            device="cpu",
+            device=device,
             dtype=torch.float32,
             seed=3,
             num_cpu_blocks=num_cpu,
@@ -173,7 +171,7 @@ def _check_group_tables(runner: GPUModelRunner, sched, rows) -> int:
 
 
 @pytest.mark.parametrize("model", ["tiny-moe", "tiny-hybrid"])
-def test_moe_and_hybrid_models_in_lockstep(model: str) -> None:
+def test_moe_and_hybrid_models_in_lockstep(model: str, device: str) -> None:
     """MoE layers (padded graph-path steps: padding rows are routed too) and sliding/full layers
     through the scheduler: chunked prefills longer than the tiny-hybrid window (40), decodes
     past it; the hybrid model under the hybrid manager (one row per KV cache group, sliding
@@ -184,7 +182,7 @@ def test_moe_and_hybrid_models_in_lockstep(model: str) -> None:
 
     config = _config(model=model)
     moe = model == "tiny-moe"  # through the graph path's padded static buffers
-    seen = _lockstep(config, 40, make, check_every=2, graphs=moe)
+    seen = _lockstep(config, 40, make, check_every=2, graphs=moe, device=device)
     assert seen["chunks"] > 0 and seen["graph_steps"] == (seen["steps"] if moe else 0)
     if model == "tiny-hybrid":
         assert seen["null_entries"] > 0
@@ -194,7 +192,7 @@ def test_moe_and_hybrid_models_in_lockstep(model: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-buffers"])
-def test_lockstep_with_prefix_hits_and_chunked_prefill(graphs: bool) -> None:
+def test_lockstep_with_prefix_hits_and_chunked_prefill(graphs: bool, device: str) -> None:
     shared = [(7 * j + 3) % 500 for j in range(40)]  # 2.5 blocks of a shared system prompt
 
     def make():
@@ -202,7 +200,7 @@ def test_lockstep_with_prefix_hits_and_chunked_prefill(graphs: bool) -> None:
             [shared + [11, 12, 13], list(range(100, 170)), shared + [21, 22, 23, 24, 25]], [4, 3, 5]
         )
 
-    seen = _lockstep(_config(), 64, make, graphs=graphs)
+    seen = _lockstep(_config(), 64, make, graphs=graphs, device=device)
     assert seen["prefix_hits"] >= 1  # the third request reuses the first's full blocks
     assert seen["chunks"] >= 1  # a 70-token prompt under a 48-token budget is chunked
     assert (seen["graph_steps"] > 0) == graphs
@@ -210,7 +208,7 @@ def test_lockstep_with_prefix_hits_and_chunked_prefill(graphs: bool) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode,graphs", [("swap", False), ("swap", True), ("recompute", True)])
-def test_lockstep_through_preemption(mode: str, graphs: bool) -> None:
+def test_lockstep_through_preemption(mode: str, graphs: bool, device: str) -> None:
     """A cache too small for both requests: one is preempted and resumed. Swapped, its K/V
     must survive the round trip through the pinned CPU cache; recomputed, it comes back on
     new blocks, which the graph path's kept block-table rows must follow."""
@@ -219,7 +217,7 @@ def test_lockstep_through_preemption(mode: str, graphs: bool) -> None:
         return _requests([list(range(1, 30)), list(range(200, 229))], [20, 20])
 
     cfg = _config(preemption_mode=mode, max_num_batched_tokens=64, swap_space=0.001)
-    seen = _lockstep(cfg, 6, make, check_every=3, graphs=graphs)
+    seen = _lockstep(cfg, 6, make, check_every=3, graphs=graphs, device=device)
     assert seen["preemptions"] >= 1 and (seen["swaps"] >= 1) == (mode == "swap")
     assert (seen["graph_steps"] > 0) == graphs
 
@@ -228,8 +226,8 @@ def test_table_width_is_a_multiple_of_16() -> None:
     assert [table_width(n) for n in (1, 15, 16, 17, 40)] == [16, 16, 16, 32, 48]
 
 
-def test_copy_on_write_copies_every_layer() -> None:
-    runner = GPUModelRunner(_config(), 8, RunnerConfig(device="cpu", dtype=torch.float32, seed=0))
+def test_copy_on_write_copies_every_layer(device: str) -> None:
+    runner = GPUModelRunner(_config(), 8, RunnerConfig(device=device, dtype=torch.float32, seed=0))
     for k, v in runner.kv_caches:
         k.normal_()
         v.normal_()
