@@ -71,9 +71,8 @@ class RandomWeightDecoder:
         self.dtype = dtype
         self.device = torch.device(device)
         self.seed = seed
-        self.num_heads = spec.num_attention_heads
-        self.num_kv_heads = spec.num_kv_heads
         self.head_size = spec.head_size
+        self.num_heads, self.num_kv_heads = self._attention_heads()
         self.q_size = self.num_heads * self.head_size
         self.kv_size = self.num_kv_heads * self.head_size
         gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -98,6 +97,10 @@ class RandomWeightDecoder:
         self.hybrid_layout = KVLayout.of(spec, hybrid_kv_cache_manager=True)
         self.set_block_size(block_size)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
+
+    def _attention_heads(self) -> tuple[int, int]:
+        """(query heads, KV heads) this decoder computes and caches: all of the spec's."""
+        return self.spec.num_attention_heads, self.spec.num_kv_heads
 
     # ---- weights ------------------------------------------------------------------------------
     def _rand(self, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:

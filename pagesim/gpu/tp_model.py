@@ -100,15 +100,14 @@ class TensorParallelDecoder(RandomWeightDecoder):
         self.tp_rank, self.tp_size = group.rank, group.world_size
         super().__init__(spec, dtype, device, block_size, seed)  # layers sharded as drawn
         rank, tp = self.tp_rank, self.tp_size
-        k0, k1 = kv_head_range(spec.num_kv_heads, rank, tp)
-        self.num_heads = spec.num_attention_heads // tp
-        self.num_kv_heads = k1 - k0
-        self.q_size = self.num_heads * self.head_size
-        self.kv_size = self.num_kv_heads * self.head_size
         self.vocab_start = vocab_range(spec.vocab_size, rank, tp)[0]
         self.embed = shard_vocab(self.embed, rank, tp)
         self.lm_head = shard_vocab(self.lm_head, rank, tp)
-        self.set_block_size(block_size)  # backends for this rank's heads
+
+    def _attention_heads(self) -> tuple[int, int]:
+        """This rank's query heads and KV heads (the attention backends are built for them)."""
+        k0, k1 = kv_head_range(self.spec.num_kv_heads, self.tp_rank, self.tp_size)
+        return self.spec.num_attention_heads // self.tp_size, k1 - k0
 
     def _make_layer(self, gen: torch.Generator, index: int) -> dict[str, torch.Tensor]:
         """Draw the whole layer as the unsharded model does, keep this rank's shard."""
