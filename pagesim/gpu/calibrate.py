@@ -121,13 +121,15 @@ class BlockSource:
             )
         return cls(runner.num_gpu_blocks, seed, group_windows=windows)
 
-    def take(self, counts: list[int]) -> list[list[int]] | None:
-        """Rows of `counts[i]` distinct blocks, or None if the cache cannot hold them all."""
+    def take(self, counts: list[int], from_end: bool = False) -> list[list[int]] | None:
+        """Rows of `counts[i]` distinct blocks, or None if the cache cannot hold them all;
+        `from_end` hands them out from the far end of the permutation (`WRITER_KINDS`)."""
         if sum(counts) > len(self.ids):
             return None
+        ids = self.ids[::-1] if from_end else self.ids
         rows, at = [], 0
         for c in counts:
-            rows.append(self.ids[at : at + c])
+            rows.append(ids[at : at + c])
             at += c
         return rows
 
@@ -161,6 +163,7 @@ def synthetic_step(
     step_id: int = 0,
     shared: int = 0,
     request_prefix: str = "cal",
+    from_end: bool = False,
 ) -> SchedulerOutput | None:
     """A step of `(context, num_new)` entries (decodes first, as a running batch), or None if
     its K/V does not fit in the cache. With `shared` (tokens, a multiple of the block size, at
@@ -169,7 +172,7 @@ def synthetic_step(
     the graph path keeps a block-table row per request id (`BlockTableRows`), so steps that
     should each find their own rows in place, as a served request does, need prefixes of
     their own."""
-    rows = _rows(entries, block_size, blocks, shared)
+    rows = _rows(entries, block_size, blocks, shared, from_end)
     if rows is None:
         return None
     out = SchedulerOutput(step_id=step_id, block_size=block_size)
@@ -182,7 +185,11 @@ def synthetic_step(
 
 
 def _rows(
-    entries: list[tuple[int, int]], block_size: int, blocks: BlockSource, shared: int
+    entries: list[tuple[int, int]],
+    block_size: int,
+    blocks: BlockSource,
+    shared: int,
+    from_end: bool = False,
 ) -> list | None:
     """Each entry's block-table row, or under `blocks.group_windows` its row per KV cache
     group: a sliding group's blocks wholly before the first new token's window are the null
@@ -199,7 +206,7 @@ def _rows(
             -(-(c + n) // block_size) - (common if window is None else f)
             for (c, n), f in zip(entries, first, strict=True)
         )
-    taken = blocks.take(counts)
+    taken = blocks.take(counts, from_end)
     if taken is None:
         return None
     per_group = []
@@ -402,6 +409,14 @@ def calibration_entries(
     return entries
 
 
+#: Kinds whose steps write whole prompts into the cache. Their rows come from the far end of
+#: the block permutation, so that no decode point reads K/V that a prefill of the shared
+#: synthetic prompt left there: an MoE router reads each token's hidden state, and decode
+#: rows holding that one prompt's K/V steer a batch's tokens to the same few experts (a
+#: fraction of the weights a served batch reads, whose sequences each hold their own).
+WRITER_KINDS = frozenset({"prefill", "mixed", "multi", "vshared", "vreference"})
+
+
 def grid_points(
     entries: list[tuple], block_size: int, blocks: BlockSource, own_ids: bool = True
 ) -> list[tuple[str, tuple, SchedulerOutput, tuple]]:
@@ -418,7 +433,12 @@ def grid_points(
     for i, (kind, key, spec, other) in enumerate(entries):
         shared = key[-1] if kind in ("shared", "vshared", "sshared") else 0
         out = synthetic_step(
-            spec, block_size, blocks, shared=shared, request_prefix=f"cal{i}" if own_ids else "cal"
+            spec,
+            block_size,
+            blocks,
+            shared=shared,
+            request_prefix=f"cal{i}" if own_ids else "cal",
+            from_end=kind in WRITER_KINDS,
         )
         if out is not None:
             points.append((kind, key, out, other))
