@@ -215,7 +215,7 @@ def kv_slots(
 ) -> KVSlots:
     """The split for either manager. The paged one needs `running`; the contiguous one knows
     its holders and uses `next_request` (head of the waiting queue) for external fragmentation."""
-    if isinstance(manager, ContiguousKVCacheManager):
+    if manager.is_contiguous:
         return contiguous_slots(manager, next_request)
     if running is None:
         raise ConfigError("running=None: the paged manager's split needs the running requests")
