@@ -260,51 +260,38 @@ class BlockPool:
         so its tail blocks are evicted first. Where they go depends on `free_order` (see
         FREE_ORDERS). The null block is skipped.
         """
+        # One pass: blocks reaching ref_cnt 0 are linked in at the tail as they come (what
+        # `append_n` of them in order does), except that under "lifo_unhashed" the unhashed
+        # ones are put at the head after it.
         queue = self.free_block_queue
-        if self._lifo_unhashed:
-            # One pass: hashed blocks are linked in at the tail as they come (what
-            # `append_n` of them in order does); unhashed ones are put at the head after it.
-            to_head: list[KVCacheBlock] = []
-            tail = queue.fake_free_list_tail
-            last: KVCacheBlock = tail.prev_free_block  # type: ignore[assignment]
-            num_tail = 0
-            shared = self.num_shared_refs
-            for block in ordered_blocks:
-                if block.is_null:
-                    continue
-                r = block.ref_cnt
-                if r > 1:
-                    shared -= 2 if r == 2 else 1
-                block.ref_cnt = r - 1
-                if r == 1:
-                    if block.block_hash is None:
-                        to_head.append(block)
-                    else:
-                        last.next_free_block = block
-                        block.prev_free_block = last
-                        last = block
-                        num_tail += 1
-            self.num_shared_refs = shared
-            if num_tail:
-                last.next_free_block = tail
-                tail.prev_free_block = last
-                queue.num_free_blocks += num_tail
-            if to_head:
-                queue.prepend_n(to_head)
-        else:
-            freed: list[KVCacheBlock] = []
-            shared = self.num_shared_refs
-            for block in ordered_blocks:
-                if block.is_null:
-                    continue
-                r = block.ref_cnt
-                if r > 1:
-                    shared -= 2 if r == 2 else 1
-                block.ref_cnt = r - 1
-                if r == 1:
-                    freed.append(block)
-            self.num_shared_refs = shared
-            queue.append_n(freed)
+        lifo_unhashed = self._lifo_unhashed
+        to_head: list[KVCacheBlock] = []
+        tail = queue.fake_free_list_tail
+        last: KVCacheBlock = tail.prev_free_block  # type: ignore[assignment]
+        num_tail = 0
+        shared = self.num_shared_refs
+        for block in ordered_blocks:
+            if block.is_null:
+                continue
+            r = block.ref_cnt
+            if r > 1:
+                shared -= 2 if r == 2 else 1
+            block.ref_cnt = r - 1
+            if r == 1:
+                if lifo_unhashed and block.block_hash is None:
+                    to_head.append(block)
+                else:
+                    last.next_free_block = block
+                    block.prev_free_block = last
+                    last = block
+                    num_tail += 1
+        self.num_shared_refs = shared
+        if num_tail:
+            last.next_free_block = tail
+            tail.prev_free_block = last
+            queue.num_free_blocks += num_tail
+        if to_head:
+            queue.prepend_n(to_head)
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached hash. Only possible when no block is in use; returns success."""
