@@ -458,24 +458,23 @@ def _best(entries: list[dict[str, Any]], target_rate: float | None) -> dict[str,
             "(results/analytical_vs_measured.csv). --analytical puts them on one footing"
         )
     if target_rate is not None:
-        fit = [r for r in rows if r["gpus"] is not None]
-        if not fit:
-            print(f"No TP size meets the SLOs at {target_rate:g} req/s")
-            return None
-        best = min(fit, key=lambda r: (r["gpus"], -r["max_rate"]))
+        rows = [r for r in rows if r["gpus"] is not None]
+    if not rows:
+        at = "" if target_rate is None else f" at {target_rate:g} req/s"
+        print(f"No TP size meets the SLOs{at}")
+        return None
+    if target_rate is not None:
+        best = min(rows, key=lambda r: (r["gpus"], -r["max_rate"]))
         print(
             f"Fewest GPUs for {target_rate:g} req/s: tensor_parallel_size {best['tp']} x "
             f"{best['num_replicas']} replicas = {best['gpus']} GPUs"
         )
-        return best
-    if not rows:
-        print("No TP size meets the SLOs")
-        return None
-    best = max(rows, key=lambda r: (r["rate_per_gpu"], -r["tp"]))
-    print(
-        f"Most req/s per GPU: tensor_parallel_size {best['tp']} "
-        f"({best['rate_per_gpu']:.3f} req/s per GPU)"
-    )
+    else:
+        best = max(rows, key=lambda r: (r["rate_per_gpu"], -r["tp"]))
+        print(
+            f"Most req/s per GPU: tensor_parallel_size {best['tp']} "
+            f"({best['rate_per_gpu']:.3f} req/s per GPU)"
+        )
     return best
 
 

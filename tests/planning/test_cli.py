@@ -388,3 +388,19 @@ def test_a_plan_prices_with_a_correction_switched_off(tmp_path: Path, capsys) ->
     assert main(["plan", *base, "--disable-correction", "nope"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "'nope' is unknown" in err and err.count("\n") == 1
+
+
+def test_compare_tp_summary_names_the_winner_or_says_none_fits(capsys) -> None:
+    from pagesim.cli.plan import _best
+
+    failed = {"tp": 1, "error": "weights do not fit"}
+    priced = {"tp": 2, "cost_model": "analytical", "capacity": {"max_rate": 3.0}}
+    assert _best([failed], None) is None
+    assert "No TP size meets the SLOs\n" in capsys.readouterr().out
+    assert _best([failed, priced], 6.0) is None  # a rate, but no replica count meets 6 req/s
+    assert "No TP size meets the SLOs at 6 req/s\n" in capsys.readouterr().out
+    best = _best([failed, priced], None)
+    assert best is not None and best["tp"] == 2
+    assert "Most req/s per GPU: tensor_parallel_size 2 (1.500 req/s per GPU)\n" in (
+        capsys.readouterr().out
+    )
