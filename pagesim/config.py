@@ -57,6 +57,9 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # if set, ignores gpu_memory_utilization
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
+    # vLLM's --disable-hybrid-kv-cache-manager: a model with sliding-window and full-attention
+    # layers keeps full KV in every layer, in one KV cache group (no effect on other models)
+    disable_hybrid_kv_cache_manager: bool = False
     allocator: str = "paged"  # paged, or a contiguous baseline: reserve-max | pow2 | oracle
     # where contiguous regions go: buddy | first-fit; None (not given): the allocator's own,
     # `default_placement`, resolved when the config is made

@@ -391,3 +391,54 @@ def test_a_correction_switched_off_prices_the_run_without_it(capsys, tmp_path) -
     assert main(["run", "--quiet", *base, "--disable-correction", "nope"]) == 2
     err = capsys.readouterr().err
     assert "'nope' is unknown" in err and err.count("\n") == 1
+
+
+def _kv_capacity_blocks(capsys: pytest.CaptureFixture[str], *args: str) -> int:
+    assert main(["kv-capacity", "--json", *args]) == 0
+    return int(json.loads(capsys.readouterr().out)["num_gpu_blocks"])
+
+
+def test_disabling_the_hybrid_manager_sizes_every_layer_as_full_attention(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """gemma-2-9b (sliding and full layers): with --disable-hybrid-kv-cache-manager every layer
+    keeps full KV in one group, so a block holds all 42 layers instead of one group's 21 and
+    the pool has about half the blocks; each run's pool is kv-capacity's for the same flag,
+    and the saved config says which one ran."""
+    base = ["--no-band", *SMALL, "--num-prompts", "8", "--model", "gemma-2-9b"]
+    blocks = {}
+    for flag in ("--no-disable-hybrid-kv-cache-manager", "--disable-hybrid-kv-cache-manager"):
+        run_ok(capsys, *base, flag, "--result-dir", str(tmp_path), "--result-filename", "r.json")
+        doc = json.loads((tmp_path / "r.json").read_text())
+        (tmp_path / "r.json").unlink()
+        disabled = flag.startswith("--disable")
+        assert doc["engine_config"]["disable_hybrid_kv_cache_manager"] is disabled
+        assert doc["num_gpu_blocks"] == _kv_capacity_blocks(capsys, "--model", "gemma-2-9b", flag)
+        blocks[disabled] = doc["num_gpu_blocks"]
+    assert blocks[True] < blocks[False]
+    assert blocks[True] == pytest.approx(blocks[False] / 2, rel=0.01)
+
+
+def test_disabling_the_hybrid_manager_changes_nothing_on_a_dense_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama-2-7b has one attention kind: the flag is accepted (as vLLM) and the printed
+    output, the per-step records and the saved metrics are the same bytes."""
+    base = ["--no-band", *SMALL, "--num-prompts", "20", "--max-num-seqs", "8"]
+    outs, docs = [], []
+    for name, extra in (("on", []), ("off", ["--disable-hybrid-kv-cache-manager"])):
+        rd = ["--result-dir", str(tmp_path), "--result-filename", f"{name}.json"]
+        outs.append(run_ok(capsys, *base, *extra, *rd).replace(f"{name}.", "X."))
+        docs.append(json.loads((tmp_path / f"{name}.json").read_text()))
+    assert outs[0] == outs[1]
+    assert (tmp_path / "on.steps.parquet").read_bytes() == (
+        tmp_path / "off.steps.parquet"
+    ).read_bytes()
+    configs = [d.pop("engine_config") for d in docs]
+    for d in docs:
+        d.pop("date")
+    assert docs[0] == docs[1]
+    assert configs[1] == {**configs[0], "disable_hybrid_kv_cache_manager": True}
+    assert _kv_capacity_blocks(capsys) == _kv_capacity_blocks(
+        capsys, "--disable-hybrid-kv-cache-manager"
+    )

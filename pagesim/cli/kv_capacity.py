@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from pagesim.cli import options as o
 from pagesim.cli.app import app
 from pagesim.config import EngineConfig
 from pagesim.kvcache.sizing import kv_capacity
@@ -27,10 +28,7 @@ def kv_capacity_command(
     tensor_parallel_size: Annotated[int, typer.Option()] = 1,
     kv_cache_dtype: Annotated[str, typer.Option(help="auto | fp8")] = "auto",
     num_gpu_blocks_override: Annotated[int | None, typer.Option()] = None,
-    disable_hybrid_kv_cache_manager: Annotated[
-        bool,
-        typer.Option(help="Serve sliding-window layers as full attention, in one group."),
-    ] = False,
+    disable_hybrid_kv_cache_manager: o.DisableHybridKVCacheManager = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead.")] = False,
 ) -> None:
     """Print 'Available KV cache memory', 'GPU KV cache size' and 'Maximum concurrency'."""
@@ -43,8 +41,9 @@ def kv_capacity_command(
         kv_cache_dtype=kv_cache_dtype,
         tensor_parallel_size=tensor_parallel_size,
         num_gpu_blocks_override=num_gpu_blocks_override,
+        disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
     )
-    cap = kv_capacity(config, hybrid_kv_cache_manager=not disable_hybrid_kv_cache_manager)
+    cap = kv_capacity(config)
     if as_json:
         print(json.dumps(cap.to_dict(), indent=2, default=str))
     else:

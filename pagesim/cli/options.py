@@ -81,6 +81,14 @@ Placement = Annotated[
         rich_help_panel=ENGINE,
     ),
 ]
+DisableHybridKVCacheManager = Annotated[
+    bool | None,
+    typer.Option(
+        help="Serve a hybrid model's sliding-window layers as full attention, every layer "
+        "in one KV cache group, as vLLM's flag (no effect on other models) [off]",
+        rich_help_panel=ENGINE,
+    ),
+]
 KVDtype = Annotated[str | None, typer.Option(help="auto | fp8 [auto]", rich_help_panel=ENGINE)]
 TP = Annotated[int | None, typer.Option(help="[1]", rich_help_panel=ENGINE)]
 VllmCompat = Annotated[

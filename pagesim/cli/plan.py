@@ -199,6 +199,7 @@ def plan_command(
     scheduling_policy: o.Policy = None,
     allocator: o.AllocatorOpt = None,
     contiguous_placement: o.Placement = None,
+    disable_hybrid_kv_cache_manager: o.DisableHybridKVCacheManager = None,
     kv_cache_dtype: o.KVDtype = None,
     tensor_parallel_size: o.TP = None,
     vllm_compat: o.VllmCompat = None,

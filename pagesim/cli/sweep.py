@@ -1,7 +1,8 @@
 """`pagesim sweep`: a Cartesian grid of simulations, laid out as `vllm bench sweep serve`.
 
 Every engine and load flag of `pagesim run` takes a comma list here (`--block-size 8,16,32
---request-rate 2,4,8`), and `--config FILE.yaml` takes lists as well as single values;
+--request-rate 2,4,8`; the switch `--disable-hybrid-kv-cache-manager` sets every point, a list
+in the file sweeps it), and `--config FILE.yaml` takes lists as well as single values;
 `--engine-params` / `--load-params` (alias `--serve-params` /
 `--bench-params`) take JSON or YAML lists of dicts. Exit codes: 0 all runs done, 1 some runs
 failed (each reported with its settings), 2 a bad grid or flag.
@@ -60,6 +61,7 @@ def sweep_command(
     scheduling_policy: _list("fcfs,priority", E) = None,
     allocator: _list("paged,reserve-max,pow2,oracle", E) = None,
     contiguous_placement: _list("buddy,first-fit", E) = None,
+    disable_hybrid_kv_cache_manager: o.DisableHybridKVCacheManager = None,
     kv_cache_dtype: _list("auto,fp8", E) = None,
     tensor_parallel_size: _list("", E) = None,
     vllm_compat: _list("0.33,0.23", E) = None,

@@ -258,29 +258,29 @@ class KVCapacity:
 
 
 def serves_hybrid(config: EngineConfig) -> bool:
-    """Whether the simulator serves `config` with the hybrid KV cache manager: a hybrid model
-    on the paged allocator (a contiguous baseline holds every layer in one region)."""
-    return config.allocator == "paged" and config.model_spec.is_hybrid
+    """Whether `config` is served with the hybrid KV cache manager: a hybrid model on the
+    paged allocator (a contiguous baseline holds every layer in one region), unless
+    `disable_hybrid_kv_cache_manager` serves its layers as full attention in one group."""
+    return (
+        config.allocator == "paged"
+        and config.model_spec.is_hybrid
+        and not config.disable_hybrid_kv_cache_manager
+    )
 
 
-def kv_capacity(
-    config: EngineConfig,
-    non_kv: NonKVMemory | None = None,
-    hybrid_kv_cache_manager: bool | None = None,
-) -> KVCapacity:
+def kv_capacity(config: EngineConfig, non_kv: NonKVMemory | None = None) -> KVCapacity:
     """Size the KV cache of `config` on one GPU. `non_kv` replaces the estimate if measured.
 
-    `hybrid_kv_cache_manager`: size a hybrid model's pool as vLLM's default does, in KV cache
-    groups (`kv_cache_groups`); off, as with vLLM's --disable-hybrid-kv-cache-manager, every
-    layer is one full-attention group. None: as the simulator serves `config`
-    (`serves_hybrid`). Models of one attention kind size the same either way.
+    A hybrid model's pool is sized in KV cache groups (`kv_cache_groups`) as vLLM's default
+    does when `serves_hybrid`; with `disable_hybrid_kv_cache_manager` every layer is one
+    full-attention group. Models of one attention kind size the same either way.
 
     Raises `ConfigError` (one line) when the weights do not fit, when nothing is left for the
     KV cache, or, as vLLM does, when one request of max_model_len does not fit.
     """
     model, gpu = config.model_spec, config.gpu_spec
     tp, bs = config.tensor_parallel_size, config.block_size
-    hybrid = serves_hybrid(config) if hybrid_kv_cache_manager is None else hybrid_kv_cache_manager
+    hybrid = serves_hybrid(config)
     page = page_size_bytes(model, bs, config.kv_cache_dtype, tp, hybrid)
     per_req = blocks_per_request(
         model, config.max_model_len, bs, config.max_num_batched_tokens, hybrid

@@ -20,7 +20,6 @@ def build_kv_cache_manager(
     num_gpu_blocks: int,
     check_invariants: bool = False,
     deferred_hashes: DeferredHashesFactory | None = None,
-    hybrid_kv_cache_manager: bool | None = None,
 ):
     """The paged manager, or a contiguous baseline over the same KV memory. `deferred_hashes`
     builds the paged manager's owner of deferred hashes (`pagesim.kvcache.deferred_hashes`;
@@ -28,11 +27,10 @@ def build_kv_cache_manager(
 
     A hybrid model (sliding-window and full-attention layers) gets vLLM's hybrid KV cache
     manager, one block table per KV cache group (vLLM v1 has no swap preemption for it);
-    with `hybrid_kv_cache_manager=False` (vLLM's --disable-hybrid-kv-cache-manager) its
-    layers share one full-attention table. None: `sizing.serves_hybrid`."""
+    with `disable_hybrid_kv_cache_manager` its layers share one full-attention table
+    (`sizing.serves_hybrid`)."""
     model = config.model_spec
-    hybrid = serves_hybrid(config) if hybrid_kv_cache_manager is None else hybrid_kv_cache_manager
-    if config.allocator == "paged" and model.is_hybrid and hybrid:
+    if serves_hybrid(config):
         if config.preemption_mode == "swap":
             raise ConfigError(
                 f"preemption_mode='swap': model {config.model} has sliding-window and "
@@ -79,24 +77,19 @@ def make_scheduler(
     num_gpu_blocks: int,
     check_invariants: bool = False,
     deferred_hashes: DeferredHashesFactory | None = None,
-    hybrid_kv_cache_manager: bool | None = None,
 ) -> Scheduler:
     """A scheduler over a KV cache of `num_gpu_blocks` blocks (block 0 is the null block), with
-    the swap pool sized from the config's page size (`hybrid_kv_cache_manager`: as
-    `build_kv_cache_manager`)."""
+    the swap pool sized from the config's page size."""
     if num_gpu_blocks < 2:
         raise ConfigError(
             f"num_gpu_blocks={num_gpu_blocks}: need at least 2 (one is the null block)"
         )
-    hybrid = serves_hybrid(config) if hybrid_kv_cache_manager is None else hybrid_kv_cache_manager
-    manager = build_kv_cache_manager(
-        config, num_gpu_blocks, check_invariants, deferred_hashes, hybrid_kv_cache_manager=hybrid
-    )
+    manager = build_kv_cache_manager(config, num_gpu_blocks, check_invariants, deferred_hashes)
     page = page_size_bytes(
         config.model_spec,
         config.block_size,
         config.kv_cache_dtype,
         config.tensor_parallel_size,
-        hybrid_kv_cache_manager=hybrid,
+        hybrid_kv_cache_manager=serves_hybrid(config),
     )
     return Scheduler(config, manager, page_size_bytes=page)

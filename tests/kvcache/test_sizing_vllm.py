@@ -44,7 +44,7 @@ def test_kv_capacity_matches_vllm(case: dict) -> None:
     groups = kv_cache_groups(model, hybrid_kv_cache_manager=True)
     expected = [(SPEC_KIND[kind], n) for kind, n in case["groups"]]
     assert sorted(groups) == sorted(expected)
-    cap = kv_capacity(config, hybrid_kv_cache_manager=True)
+    cap = kv_capacity(config)
     assert cap.num_gpu_blocks == case["num_blocks"]
     if case["max_in_flight_tokens"] == case["max_num_batched_tokens"]:
         assert cap.max_concurrency == pytest.approx(case["max_concurrency"], rel=1e-12)

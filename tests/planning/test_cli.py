@@ -404,3 +404,67 @@ def test_compare_tp_summary_names_the_winner_or_says_none_fits(capsys) -> None:
     assert "Most req/s per GPU: tensor_parallel_size 2 (1.500 req/s per GPU)\n" in (
         capsys.readouterr().out
     )
+
+
+def test_sweep_serves_gemma_without_the_hybrid_manager_when_told(tmp_path: Path, capsys) -> None:
+    """The switch is an engine setting of every point: gemma-2-9b's runs are sized as
+    kv-capacity sizes the same flag, and a dense model's point runs as without it."""
+    small = [s for s in SMALL if s not in ("--num-gpu-blocks-override", "64")]
+    rc = main(
+        [
+            "sweep",
+            *small,
+            "--num-prompts",
+            "6",
+            "--model",
+            "gemma-2-9b,llama-2-7b",
+            "--disable-hybrid-kv-cache-manager",
+            "-o",
+            str(tmp_path),
+            "--quiet",
+            "--jobs",
+            "1",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    (sweep_dir,) = tmp_path.iterdir()
+    docs = {}
+    for path in sweep_dir.rglob("*.json"):
+        doc = json.loads(path.read_text())
+        if "engine_config" in doc:
+            docs[doc["engine_config"]["model"]] = doc
+    assert set(docs) == {"gemma-2-9b", "llama-2-7b"}
+    for model, doc in docs.items():
+        assert doc["engine_config"]["disable_hybrid_kv_cache_manager"] is True
+        for flags in (["--disable-hybrid-kv-cache-manager"], []):
+            assert main(["kv-capacity", "--json", "--model", model, *flags]) == 0
+            want = json.loads(capsys.readouterr().out)["num_gpu_blocks"]
+            assert (doc["num_gpu_blocks"] == want) is (bool(flags) or model == "llama-2-7b")
+
+
+def test_plan_serves_gemma_without_the_hybrid_manager_when_told(capsys) -> None:
+    """`plan --kv-sizing` searches the pool that the flag gives (every layer full attention,
+    about half the blocks) and its `Check it` command carries the flag."""
+    from pagesim.config import EngineConfig
+    from pagesim.kvcache.sizing import kv_capacity
+
+    args = ["plan", "--model", "gemma-2-9b", "--workload", "random", "--random-input-len", "512"]
+    args += ["--random-output-len", "64", "--num-prompts", "40", "--max-num-seqs", "16"]
+    args += ["--slo", "p99_ttft_ms<=400", "--min-duration", "5", "--rel-tol", "0.1"]
+    args += ["--target-rate", "2", "--kv-sizing"]
+    largest = {}
+    for disabled in (False, True):
+        assert main([*args, *(["--disable-hybrid-kv-cache-manager"] if disabled else [])]) == 0
+        out = capsys.readouterr().out
+        largest[disabled] = int(re.search(r"^ +(\d+) blocks", out, re.M).group(1))
+        full = EngineConfig.create(
+            model="gemma-2-9b",
+            max_num_seqs=16,
+            gpu_memory_utilization=1.0,
+            disable_hybrid_kv_cache_manager=disabled,
+        )
+        assert largest[disabled] == kv_capacity(full).num_gpu_blocks
+        (command,) = [x for x in out.splitlines() if x.startswith("Check it: ")]
+        assert ("--disable-hybrid-kv-cache-manager" in command.split()) is disabled
+    assert largest[True] == pytest.approx(largest[False] / 2, rel=0.01)

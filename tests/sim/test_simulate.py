@@ -147,8 +147,10 @@ def test_hybrid_models_get_one_block_table_per_kv_cache_group(built_schedulers) 
     assert any(0 in window for window, _ in seen) and not any(0 in full for _, full in seen)
     with pytest.raises(ConfigError, match="recompute only"):
         simulate(E(model="gpt-oss-20b", preemption_mode="swap"), LoadSpec(num_prompts=2))
-    # the GPU runner's engine: one full-attention table (--disable-hybrid-kv-cache-manager)
-    single = make_scheduler(engine, 400, hybrid_kv_cache_manager=False).kv_cache_manager
+    # --disable-hybrid-kv-cache-manager: one full-attention table
+    single = make_scheduler(
+        engine.replace(disable_hybrid_kv_cache_manager=True), 400
+    ).kv_cache_manager
     assert type(single) is KVCacheManager and single.sliding_window is None
 
 
