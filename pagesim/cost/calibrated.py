@@ -22,7 +22,10 @@ interpolate linearly in log2(block size); outside the measured range the nearest
 The total is never negative.
 
 CUDA graphs. A decode-only step of n sequences replays the graph of the smallest captured size
-P >= n (`cuda_graph_sizes`) and is priced at the grid point of P. With mixed graphs
+P >= n (`cuda_graph_sizes`) and is priced at the grid point of P, but for an MoE model's
+`other` at n + 1: the P - n padding rows all hold one token, which routes to one top-k set of
+experts, so the routed weights a padded step reads follow its real rows plus one, not P
+(a grid point has no padding rows and routes all P). With mixed graphs
 (`cuda_graph_token_sizes`) every other step of T tokens replays the graph of the smallest size
 T' >= T, and its `other` is other(T'), from a line through the graph rows alone: a graph
 replay and an eager step of equal tokens differ by the Python launches. Larger steps run
@@ -51,7 +54,7 @@ from pagesim.cost.profile import DecodeRow, Profile
 from pagesim.cost.profile_rows import row_shapes
 from pagesim.cost.surface import Pwl, Surface, blend_weights
 from pagesim.cost.varlen import VarlenKernel, shape_launch
-from pagesim.errors import ConfigError
+from pagesim.errors import ConfigError, PagesimError
 from pagesim.specs import GPUSpec, ModelSpec
 
 MS = 1e-3
@@ -63,6 +66,17 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
     "swap",
     "copy",
 )
+
+
+def _routes_experts(model: ModelSpec | None, name: str) -> bool:
+    """Whether the profile's model is MoE (`model`, else the profile's model by name; a
+    model pagesim does not know, such as a synthetic profile's, is priced as dense)."""
+    if model is None:
+        try:
+            model = ModelSpec.from_name(name)
+        except PagesimError:
+            return False
+    return model.is_moe
 
 
 class CalibratedCostModel(OneKindShapes):
@@ -101,6 +115,7 @@ class CalibratedCostModel(OneKindShapes):
         self._allreduce, self.allreduce_source = allreduce_pricer(profile, model, gpu)
         self._allreduce_added = not meta.allreduce_in_step_times
         self._graph_sizes = tuple(meta.cuda_graph_sizes)
+        self._routes_experts = _routes_experts(model, meta.model)
         self._token_sizes = tuple(meta.cuda_graph_token_sizes)
         rows = row_shapes(profile)
         # ---- the grid: `other` lines and residual surfaces, rows less their drift
@@ -411,7 +426,8 @@ class CalibratedCostModel(OneKindShapes):
         if base is None:
             graph = self._decode_graph(num_seqs)
             padded = self.padded_batch(num_seqs)  # itself when it runs eagerly
-            base = self._decode_base[num_seqs] = (graph, padded, self._other_for(graph, padded))
+            routed = min(padded, num_seqs + 1) if self._routes_experts else padded
+            base = self._decode_base[num_seqs] = (graph, padded, self._other_for(graph, routed))
         graph, n, other = base
         total = other
         spread = self._spread

@@ -62,3 +62,22 @@ def test_dense_models_are_priced_as_before() -> None:
     """No MoE or MLA field set: the dense path (one roofline over all weights)."""
     cm = AnalyticalCostModel(ModelSpec.from_name("llama-2-7b"), H200)
     assert cm._moe is None and cm._prefill_attn_s_per_qk == cm._attn_s_per_qk
+
+
+def test_padded_moe_decode_is_priced_by_its_real_rows_plus_the_padding_token() -> None:
+    """Under CUDA graphs a dense model's padded decode step has its graph's `other` (the
+    weights read at P rows); an MoE model's padding rows route one token, so the `other` of 5
+    sequences in the graph of 8 lies between those of 4 and 8 (the shipped H200 profiles)."""
+    from pagesim.cost.base import BatchShape
+    from pagesim.cost.calibrated import CalibratedCostModel
+    from pagesim.cost.profile import Profile
+    from pagesim.data import calibration_dir
+
+    def other(model: str, batch: int) -> float:
+        cost = CalibratedCostModel(Profile.load(calibration_dir() / "h200" / model))
+        assert cost.padded_batch(5) == 8
+        return cost.step_time_breakdown(BatchShape.decode(batch, 1024, 16))["other"]
+
+    assert other("llama-2-7b", 5) == other("llama-2-7b", 8)
+    moe = [other("qwen3-30b-a3b", b) for b in (4, 5, 6, 8)]
+    assert moe[0] < moe[1] < moe[2] < moe[3]
