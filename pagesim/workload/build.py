@@ -15,13 +15,13 @@ More requests than a trace has rows:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import fields, replace
 
 import numpy as np
 
 from pagesim.errors import WorkloadError
 from pagesim.workload.lengths import Dist, RandomLengths
-from pagesim.workload.plan import RequestPlan
+from pagesim.workload.plan import RequestColumns, RequestPlan
 from pagesim.workload.sessions import assign_sessions
 from pagesim.workload.spec import PrefixSpec, TenantSpec, WorkloadSpec
 from pagesim.workload.tokens import (
@@ -34,27 +34,6 @@ from pagesim.workload.traces import TraceData
 
 # Stream numbers appended to the seed entropy (never reuse or renumber: plans would change).
 _PREFIX, _SESSIONS, _THINK, _TENANTS, _MIX = 1, 2, 3, 4, 5
-
-
-@dataclass(slots=True)
-class _Columns:
-    """Per-request columns while a plan is built (roots local to this part)."""
-
-    prompt_lens: np.ndarray
-    output_lens: np.ndarray
-    prefix_lens: np.ndarray
-    prefix_roots: np.ndarray
-    user_lens: np.ndarray
-    user_roots: np.ndarray
-    block_offsets: np.ndarray
-    block_roots: np.ndarray
-    tenants: np.ndarray
-    tenant_salts: tuple[str | None, ...]
-    turns: np.ndarray
-    think_time_s: np.ndarray
-    session_offsets: np.ndarray
-    trace_times_s: np.ndarray | None
-    num_roots: int
 
 
 class Workload:
@@ -93,32 +72,18 @@ class Workload:
                 f"vocab_size = {vocab_size}: too small for {cols.num_roots} "
                 f"distinct prompt roots (needs vocab_size**2 >= roots)"
             )
-        sessions = np.repeat(
-            np.arange(len(cols.session_offsets) - 1, dtype=np.int64), np.diff(cols.session_offsets)
-        )
+        if self.spec.arrival.process != "trace":
+            cols = replace(cols, trace_times_s=None)
+        offsets = cols.session_offsets
         return RequestPlan(
+            **{f.name: getattr(cols, f.name) for f in fields(RequestColumns)},
             name=self.name,
             seed=int(seed),
             vocab_size=int(vocab_size),
             content_key=content_key(int(seed)),
             token_table=token_table(int(seed), int(vocab_size)),
-            num_roots=cols.num_roots,
-            prompt_lens=cols.prompt_lens,
-            output_lens=cols.output_lens,
-            prefix_lens=cols.prefix_lens,
-            prefix_roots=cols.prefix_roots,
-            user_lens=cols.user_lens,
-            user_roots=cols.user_roots,
-            block_offsets=cols.block_offsets,
-            block_roots=cols.block_roots,
-            tenants=cols.tenants,
-            tenant_salts=cols.tenant_salts,
-            sessions=sessions,
-            turns=cols.turns,
-            think_time_s=cols.think_time_s,
-            session_offsets=cols.session_offsets,
+            sessions=np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets)),
             arrival=self.spec.arrival,
-            trace_times_s=cols.trace_times_s if self.spec.arrival.process == "trace" else None,
             n=self.spec.n,
         )
 
@@ -127,7 +92,7 @@ def _rng(entropy: tuple[int, ...], stream: int) -> np.random.Generator:
     return np.random.default_rng([*entropy, stream])
 
 
-def _build(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Columns:
+def _build(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> RequestColumns:
     if spec.mix:
         cols = _build_mix(spec, n, entropy)
     elif spec.trace is not None:
@@ -148,7 +113,7 @@ def _single_turns(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     )
 
 
-def _build_trace(trace: TraceData, n: int) -> _Columns:
+def _build_trace(trace: TraceData, n: int) -> RequestColumns:
     rows = trace.num_rows
     idx = np.arange(n, dtype=np.int64) % rows
     lap = np.arange(n, dtype=np.int64) // rows
@@ -177,7 +142,7 @@ def _build_trace(trace: TraceData, n: int) -> _Columns:
         n_block_roots = 0
     turns, think, sessions = _single_turns(n)
     zeros = np.zeros(n, dtype=np.int64)
-    return _Columns(
+    return RequestColumns(
         prompt,
         trace.output_lens[idx],
         zeros,
@@ -196,7 +161,7 @@ def _build_trace(trace: TraceData, n: int) -> _Columns:
     )
 
 
-def _build_lengths(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Columns:
+def _build_lengths(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> RequestColumns:
     model = spec.lengths
     assert model is not None
     user, output = model.draw(np.random.default_rng(list(entropy)), n)
@@ -231,7 +196,7 @@ def _build_lengths(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Col
     num_sessions = len(offsets) - 1
     prefix_lens = np.repeat(sess_prefix[:num_sessions], counts)
     prefix_roots = np.repeat(group[:num_sessions], counts).astype(np.int64)
-    return _Columns(
+    return RequestColumns(
         prompt,
         output,
         prefix_lens,
@@ -260,7 +225,9 @@ def _zipf(k: int, s: float) -> np.ndarray:
     return w / w.sum()
 
 
-def _assign_tenants(cols: _Columns, t: TenantSpec, name: str, entropy: tuple[int, ...]) -> _Columns:
+def _assign_tenants(
+    cols: RequestColumns, t: TenantSpec, name: str, entropy: tuple[int, ...]
+) -> RequestColumns:
     num_sessions = len(cols.session_offsets) - 1
     per_session = _rng(entropy, _TENANTS).choice(
         t.count, size=num_sessions, p=_zipf(t.count, t.zipf)
@@ -280,7 +247,7 @@ def _split(weights: list[float], n: int) -> list[int]:
     return counts.tolist()
 
 
-def _build_mix(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Columns:
+def _build_mix(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> RequestColumns:
     """Components' requests in proportion to their weights, sessions interleaved at random.
 
     Each component keeps its own lengths, prefixes, sessions and hash ids (content never
@@ -324,7 +291,7 @@ def _build_mix(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> _Columns
     counts = block_counts[order]
     b_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     flat = np.repeat(block_start[order] - b_off[:-1], counts) + np.arange(b_off[-1])
-    return _Columns(
+    return RequestColumns(
         col("prompt_lens"),
         col("output_lens"),
         col("prefix_lens"),

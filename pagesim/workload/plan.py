@@ -32,15 +32,10 @@ from pagesim.workload.tokens import block_segments, segment_token_list, segment_
 
 
 @dataclass(frozen=True, eq=False)
-class RequestPlan:
-    """A deterministic request plan: same (workload, num_prompts, seed, vocab) -> same bytes."""
+class RequestColumns:
+    """The per-request columns of a plan, as the workload builder assembles them part by part
+    (a mix concatenates its components' columns, shifting their roots and tenants)."""
 
-    name: str
-    seed: int
-    vocab_size: int
-    content_key: int  # 64-bit key placing each root's window in token_table (from the seed)
-    token_table: np.ndarray  # int64 [2 * TABLE_SIZE]: seeded uniform tokens (see tokens.py)
-    num_roots: int  # distinct content roots in the plan (< vocab_size**2)
     # ---- per request, int64 [num_requests] unless noted ----
     prompt_lens: np.ndarray  # tokens of the full prompt (history included for later turns)
     output_lens: np.ndarray  # tokens to generate (= Request.max_tokens)
@@ -52,12 +47,24 @@ class RequestPlan:
     block_roots: np.ndarray  # int64 [total blocks]: Mooncake hash blocks (roots) of turn 0
     tenants: np.ndarray  # index into tenant_salts
     tenant_salts: tuple[str | None, ...]  # cache_salt per tenant (None: no salt)
-    sessions: np.ndarray  # session of each request
     turns: np.ndarray  # turn within its session (0: the session's first request)
     think_time_s: np.ndarray  # float64: pause after the previous turn finished (0 on turn 0)
     session_offsets: np.ndarray  # int64 [num_sessions + 1]: CSR of sessions over requests
-    arrival: ArrivalSpec  # the workload's own arrival process for session starts
     trace_times_s: np.ndarray | None  # float64 [num_sessions]: trace timestamps, if any
+    num_roots: int  # distinct content roots in the plan (< vocab_size**2)
+
+
+@dataclass(frozen=True, eq=False)
+class RequestPlan(RequestColumns):
+    """A deterministic request plan: same (workload, num_prompts, seed, vocab) -> same bytes."""
+
+    name: str
+    seed: int
+    vocab_size: int
+    content_key: int  # 64-bit key placing each root's window in token_table (from the seed)
+    token_table: np.ndarray  # int64 [2 * TABLE_SIZE]: seeded uniform tokens (see tokens.py)
+    sessions: np.ndarray  # int64 [num_requests]: session of each request
+    arrival: ArrivalSpec  # the workload's own arrival process for session starts
     n: int = 1  # samples per prompt (parallel sampling); every request is sent n times
 
     @property
