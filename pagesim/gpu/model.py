@@ -76,7 +76,6 @@ class RandomWeightDecoder:
         self.q_size = self.num_heads * self.head_size
         self.kv_size = self.num_kv_heads * self.head_size
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        self._gen = gen
         self.layers = [self._make_layer(gen, i) for i in range(spec.num_layers)]
         hidden = spec.hidden_size
         self.embed = self._rand((spec.vocab_size, hidden), gen)

@@ -29,7 +29,6 @@ process started with its own environment.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -181,14 +180,6 @@ def file_init_method(directory: str | Path | None = None) -> str:
     return f"file://{d / 'rendezvous'}"
 
 
-def tcp_init_method(host: str = "127.0.0.1") -> str:
-    """A `tcp://` rendezvous on a port that is free now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        port = s.getsockname()[1]
-    return f"tcp://{host}:{port}"
-
-
 def launch(
     fn: Callable[..., None], world_size: int, *args: Any, init_method: str | None = None
 ) -> None:
@@ -307,13 +298,6 @@ def shard_vocab(w: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
 
 
 # ---- parallel layers (functional: the model keeps plain tensors) ----------------------------
-def column_parallel_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """`[T, in]` replicated input -> `[T, out / tp]`, this rank's slice; no communication."""
-    return F.linear(x, weight, bias)
-
-
 def row_parallel_linear(
     x: torch.Tensor, weight: torch.Tensor, group: TPGroup, bias: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -60,9 +60,6 @@ class KVCacheBlocks:
     def get_block_ids(self) -> list[int]:
         return [block.block_id for block in self.blocks]
 
-    def get_unhashed_block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks if b.block_hash is None and not b.is_null]
-
     def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
         return KVCacheBlocks(list(self.blocks) + list(other.blocks))
 

@@ -364,31 +364,3 @@ def _check_blocks(
 def num_gpu_blocks(config: EngineConfig) -> int:
     """Blocks in the KV cache of one GPU (the override, or what the memory budget holds)."""
     return kv_capacity(config).num_gpu_blocks
-
-
-def max_concurrency_at(
-    config: EngineConfig, num_tokens: int, capacity: KVCapacity | None = None
-) -> float:
-    """Requests of `num_tokens` tokens each that fit at once in the KV cache of `config`
-    (blocks per request rounded up; sliding window as in `blocks_per_request`)."""
-    if num_tokens < 1:
-        raise ConfigError(f"num_tokens={num_tokens}: must be >= 1")
-    cap = capacity if capacity is not None else kv_capacity(config)
-    return max_concurrency(
-        cap.num_gpu_blocks,
-        blocks_per_request(
-            config.model_spec, num_tokens, config.block_size, config.max_num_batched_tokens
-        ),
-    )
-
-
-def kv_capacity_report(config: EngineConfig) -> str:
-    """vLLM's three startup lines for `config`:
-
-        Available KV cache memory: 114.83 GiB
-        GPU KV cache size: 235,168 tokens
-        Maximum concurrency for 4,096 tokens per request: 57.41x
-
-    (llama-2-7b on h200 with the defaults of `EngineConfig.create`.)
-    """
-    return kv_capacity(config).report()

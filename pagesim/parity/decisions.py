@@ -40,7 +40,6 @@ from typing import Any
 from pagesim.errors import InternalError, PagesimError
 
 FORMAT = "pagesim-parity/1"
-GZIP_ABOVE_BYTES = 64 * 1024  # larger logs are written gzipped (mtime 0: byte-stable)
 
 
 class ParityFileError(PagesimError, ValueError):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -353,13 +352,6 @@ class _Progress:
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:
             self.bar.stop()
-
-
-def iter_run_documents(directory: Path) -> Iterator[dict[str, Any]]:
-    """Every run JSON under a sweep directory, in sorted path order."""
-    for path in sorted(Path(directory).glob("*/run=*.json")):
-        if not path.name.endswith(".failed.json"):
-            yield json.loads(path.read_text())
 
 
 def run_grid(

@@ -122,10 +122,6 @@ class SchedulerStats:
     swapped_out_bytes: int = 0
     swapped_in_bytes: int = 0
 
-    @property
-    def num_recompute_preemptions(self) -> int:
-        return self.num_preemptions - self.num_swap_preemptions
-
 
 class Preemptor:
     """Carries out a preemption in the configured mode and keeps the swap bookkeeping."""

@@ -10,23 +10,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Protocol
 
 from pagesim.errors import ConfigError
 from pagesim.request import Request
-
-
-class RequestQueue(Protocol):
-    """What the scheduler needs from a waiting queue. Iteration is in service order."""
-
-    def add_request(self, request: Request) -> None: ...
-    def pop_request(self) -> Request: ...
-    def peek_request(self) -> Request: ...
-    def prepend_request(self, request: Request) -> None: ...
-    def remove_request(self, request: Request) -> None: ...
-    def __bool__(self) -> bool: ...
-    def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator[Request]: ...
 
 
 class FCFSRequestQueue(deque[Request]):
@@ -45,10 +31,6 @@ class FCFSRequestQueue(deque[Request]):
 
     def prepend_request(self, request: Request) -> None:
         self.appendleft(request)
-
-    def prepend_requests(self, requests: Iterable[Request]) -> None:
-        """Put `requests` at the head; like vLLM's `extendleft`, the last one ends first."""
-        self.extendleft(requests)
 
     def remove_request(self, request: Request) -> None:
         self.remove(request)
@@ -93,10 +75,6 @@ class PriorityRequestQueue:
     def prepend_request(self, request: Request) -> None:
         """No front in a priority queue: the request takes its place by priority."""
         self.add_request(request)
-
-    def prepend_requests(self, requests: Iterable[Request]) -> None:
-        for request in requests:
-            self.add_request(request)
 
     def remove_request(self, request: Request) -> None:
         self.remove_requests((request,))

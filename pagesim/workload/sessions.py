@@ -92,10 +92,6 @@ class Session:
         """Plan indices of this session's turns, in order."""
         return range(int(self.plan.session_offsets[self.index]), self._stop)
 
-    @property
-    def num_turns(self) -> int:
-        return len(self.request_indices)
-
     def has_next(self) -> bool:
         return self._next < self._stop
 

@@ -15,9 +15,7 @@ from pagesim.kvcache.sizing import (
     kv_bytes_per_token,
     kv_cache_dtype_bytes,
     kv_capacity,
-    kv_capacity_report,
     max_concurrency,
-    max_concurrency_at,
     num_gpu_blocks,
     num_kv_heads_per_gpu,
     page_size_bytes,
@@ -79,7 +77,7 @@ def test_llama2_7b_on_h200_by_hand():
     assert cap.num_tokens == 14_698 * 16
     assert cap.blocks_per_request == 256
     assert cap.max_concurrency == pytest.approx(14_698 / 256)
-    assert kv_capacity_report(c).splitlines() == [
+    assert cap.report().splitlines() == [
         f"Available KV cache memory: {available / GiB:.2f} GiB",
         "GPU KV cache size: 235,168 tokens",
         "Maximum concurrency for 4,096 tokens per request: 57.41x",
@@ -89,7 +87,7 @@ def test_llama2_7b_on_h200_by_hand():
 def test_report_format_regex():
     import re
 
-    lines = kv_capacity_report(EngineConfig.create(model="llama-3.1-8b", gpu="h200")).splitlines()
+    lines = kv_capacity(EngineConfig.create(model="llama-3.1-8b", gpu="h200")).report().splitlines()
     assert re.fullmatch(r"Available KV cache memory: \d+\.\d\d GiB", lines[0])
     assert re.fullmatch(r"GPU KV cache size: \d{1,3}(,\d{3})* tokens", lines[1])
     assert re.fullmatch(r"Maximum concurrency for 131,072 tokens per request: \d+\.\d\dx", lines[2])
@@ -148,15 +146,6 @@ def test_max_concurrency_formula():
     assert max_concurrency(1000, 256) == pytest.approx(3.90625)
     # block rounding: 4097 tokens need 257 blocks of 16
     assert blocks_per_request(MODELS["llama-2-7b"], 4097, 16, 8192) == 257
-
-
-def test_max_concurrency_at_a_length():
-    c = EngineConfig.create(model="llama-2-7b", gpu="h200", num_gpu_blocks_override=1000)
-    assert max_concurrency_at(c, 1024) == pytest.approx(1000 / 64)
-    assert max_concurrency_at(c, 1025) == pytest.approx(1000 / 65)
-    assert max_concurrency_at(c, 4096) == pytest.approx(kv_capacity(c).max_concurrency)
-    with pytest.raises(ConfigError, match="num_tokens=0"):
-        max_concurrency_at(c, 0)
 
 
 def test_weights_do_not_fit():

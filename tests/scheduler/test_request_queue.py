@@ -28,7 +28,8 @@ def test_fcfs_order_prepend_and_remove() -> None:
     assert q.pop_request() is d
     q.remove_request(b)
     assert ids(q) == ["a", "c"]
-    q.prepend_requests([b, d])  # extendleft: the last one ends up first
+    q.prepend_request(b)
+    q.prepend_request(d)
     assert ids(q) == ["d", "b", "a", "c"]
     q.remove_requests([d, c])
     assert ids(q) == ["b", "a"]
