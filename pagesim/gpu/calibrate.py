@@ -425,9 +425,8 @@ def grid_points(
     With `own_ids` each point names its requests apart (`cal<i>-<k>`): its block-table rows
     are written at its first warm-up and found in place at every timed call, as a served
     request's are from one step to the next. Shared ids made each timed call rewrite the rows
-    another point had left there (`benchmarks/calibration_rows.py`: 92 % of a decode point's
-    rows; 359 against 26 us for 128 rows of 64 blocks on a 2-core CPU), a served decode step
-    none.
+    another point had left there (most of a decode point's rows: `benchmarks/calibration_rows.py`,
+    docs/architecture.md), a served decode step none.
     """
     points = []
     for i, (kind, key, spec, other) in enumerate(entries):

@@ -81,12 +81,8 @@ class CalibrationGrid:
     # the nearest full block size. Every size is full by default: from a block of 64 tokens
     # on, a decode tile lies in one block and the kernel loads one block id per tile instead
     # of one per token, another inner loop, and below 16 the tables' shapes cross more block
-    # boundaries; fits carried across that priced llama-2-7b's chat at 85 % of capacity on
-    # an H200 +14.9 % slow in mean TPOT at block 64 and +11.2 % at 128 (with block 64 full,
-    # +9.9 % and +4.8 %; docs/validation.md, "Out-of-sample validation"). Cost on an H200:
-    # a full block size took 44-45 s (llama-2-7b) and 47-49 s (llama-3-8b) of 5 rounds, a
-    # decode-only one 7-10 s (results/out_of_sample/session_*.log), so the whole grid is
-    # about 4-4.5 minutes per model (docs/cost_model.md).
+    # boundaries, so fits carried across them misprice served steps (docs/validation.md,
+    # "Out-of-sample validation"). What the full grid costs: docs/cost_model.md.
     full_block_sizes: tuple[int, ...] = (8, 16, 32, 64, 128)
     overhead_max_reqs: int = 256
     repeats: int = 5  # timed rounds (each times every point once)

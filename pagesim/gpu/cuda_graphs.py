@@ -1,8 +1,8 @@
 """CUDA graphs for the steps of `GPUModelRunner`: static buffers, padded sizes, capture, replay.
 
-An eager step launches every layer's kernels from Python (~17-35 ms for a 7B model on an H200
-whatever the batch below ~64 tokens, while the weights stream in ~3-4 ms), so small steps are
-launch-bound. vLLM captures them in CUDA graphs; this module does the same, in two families:
+An eager step launches every layer's kernels from Python, which takes several times as long
+as streaming a 7B model's weights (docs/architecture.md, "GPU runner host costs"), so small
+steps are launch-bound. vLLM captures them in CUDA graphs; this module does the same, in two families:
 
     decode graphs    decode-only steps (one new token per sequence). Capture sizes 1, 2, 4, 8,
                      16, 24, 32, 48, 64, ... 512 (up to max_num_seqs); a step of n decodes runs

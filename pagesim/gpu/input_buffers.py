@@ -1,12 +1,11 @@
 """Persistent step inputs of the graph path: block-table rows kept across steps, and one
 pinned host buffer copied to the device in one transfer.
 
-A served decode step is 6-22 ms of device time on an H200, and everything the host does
-around it lands on the step's critical path. Building a step's inputs from scratch (a block
-table row converted from a Python list per sequence, a fresh numpy array per input, a
-pageable-memory copy per tensor) cost 0.23-0.81 ms per decode step of 8-128 sequences
-(`results/runner_host/before.csv`), and that host time is also what moves most between GPU
-calls. vLLM's model runner keeps its inputs in persistent CPU/GPU buffer pairs and its block
+A served decode step is a few ms of device time, and everything the host does around it
+lands on the step's critical path. Building a step's inputs from scratch (a block table row
+converted from a Python list per sequence, a fresh numpy array per input, a pageable-memory
+copy per tensor) is a sizeable share of it (docs/architecture.md, "GPU runner host costs"),
+and that host time is also what moves most between GPU calls. vLLM's model runner keeps its inputs in persistent CPU/GPU buffer pairs and its block
 table rows across steps; this module does the same for `StepGraphs`:
 
     BlockTableRows   one row per live request, found by request id, built from the
@@ -144,8 +143,7 @@ class GatheredTable:
 
     `width` is max_model_len / block_size, so gathering whole rows reads and writes 8,192
     entries per sequence for a 131,072-token model whose rows hold 64 blocks at a 1,024-token
-    context: 1.24 ms of a 128-sequence step's input preparation on the H200's host
-    (`results/runner_host/widths.csv`). `gather` copies the first `cols` columns, `cols` the
+    context (docs/architecture.md, "GPU runner host costs"). `gather` copies the first `cols` columns, `cols` the
     longest gathered row, and resets to the null block only the columns past it that an
     earlier gather wrote (kept per buffer row), so the buffer holds what gathering whole rows
     would: each row's blocks, then the null block, and null rows for padding.

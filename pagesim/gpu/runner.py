@@ -286,9 +286,8 @@ class GPUModelRunner:
     def _read_sampled(self, ids: torch.Tensor, stream) -> list[int]:
         """The sampled ids on the host: a blocking read, or with `spin_wait` a copy into
         pinned memory and a busy poll of an event behind it, so that the host thread stays
-        awake through the step. Served runs and calibrations block; `benchmarks/runner_host.py`
-        times both (spinning took 7-30 % off the host parts of most steps, within the noise
-        between GPU calls)."""
+        awake through the step. Served runs and calibrations block: `benchmarks/runner_host.py`
+        times both, and what spinning saves is within the noise between GPU calls."""
         if not self.spin_wait or stream is None:
             return ids.tolist()
         n = ids.shape[0]
@@ -447,8 +446,8 @@ def table_width(longest_row: int) -> int:
     """Block-table width for a step: the longest row rounded up to a multiple of 16.
 
     Triton specializes a kernel on each integer argument being 1 or a multiple of 16; the
-    table's row stride is one, so an unpadded width made a new compile (0.5-1.5 s, measured on
-    the H200 in the middle of served steps) whenever a step's longest row crossed into a new
+    table's row stride is one, so an unpadded width made a new compile, in the middle of served
+    steps, whenever a step's longest row crossed into a new
     class. Padding keeps one class, for a few padded entries per row (vLLM pads every row to
     max_model_len / block_size).
     """

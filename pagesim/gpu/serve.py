@@ -295,7 +295,7 @@ def warm_up(runner, config: EngineConfig) -> int:
     Graph keys are captured by `StepGraphs.capture_all`; steps above the largest mixed graph
     run eagerly, and their first call would otherwise pay one-off costs (cuBLAS heuristics
     for new GEMM shapes, lazy module loads, any Triton variant not met in a capture) inside a
-    timed step: measured once as a 1.25 s stall on the H200. Synthetic steps of the sizes a
+    timed step (a stall of over a second). Synthetic steps of the sizes a
     run can meet (one long prefill, several entries together) take them now. They write K/V
     into blocks the scheduler has not handed out yet, which it overwrites before any read.
     The warm-up steps are dropped from the runner's step records.

@@ -39,9 +39,8 @@ NON_TORCH_BYTES = 256 * MiB
 # environment (NCCL communicators, custom all-reduce buffers) before it takes the memory
 # snapshot its budget counts from (`gpu_worker.init_device`, 0.33.0), so they sit in the
 # baseline, outside `requested`'s accounting. (vllm-project/vllm#10511 counted 1.75 GiB more
-# at tp=2 on an older worker that took the snapshot first.) Measured on 2 x H200, llama-3-70b
-# at TP 2: 61.42 GiB of KV memory per GPU with the communicator started before the snapshot,
-# 60.29 GiB by this estimate (`results/validation/tp2/`).
+# at tp=2 on an older worker that took the snapshot first.) Checked on 2 x H200 at TP 2
+# (docs/tensor_parallel.md, "KV capacity").
 # Bytes per logit alive at the sampler's peak: the fp32 logits plus two fp32 temporaries
 # (probabilities, log-probabilities) over [min(max_num_seqs, max_num_batched_tokens), vocab].
 LOGITS_BYTES_PER_ELEMENT = 12
