@@ -101,7 +101,6 @@ def admission_overhead(steps, rows: list[OverheadRow]) -> tuple[float, float] | 
 def overhead_requests(
     max_reqs: int,
     prompt_len: int = 64,
-    block_size: int = 16,
     vocab: int = 32000,
     num_joining: int = 0,
 ) -> list[Request]:

@@ -471,7 +471,6 @@ def measure_overhead(
     requests = overhead_requests(
         n,
         prompt_len=max(prompt, 1),
-        block_size=bs,
         vocab=config.model_spec.vocab_size,
         num_joining=min(NUM_JOINING, n),
     )

@@ -2,7 +2,7 @@
 `vllm bench serve` block. Depends on numpy only, so both worlds import it."""
 
 from pagesim.metrics.collector import STEP_COLUMNS, MetricsCollector, RequestRecord, StepMetricsRow
-from pagesim.metrics.report import format_benchmark_block, latency_arrays, summarize
+from pagesim.metrics.report import format_benchmark_block, summarize
 
 __all__ = [
     "STEP_COLUMNS",
@@ -10,6 +10,5 @@ __all__ = [
     "RequestRecord",
     "StepMetricsRow",
     "format_benchmark_block",
-    "latency_arrays",
     "summarize",
 ]

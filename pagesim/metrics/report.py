@@ -51,21 +51,13 @@ def _stats(name: str, values_s: np.ndarray, percentiles: Iterable[float]) -> dic
     return out
 
 
-def latency_arrays(records: list[RequestRecord], itl_s: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-request TTFT, TPOT (output_len > 1 only), E2EL and pooled ITL, in seconds.
-
-    Only completed requests count; `tpot_per_request` is aligned with `ttft` (0 for a
-    single-token output) for goodput.
-    """
-    arrays = request_arrays(records)
-    arrays["itl"] = itl_s
-    return arrays
-
-
 def request_arrays(
     records: list[RequestRecord], num_samples: Mapping[str, int] | None = None
 ) -> dict[str, np.ndarray]:
-    """`latency_arrays` without the pooled ITL: ttft, tpot, e2el, tpot_per_request.
+    """Per-request TTFT, TPOT (output_len > 1 only), E2EL and tpot_per_request, in seconds.
+
+    Only completed requests count; `tpot_per_request` is aligned with `ttft` (0 for a
+    single-token output) for goodput.
 
     `num_samples` (prompt id -> samples, from `merge_samples`): a merged prompt's TPOT is per
     output position of one sample, its output tokens divided among its samples."""

@@ -179,7 +179,7 @@ def run_sweep(
     outcomes = execute(run_one, todo, backend=backend, n_jobs=n_jobs, address=address)
     done = 0
     try:
-        with _Progress(len(grid), num_runs, tasks, todo, enabled=progress) as bar:
+        with _Progress(len(grid), tasks, todo, enabled=progress) as bar:
             for i, outcome in outcomes:
                 _write_outcome(directory, todo[i], outcome)
                 bar.advance(todo[i])
@@ -302,7 +302,6 @@ class _Progress:
     def __init__(
         self,
         num_points: int,
-        num_runs: int,
         tasks: list[RunTask],
         todo: list[RunTask],
         enabled: bool,
