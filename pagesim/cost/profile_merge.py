@@ -2,11 +2,10 @@
 
 Why: the same step on the same kind of GPU runs a few % faster or slower from one GPU session
 to the next (the machine's clocks, its host), and a profile measured in one session carries
-that session's level into every prediction. On the H200 the decode rows of several calls of
-one model spread from -5 to +6 % around their median (`benchmarks/profile_spread.py`), as wide
-as the 3 % targets of a validation. A calibration is a measurement; measured several times,
-its best estimate is the median of each point, as `pagesim calibrate` already takes the
-median of each point over rounds inside one session.
+that session's level into every prediction, a spread as wide as a validation's 3 % targets
+(docs/cost_model.md). A calibration is a measurement; measured several times, its best
+estimate is the median of each point, as `pagesim calibrate` already takes the median of each
+point over rounds inside one session.
 
 The rules, so that the merged profile stays a measurement and not a blend of different ones:
 

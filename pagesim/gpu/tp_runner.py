@@ -366,7 +366,6 @@ class WorkerReport:
 
     num_steps: int = 0
     num_configures: int = 0
-    num_captures: int = 0
     digests: list[str] = field(default_factory=list)
 
 
@@ -397,7 +396,6 @@ def run_worker(
                 raise InternalError("a graph capture arrived before any Configure")
             if runner.graphs is not None:
                 runner.graphs.capture_all(msg.max_batch)
-            report.num_captures += 1
         elif isinstance(msg, UseGraphs):
             slot.use_graphs(msg.on)  # raises, as the branches here do, before any Configure
         elif isinstance(msg, StepMessage):
