@@ -141,10 +141,6 @@ class FreeKVCacheBlockQueue:
             tail = self.fake_free_list_tail
             self._splice(tail.prev_free_block, blocks, tail)  # type: ignore[arg-type]
 
-    def prepend(self, block: KVCacheBlock) -> None:
-        """Put `block` at the head: it is handed out next."""
-        self.prepend_n((block,))
-
     def prepend_n(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Put `blocks` at the head, in order (`blocks[0]` becomes the new head)."""
         if blocks:

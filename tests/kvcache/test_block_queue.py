@@ -56,14 +56,14 @@ def test_remove_from_middle_head_and_tail():
         assert_unlinked(b)
 
 
-def test_append_append_n_prepend_prepend_n_order():
+def test_append_append_n_prepend_n_order():
     blocks, queue = make_queue()
     taken = queue.popleft_n(6)
     queue.append(taken[2])
     assert ids(queue) == [2]
     queue.append_n([taken[4], taken[0]])
     assert ids(queue) == [2, 4, 0]
-    queue.prepend(taken[5])
+    queue.prepend_n([taken[5]])
     assert ids(queue) == [5, 2, 4, 0]
     queue.prepend_n([taken[1], taken[3]])  # blocks[0] of the argument becomes the head
     assert ids(queue) == [1, 3, 5, 2, 4, 0]
