@@ -2,9 +2,9 @@
 
 Calibrations of one setup made in different GPU sessions price the same step a few % apart
 (`results/validation/profile_spread_<model>.md`), and near capacity queueing turns a step-time
-error into a larger TPOT error (docs/cost_model.md). Pricing every
-step a little slower than calibrated (`--step-time-scale 1.03`) plans for a slower session;
-pricing it 2 % slower and faster says how far a prediction moves with the GPU's speed.
+error into a larger TPOT error (docs/cost_model.md). Pricing every step a little slower than
+calibrated (`--step-time-scale 1.03`) plans for a slower session; pricing it 2 % slower and
+faster says how far a prediction moves with the GPU's speed.
 """
 
 from __future__ import annotations
