@@ -32,12 +32,19 @@ class MeasuredRates:
 #: GPU name -> rates measured on it. Module constant, never mutated at run time.
 MEASURED: dict[str, MeasuredRates] = {
     # H200: a device-to-device copy of 1 GiB reaches about 4.3 TB/s counted as bytes read plus
-    # written (pagesim's own measurement, DESIGN.md section 6). No GEMM rate was measured apart.
+    # written (pagesim's own measurement, DESIGN.md section 6); bf16 cuBLAS GEMMs of the
+    # llama-2-7b and llama-3-8b layers at 2,048 and 4,096 tokens reach 736 TFLOP/s (median of
+    # 16, `benchmarks/gemm_rate.py`, docs/other_gpus.md).
     "h200": MeasuredRates(
         copy_bytes_per_s=4.3e12,
         copy_source="measured: 1 GiB device copy, read + write, pagesim on H200 (DESIGN.md 6)",
+        gemm_flops=736e12,
+        gemm_source="measured: bf16 cuBLAS layer GEMMs at 2-4k tokens, pagesim on H200",
     ),
 }
+
+#: The GPU whose measured GEMM share (of its datasheet rate) stands in for cards with none.
+GEMM_SHARE_GPU = "h200"
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,17 @@ class BoundingRates:
         if m.gemm_flops is not None:
             gemm, gemm_src = m.gemm_flops, m.gemm_source
         else:
-            gemm = gpu.fp16_flops * c.gemm_flops_efficiency
-            gemm_src = f"datasheet x {c.gemm_flops_efficiency:g} (assumed share)"
+            share = measured_gemm_share()
+            gemm = gpu.fp16_flops * share
+            gemm_src = f"datasheet x {share:.3g} (the {GEMM_SHARE_GPU}'s measured share)"
         return cls(gpu.name, mem, mem_src, gemm, gemm_src)
+
+
+def measured_gemm_share() -> float:
+    """The share of its datasheet tensor rate that a large cuBLAS GEMM reached on the measured
+    card: a card without a measured rate is assumed to reach the same share of its own. Not
+    the analytical model's `gemm_flops_efficiency`, which also absorbs what a step spends
+    beside its GEMMs."""
+    rate = MEASURED[GEMM_SHARE_GPU].gemm_flops
+    assert rate is not None  # module data: the stand-in card has a measured rate
+    return rate / GPUSpec.from_name(GEMM_SHARE_GPU).fp16_flops

@@ -7,7 +7,9 @@ rate that bounds it gives:
     other       GEMMs, norms, element-wise kernels, LM head: the ratio of the two GPUs'
                 kernel-by-kernel rooflines (`pagesim.cost.operations`) at the step's tokens,
                 each kernel memory- or compute-bound by its arithmetic intensity against each
-                GPU's ridge point, plus a fixed latency per kernel
+                GPU's ridge point, plus a fixed latency per kernel. What the measured `other`
+                holds beyond the kernels' rooflines (at large steps, device work the inventory
+                does not list: unfused element-wise passes) moves with the memory bandwidth
     attention   the analytical model's attention (paged decode reads, prefill FLOPs, each
                 entry in its own regime) on the target over the same on the source
     allreduce   the analytical all-reduce on the target over the same on the source (its
@@ -99,7 +101,7 @@ class TransferCostModel:
         smallest = source.step_time_breakdown(BatchShape.decode(1, 1))
         # `other` is without the all-reduces (priced apart, by their own ratio)
         self.latency_s = kernel_latency_s(self.widths, self.source_rates, smallest["other"])
-        self._other_ratio: dict[tuple[int, int], float] = {}  # (tokens, reqs) -> ratio
+        self._inventory_s: dict[tuple[int, int], tuple[float, float]] = {}  # (tokens, reqs)
 
     # ---- public API ----
     def step_time(self, batch: BatchShape) -> float:
@@ -115,7 +117,7 @@ class TransferCostModel:
         out = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
         tokens = batch.total_tokens
         if tokens:
-            out["other"] = src["other"] * self.other_ratio(tokens, batch.num_reqs)
+            out["other"] = self.other_on_target(src["other"], tokens, batch.num_reqs)
             out["attention"] = src["attention"] * self._ratio(batch, ("attention", "paged_blocks"))
             out["allreduce"] = src["allreduce"] * self._ratio(batch, ("allreduce",))
             out["host_overhead"] = src["host_overhead"]
@@ -125,25 +127,45 @@ class TransferCostModel:
         return out
 
     def other_ratio(self, num_tokens: int, num_reqs: int) -> float:
-        """Target over source time of a step's non-attention kernels."""
+        """Target over source time of a step's listed non-attention kernels."""
+        src, tgt = self._inventory(num_tokens, num_reqs)
+        return tgt / src
+
+    def other_on_target(self, measured_s: float, num_tokens: int, num_reqs: int) -> float:
+        """A step's `other`, measured on the source, on the target: the part its kernels'
+        rooflines explain by their ratio, the rest (`unlisted_s`) by the memory bandwidth's."""
+        src, tgt = self._inventory(num_tokens, num_reqs)
+        listed = min(measured_s, src)
+        bandwidth = self.source_rates.memory_bytes_per_s / self.target_rates.memory_bytes_per_s
+        return listed * tgt / src + (measured_s - listed) * bandwidth
+
+    def unlisted_s(self, num_tokens: int) -> float:
+        """What a prefill step of `num_tokens` measured in `other` beyond its kernels'
+        rooflines and latencies on the source (0 where they explain it all)."""
+        measured = self.source.step_time_breakdown(BatchShape.prefill(num_tokens))["other"]
+        return max(measured - self._inventory(num_tokens, 1)[0], 0.0)
+
+    def _inventory(self, num_tokens: int, num_reqs: int) -> tuple[float, float]:
+        """(source, target) seconds of the step's kernel inventory, rooflines plus latency."""
         key = (num_tokens, num_reqs)
-        ratio = self._other_ratio.get(key)
-        if ratio is None:
+        times = self._inventory_s.get(key)
+        if times is None:
             ops = step_operations(self.widths, num_tokens, num_reqs)
-            src = total_time(ops, self.source_rates, self.latency_s)
-            ratio = self._other_ratio[key] = (
-                total_time(ops, self.target_rates, self.latency_s) / src
+            times = self._inventory_s[key] = (
+                total_time(ops, self.source_rates, self.latency_s),
+                total_time(ops, self.target_rates, self.latency_s),
             )
-        return ratio
+        return times
 
     def kernel_times(self, num_tokens: int, num_reqs: int) -> dict[str, tuple[float, float]]:
         """Kernel name -> (seconds on the source, on the target) of one run of it, as the
-        transfer prices it: the source's measured `other` shared among the kernels in
-        proportion to their times by the roofline plus latency, each scaled by its own ratio."""
+        transfer prices it: the part of the source's measured `other` its kernels explain,
+        shared among them in proportion to their times by the roofline plus latency, each
+        scaled by its own ratio (the unlisted rest is no kernel's: `unlisted_s`)."""
         ops = step_operations(self.widths, num_tokens, num_reqs)
         shape = BatchShape.prefill(num_tokens)
         measured = self.source.step_time_breakdown(shape)["other"]
-        scale = measured / total_time(ops, self.source_rates, self.latency_s)
+        scale = min(measured / self._inventory(num_tokens, num_reqs)[0], 1.0)
         return {
             op.name: (
                 scale * kernel_time(op, self.source_rates, self.latency_s),
