@@ -7,7 +7,7 @@ the real and priced median times and the median of real / priced. A run-level TP
 says that a model misses; this says at which batch sizes (no GPU).
 
     python benchmarks/step_error_by_batch.py \\
-        results/out_of_sample/2026-12-02-moe-hybrid-r2/real/qwen3-30b-a3b/chat-85pct-bs16.json.xz
+        results/out_of_sample/2026-12-02-moe-r4/real/qwen3-30b-a3b/chat-50pct-bs16.json.xz
     python benchmarks/step_error_by_batch.py RUN --profile DIR --csv OUT.csv
 """
 
