@@ -58,8 +58,8 @@ def check_contiguous(name: str, t: torch.Tensor) -> None:
         raise KernelInputError(f"{name} is not contiguous (strides {list(t.stride())})")
 
 
-def check_same_device(tensors: dict[str, torch.Tensor]) -> None:
-    """All tensors must live on one device."""
+def check_same_device(**tensors: torch.Tensor) -> None:
+    """All tensors must live on one device (the first one's)."""
     items = list(tensors.items())
     first_name, first = items[0]
     for name, t in items[1:]:
@@ -67,6 +67,13 @@ def check_same_device(tensors: dict[str, torch.Tensor]) -> None:
             raise KernelInputError(
                 f"{name}.device={t.device} differs from {first_name}.device={first.device}"
             )
+
+
+def check_index_tensors(**tensors: torch.Tensor) -> None:
+    """Block tables, lengths and offsets: int32/int64 and contiguous (the kernels walk them flat)."""
+    for name, t in tensors.items():
+        check_dtype(name, t, INDEX_DTYPES)
+        check_contiguous(name, t)
 
 
 def check_choice(name: str, value: int, allowed: Sequence[int]) -> None:
@@ -114,3 +121,28 @@ def check_sliding_window(sliding_window: int | None) -> int:
     if sliding_window < 1:
         raise KernelInputError(f"sliding_window={sliding_window}, expected >= 1 or None")
     return int(sliding_window)
+
+
+def check_attention_inputs(
+    query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> tuple[int, int, int, int]:
+    """Queries `[rows, num_heads, head_size]` over the caches' heads and dtype.
+
+    Returns `(block_size, num_kv_heads, head_size, num_queries_per_kv)`.
+    """
+    _, block_size, num_kv_heads, head_size = check_kv_cache(key_cache, value_cache)
+    check_shape("query", query, (None, None, head_size))
+    group = check_num_queries_per_kv(query.shape[1], num_kv_heads)
+    check_same_dtype("query", query, "key_cache", key_cache)
+    check_last_dim_contiguous("query", query)
+    return block_size, num_kv_heads, head_size, group
+
+
+def attention_output(out: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
+    """`out` checked against the query it is written for, or a new one like it."""
+    if out is None:
+        return torch.empty_like(query)
+    check_shape("out", out, tuple(query.shape))
+    check_dtype("out", out, ATTENTION_DTYPES)
+    check_last_dim_contiguous("out", out)
+    return out

@@ -212,7 +212,7 @@ def _check(
         if not w.is_contiguous():
             raise KernelInputError(f"{name} is not contiguous (strides {list(w.stride())})")
     check_last_dim_contiguous("x", x)
-    check_same_device({"x": x, "w13": w13, "w2": w2, "topk_ids": topk_ids})
+    check_same_device(x=x, w13=w13, w2=w2, topk_ids=topk_ids)
 
 
 def fused_moe(

@@ -29,21 +29,51 @@ import triton.language as tl
 
 from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.checks import (
-    ATTENTION_DTYPES,
-    INDEX_DTYPES,
+    attention_output,
+    check_attention_inputs,
     check_contiguous,
-    check_dtype,
-    check_kv_cache,
-    check_last_dim_contiguous,
-    check_num_queries_per_kv,
+    check_index_tensors,
     check_same_device,
-    check_same_dtype,
     check_shape,
     check_sliding_window,
 )
 from pagesim.gpu.kernels.configs import DecodePartition, KernelConfig, decode_config
 
 LOG2E = 1.4426950408889634
+
+
+def attention_strides(
+    query: torch.Tensor,
+    out: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+) -> tuple[int, ...]:
+    """The stride arguments of the decode and prefill kernels, in their signatures' order."""
+    return (
+        *query.stride()[:2],
+        *out.stride()[:2],
+        *key_cache.stride()[:3],
+        *value_cache.stride()[:3],
+        block_table.stride(0),
+    )
+
+
+def attention_meta(
+    cfg: KernelConfig, group: int, key_cache: torch.Tensor, window: int
+) -> dict[str, object]:
+    """The compile-time arguments and launch options both attention kernels take."""
+    return {
+        "QUERIES_PER_KV": group,
+        "BLOCK_M": cfg.block_m,
+        "HEAD_SIZE": key_cache.shape[3],
+        "BLOCK_SIZE": key_cache.shape[1],
+        "TILE_N": cfg.tile_n,
+        "USE_WINDOW": window > 0,
+        "DOT_PRECISION": "ieee" if key_cache.dtype == torch.float32 else "tf32",
+        "num_warps": cfg.num_warps,
+        "num_stages": cfg.num_stages,
+    }
 
 
 @triton.jit(do_not_specialize=["partition_size", "max_parts", "sliding_window"])
@@ -244,31 +274,17 @@ def paged_attention_decode(
     the call can be captured in a CUDA graph when `out` and `workspace` are given.
     Returns `out`, `[num_seqs, num_heads, head_size]` in the query's dtype.
     """
-    _, block_size, num_kv_heads, head_size = check_kv_cache(key_cache, value_cache)
-    check_shape("query", query, (None, None, head_size))
+    block_size, num_kv_heads, head_size, group = check_attention_inputs(
+        query, key_cache, value_cache
+    )
     num_seqs, num_heads, _ = query.shape
-    group = check_num_queries_per_kv(num_heads, num_kv_heads)
-    check_same_dtype("query", query, "key_cache", key_cache)
-    check_last_dim_contiguous("query", query)
     check_shape("block_table", block_table, (num_seqs, None))
     check_shape("seq_lens", seq_lens, (num_seqs,))
-    for name, t in (("block_table", block_table), ("seq_lens", seq_lens)):
-        check_dtype(name, t, INDEX_DTYPES)
-        check_contiguous(name, t)
+    check_index_tensors(block_table=block_table, seq_lens=seq_lens)
     window = check_sliding_window(sliding_window)
-    if out is None:
-        out = torch.empty_like(query)
-    check_shape("out", out, tuple(query.shape))
-    check_dtype("out", out, ATTENTION_DTYPES)
-    check_last_dim_contiguous("out", out)
+    out = attention_output(out, query)
     check_same_device(
-        {
-            "query": query,
-            "key_cache": key_cache,
-            "block_table": block_table,
-            "seq_lens": seq_lens,
-            "out": out,
-        }
+        query=query, key_cache=key_cache, block_table=block_table, seq_lens=seq_lens, out=out
     )
     cfg = config or decode_config(head_size, group, query.is_cuda, device_arch(query.device))
     split = partition.num_partitions > 1
@@ -299,27 +315,9 @@ def paged_attention_decode(
         partition.partition_size,
         partition.num_partitions,
         window,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        block_table.stride(0),
-        QUERIES_PER_KV=group,
-        BLOCK_M=cfg.block_m,
-        HEAD_SIZE=head_size,
-        BLOCK_SIZE=block_size,
-        TILE_N=cfg.tile_n,
-        USE_WINDOW=window > 0,
+        *attention_strides(query, out, key_cache, value_cache, block_table),
         SPLIT=split,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **attention_meta(cfg, group, key_cache, window),
     )
     if split:
         _paged_decode_reduce_kernel[(num_seqs, num_heads)](

@@ -30,20 +30,20 @@ import triton.language as tl
 
 from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.checks import (
-    ATTENTION_DTYPES,
-    INDEX_DTYPES,
-    check_contiguous,
-    check_dtype,
-    check_kv_cache,
-    check_last_dim_contiguous,
-    check_num_queries_per_kv,
+    attention_output,
+    check_attention_inputs,
+    check_index_tensors,
     check_same_device,
-    check_same_dtype,
     check_shape,
     check_sliding_window,
 )
 from pagesim.gpu.kernels.configs import KernelConfig, prefill_config
-from pagesim.gpu.kernels.paged_attention import LOG2E, gather_kv
+from pagesim.gpu.kernels.paged_attention import (
+    LOG2E,
+    attention_meta,
+    attention_strides,
+    gather_kv,
+)
 
 
 @triton.jit
@@ -204,81 +204,34 @@ def _paged_prefill_kernel(
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
     k_base = key_cache_ptr + kv_head * stride_kc_head
     v_base = value_cache_ptr + kv_head * stride_vc_head
-    acc, m_i, l_i = _attend_tiles(
-        acc,
-        m_i,
-        l_i,
-        q,
-        q_pos,
-        bt_row,
-        k_base,
-        v_base,
-        a,
-        tl.minimum(b, hi),
-        hi,
-        qk_scale,
-        sliding_window,
-        stride_kc_blk,
-        stride_kc_off,
-        stride_vc_blk,
-        stride_vc_off,
-        HEAD_SIZE,
-        BLOCK_SIZE,
-        TILE_N,
-        True,
-        USE_WINDOW,
-        DOT_PRECISION,
-    )
-    acc, m_i, l_i = _attend_tiles(
-        acc,
-        m_i,
-        l_i,
-        q,
-        q_pos,
-        bt_row,
-        k_base,
-        v_base,
-        b,
-        c,
-        hi,
-        qk_scale,
-        sliding_window,
-        stride_kc_blk,
-        stride_kc_off,
-        stride_vc_blk,
-        stride_vc_off,
-        HEAD_SIZE,
-        BLOCK_SIZE,
-        TILE_N,
-        False,
-        USE_WINDOW,
-        DOT_PRECISION,
-    )
-    acc, m_i, l_i = _attend_tiles(
-        acc,
-        m_i,
-        l_i,
-        q,
-        q_pos,
-        bt_row,
-        k_base,
-        v_base,
-        c,
-        hi,
-        hi,
-        qk_scale,
-        sliding_window,
-        stride_kc_blk,
-        stride_kc_off,
-        stride_vc_blk,
-        stride_vc_off,
-        HEAD_SIZE,
-        BLOCK_SIZE,
-        TILE_N,
-        True,
-        USE_WINDOW,
-        DOT_PRECISION,
-    )
+    for run in tl.static_range(3):  # unrolled: each run is compiled with its own MASKED
+        start_lo = a if run == 0 else (b if run == 1 else c)
+        start_hi = tl.minimum(b, hi) if run == 0 else (c if run == 1 else hi)
+        acc, m_i, l_i = _attend_tiles(
+            acc,
+            m_i,
+            l_i,
+            q,
+            q_pos,
+            bt_row,
+            k_base,
+            v_base,
+            start_lo,
+            start_hi,
+            hi,
+            qk_scale,
+            sliding_window,
+            stride_kc_blk,
+            stride_kc_off,
+            stride_vc_blk,
+            stride_vc_off,
+            HEAD_SIZE,
+            BLOCK_SIZE,
+            TILE_N,
+            run != 1,
+            USE_WINDOW,
+            DOT_PRECISION,
+        )
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
@@ -305,38 +258,24 @@ def paged_attention_prefill(
     Rows past `query_start_loc[-1]` (batch padding) are not written. No host sync happens
     here. Returns `out`, `[num_tokens, num_heads, head_size]` in the query's dtype.
     """
-    _, block_size, num_kv_heads, head_size = check_kv_cache(key_cache, value_cache)
-    check_shape("query", query, (None, None, head_size))
-    num_tokens, num_heads, _ = query.shape
-    group = check_num_queries_per_kv(num_heads, num_kv_heads)
-    check_same_dtype("query", query, "key_cache", key_cache)
-    check_last_dim_contiguous("query", query)
+    block_size, num_kv_heads, head_size, group = check_attention_inputs(
+        query, key_cache, value_cache
+    )
+    num_tokens = query.shape[0]
     check_shape("block_table", block_table, (None, None))
     num_seqs = block_table.shape[0]
     check_shape("seq_lens", seq_lens, (num_seqs,))
     check_shape("query_start_loc", query_start_loc, (num_seqs + 1,))
-    for name, t in (
-        ("block_table", block_table),
-        ("seq_lens", seq_lens),
-        ("query_start_loc", query_start_loc),
-    ):
-        check_dtype(name, t, INDEX_DTYPES)
-        check_contiguous(name, t)
+    check_index_tensors(block_table=block_table, seq_lens=seq_lens, query_start_loc=query_start_loc)
     window = check_sliding_window(sliding_window)
-    if out is None:
-        out = torch.empty_like(query)
-    check_shape("out", out, tuple(query.shape))
-    check_dtype("out", out, ATTENTION_DTYPES)
-    check_last_dim_contiguous("out", out)
+    out = attention_output(out, query)
     check_same_device(
-        {
-            "query": query,
-            "key_cache": key_cache,
-            "block_table": block_table,
-            "seq_lens": seq_lens,
-            "query_start_loc": query_start_loc,
-            "out": out,
-        }
+        query=query,
+        key_cache=key_cache,
+        block_table=block_table,
+        seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+        out=out,
     )
     if num_seqs == 0 or num_tokens == 0:
         return out
@@ -358,27 +297,9 @@ def paged_attention_prefill(
         scale * LOG2E,
         num_seqs,
         window,
-        query.stride(0),
-        query.stride(1),
-        out.stride(0),
-        out.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
-        block_table.stride(0),
-        QUERIES_PER_KV=group,
+        *attention_strides(query, out, key_cache, value_cache, block_table),
         BLOCK_Q=block_q,
-        BLOCK_M=cfg.block_m,
-        HEAD_SIZE=head_size,
-        BLOCK_SIZE=block_size,
-        TILE_N=cfg.tile_n,
-        USE_WINDOW=window > 0,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        **attention_meta(cfg, group, key_cache, window),
     )
     return out
 

@@ -17,9 +17,7 @@ import triton
 import triton.language as tl
 
 from pagesim.gpu.kernels.checks import (
-    INDEX_DTYPES,
-    check_contiguous,
-    check_dtype,
+    check_index_tensors,
     check_kv_cache,
     check_last_dim_contiguous,
     check_same_device,
@@ -89,16 +87,13 @@ def reshape_and_cache(
     for name, t in (("key", key), ("value", value)):
         check_same_dtype(name, t, "key_cache", key_cache)
         check_last_dim_contiguous(name, t)
-    check_dtype("slot_mapping", slot_mapping, INDEX_DTYPES)
-    check_contiguous("slot_mapping", slot_mapping)
+    check_index_tensors(slot_mapping=slot_mapping)
     check_same_device(
-        {
-            "key": key,
-            "value": value,
-            "key_cache": key_cache,
-            "value_cache": value_cache,
-            "slot_mapping": slot_mapping,
-        }
+        key=key,
+        value=value,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        slot_mapping=slot_mapping,
     )
     if num_tokens == 0:
         return
@@ -113,12 +108,8 @@ def reshape_and_cache(
         key.stride(1),
         value.stride(0),
         value.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        value_cache.stride(0),
-        value_cache.stride(1),
-        value_cache.stride(2),
+        *key_cache.stride()[:3],
+        *value_cache.stride()[:3],
         num_kv_heads,
         BLOCK_SIZE=block_size,
         HEAD_SIZE=head_size,
