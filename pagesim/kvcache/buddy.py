@@ -31,15 +31,10 @@ Both return `Region(start, size)` or None when no free run is large enough (noth
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from pagesim.errors import AllocationError, InternalError
-from pagesim.kvcache.invariants import InvariantViolation
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvariantViolation(message)
+from pagesim.kvcache.invariants import require
 
 
 class Region(NamedTuple):
@@ -70,26 +65,38 @@ def aligned_cover(start: int, end: int) -> list[tuple[int, int]]:
     return pieces
 
 
-class BuddyAllocator:
+class _Placer:
+    """What both placers share: the line of `capacity` units, the free count, and sizes taken
+    exactly as asked."""
+
+    placement: ClassVar[str]
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise AllocationError(
+                f"capacity={capacity}: a {self.placement} allocator needs >= 1 unit"
+            )
+        self.capacity = capacity
+        self.num_free_units = capacity
+
+    def rounded_size(self, size: int) -> int:
+        """Units an allocation of `size` takes: exactly `size` (the buddy splits off the tail)."""
+        return size
+
+
+class BuddyAllocator(_Placer):
     """Binary buddy allocator. `free_lists[k]` holds the sorted starts of free blocks of 2**k."""
 
     placement = "buddy"
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise AllocationError(f"capacity={capacity}: a buddy allocator needs >= 1 unit")
-        self.capacity = capacity
+        super().__init__(capacity)
         self.max_order = capacity.bit_length() - 1
         self.free_lists: list[list[int]] = [[] for _ in range(self.max_order + 1)]
         self.allocated: dict[int, int] = {}  # start -> order, one entry per allocated piece
         self.regions: dict[int, int] = {}  # region start -> size (units)
-        self.num_free_units = capacity
         for start, order in aligned_cover(0, capacity):
             self.free_lists[order].append(start)
-
-    def rounded_size(self, size: int) -> int:
-        """Units an allocation of `size` takes: exactly `size` (the tail is split off)."""
-        return size
 
     def can_place(self, size: int) -> bool:
         """Whether an empty line could place `size` units: a block of ceil_pow2(size) fits."""
@@ -172,41 +179,33 @@ class BuddyAllocator:
         blocks.sort()
         pos = 0
         for s, n, _ in blocks:
-            _require(s == pos, f"gap or overlap at unit {pos} (next block starts at {s})")
-            _require(s % n == 0, f"block ({s}, {n}) is not aligned")
+            require(s == pos, f"gap or overlap at unit {pos} (next block starts at {s})")
+            require(s % n == 0, f"block ({s}, {n}) is not aligned")
             pos = s + n
-        _require(pos == self.capacity, f"blocks cover {pos} units, capacity is {self.capacity}")
+        require(pos == self.capacity, f"blocks cover {pos} units, capacity is {self.capacity}")
         free = sum(n for _, n, is_free in blocks if is_free)
-        _require(free == self.num_free_units, f"num_free_units={self.num_free_units}, lists={free}")
+        require(free == self.num_free_units, f"num_free_units={self.num_free_units}, lists={free}")
         pieces = {p: k for s, n in self.regions.items() for p, k in aligned_cover(s, s + n)}
-        _require(pieces == self.allocated, "allocated pieces do not tile the regions")
+        require(pieces == self.allocated, "allocated pieces do not tile the regions")
         for k, lst in enumerate(self.free_lists):
-            _require(lst == sorted(set(lst)), f"free list {k} unsorted or duplicated")
+            require(lst == sorted(set(lst)), f"free list {k} unsorted or duplicated")
             members = set(lst)
             for s in lst:
                 parent = s & ~(1 << k)
                 if parent + (2 << k) <= self.capacity and k < self.max_order:
-                    _require(
-                        (s ^ (1 << k)) not in members, f"free buddies ({s}, {1 << k}) unmerged"
-                    )
+                    require((s ^ (1 << k)) not in members, f"free buddies ({s}, {1 << k}) unmerged")
 
 
-class FirstFitAllocator:
+class FirstFitAllocator(_Placer):
     """First-fit over an address-ordered hole list with coalescing on free."""
 
     placement = "first-fit"
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise AllocationError(f"capacity={capacity}: an allocator needs >= 1 unit")
-        self.capacity = capacity
+        super().__init__(capacity)
         self.hole_starts: list[int] = [0]  # sorted
         self.hole_size: dict[int, int] = {0: capacity}
         self.allocated: dict[int, int] = {}  # start -> size
-        self.num_free_units = capacity
-
-    def rounded_size(self, size: int) -> int:
-        return size
 
     def can_place(self, size: int) -> bool:
         """Whether an empty line could place `size` units."""
@@ -270,19 +269,19 @@ class FirstFitAllocator:
 
     def check_invariants(self) -> None:
         """Holes sorted, disjoint and never adjacent (coalesced); holes + runs tile the line."""
-        _require(self.hole_starts == sorted(self.hole_size), "hole list and sizes disagree")
+        require(self.hole_starts == sorted(self.hole_size), "hole list and sizes disagree")
         runs = [(s, n, True) for s, n in self.hole_size.items()]
         runs += [(s, n, False) for s, n in self.allocated.items()]
         runs.sort()
         pos, prev_free = 0, False
         for s, n, is_free in runs:
-            _require(s == pos, f"gap or overlap at unit {pos} (next run starts at {s})")
-            _require(n >= 1, f"empty run at {s}")
-            _require(not (is_free and prev_free), f"adjacent holes at {s} not coalesced")
+            require(s == pos, f"gap or overlap at unit {pos} (next run starts at {s})")
+            require(n >= 1, f"empty run at {s}")
+            require(not (is_free and prev_free), f"adjacent holes at {s} not coalesced")
             pos, prev_free = s + n, is_free
-        _require(pos == self.capacity, f"runs cover {pos} units, capacity is {self.capacity}")
+        require(pos == self.capacity, f"runs cover {pos} units, capacity is {self.capacity}")
         free = sum(self.hole_size.values())
-        _require(free == self.num_free_units, f"num_free_units={self.num_free_units}, holes={free}")
+        require(free == self.num_free_units, f"num_free_units={self.num_free_units}, holes={free}")
 
 
 Allocator = BuddyAllocator | FirstFitAllocator

@@ -34,7 +34,7 @@ from typing import ClassVar
 from pagesim.errors import AllocationError, ConfigError
 from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.buddy import PLACEMENTS, Region, ceil_pow2
-from pagesim.kvcache.invariants import InvariantViolation
+from pagesim.kvcache.invariants import require
 from pagesim.kvcache.kv_cache_manager import KVCacheBlocks
 from pagesim.kvcache.prefix_stats import PrefixCacheStats, PrefixStatsCounters
 from pagesim.request import Request
@@ -274,7 +274,7 @@ class ContiguousKVCacheManager(PrefixStatsCounters):
         a = self.allocator
         a.check_invariants()
         bs = self.block_size
-        _require(
+        require(
             len(a.regions) == len(self.reservations),
             f"{len(a.regions)} regions allocated, {len(self.reservations)} reservations",
         )
@@ -282,35 +282,30 @@ class ContiguousKVCacheManager(PrefixStatsCounters):
         for rid, res in self.reservations.items():
             start, size = res.region
             held = a.region_size(start)
-            _require(
+            require(
                 held == size,
                 f"request {rid!r}: region {res.region} is not allocated with that size",
             )
-            _require(
+            require(
                 res.row == list(range(start + 1, start + 1 + len(res.row))),
                 f"request {rid!r}: row is not a prefix of its region",
             )
-            _require(len(res.row) <= size, f"request {rid!r}: row longer than its region")
+            require(len(res.row) <= size, f"request {rid!r}: row longer than its region")
             reserved += size * bs
             fillable += min(size * bs, res.final_kv_len)
-        _require(
+        require(
             reserved == self.num_reserved_slots,
             f"num_reserved_slots={self.num_reserved_slots}, regions hold {reserved}",
         )
-        _require(
+        require(
             fillable == self.num_fillable_slots,
             f"num_fillable_slots={self.num_fillable_slots}, regions allow {fillable}",
         )
-        _require(a.num_free_units * bs + reserved == a.capacity * bs, "free + used != total")
+        require(a.num_free_units * bs + reserved == a.capacity * bs, "free + used != total")
         if not self.reservations:
-            _require(a.num_free_units == a.capacity, "blocks leaked after all frees")
+            require(a.num_free_units == a.capacity, "blocks leaked after all frees")
             fresh = type(a)(a.capacity)
-            _require(
+            require(
                 a.free_regions() == fresh.free_regions(),
                 "free space not merged back into the initial regions",
             )
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise InvariantViolation(message)

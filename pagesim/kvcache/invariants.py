@@ -37,7 +37,8 @@ class InvariantViolation(InternalError, AssertionError):
     """The allocator's state is inconsistent (a bug, never bad user input)."""
 
 
-def _require(ok: bool, message: str) -> None:
+def require(ok: bool, message: str) -> None:
+    """Raise `InvariantViolation(message)` unless `ok`: every allocator's checks use it."""
     if not ok:
         raise InvariantViolation(message)
 
@@ -46,7 +47,7 @@ def check_block_pool(pool: BlockPool) -> None:
     """Raise `InvariantViolation` on the first broken pool invariant."""
     queue = pool.free_block_queue
     head, tail = queue.fake_free_list_head, queue.fake_free_list_tail
-    _require(
+    require(
         head.prev_free_block is None and tail.next_free_block is None, "sentinels have outer links"
     )
     in_queue: set[int] = set()
@@ -54,20 +55,20 @@ def check_block_pool(pool: BlockPool) -> None:
     while block is not tail:
         if block is None:
             raise InvariantViolation("free queue is cut before its tail sentinel")
-        _require(
+        require(
             block.prev_free_block is prev, f"block {block.block_id}: prev link does not point back"
         )
-        _require(block.block_id not in in_queue, f"block {block.block_id}: in the queue twice")
-        _require(len(in_queue) <= pool.num_gpu_blocks, "free queue has a cycle")
+        require(block.block_id not in in_queue, f"block {block.block_id}: in the queue twice")
+        require(len(in_queue) <= pool.num_gpu_blocks, "free queue has a cycle")
         in_queue.add(block.block_id)
         prev, block = block, block.next_free_block
-    _require(tail.prev_free_block is prev, "tail sentinel's prev link is wrong")
-    _require(
+    require(tail.prev_free_block is prev, "tail sentinel's prev link is wrong")
+    require(
         len(in_queue) == queue.num_free_blocks,
         f"num_free_blocks={queue.num_free_blocks} but the queue holds {len(in_queue)}",
     )
     null = pool.null_block
-    _require(
+    require(
         null.is_null
         and null.block_id == 0
         and null.ref_cnt == 0
@@ -78,12 +79,12 @@ def check_block_pool(pool: BlockPool) -> None:
     used = 0
     shared_refs = 0
     for block in pool.blocks:
-        _require(block.is_null == (block is null), f"block {block.block_id}: wrong is_null")
-        _require(block.ref_cnt >= 0, f"block {block.block_id}: ref_cnt={block.ref_cnt} < 0")
+        require(block.is_null == (block is null), f"block {block.block_id}: wrong is_null")
+        require(block.ref_cnt >= 0, f"block {block.block_id}: ref_cnt={block.ref_cnt} < 0")
         if block is null:
             continue
         free = block.block_id in in_queue
-        _require(
+        require(
             free == (block.ref_cnt == 0),
             f"block {block.block_id}: ref_cnt={block.ref_cnt}, in free queue={free}",
         )
@@ -91,15 +92,15 @@ def check_block_pool(pool: BlockPool) -> None:
             used += 1
             if block.ref_cnt > 1:
                 shared_refs += block.ref_cnt
-            _require(
+            require(
                 block.prev_free_block is None and block.next_free_block is None,
                 f"block {block.block_id}: used but linked into the queue",
             )
-    _require(
+    require(
         queue.num_free_blocks + used == pool.num_usable_blocks,
         f"free {queue.num_free_blocks} + used {used} != usable {pool.num_usable_blocks}",
     )
-    _require(
+    require(
         pool.num_shared_refs == shared_refs,
         f"num_shared_refs {pool.num_shared_refs} != {shared_refs} (sum of ref_cnt >= 2)",
     )
@@ -110,20 +111,20 @@ def _check_hash_map(pool: BlockPool) -> None:
     mapped: set[int] = set()
     for block_hash, found in pool.cached_block_hash_to_block.items():
         blocks = found.values() if isinstance(found, dict) else (found,)
-        _require(len(blocks) > 0, "empty duplicate set in the hash map")
+        require(len(blocks) > 0, "empty duplicate set in the hash map")
         for block in blocks:
-            _require(
+            require(
                 block.block_hash == block_hash,
                 f"block {block.block_id}: mapped under another hash",
             )
-            _require(block.block_id not in mapped, f"block {block.block_id}: mapped twice")
+            require(block.block_id not in mapped, f"block {block.block_id}: mapped twice")
             mapped.add(block.block_id)
     hashed = [b for b in pool.blocks if b.block_hash is not None]
     if not pool.enable_caching:
-        _require(not hashed, "blocks hashed with caching disabled")
+        require(not hashed, "blocks hashed with caching disabled")
     deferred = [b for b in hashed if b.block_id not in mapped]  # placeholders only
     owner = pool.deferred_hashes
-    _require(
+    require(
         owner is not None or not deferred,
         f"hashed blocks {sorted(b.block_id for b in deferred)} not in the map",
     )
@@ -145,11 +146,11 @@ def check_kv_cache_manager(manager: KVCacheManager | HybridKVCacheManager) -> No
     else:
         live = groups[0].req_to_blocks.keys()
         for group in groups:
-            _require(group.req_to_blocks.keys() == live, "KV cache groups disagree on requests")
+            require(group.req_to_blocks.keys() == live, "KV cache groups disagree on requests")
             _check_rows(group, holders, group.hash_suffix, group.is_full_attention)
     for block in pool.blocks:
         if not block.is_null:
-            _require(
+            require(
                 block.ref_cnt == holders[block.block_id],
                 f"block {block.block_id}: ref_cnt={block.ref_cnt}, held by "
                 f"{holders[block.block_id]} table entries",
@@ -165,33 +166,33 @@ def _check_rows(
     """One table's rows: maps agree, cached prefixes hold hashes (a group's blocks hold its
     own keys), a full-attention row of a hybrid manager holds no null, a window's nulls
     form a prefix. Counts each row's non-null blocks into `holders`."""
-    _require(
+    require(
         rows.req_to_blocks.keys() == rows.req_to_block_ids.keys() == rows.num_cached_block.keys(),
         "request maps disagree on the live requests",
     )
     for rid, row in rows.req_to_blocks.items():
         ids = rows.req_to_block_ids[rid]
-        _require(ids == [b.block_id for b in row], f"request {rid!r}: id row != block row")
+        require(ids == [b.block_id for b in row], f"request {rid!r}: id row != block row")
         num_cached = rows.num_cached_block[rid]
-        _require(num_cached <= len(row), f"request {rid!r}: {num_cached} cached > {len(row)}")
+        require(num_cached <= len(row), f"request {rid!r}: {num_cached} cached > {len(row)}")
         for block in row[:num_cached]:
-            _require(
+            require(
                 block.is_null or block.block_hash is not None or not rows.enable_caching,
                 f"request {rid!r}: cached block {block.block_id} has no hash",
             )
         if hash_suffix is not None:
             num_null = sum(1 for b in row if b.is_null)
-            _require(
+            require(
                 not (full_attention and num_null),
                 f"request {rid!r}: null block in a full-attention row",
             )
-            _require(
+            require(
                 all(b.is_null for b in row[:num_null]),
                 f"request {rid!r}: null entries of a window row are not a prefix",
             )
             for block in row:
                 h = block.block_hash
-                _require(
+                require(
                     h is None or (isinstance(h, bytes) and h.endswith(hash_suffix)),
                     f"request {rid!r}: block {block.block_id} cached under another group's key",
                 )
