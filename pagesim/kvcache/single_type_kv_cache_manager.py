@@ -10,7 +10,8 @@ groups, so a hit in one group says nothing about another.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, Self
 
 from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.block_pool import BlockPool
@@ -32,6 +33,7 @@ def _cached_in_all(
     return found
 
 
+@dataclass(eq=False)
 class SingleTypeKVCacheManager:
     """One group's rows: `req_to_blocks` (blocks in table order, null where a window freed
     them), `req_to_block_ids` (the same row as ids, kept in step) and `num_cached_block`
@@ -39,20 +41,15 @@ class SingleTypeKVCacheManager:
 
     is_full_attention: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        kv_cache_spec: KVCacheSpec,
-        block_pool: BlockPool,
-        kv_cache_group_id: int,
-        enable_caching: bool,
-    ) -> None:
-        self.kv_cache_spec = kv_cache_spec
-        self.block_size = kv_cache_spec.block_size
-        self.block_pool = block_pool
-        self.kv_cache_group_id = kv_cache_group_id
-        self.enable_caching = enable_caching
+    kv_cache_spec: KVCacheSpec
+    block_pool: BlockPool
+    kv_cache_group_id: int
+    enable_caching: bool
+
+    def __post_init__(self) -> None:
+        self.block_size = self.kv_cache_spec.block_size
         # Appended to a block hash: the key this group caches the block under.
-        self.hash_suffix = kv_cache_group_id.to_bytes(2, "big")
+        self.hash_suffix = self.kv_cache_group_id.to_bytes(2, "big")
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.req_to_block_ids: dict[str, list[int]] = {}
         self.num_cached_block: dict[str, int] = {}
@@ -73,10 +70,7 @@ class SingleTypeKVCacheManager:
     # ---- lookup --------------------------------------------------------------------------
     @classmethod
     def find_longest_cache_hit(
-        cls,
-        managers: Sequence[SingleTypeKVCacheManager],
-        block_hashes: Sequence[bytes],
-        max_length: int,
+        cls, managers: Sequence[Self], block_hashes: Sequence[bytes], max_length: int
     ) -> tuple[list[list[KVCacheBlock]], int]:
         """Full attention: the longest run of leading blocks cached in every one of
         `managers` (groups of one spec), at most `max_length` tokens; per group, and its
@@ -176,40 +170,30 @@ class SingleTypeKVCacheManager:
         return 0
 
 
+@dataclass(eq=False)
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention: rows only grow; a hit is a run of leading cached blocks."""
 
-    def __init__(
-        self,
-        kv_cache_spec: FullAttentionSpec,
-        block_pool: BlockPool,
-        kv_cache_group_id: int,
-        enable_caching: bool,
-    ) -> None:
-        super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, enable_caching)
+    kv_cache_spec: FullAttentionSpec
 
 
+@dataclass(eq=False)
 class SlidingWindowManager(SingleTypeKVCacheManager):
     """Sliding window: blocks that fell out of the window are freed and their entries become
-    the null block; a hit needs only the window's blocks before the next query cached."""
+    the null block; a hit needs only the window's blocks before the next query cached.
+    `max_num_batched_tokens` and `max_model_len` set the window's admission cap."""
 
     is_full_attention: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        kv_cache_spec: SlidingWindowSpec,
-        block_pool: BlockPool,
-        kv_cache_group_id: int,
-        enable_caching: bool,
-        max_num_batched_tokens: int | None = None,
-        max_model_len: int | None = None,
-    ) -> None:
-        super().__init__(kv_cache_spec, block_pool, kv_cache_group_id, enable_caching)
+    kv_cache_spec: SlidingWindowSpec
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        spec = self.kv_cache_spec
         self.window = SlidingWindow(
-            kv_cache_spec.sliding_window,
-            kv_cache_spec.block_size,
-            max_num_batched_tokens,
-            max_model_len,
+            spec.sliding_window, spec.block_size, self.max_num_batched_tokens, self.max_model_len
         )
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
@@ -223,16 +207,12 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
     @classmethod
     def find_longest_cache_hit(
-        cls,
-        managers: Sequence[SingleTypeKVCacheManager],
-        block_hashes: Sequence[bytes],
-        max_length: int,
+        cls, managers: Sequence[Self], block_hashes: Sequence[bytes], max_length: int
     ) -> tuple[list[list[KVCacheBlock]], int]:
         """The hit as table prefixes: null where the window needs nothing, then cached blocks.
         Searches right to left for `contiguous_blocks` blocks in a row cached in every group;
         with none, the cached blocks at the very start."""
         first = managers[0]
-        assert isinstance(first, SlidingWindowManager)
         pool, bs = first.block_pool, first.block_size
         need = first.window.contiguous_blocks
         suffixes = [m.hash_suffix for m in managers]
