@@ -154,20 +154,12 @@ class Scheduler:
         return bool(self.running or self.waiting or self.swapped)
 
     @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        """Requests not running: waiting (new or preempted) and swapped out."""
-        return len(self.waiting) + len(self.swapped)
-
-    @property
     def num_swapped(self) -> int:
         return len(self.swapped)
 
     def get_request_counts(self) -> tuple[int, int]:
-        """(num_running, num_waiting), as vLLM's `Scheduler.get_request_counts`."""
+        """(num_running, num_waiting), as vLLM's `Scheduler.get_request_counts`; waiting counts
+        the requests not running: waiting (new or preempted) and swapped out."""
         return len(self.running), len(self.waiting) + len(self.swapped)
 
     # ---- one step ----------------------------------------------------------------------------

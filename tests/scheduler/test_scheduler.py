@@ -102,7 +102,7 @@ def test_max_num_seqs_limits_running_requests() -> None:
     out, finished = run_step(s)
     assert tokens(out) == {"r1": 1, "r2": 1} and len(finished) == 2
     assert tokens(run_step(s)[0]) == {"r3": 10}
-    assert s.num_running == 1 and s.num_waiting == 0
+    assert s.get_request_counts() == (1, 0)
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_budget() -> None:
