@@ -18,7 +18,7 @@ from pagesim.workload.traces import read_trace
 @pytest.mark.parametrize("name", shipped_workloads())
 def test_shipped_workload_samples(name: str) -> None:
     w = load_workload(name)
-    assert w.name == name and w.description
+    assert w.name == name and w.spec.description
     plan = w.sample(200, seed=0)
     assert plan.num_requests == 200
     assert plan.prompt_lens.min() >= 1 and plan.output_lens.min() >= 1

@@ -78,11 +78,6 @@ class KVWaste(NamedTuple):
     external_fragmentation: float
     free: float
 
-    @property
-    def used(self) -> float:
-        """Allocated: token states + reserved + internal fragmentation."""
-        return self.token_states + self.reserved + self.internal_fragmentation
-
 
 @dataclass(frozen=True, slots=True)
 class KVSlots:

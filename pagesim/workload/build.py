@@ -46,10 +46,6 @@ class Workload:
     def name(self) -> str:
         return self.spec.name
 
-    @property
-    def description(self) -> str:
-        return self.spec.description
-
     def __repr__(self) -> str:
         return f"Workload({self.name!r})"
 
