@@ -26,7 +26,9 @@ steps are launch-bound. vLLM captures them in CUDA graphs; this module does the 
 
 Static buffers (the largest size of either family): input ids, positions, slot mapping
 `[tokens]`; seq lens `[seqs]`; block table `[seqs, W]` with W = table_width(max_model_len /
-block_size); query start locations and logits indices of mixed steps. Padding rows: slot
+block_size); query start locations and logits indices of mixed steps. Under the hybrid KV
+cache manager each KV cache group has its own slot mapping and block table; the other inputs,
+and the decode partition (the full-attention one, which covers every window), are shared. Padding rows: slot
 PAD_SLOT_ID (reshape_and_cache skips it), seq_len 0 (kernels write zeros or nothing), block row
 all null block, id 0, position 0; padded sequences of a mixed step start at the last real
 token, so they own no rows. The sampler always runs eagerly on the real rows (its seeded
@@ -47,7 +49,7 @@ CPU tests compare it with the unpadded eager path.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -66,6 +68,7 @@ from pagesim.gpu.input_buffers import (
 from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.configs import DecodePartition, decode_config, decode_partition
 from pagesim.gpu.kernels.paged_attention import DecodeWorkspace
+from pagesim.gpu.model import StepMetadata
 from pagesim.kvcache.block_table import PAD_SLOT_ID
 
 #: Batch sizes captured (vLLM's list is 1, 2, 4 and multiples of 8 up to 512; coarser here so
@@ -107,12 +110,16 @@ class GraphKey(NamedTuple):
     mixed: bool = False  # a mixed-step graph (variable-length attention kernel)
 
 
+#: Per KV cache group, the runner's rows and the scheduled requests' row indices in them.
+GroupRows = Sequence[tuple[BlockTableRows, list[int]]]
+
+
 @dataclass(slots=True)
 class CapturedGraph:
     """A key's forward: its metadata over the static buffers, outputs, and the graph."""
 
     key: GraphKey
-    metadata: AttentionMetadata | None  # None when attention is skipped
+    metadata: StepMetadata | None  # None when attention is skipped
     graph: torch.cuda.CUDAGraph | None  # None in capture=False mode
     hidden: torch.Tensor | None = None  # [rows, hidden] of the last replay (graph output)
     logits: torch.Tensor | None = None  # [size, vocab] fp32 (decode graphs only)
@@ -149,7 +156,9 @@ class StepGraphs:
 
     `model` is the runner's `RandomWeightDecoder`, `kv_caches` its caches (graphs bake their
     addresses in, so graphs belong to one cache). `mixed=False` keeps mixed steps eager (the
-    decode-only graphs of the earlier runner). `log` receives one line per capture problem.
+    decode-only graphs of the earlier runner). `num_groups` is the KV cache groups whose
+    tables a step carries (more than one under the hybrid layout). `log` receives one line
+    per capture problem.
     """
 
     def __init__(
@@ -164,6 +173,7 @@ class StepGraphs:
         capture: bool = True,
         max_size: int = MAX_CAPTURE_SIZE,
         mixed: bool = True,
+        num_groups: int = 1,
         log: Callable[[str], None] | None = None,
     ) -> None:
         from pagesim.gpu.runner import table_width
@@ -173,6 +183,7 @@ class StepGraphs:
         self.device = model.device
         self.block_size = block_size
         self.max_model_len = max_model_len
+        self.num_groups = num_groups
         self.capture = capture and self.device.type == "cuda"
         self.sizes = capture_sizes(max_num_seqs, max_size)
         self.token_sizes = (
@@ -198,33 +209,37 @@ class StepGraphs:
         # Per-step inputs staged in one pinned host buffer and copied in one transfer
         # (`StagedBuffers`); same dtypes as the eager path's tensors (Triton compiles one
         # variant per pointer dtype); rows of `pack` padded to 16 entries so every row starts
-        # 16-byte aligned. pack rows: input ids, positions, slot mapping (int64). The block
-        # table comes last: a step copies only the rows it uses.
+        # 16-byte aligned. pack rows: input ids, positions, then each group's slot mapping
+        # (int64). The block tables come last, one per group: a step copies the tables of
+        # the groups before the last whole, and of the last only the rows it uses.
         s = self.max_seqs
         self.staged = StagedBuffers(
             [
-                ("pack", torch.int64, (3, -(-m // 16) * 16)),
+                ("pack", torch.int64, (2 + num_groups, -(-m // 16) * 16)),
                 ("seq_lens", torch.int32, (s,)),
                 ("mixed_query_start_loc", torch.int32, (s + 1,)),
                 ("mixed_logits_indices", torch.int64, (s,)),
-                ("block_table", torch.int32, (s, self.width)),
+                ("block_tables", torch.int32, (num_groups, s, self.width)),
             ],
             dev,
         )
         staged = self.staged.device
         self.pack = staged["pack"]
         self.seq_lens = staged["seq_lens"]
-        self.block_table = staged["block_table"]
+        self.block_tables = staged["block_tables"]
+        self.block_table = self.block_tables[0]
         # Mixed steps: their own query starts and last rows, loaded per step.
         self.mixed_query_start_loc = staged["mixed_query_start_loc"]
         self.mixed_logits_indices = staged["mixed_logits_indices"]
-        self._table_offset = self.staged.offset("block_table")
-        self._table_row_bytes = self.staged.row_bytes("block_table")
+        self._table_row_bytes = self.width * 4  # int32 entries
+        self._table_offset = self.staged.offset("block_tables") + (
+            (num_groups - 1) * s * self._table_row_bytes
+        )  # where the last group's table starts
         # Decode steps: constant query starts and last rows.
         self.query_start_loc = torch.arange(s + 1, dtype=torch.int32, device=dev)
         self.logits_indices = torch.arange(s, dtype=torch.int64, device=dev)
-        # The step's table, gathered from the runner's rows into the staged host buffer.
-        self.gathered = GatheredTable(self.staged.host["block_table"])
+        # The step's tables, gathered from the runner's rows into the staged host buffer.
+        self.gathered = [GatheredTable(t) for t in self.staged.host["block_tables"]]
         self._reset_buffers()
         self.graphs: dict[GraphKey, CapturedGraph] = {}
         self._keys: dict[tuple[int, int], GraphKey] = {}
@@ -274,6 +289,8 @@ class StepGraphs:
         return key
 
     def _partition(self, size: int, span: int) -> DecodePartition:
+        """The one-table backend's split: windowed only when every layer slides, so that
+        it covers every layer's context (a window's partitions start at its first token)."""
         m = self.model
         return decode_partition(
             size,
@@ -281,7 +298,7 @@ class StepGraphs:
             span,
             self._decode_cfg,
             self.num_sms,
-            m.spec.sliding_window,
+            m.attn.sliding_window,
             m.attn.min_partition_tokens,
         )
 
@@ -323,60 +340,59 @@ class StepGraphs:
             "seq_lens",
             "mixed_query_start_loc",
             "mixed_logits_indices",
-            "block_table",
+            "block_tables",
         ):
             h[name][...] = 0
-        self.gathered.reset()
-        h["pack"][2] = PAD_SLOT_ID
+        for gathered in self.gathered:
+            gathered.reset()
+        h["pack"][2:] = PAD_SLOT_ID
         self.staged.copy_to_device()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def load(
-        self, scheduled, input_ids: list[int], key: GraphKey, rows: BlockTableRows, idx: list[int]
-    ) -> None:
+    def load(self, scheduled, input_ids: list[int], key: GraphKey, tables: GroupRows) -> None:
         """Fill the static buffers for a step of `key`'s size (rows past the step: padding):
         the host side through numpy, then one transfer of the bytes the step uses.
-        `rows.table[idx[i]]` is scheduled[i]'s block-table row (`BlockTableRows.update`)."""
+        Per KV cache group, `(rows, idx)`: `rows.table[idx[i]]` is scheduled[i]'s block-table
+        row (`BlockTableRows.update`)."""
         if key.mixed:
-            self._load_mixed(scheduled, input_ids, key.size, rows, idx)
+            self._load_mixed(scheduled, input_ids, key.size, tables)
             return
         size = key.size
         n = len(scheduled)
         h = self.staged.host
-        table = h["block_table"]
-        self.gathered.gather(rows, idx, size)
         pos = np.fromiter((sr.num_computed_tokens for sr in scheduled), np.int64, n)
         pack = h["pack"]
         pack[0, :n] = input_ids
         pack[1, :n] = pos
-        pack[2, :n] = decode_slots(table, pos, self.block_size)
+        for g, (rows, idx) in enumerate(tables):
+            self.gathered[g].gather(rows, idx, size)
+            pack[2 + g, :n] = decode_slots(h["block_tables"][g], pos, self.block_size)
         pack[:2, n:size] = 0
-        pack[2, n:size] = PAD_SLOT_ID
+        pack[2:, n:size] = PAD_SLOT_ID
         seq_lens = h["seq_lens"]
         seq_lens[:n] = pos + 1
         seq_lens[n:size] = 0
         self.staged.copy_to_device(self._table_offset + size * self._table_row_bytes)
 
-    def _load_mixed(
-        self, scheduled, input_ids: list[int], size: int, rows: BlockTableRows, idx: list[int]
-    ) -> None:
+    def _load_mixed(self, scheduled, input_ids: list[int], size: int, tables: GroupRows) -> None:
         """A mixed step of T <= size tokens and n sequences: rows T.. and sequences n.. pad."""
         n = len(scheduled)
         seqs = self.mixed_seqs(size)
         h = self.staged.host
-        table = h["block_table"]
-        self.gathered.gather(rows, idx, seqs)
         starts = np.fromiter((sr.num_computed_tokens for sr in scheduled), np.int64, n)
         news = np.fromiter((sr.num_new_tokens for sr in scheduled), np.int64, n)
         t = len(input_ids)
-        positions, slots = token_slots(table, starts, news, self.block_size)
         pack = h["pack"]
+        for g, (rows, idx) in enumerate(tables):
+            self.gathered[g].gather(rows, idx, seqs)
+            positions, pack[2 + g, :t] = token_slots(
+                h["block_tables"][g], starts, news, self.block_size
+            )
         pack[0, :t] = input_ids
         pack[1, :t] = positions
-        pack[2, :t] = slots
         pack[:2, t:size] = 0
-        pack[2, t:size] = PAD_SLOT_ID
+        pack[2:, t:size] = PAD_SLOT_ID
         qsl = h["mixed_query_start_loc"]
         qsl[0] = 0
         np.cumsum(news, out=qsl[1 : n + 1], dtype=np.int32)
@@ -390,10 +406,34 @@ class StepGraphs:
         last[n:seqs] = 0
         self.staged.copy_to_device(self._table_offset + seqs * self._table_row_bytes)
 
-    def _metadata(self, key: GraphKey) -> AttentionMetadata | None:
+    def _metadata(self, key: GraphKey) -> StepMetadata | None:
+        """The key's attention inputs over the static buffers, one per KV cache group."""
         if key.skip_attention:
             return None
+        part, ws = None, None
+        if not key.mixed and key.num_partitions == 1:
+            part = DecodePartition(1, self._decode_cfg.tile_n)
+        elif not key.mixed:  # one workspace: the groups' layers run one after another
+            part = DecodePartition(key.num_partitions, key.partition_size)
+            ws = DecodeWorkspace.allocate(
+                key.size,
+                self.model.num_heads,
+                self.model.head_size,
+                key.num_partitions,
+                self.device,
+            )
+        groups = tuple(self._group_metadata(key, g, part, ws) for g in range(self.num_groups))
+        return groups if self.num_groups > 1 else groups[0]
+
+    def _group_metadata(
+        self,
+        key: GraphKey,
+        group: int,
+        part: DecodePartition | None,
+        ws: DecodeWorkspace | None,
+    ) -> AttentionMetadata:
         p = key.size
+        slots, tables = self.pack[2 + group, :p], self.block_tables[group]
         if key.mixed:
             s = self.mixed_seqs(p)
             return AttentionMetadata(
@@ -401,26 +441,19 @@ class StepGraphs:
                 num_actual_tokens=p,
                 max_query_len=p,
                 max_seq_len=self.max_model_len,
-                slot_mapping=self.pack[2, :p],
-                block_table=self.block_table[:s],
+                slot_mapping=slots,
+                block_table=tables[:s],
                 seq_lens=self.seq_lens[:s],
                 query_start_loc=self.mixed_query_start_loc[: s + 1],
             )
-        if key.num_partitions == 1:
-            part = DecodePartition(1, self._decode_cfg.tile_n)
-            ws = None
-        else:
-            part = DecodePartition(key.num_partitions, key.partition_size)
-            ws = DecodeWorkspace.allocate(
-                p, self.model.num_heads, self.model.head_size, key.num_partitions, self.device
-            )
+        assert part is not None  # a decode key
         return AttentionMetadata(
             num_seqs=p,
             num_actual_tokens=p,
             max_query_len=1,
             max_seq_len=part.num_partitions * part.partition_size,
-            slot_mapping=self.pack[2, :p],
-            block_table=self.block_table[:p],
+            slot_mapping=slots,
+            block_table=tables[:p],
             seq_lens=self.seq_lens[:p],
             query_start_loc=self.query_start_loc[: p + 1],
             decode_partition=part,

@@ -263,8 +263,8 @@ def grid_rows(
     options: CalibrationOptions,
 ) -> tuple[CalibrationRows, bool]:
     """The grid's rows over its block sizes, one runner per size, and whether every runner
-    replayed CUDA graphs (a runner whose model graphs cannot serve, such as a hybrid KV
-    layout, runs eagerly, and the profile must name the runner it timed)."""
+    replayed CUDA graphs (a runner whose graphs failed to capture runs eagerly, and the
+    profile must name the runner it timed)."""
     log = options.log
     measured = CalibrationRows.empty()
     all_graphs = True

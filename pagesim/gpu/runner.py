@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from pagesim.config import EngineConfig
-from pagesim.errors import ConfigError, InternalError
+from pagesim.errors import InternalError
 from pagesim.gpu.attention import AttentionMetadata
 from pagesim.gpu.cuda_graphs import GraphKey, StepGraphs
 from pagesim.gpu.input_buffers import BlockTableRows
@@ -111,7 +111,7 @@ class GPUModelRunner:
     A hybrid model served by the hybrid KV cache manager (`sizing.serves_hybrid`) gets the
     hybrid layout (`pagesim.gpu.kv_layout`): one block-table row per KV cache group in each
     request's `block_ids`, layers of a group reading its table, layer i of every group
-    sharing one K/V tensor. Its steps run eagerly (the graphs' static buffers hold one table).
+    sharing one K/V tensor; graph steps carry every group's table and slot mapping.
     """
 
     def __init__(
@@ -189,8 +189,6 @@ class GPUModelRunner:
         self, capture: bool = True, log: Callable[[str], None] | None = None
     ) -> StepGraphs:
         """Static buffers (and graphs, if `capture`) for this runner's graph steps."""
-        if self.kv_layout.is_hybrid:
-            raise ConfigError("the hybrid KV layout runs eagerly (graph buffers hold one table)")
         cfg = self.config
         return StepGraphs(
             self.model,
@@ -200,6 +198,7 @@ class GPUModelRunner:
             max_model_len=cfg.max_model_len,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             mixed=self.mixed_graphs,
+            num_groups=self.kv_layout.num_groups,
             capture=capture,
             log=log,
         )
@@ -210,15 +209,14 @@ class GPUModelRunner:
         t0 = time.perf_counter()
         out = scheduler_output
         hybrid = self.kv_layout.is_hybrid
-        rows = self.block_rows.update(out, 0 if hybrid else None)
-        for g, group_rows in enumerate(self.group_block_rows[1:], 1):
-            group_rows.update(out, g)
+        tables = [
+            (rows, rows.update(out, g if hybrid else None))
+            for g, rows in enumerate(self.group_block_rows)
+        ]
         key = self._graph_key(out)
         inputs = None
         if key is not None:
-            self.graphs.load(
-                out.scheduled, self._input_ids(out.scheduled), key, self.block_rows, rows
-            )
+            self.graphs.load(out.scheduled, self._input_ids(out.scheduled), key, tables)
         elif out.scheduled:
             inputs = self.prepare_inputs(out)
         t_prep = time.perf_counter() - t0

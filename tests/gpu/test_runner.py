@@ -124,6 +124,7 @@ def _lockstep(
         rows = [apply_block_ids(tables, s) for s in out_g.scheduled]  # the manager's rows
         if out_g.scheduled and runner.kv_layout.is_hybrid:
             seen["null_entries"] += _check_group_tables(runner, out_g.scheduled, rows)
+            seen["graph_steps"] += runner.step_records[-1].cuda_graph
         elif out_g.scheduled:
             starts = [s.num_computed_tokens for s in out_g.scheduled]
             news = [s.num_new_tokens for s in out_g.scheduled]
@@ -158,15 +159,23 @@ def _lockstep(
 
 
 def _check_group_tables(runner: GPUModelRunner, sched, rows) -> int:
-    """Under the hybrid layout: every KV cache group's slot mapping and table are the core's
-    functions of that group's rows (`rows[i][g]`). Returns the null entries they hold."""
+    """Under the hybrid layout: every KV cache group's slot mapping and table, eager or in the
+    graph path's staged buffers, are the core's functions of that group's rows (`rows[i][g]`).
+    Returns the null entries they hold."""
     starts = [s.num_computed_tokens for s in sched]
     news = [s.num_new_tokens for s in sched]
-    for g, md in enumerate(runner.last_inputs.metadata):
+    t, graph = sum(news), runner.step_records[-1].cuda_graph
+    for g in range(runner.kv_layout.num_groups):
         group = [r[g] for r in rows]
-        assert md.slot_mapping.tolist() == build_slot_mapping(group, starts, news, 16)
-        width = table_width(max(len(r) for r in group))
-        assert md.block_table.tolist() == build_block_table(group, width)
+        if graph:
+            slots = runner.graphs.pack[2 + g, :t]
+            table, width = runner.graphs.block_tables[g][: len(rows)], runner.graphs.width
+        else:
+            md = runner.last_inputs.metadata[g]
+            slots, table = md.slot_mapping, md.block_table
+            width = table_width(max(len(r) for r in group))
+        assert slots.tolist() == build_slot_mapping(group, starts, news, 16)
+        assert table.tolist() == build_block_table(group, width)
     return sum(r.count(0) for per_seq in rows for r in per_seq)
 
 
@@ -175,15 +184,15 @@ def test_moe_and_hybrid_models_in_lockstep(model: str, device: str) -> None:
     """MoE layers (padded graph-path steps: padding rows are routed too) and sliding/full layers
     through the scheduler: chunked prefills longer than the tiny-hybrid window (40), decodes
     past it; the hybrid model under the hybrid manager (one row per KV cache group, sliding
-    rows nulled behind the window)."""
+    rows nulled behind the window), both through the graph path's padded static buffers."""
 
     def make():
         return _requests([list(range(3, 75)), list(range(7, 52))], [5, 8])
 
     config = _config(model=model)
-    moe = model == "tiny-moe"  # through the graph path's padded static buffers
-    seen = _lockstep(config, 40, make, check_every=2, graphs=moe, device=device)
-    assert seen["chunks"] > 0 and seen["graph_steps"] == (seen["steps"] if moe else 0)
+    # through the graph path's padded static buffers (every step fits the largest size)
+    seen = _lockstep(config, 40, make, check_every=2, graphs=True, device=device)
+    assert seen["chunks"] > 0 and seen["graph_steps"] == seen["steps"]
     if model == "tiny-hybrid":
         assert seen["null_entries"] > 0
         sched = make_engine(config, 40)
