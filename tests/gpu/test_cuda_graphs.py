@@ -211,10 +211,12 @@ def test_mixed_graphs_off_keeps_mixed_steps_eager() -> None:
 
 
 @pytest.mark.gpu
-def test_graph_replay_matches_eager_on_the_gpu() -> None:
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-hybrid"])
+def test_graph_replay_matches_eager_on_the_gpu(model: str) -> None:
     """Real capture: same hidden rows as eager (bf16 tolerance), graphs replayed, every key of
-    the run captured up front by capture_all, a second replay of a key reuses its graph."""
-    cfg = _config(max_num_seqs=16)
+    the run captured up front by capture_all, a second replay of a key reuses its graph; the
+    hybrid model with one table per KV cache group, its contexts past the window."""
+    cfg = _config(model=model, max_num_seqs=16)
     blocks = 64
     eager = GPUModelRunner(
         cfg,
