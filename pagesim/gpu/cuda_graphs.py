@@ -56,6 +56,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from pagesim.config import EngineConfig
 from pagesim.cost.decode_launch import MIN_SPAN_BUCKET, span_bucket
 from pagesim.gpu.attention import DEFAULT_NUM_SMS, AttentionMetadata
 from pagesim.gpu.input_buffers import (
@@ -155,21 +156,19 @@ class StepGraphs:
     """Static buffers and graphs of one runner's steps (one KV cache): decode and mixed.
 
     `model` is the runner's `RandomWeightDecoder`, `kv_caches` its caches (graphs bake their
-    addresses in, so graphs belong to one cache). `mixed=False` keeps mixed steps eager (the
-    decode-only graphs of the earlier runner). `num_groups` is the KV cache groups whose
-    tables a step carries (more than one under the hybrid layout). `log` receives one line
-    per capture problem.
+    addresses in, so graphs belong to one cache), `config` the engine the runner serves (its
+    block size and the step limits bound the graphs' shapes). `mixed=False` keeps mixed steps
+    eager (the decode-only graphs of the earlier runner). `num_groups` is the KV cache groups
+    whose tables a step carries (more than one under the hybrid layout). `log` receives one
+    line per capture problem.
     """
 
     def __init__(
         self,
         model,
         kv_caches,
+        config: EngineConfig,
         *,
-        block_size: int,
-        max_num_seqs: int,
-        max_model_len: int,
-        max_num_batched_tokens: int | None = None,
         capture: bool = True,
         max_size: int = MAX_CAPTURE_SIZE,
         mixed: bool = True,
@@ -181,13 +180,13 @@ class StepGraphs:
         self.model = model
         self.kv_caches = kv_caches
         self.device = model.device
-        self.block_size = block_size
-        self.max_model_len = max_model_len
+        self.block_size = block_size = config.block_size
+        self.max_model_len = max_model_len = config.max_model_len
         self.num_groups = num_groups
         self.capture = capture and self.device.type == "cuda"
-        self.sizes = capture_sizes(max_num_seqs, max_size)
+        self.sizes = capture_sizes(config.max_num_seqs, max_size)
         self.token_sizes = (
-            token_capture_sizes(max_num_batched_tokens or max_size, max_size) if mixed else ()
+            token_capture_sizes(config.max_num_batched_tokens, max_size) if mixed else ()
         )
         self.width = table_width(-(-max_model_len // block_size))
         self.log = log or (lambda msg: None)

@@ -150,7 +150,6 @@ class GPUModelRunner:
             if opts.num_cpu_blocks
             else []
         )
-        # Every live request's block-table row, kept from the scheduler's block-id deltas.
         # Every live request's block-table row, kept from the scheduler's block-id deltas;
         # under the hybrid layout one set of rows per KV cache group (`block_rows` is group 0's).
         self.group_block_rows = [
@@ -189,17 +188,13 @@ class GPUModelRunner:
         self, capture: bool = True, log: Callable[[str], None] | None = None
     ) -> StepGraphs:
         """Static buffers (and graphs, if `capture`) for this runner's graph steps."""
-        cfg = self.config
         return StepGraphs(
             self.model,
             self.kv_caches,
-            block_size=self.block_size,
-            max_num_seqs=cfg.max_num_seqs,
-            max_model_len=cfg.max_model_len,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            self.config,
+            capture=capture,
             mixed=self.mixed_graphs,
             num_groups=self.kv_layout.num_groups,
-            capture=capture,
             log=log,
         )
 
