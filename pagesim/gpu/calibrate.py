@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pagesim.config import EngineConfig
 from pagesim.gpu.calibration_grid import CalibrationGrid, CalibrationRows
 from pagesim.gpu.overhead import overhead_requests, overhead_rows
 from pagesim.request import Request
@@ -331,19 +332,14 @@ def prefill_points(
 
 
 def calibration_entries(
-    grid: CalibrationGrid,
-    block_size: int,
-    *,
-    max_model_len: int,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    full: bool,
-    capacity: int,
+    grid: CalibrationGrid, config: EngineConfig, *, full: bool, capacity: int
 ) -> list[tuple[str, tuple[int, ...], list[tuple[int, int]], tuple]]:
-    """The grid's points for one block size that a server with these limits could run, as
-    (kind, key, (context, new tokens) entries, key of its attention-skipped twin): every
-    entry's context plus new tokens within `max_model_len` (a block-table row never longer
-    than the CUDA graphs' table), every step within the token and sequence budgets."""
+    """The grid's points that a server of `config` (its block size and step limits) could
+    run, as (kind, key, (context, new tokens) entries, key of its attention-skipped twin):
+    every entry's context plus new tokens within `max_model_len` (a block-table row never
+    longer than the CUDA graphs' table), every step within the token and sequence budgets."""
+    block_size, max_model_len = config.block_size, config.max_model_len
+    max_num_batched_tokens, max_num_seqs = config.max_num_batched_tokens, config.max_num_seqs
     entries: list[tuple[str, tuple[int, ...], list[tuple[int, int]], tuple]] = []
     for b, c in decode_points(grid, max_model_len, capacity, max_num_seqs):
         entries.append(("decode", (b, c), [(c, 1)] * b, ("decode", b)))
@@ -446,34 +442,25 @@ def grid_points(
 
 def calibrate_block_size(
     runner,
-    block_size: int,
     grid: CalibrationGrid,
     *,
-    max_model_len: int,
-    max_num_batched_tokens: int,
-    max_num_seqs: int,
-    full: bool,
     progress: Progress | None = None,
     seed: int = 0,
     deadline: float | None = None,
 ) -> CalibrationRows:
-    """All rows of one block size (the runner's cache must use `block_size`).
+    """All rows of the runner's block size (all kinds for the grid's `full_block_sizes`, the
+    decode points for the others), within the step limits of the engine it serves
+    (`runner.config`: the points are the ones that server could run).
 
     `other_ms` (attention skipped) is timed once per decode batch, per prefill token count, per
     (new tokens, decodes) of the mixed points and per (entries, new tokens) of the
     multi-prefill points, in the same interleaved rounds as the full steps.
     """
+    block_size = runner.config.block_size
     blocks = BlockSource.for_runner(runner, seed)
     capacity = (runner.num_gpu_blocks - 1) * block_size
-    entries = calibration_entries(
-        grid,
-        block_size,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-        full=full,
-        capacity=capacity,
-    )
+    full = block_size in grid.full_block_sizes
+    entries = calibration_entries(grid, runner.config, full=full, capacity=capacity)
     points = grid_points(entries, block_size, blocks)
     other_index: dict[tuple, int] = {}
     items: list[tuple[SchedulerOutput, bool]] = [(p[2], False) for p in points]

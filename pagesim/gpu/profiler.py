@@ -277,12 +277,7 @@ def grid_rows(
         runner = make_runner(config.replace(block_size=bs), num_gpu_blocks[bs])
         rows = calibrate_block_size(
             runner,
-            bs,
             grid,
-            max_model_len=config.max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            full=bs in grid.full_block_sizes,
             progress=options.progress,
             seed=options.seed,
             deadline=deadline,

@@ -62,13 +62,7 @@ def test_every_default_grid_entry_fits_the_model_and_the_step_budgets(model: str
     config = EngineConfig.create(model=model, gpu="h200")
     for bs in (8, 16, 32, 64, 128):
         entries = calibration_entries(
-            CalibrationGrid(),
-            bs,
-            max_model_len=config.max_model_len,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            max_num_seqs=config.max_num_seqs,
-            full=True,
-            capacity=10**9,
+            CalibrationGrid(), config.replace(block_size=bs), full=True, capacity=10**9
         )
         kinds = {kind for kind, *_ in entries}
         assert {"decode", "prefill", "mixed", "multi", "spread"} <= kinds
@@ -101,13 +95,7 @@ def test_some_spread_points_share_their_twins_span_bucket(model: str) -> None:
     Every model of at least 4,096 tokens gets same-bucket points up to 128 sequences."""
     config = EngineConfig.create(model=model, gpu="h200")
     entries = calibration_entries(
-        CalibrationGrid(),
-        16,
-        max_model_len=config.max_model_len,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
-        full=True,
-        capacity=10**9,
+        CalibrationGrid(), config.replace(block_size=16), full=True, capacity=10**9
     )
     same = [
         key
