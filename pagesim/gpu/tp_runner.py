@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,24 +59,32 @@ class StepEntry:
     new_block_ids: list[int]  # the ids appended to the worker runner's row
 
 
+#: The `SchedulerOutput` fields a step message carries as rank 0 holds them: its requests
+#: travel as `StepEntry` deltas, and the rejected ids concern only the scheduler's caller.
+STEP_FIELDS = (
+    "step_id",
+    "total_num_scheduled_tokens",
+    "block_size",
+    "finished_req_ids",
+    "preempted_req_ids",
+    "blocks_to_copy",
+    "blocks_to_swap_out",
+    "blocks_to_swap_in",
+    "swap_bytes",
+)
+_step_fields = operator.attrgetter(*STEP_FIELDS)
+
+
 @dataclass(slots=True)
 class StepMessage:
     """Everything a worker needs to execute one step exactly as rank 0 does."""
 
-    step_id: int
-    block_size: int
-    total_num_scheduled_tokens: int
+    step_fields: tuple  # rank 0's `SchedulerOutput` values of `STEP_FIELDS`, as they are
     skip_attention: bool  # calibration's attention-off timing, mirrored on every rank
     # (key, request_id, prompt_token_ids, max_tokens) of requests the workers have not seen
     new_requests: list[tuple[int, str, list[int], int]]
     entries: list[StepEntry]
     finished_keys: list[int]  # wire keys of the step's finished_req_ids
-    finished_req_ids: list[str]
-    preempted_req_ids: list[str]
-    blocks_to_copy: list[tuple[int, int]]
-    blocks_to_swap_out: list[tuple[int, int]]
-    blocks_to_swap_in: list[tuple[int, int]]
-    swap_bytes: int
 
 
 @dataclass(frozen=True)
@@ -173,21 +182,7 @@ class StepEncoder:
                 )
             )
             h.num_outputs = len(output)
-        return StepMessage(
-            out.step_id,
-            out.block_size,
-            out.total_num_scheduled_tokens,
-            skip_attention,
-            new,
-            entries,
-            finished_keys,
-            list(out.finished_req_ids),
-            list(out.preempted_req_ids),
-            out.blocks_to_copy,
-            out.blocks_to_swap_out,
-            out.blocks_to_swap_in,
-            out.swap_bytes,
-        )
+        return StepMessage(_step_fields(out), skip_attention, new, entries, finished_keys)
 
 
 class StepDecoder:
@@ -202,17 +197,7 @@ class StepDecoder:
             del self.requests[key]
         for key, rid, prompt, max_tokens in msg.new_requests:
             self.requests[key] = Request(rid, prompt, max_tokens=max_tokens)
-        out = SchedulerOutput(
-            step_id=msg.step_id,
-            block_size=msg.block_size,
-            total_num_scheduled_tokens=msg.total_num_scheduled_tokens,
-            finished_req_ids=msg.finished_req_ids,
-            preempted_req_ids=msg.preempted_req_ids,
-            blocks_to_copy=msg.blocks_to_copy,
-            blocks_to_swap_out=msg.blocks_to_swap_out,
-            blocks_to_swap_in=msg.blocks_to_swap_in,
-            swap_bytes=msg.swap_bytes,
-        )
+        out = SchedulerOutput(**dict(zip(STEP_FIELDS, msg.step_fields, strict=True)))
         for e in msg.entries:
             req = self.requests[e.key]
             output = req.output_token_ids
@@ -263,6 +248,21 @@ def step_digest(out: SchedulerOutput, runner: GPUModelRunner) -> str:
         ):
             h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+class _LocalSwitch:
+    """A switch of the driver that lives on its local runner. `__getattr__` forwards reads
+    only: a write (calibration's `skip_attention`, a benchmark's `record_steps`) must reach the
+    runner that executes the step, not land on the driver."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, driver: TPDriverRunner, owner: type | None = None) -> bool:
+        return getattr(driver.local, self.name)
+
+    def __set__(self, driver: TPDriverRunner, value: bool) -> None:
+        setattr(driver.local, self.name, value)
 
 
 class TPDriverRunner:
@@ -322,21 +322,8 @@ class TPDriverRunner:
             raise AttributeError(name)
         return getattr(local, name)
 
-    @property
-    def skip_attention(self) -> bool:
-        return self.local.skip_attention
-
-    @skip_attention.setter
-    def skip_attention(self, value: bool) -> None:
-        self.local.skip_attention = value
-
-    @property
-    def record_steps(self) -> bool:
-        return self.local.record_steps
-
-    @record_steps.setter
-    def record_steps(self, value: bool) -> None:
-        self.local.record_steps = value
+    skip_attention = _LocalSwitch()
+    record_steps = _LocalSwitch()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         msg = self.encoder.encode(scheduler_output, self.local.skip_attention)
