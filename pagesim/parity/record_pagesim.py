@@ -27,21 +27,27 @@ from pagesim.request import Request
 from pagesim.scheduler.output import BlockIds, ModelRunnerOutput, synthetic_token
 from pagesim.scheduler.scheduler import Scheduler
 
+#: The workload's engine settings that `EngineConfig` takes under the same (vLLM) name; every
+#: workload names them all.
+SHARED_ENGINE_KEYS = (
+    "block_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "long_prefill_token_threshold",
+    "scheduling_policy",
+)
+
 
 def engine_config(engine: dict[str, Any], vllm_compat: str) -> EngineConfig:
     """pagesim's `EngineConfig` for a workload's engine settings (vLLM names)."""
     return EngineConfig(
-        block_size=engine["block_size"],
         num_gpu_blocks_override=engine["num_gpu_blocks"],
-        max_num_seqs=engine["max_num_seqs"],
-        max_num_batched_tokens=engine["max_num_batched_tokens"],
-        max_model_len=engine["max_model_len"],
-        enable_chunked_prefill=engine["enable_chunked_prefill"],
-        enable_prefix_caching=engine["enable_prefix_caching"],
-        long_prefill_token_threshold=engine["long_prefill_token_threshold"],
-        scheduling_policy=engine["scheduling_policy"],
         scheduler_reserve_full_isl=engine.get("scheduler_reserve_full_isl", True),
         vllm_compat=vllm_compat,
+        **{key: engine[key] for key in SHARED_ENGINE_KEYS},
     )
 
 
