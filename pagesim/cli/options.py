@@ -7,7 +7,9 @@ command line > `--config FILE.yaml` > defaults resolved by `EngineConfig.create`
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,151 +25,209 @@ from pagesim.sim.simulate import LoadSpec
 ENGINE = "Engine (vllm serve flags)"
 LOAD = "Load (vllm bench serve flags)"
 
+
+def _engine(help: str | None = None, *names: str) -> Any:
+    """An engine option (vllm serve's flag): the help text, and its names when not the
+    parameter's."""
+    return typer.Option(*names, help=help, rich_help_panel=ENGINE)
+
+
+def _load(help: str | None = None, *names: str) -> Any:
+    """A load option (vllm bench serve's flag), as `_engine`."""
+    return typer.Option(*names, help=help, rich_help_panel=LOAD)
+
+
 # ---- engine ----
-Model = Annotated[
-    str | None, typer.Option(help="Model name, e.g. llama-2-7b.", rich_help_panel=ENGINE)
-]
-Gpu = Annotated[str | None, typer.Option(help="GPU name, e.g. h200.", rich_help_panel=ENGINE)]
-BlockSize = Annotated[
-    int | None, typer.Option(help="Tokens per KV block [16].", rich_help_panel=ENGINE)
-]
-GpuMemUtil = Annotated[float | None, typer.Option(help="[0.92]", rich_help_panel=ENGINE)]
-NumBlocksOverride = Annotated[int | None, typer.Option(rich_help_panel=ENGINE)]
+Model = Annotated[str | None, _engine("Model name, e.g. llama-2-7b.")]
+Gpu = Annotated[str | None, _engine("GPU name, e.g. h200.")]
+BlockSize = Annotated[int | None, _engine("Tokens per KV block [16].")]
+GpuMemUtil = Annotated[float | None, _engine("[0.92]")]
+NumBlocksOverride = Annotated[int | None, _engine()]
 KVCacheMemoryBytes = Annotated[
     int | None,
-    typer.Option(
-        help="KV cache size in bytes, as vLLM's flag: overrides --gpu-memory-utilization",
-        rich_help_panel=ENGINE,
-    ),
+    _engine("KV cache size in bytes, as vLLM's flag: overrides --gpu-memory-utilization"),
 ]
-MaxNumSeqs = Annotated[
-    int | None, typer.Option(help="[GPU-dependent, as vLLM]", rich_help_panel=ENGINE)
-]
-MaxBatchedTokens = Annotated[
-    int | None, typer.Option(help="[GPU-dependent, as vLLM]", rich_help_panel=ENGINE)
-]
-MaxModelLen = Annotated[int | None, typer.Option(help="[the model's]", rich_help_panel=ENGINE)]
+MaxNumSeqs = Annotated[int | None, _engine("[GPU-dependent, as vLLM]")]
+MaxBatchedTokens = Annotated[int | None, _engine("[GPU-dependent, as vLLM]")]
+MaxModelLen = Annotated[int | None, _engine("[the model's]")]
 PrefixCaching = Annotated[
-    bool | None,
-    typer.Option(
-        "--enable-prefix-caching/--no-enable-prefix-caching", help="[on]", rich_help_panel=ENGINE
-    ),
+    bool | None, _engine("[on]", "--enable-prefix-caching/--no-enable-prefix-caching")
 ]
 ChunkedPrefill = Annotated[
-    bool | None,
-    typer.Option(
-        "--enable-chunked-prefill/--no-enable-chunked-prefill", help="[on]", rich_help_panel=ENGINE
-    ),
+    bool | None, _engine("[on]", "--enable-chunked-prefill/--no-enable-chunked-prefill")
 ]
-LongPrefill = Annotated[int | None, typer.Option(rich_help_panel=ENGINE)]
+LongPrefill = Annotated[int | None, _engine()]
 PreemptionMode = Annotated[
-    str | None,
-    typer.Option(
-        help="recompute (vLLM v1) | swap (legacy V0 model) [recompute]", rich_help_panel=ENGINE
-    ),
+    str | None, _engine("recompute (vLLM v1) | swap (legacy V0 model) [recompute]")
 ]
-SwapSpace = Annotated[
-    float | None, typer.Option(help="CPU swap GiB per GPU [4]", rich_help_panel=ENGINE)
-]
-Policy = Annotated[str | None, typer.Option(help="fcfs | priority [fcfs]", rich_help_panel=ENGINE)]
-AllocatorOpt = Annotated[
-    str | None,
-    typer.Option(help="paged | reserve-max | pow2 | oracle [paged]", rich_help_panel=ENGINE),
-]
+SwapSpace = Annotated[float | None, _engine("CPU swap GiB per GPU [4]")]
+Policy = Annotated[str | None, _engine("fcfs | priority [fcfs]")]
+AllocatorOpt = Annotated[str | None, _engine("paged | reserve-max | pow2 | oracle [paged]")]
 Placement = Annotated[
-    str | None,
-    typer.Option(
-        help="buddy | first-fit (contiguous only) [first-fit for oracle, else buddy]",
-        rich_help_panel=ENGINE,
-    ),
+    str | None, _engine("buddy | first-fit (contiguous only) [first-fit for oracle, else buddy]")
 ]
 DisableHybridKVCacheManager = Annotated[
     bool | None,
-    typer.Option(
-        help="Serve a hybrid model's sliding-window layers as full attention, every layer "
-        "in one KV cache group, as vLLM's flag (no effect on other models) [off]",
-        rich_help_panel=ENGINE,
+    _engine(
+        "Serve a hybrid model's sliding-window layers as full attention, every layer "
+        "in one KV cache group, as vLLM's flag (no effect on other models) [off]"
     ),
 ]
-KVDtype = Annotated[str | None, typer.Option(help="auto | fp8 [auto]", rich_help_panel=ENGINE)]
-TP = Annotated[int | None, typer.Option(help="[1]", rich_help_panel=ENGINE)]
+KVDtype = Annotated[str | None, _engine("auto | fp8 [auto]")]
+TP = Annotated[int | None, _engine("[1]")]
 VllmCompat = Annotated[
-    str | None,
-    typer.Option(
-        help="vLLM release whose KV/scheduler behaviour to follow: 0.33 | 0.23 [0.33]",
-        rich_help_panel=ENGINE,
-    ),
+    str | None, _engine("vLLM release whose KV/scheduler behaviour to follow: 0.33 | 0.23 [0.33]")
 ]
 ProfileOpt = Annotated[
     Path | None,
-    typer.Option(
-        help="Calibration profile directory [the shipped H200 profile when it matches]",
-        rich_help_panel=ENGINE,
-    ),
+    _engine("Calibration profile directory [the shipped H200 profile when it matches]"),
 ]
 StepTimeScale = Annotated[
     float,
-    typer.Option(
-        help="Price every step this many times the cost model's time: 1.03 plans for a GPU "
+    _engine(
+        "Price every step this many times the cost model's time: 1.03 plans for a GPU "
         "session 3 % slower than the profile's (calibrations of one setup differ by a few "
-        "%) [1.0]",
-        rich_help_panel=ENGINE,
+        "%) [1.0]"
     ),
 ]
 DisableCorrection = Annotated[
     list[str] | None,
-    typer.Option(
-        help="Leave this correction of the calibrated cost model off (repeatable; names as "
-        f"`pagesim fit-report` lists them: {', '.join(CORRECTIONS)}).",
-        rich_help_panel=ENGINE,
+    _engine(
+        "Leave this correction of the calibrated cost model off (repeatable; names as "
+        f"`pagesim fit-report` lists them: {', '.join(CORRECTIONS)})."
     ),
 ]
 
 # ---- load ----
 WorkloadOpt = Annotated[
     str | None,
-    typer.Option(
+    _load(
+        "Shipped name (sharegpt = chat), YAML spec, trace file or mix chat:0.7+code:0.3 [chat]",
         "--workload",
         "--dataset-name",
-        help="Shipped name (sharegpt = chat), YAML spec, trace file or mix chat:0.7+code:0.3 "
-        "[chat]",
-        rich_help_panel=LOAD,
     ),
 ]
-NumPrompts = Annotated[int | None, typer.Option(help="[1000]", rich_help_panel=LOAD)]
+NumPrompts = Annotated[int | None, _load("[1000]")]
 RequestRate = Annotated[
-    float | None,
-    typer.Option(
-        help="req/s; inf = all at once [the workload's own arrivals]", rich_help_panel=LOAD
-    ),
+    float | None, _load("req/s; inf = all at once [the workload's own arrivals]")
 ]
-Burstiness = Annotated[float | None, typer.Option(help="[1.0 = Poisson]", rich_help_panel=LOAD)]
-MaxConcurrency = Annotated[int | None, typer.Option(rich_help_panel=LOAD)]
-Seed = Annotated[int | None, typer.Option(help="[0]", rich_help_panel=LOAD)]
-RandomInputLen = Annotated[int | None, typer.Option(rich_help_panel=LOAD)]
-RandomOutputLen = Annotated[int | None, typer.Option(rich_help_panel=LOAD)]
-RandomRangeRatio = Annotated[float | None, typer.Option(rich_help_panel=LOAD)]
-RandomPrefixLen = Annotated[int | None, typer.Option(rich_help_panel=LOAD)]
+Burstiness = Annotated[float | None, _load("[1.0 = Poisson]")]
+MaxConcurrency = Annotated[int | None, _load()]
+Seed = Annotated[int | None, _load("[0]")]
+RandomInputLen = Annotated[int | None, _load()]
+RandomOutputLen = Annotated[int | None, _load()]
+RandomRangeRatio = Annotated[float | None, _load()]
+RandomPrefixLen = Annotated[int | None, _load()]
 Goodput = Annotated[
-    list[str] | None,
-    typer.Option(
-        help="SLO as KEY:MS (ttft, tpot, e2el), repeatable, as vllm bench", rich_help_panel=LOAD
-    ),
+    list[str] | None, _load("SLO as KEY:MS (ttft, tpot, e2el), repeatable, as vllm bench")
 ]
-MetricPercentiles = Annotated[
-    str | None, typer.Option(help="Comma list [99]", rich_help_panel=LOAD)
-]
+MetricPercentiles = Annotated[str | None, _load("Comma list [99]")]
 PercentileMetrics = Annotated[
     str | None,
-    typer.Option(
-        help="Metrics the printed block shows, comma list of ttft, tpot, itl, e2el (the JSON "
-        "keeps all) [all four]",
-        rich_help_panel=LOAD,
+    _load(
+        "Metrics the printed block shows, comma list of ttft, tpot, itl, e2el (the JSON "
+        "keeps all) [all four]"
     ),
 ]
 ConfigFile = Annotated[
     Path | None, typer.Option("--config", help="YAML with the same names; flags override it")
 ]
+
+
+def engine_options(
+    model: Model = None,
+    gpu: Gpu = None,
+    block_size: BlockSize = None,
+    gpu_memory_utilization: GpuMemUtil = None,
+    num_gpu_blocks_override: NumBlocksOverride = None,
+    kv_cache_memory_bytes: KVCacheMemoryBytes = None,
+    max_num_seqs: MaxNumSeqs = None,
+    max_num_batched_tokens: MaxBatchedTokens = None,
+    max_model_len: MaxModelLen = None,
+    enable_prefix_caching: PrefixCaching = None,
+    enable_chunked_prefill: ChunkedPrefill = None,
+    long_prefill_token_threshold: LongPrefill = None,
+    preemption_mode: PreemptionMode = None,
+    swap_space: SwapSpace = None,
+    scheduling_policy: Policy = None,
+    allocator: AllocatorOpt = None,
+    contiguous_placement: Placement = None,
+    disable_hybrid_kv_cache_manager: DisableHybridKVCacheManager = None,
+    kv_cache_dtype: KVDtype = None,
+    tensor_parallel_size: TP = None,
+    vllm_compat: VllmCompat = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """The engine options of `run` and `plan` (a group for `with_options`; never called)."""
+
+
+def pricing_options(
+    step_time_scale: StepTimeScale = 1.0, disable_correction: DisableCorrection = None
+) -> None:
+    """How `run` and `plan` price steps beyond the engine (a group for `with_options`)."""
+
+
+def load_options(
+    workload: WorkloadOpt = None,
+    num_prompts: NumPrompts = None,
+    request_rate: RequestRate = None,
+    burstiness: Burstiness = None,
+    max_concurrency: MaxConcurrency = None,
+    seed: Seed = None,
+    random_input_len: RandomInputLen = None,
+    random_output_len: RandomOutputLen = None,
+    random_range_ratio: RandomRangeRatio = None,
+    random_prefix_len: RandomPrefixLen = None,
+    goodput: Goodput = None,
+    metric_percentiles: MetricPercentiles = None,
+    percentile_metrics: PercentileMetrics = None,
+) -> None:
+    """The load options of `run` and `plan` (a group for `with_options`; never called)."""
+
+
+OptionGroup = Callable[..., None] | Mapping[str, Any]
+
+
+def with_options(
+    *groups: OptionGroup, omit: tuple[str, ...] = (), override: Mapping[str, Any] | None = None
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a Typer command the options of `groups`, so that commands sharing an option
+    declare it once.
+
+    Typer reads a command's options from its signature: this one is the command's own
+    parameters with the groups' spliced in after `config` (their place in `--help`). A group
+    is a function whose parameters declare options, or a map of name -> annotation (default
+    None). The command takes them as `**flags`, keyed by name; `omit` leaves options out and
+    `override` gives an option another annotation (another help text) in its place.
+    """
+    override = override or {}
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = [
+            p
+            for p in inspect.signature(command, eval_str=True).parameters.values()
+            if p.kind is not p.VAR_KEYWORD
+        ]
+        shared = [
+            p.replace(annotation=override.get(p.name, p.annotation))
+            for group in groups
+            for p in _parameters(group)
+            if p.name not in omit
+        ]
+        at = [p.name for p in own].index("config") + 1
+        params = [p.replace(kind=p.KEYWORD_ONLY) for p in (*own[:at], *shared, *own[at:])]
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        return command
+
+    return decorate
+
+
+def _parameters(group: OptionGroup) -> list[inspect.Parameter]:
+    if callable(group):
+        return list(inspect.signature(group, eval_str=True).parameters.values())
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return [inspect.Parameter(n, kind, default=None, annotation=a) for n, a in group.items()]
+
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)}
 LOAD_FIELDS = {f.name for f in dataclasses.fields(LoadSpec)}

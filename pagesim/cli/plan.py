@@ -57,6 +57,11 @@ PLAN = "Plan"
 MAX_REPLICAS = 4096
 MAX_MIN_DURATION_S = 86_400.0  # probes of a day of arrivals at most
 DEFAULTS = {"workload": "chat", "num_prompts": 500}
+# `plan`'s --num-prompts: the requests of one probe, per replica
+ProbeNumPrompts = Annotated[
+    int | None,
+    typer.Option(help="Requests per replica per probe [500]", rich_help_panel=o.LOAD),
+]
 SHOWN = (
     *HEADLINE_METRICS,
     "p99_e2el_ms",
@@ -96,6 +101,13 @@ class _Search:
 
 
 @app.command("plan")
+@o.with_options(
+    o.pricing_options,
+    o.engine_options,
+    o.load_options,
+    omit=("request_rate", "goodput", "percentile_metrics"),
+    override={"num_prompts": ProbeNumPrompts},
+)
 def plan_command(
     slo: Annotated[
         list[str] | None,
@@ -171,8 +183,6 @@ def plan_command(
             rich_help_panel=PLAN,
         ),
     ] = False,
-    step_time_scale: o.StepTimeScale = 1.0,
-    disable_correction: o.DisableCorrection = None,
     band: Annotated[
         bool,
         typer.Option(
@@ -182,64 +192,11 @@ def plan_command(
         ),
     ] = True,
     config: o.ConfigFile = None,
-    model: o.Model = None,
-    gpu: o.Gpu = None,
-    block_size: o.BlockSize = None,
-    gpu_memory_utilization: o.GpuMemUtil = None,
-    num_gpu_blocks_override: o.NumBlocksOverride = None,
-    kv_cache_memory_bytes: o.KVCacheMemoryBytes = None,
-    max_num_seqs: o.MaxNumSeqs = None,
-    max_num_batched_tokens: o.MaxBatchedTokens = None,
-    max_model_len: o.MaxModelLen = None,
-    enable_prefix_caching: o.PrefixCaching = None,
-    enable_chunked_prefill: o.ChunkedPrefill = None,
-    long_prefill_token_threshold: o.LongPrefill = None,
-    preemption_mode: o.PreemptionMode = None,
-    swap_space: o.SwapSpace = None,
-    scheduling_policy: o.Policy = None,
-    allocator: o.AllocatorOpt = None,
-    contiguous_placement: o.Placement = None,
-    disable_hybrid_kv_cache_manager: o.DisableHybridKVCacheManager = None,
-    kv_cache_dtype: o.KVDtype = None,
-    tensor_parallel_size: o.TP = None,
-    vllm_compat: o.VllmCompat = None,
-    profile: o.ProfileOpt = None,
-    workload: o.WorkloadOpt = None,
-    num_prompts: Annotated[
-        int | None,
-        typer.Option(help="Requests per replica per probe [500]", rich_help_panel=o.LOAD),
-    ] = None,
-    burstiness: o.Burstiness = None,
-    max_concurrency: o.MaxConcurrency = None,
-    seed: o.Seed = None,
-    random_input_len: o.RandomInputLen = None,
-    random_output_len: o.RandomOutputLen = None,
-    random_range_ratio: o.RandomRangeRatio = None,
-    random_prefix_len: o.RandomPrefixLen = None,
-    metric_percentiles: o.MetricPercentiles = None,
+    **flags: Any,
 ) -> None:
     """Find the highest request rate within SLOs; with --target-rate, the replicas it needs."""
-    flags = dict(locals())
-    for key in (
-        "slo",
-        "slo_attainment",
-        "allow_rejected",
-        "target_rate",
-        "router",
-        "max_replicas",
-        "kv_sizing",
-        "rel_tol",
-        "min_duration",
-        "save_result",
-        "config",
-        "compare_tp",
-        "compare_block_sizes",
-        "analytical",
-        "step_time_scale",
-        "disable_correction",
-        "band",
-    ):
-        flags.pop(key)
+    step_time_scale = flags.pop("step_time_scale")
+    disable_correction = flags.pop("disable_correction")
     scale = check_step_time_scale(step_time_scale)
     off = tuple(disable_correction or ())
     enabled_corrections(off)  # an unknown name fails before any output

@@ -8,7 +8,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -39,45 +39,9 @@ DEFAULTS = {"workload": "chat", "num_prompts": 1000}
 
 
 @app.command("run")
+@o.with_options(o.engine_options, o.pricing_options, o.load_options)
 def run_command(
     config: o.ConfigFile = None,
-    model: o.Model = None,
-    gpu: o.Gpu = None,
-    block_size: o.BlockSize = None,
-    gpu_memory_utilization: o.GpuMemUtil = None,
-    num_gpu_blocks_override: o.NumBlocksOverride = None,
-    kv_cache_memory_bytes: o.KVCacheMemoryBytes = None,
-    max_num_seqs: o.MaxNumSeqs = None,
-    max_num_batched_tokens: o.MaxBatchedTokens = None,
-    max_model_len: o.MaxModelLen = None,
-    enable_prefix_caching: o.PrefixCaching = None,
-    enable_chunked_prefill: o.ChunkedPrefill = None,
-    long_prefill_token_threshold: o.LongPrefill = None,
-    preemption_mode: o.PreemptionMode = None,
-    swap_space: o.SwapSpace = None,
-    scheduling_policy: o.Policy = None,
-    allocator: o.AllocatorOpt = None,
-    contiguous_placement: o.Placement = None,
-    disable_hybrid_kv_cache_manager: o.DisableHybridKVCacheManager = None,
-    kv_cache_dtype: o.KVDtype = None,
-    tensor_parallel_size: o.TP = None,
-    vllm_compat: o.VllmCompat = None,
-    profile: o.ProfileOpt = None,
-    step_time_scale: o.StepTimeScale = 1.0,
-    disable_correction: o.DisableCorrection = None,
-    workload: o.WorkloadOpt = None,
-    num_prompts: o.NumPrompts = None,
-    request_rate: o.RequestRate = None,
-    burstiness: o.Burstiness = None,
-    max_concurrency: o.MaxConcurrency = None,
-    seed: o.Seed = None,
-    random_input_len: o.RandomInputLen = None,
-    random_output_len: o.RandomOutputLen = None,
-    random_range_ratio: o.RandomRangeRatio = None,
-    random_prefix_len: o.RandomPrefixLen = None,
-    goodput: o.Goodput = None,
-    metric_percentiles: o.MetricPercentiles = None,
-    percentile_metrics: o.PercentileMetrics = None,
     save_result: Annotated[bool, typer.Option(help="Write the result JSON.")] = False,
     result_dir: Annotated[
         Path | None,
@@ -98,29 +62,18 @@ def run_command(
             "(two more runs) and print the headline metrics' range."
         ),
     ] = True,
+    **flags: Any,
 ) -> None:
     """Simulate one engine serving a workload; print vllm bench's result block and KV usage."""
-    flags = dict(locals())
-    for key in (
-        "config",
-        "save_result",
-        "result_dir",
-        "result_filename",
-        "overwrite",
-        "check_invariants",
-        "quiet",
-        "band",
-        "step_time_scale",
-        "disable_correction",
-        "percentile_metrics",
-    ):
-        flags.pop(key)
+    step_time_scale = flags.pop("step_time_scale")
+    disable_correction = flags.pop("disable_correction")
+    percentile_metrics = flags.pop("percentile_metrics")
     shown = o.parse_percentile_metrics(percentile_metrics)
     file_values = o.read_config_file(config)
     values = o.merge({**DEFAULTS, **file_values}, flags)
     with workload_ref(str(values["workload"])) as ref:
         traffic = traffic_of({**values, "workload": ref})
-        defaulted = num_prompts is None and "num_prompts" not in file_values
+        defaulted = flags["num_prompts"] is None and "num_prompts" not in file_values
         if defaulted:
             values["num_prompts"] = default_num_prompts(traffic, DEFAULTS["num_prompts"])
         engine = o.engine_config(values)

@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
@@ -37,36 +37,50 @@ SWEEP = "Sweep"
 MAX_RUNS = 1_000_000  # simulations of one sweep (points x runs)
 
 
-def _list(help_text: str, panel: str):
-    return Annotated[str | None, typer.Option(help=help_text, rich_help_panel=panel)]
+def _axes(panel: str, hints: dict[str, str]) -> dict[str, Any]:
+    """Settings that take a comma list here (one axis of the grid each), with their hints."""
+    return {
+        name: Annotated[str | None, typer.Option(help=hint, rich_help_panel=panel)]
+        for name, hint in hints.items()
+    }
 
 
-@app.command("sweep")
-def sweep_command(
-    config: o.ConfigFile = None,
-    model: _list("Comma list of model names", E) = None,
-    gpu: _list("Comma list of GPU names", E) = None,
-    block_size: _list("e.g. 8,16,32", E) = None,
-    gpu_memory_utilization: _list("e.g. 0.8,0.92", E) = None,
-    num_gpu_blocks_override: _list("", E) = None,
-    kv_cache_memory_bytes: _list("KV cache bytes (vLLM's flag)", E) = None,
-    max_num_seqs: _list("", E) = None,
-    max_num_batched_tokens: _list("", E) = None,
-    max_model_len: _list("", E) = None,
-    enable_prefix_caching: _list("true,false", E) = None,
-    enable_chunked_prefill: _list("true,false", E) = None,
-    long_prefill_token_threshold: _list("", E) = None,
-    preemption_mode: _list("recompute,swap", E) = None,
-    swap_space: _list("GiB", E) = None,
-    scheduling_policy: _list("fcfs,priority", E) = None,
-    allocator: _list("paged,reserve-max,pow2,oracle", E) = None,
-    contiguous_placement: _list("buddy,first-fit", E) = None,
-    disable_hybrid_kv_cache_manager: o.DisableHybridKVCacheManager = None,
-    kv_cache_dtype: _list("auto,fp8", E) = None,
-    tensor_parallel_size: _list("", E) = None,
-    vllm_compat: _list("0.33,0.23", E) = None,
-    profile: _list("Calibration directories, or analytical", E) = None,
-    workload: Annotated[
+# Every engine and load setting of `pagesim run`, as a sweep takes it; the switches and the
+# run-wide settings keep `run`'s options.
+SWEEP_OPTIONS = {
+    **_axes(
+        E,
+        {
+            "model": "Comma list of model names",
+            "gpu": "Comma list of GPU names",
+            "block_size": "e.g. 8,16,32",
+            "gpu_memory_utilization": "e.g. 0.8,0.92",
+            "num_gpu_blocks_override": "",
+            "kv_cache_memory_bytes": "KV cache bytes (vLLM's flag)",
+            "max_num_seqs": "",
+            "max_num_batched_tokens": "",
+            "max_model_len": "",
+            "enable_prefix_caching": "true,false",
+            "enable_chunked_prefill": "true,false",
+            "long_prefill_token_threshold": "",
+            "preemption_mode": "recompute,swap",
+            "swap_space": "GiB",
+            "scheduling_policy": "fcfs,priority",
+            "allocator": "paged,reserve-max,pow2,oracle",
+            "contiguous_placement": "buddy,first-fit",
+        },
+    ),
+    "disable_hybrid_kv_cache_manager": o.DisableHybridKVCacheManager,
+    **_axes(
+        E,
+        {
+            "kv_cache_dtype": "auto,fp8",
+            "tensor_parallel_size": "",
+            "vllm_compat": "0.33,0.23",
+            "profile": "Calibration directories, or analytical",
+        },
+    ),
+    "workload": Annotated[
         str | None,
         typer.Option(
             "--workload",
@@ -74,19 +88,31 @@ def sweep_command(
             help="Names, files or mixes (chat:0.7+code:0.3)",
             rich_help_panel=L,
         ),
-    ] = None,
-    num_prompts: _list("", L) = None,
-    request_rate: _list("req/s, inf = all at once", L) = None,
-    burstiness: _list("", L) = None,
-    max_concurrency: _list("", L) = None,
-    seed: _list("Base seed(s); run N uses seed + N", L) = None,
-    random_input_len: _list("", L) = None,
-    random_output_len: _list("", L) = None,
-    random_range_ratio: _list("", L) = None,
-    random_prefix_len: _list("", L) = None,
-    time_scale: _list("", L) = None,
-    goodput: o.Goodput = None,
-    metric_percentiles: o.MetricPercentiles = None,
+    ],
+    **_axes(
+        L,
+        {
+            "num_prompts": "",
+            "request_rate": "req/s, inf = all at once",
+            "burstiness": "",
+            "max_concurrency": "",
+            "seed": "Base seed(s); run N uses seed + N",
+            "random_input_len": "",
+            "random_output_len": "",
+            "random_range_ratio": "",
+            "random_prefix_len": "",
+            "time_scale": "",
+        },
+    ),
+    "goodput": o.Goodput,
+    "metric_percentiles": o.MetricPercentiles,
+}
+
+
+@app.command("sweep")
+@o.with_options(SWEEP_OPTIONS)
+def sweep_command(
+    config: o.ConfigFile = None,
     engine_params: Annotated[
         Path | None,
         typer.Option(
@@ -132,26 +158,11 @@ def sweep_command(
         bool, typer.Option(help="Per-request and per-step Parquet per run", rich_help_panel=SWEEP)
     ] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
+    **flags: Any,
 ) -> None:
     """Simulate every combination of the given settings; write run JSONs and summary.csv."""
-    flags = dict(locals())
-    for key in (
-        "config",
-        "goodput",
-        "metric_percentiles",
-        "engine_params",
-        "load_params",
-        "num_runs",
-        "output_dir",
-        "resume",
-        "dry_run",
-        "backend",
-        "address",
-        "jobs",
-        "save_records",
-        "quiet",
-    ):
-        flags.pop(key)
+    goodput = flags.pop("goodput")
+    metric_percentiles = flags.pop("metric_percentiles")
     if backend not in BACKENDS:
         raise ConfigError(f"--backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if jobs is not None:
@@ -163,7 +174,7 @@ def sweep_command(
         metric_percentiles or file_values.pop("metric_percentiles", None)
     )
     slos = o.parse_goodput(goodput or file_values.pop("goodput", None))
-    if profile:
+    if flags["profile"]:
         file_values.pop("profile", None)
     axes = {k: parse_axis(k, v) for k, v in flags.items() if v is not None}
     for key, values in file_axes.items():  # flags win over the file
