@@ -189,13 +189,16 @@ OptionGroup = Callable[..., None] | Mapping[str, Any]
 
 
 def with_options(
-    *groups: OptionGroup, omit: tuple[str, ...] = (), override: Mapping[str, Any] | None = None
+    *groups: OptionGroup,
+    omit: tuple[str, ...] = (),
+    override: Mapping[str, Any] | None = None,
+    after: str = "config",
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a Typer command the options of `groups`, so that commands sharing an option
     declare it once.
 
     Typer reads a command's options from its signature: this one is the command's own
-    parameters with the groups' spliced in after `config` (their place in `--help`). A group
+    parameters with the groups' spliced in after `after` (their place in `--help`). A group
     is a function whose parameters declare options, or a map of name -> annotation (default
     None). The command takes them as `**flags`, keyed by name; `omit` leaves options out and
     `override` gives an option another annotation (another help text) in its place.
@@ -214,12 +217,18 @@ def with_options(
             for p in _parameters(group)
             if p.name not in omit
         ]
-        at = [p.name for p in own].index("config") + 1
+        at = [p.name for p in own].index(after) + 1
         params = [p.replace(kind=p.KEYWORD_ONLY) for p in (*own[:at], *shared, *own[at:])]
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         return command
 
     return decorate
+
+
+def pick(group: Callable[..., None], *names: str) -> dict[str, Any]:
+    """Some options of a group, for a command that takes only those (each defaults to None)."""
+    params = inspect.signature(group, eval_str=True).parameters
+    return {name: params[name].annotation for name in names}
 
 
 def _parameters(group: OptionGroup) -> list[inspect.Parameter]:

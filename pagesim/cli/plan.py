@@ -12,9 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -54,6 +55,7 @@ from pagesim.utils import atomic_write_text, check_number, check_output_file, pa
 from pagesim.workload import WORKLOAD_PARAMS
 
 PLAN = "Plan"
+T = TypeVar("T")
 MAX_REPLICAS = 4096
 MAX_MIN_DURATION_S = 86_400.0  # probes of a day of arrivals at most
 DEFAULTS = {"workload": "chat", "num_prompts": 500}
@@ -87,17 +89,22 @@ class _Search:
     scale: float
     disabled_corrections: tuple[str, ...]
 
-    def max_rate(self, engine, prof, cost, near: float | None = None) -> CapacityResult:
-        return max_sustainable_rate(
+    def run(self, search: Callable[..., T], engine, prof, *args: Any, **kwargs: Any) -> T:
+        """`search` (a `pagesim.planning` search) of `engine` priced by `prof`, over this
+        plan's load and SLOs at its precision; `args` and `kwargs` are the search's own."""
+        return search(
             engine,
             self.load,
             self.slos,
+            *args,
             profile=prof,
             rel_tol=self.rel_tol,
             min_duration_s=self.min_duration,
-            cost_model=cost,
-            near=near,
+            **kwargs,
         )
+
+    def max_rate(self, engine, prof, cost, near: float | None = None) -> CapacityResult:
+        return self.run(max_sustainable_rate, engine, prof, cost_model=cost, near=near)
 
 
 @app.command("plan")
@@ -316,14 +323,11 @@ def _plan_block_sizes(
             raise ConfigError(f"--compare-block-sizes sets each plan's block size: drop {clash}")
     prof = None if plan.analytical else values.get("profile") or default_profile(engine)
     print(_cost_line(engine, prof, plan).splitlines()[0])
-    rows = compare_block_sizes(
+    rows = plan.run(
+        compare_block_sizes,
         engine,
-        plan.load,
-        plan.slos,
+        prof,
         sizes,
-        profile=prof,
-        rel_tol=plan.rel_tol,
-        min_duration_s=plan.min_duration,
         step_time_scale=plan.scale,
         disabled_corrections=plan.disabled_corrections,
     )
@@ -501,17 +505,14 @@ def _band(engine, plan: _Search, prof, cap, ends) -> dict[str, Any]:
 
 def _replicas(engine, search, prof, cap, cost):
     target_rate, router, max_replicas = search.target_rate, search.router, search.max_replicas
-    plan = replicas_for_rate(
+    plan = search.run(
+        replicas_for_rate,
         engine,
-        search.load,
-        search.slos,
+        prof,
         target_rate,
         router=router,
-        profile=prof,
         per_replica=cap,
         max_replicas=max_replicas,
-        rel_tol=search.rel_tol,
-        min_duration_s=search.min_duration,
         cost_model=cost,
     )
     print(
@@ -544,16 +545,7 @@ def _replicas(engine, search, prof, cap, cost):
 
 def _kv(engine, plan, prof, cost):
     target_rate = plan.target_rate
-    k = min_kv_memory(
-        engine,
-        plan.load,
-        plan.slos,
-        target_rate,
-        profile=prof,
-        rel_tol=plan.rel_tol,
-        min_duration_s=plan.min_duration,
-        cost_model=cost,
-    )
+    k = plan.run(min_kv_memory, engine, prof, target_rate, cost_model=cost)
     for p in k.probes:
         print(
             f"  {int(p.value):7d} blocks  {'pass' if p.passed else 'FAIL'}  "

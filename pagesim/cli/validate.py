@@ -25,8 +25,23 @@ from pagesim.cli.app import GPU_COMMANDS, app, gpu_engine_config
 from pagesim.errors import ConfigError
 from pagesim.utils import check_output_dir
 
+# The engine and load settings a GPU run of `validate` serves with.
+ENGINE_FLAGS = (
+    "model",
+    "block_size",
+    "gpu_memory_utilization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "enable_prefix_caching",
+)
+LOAD_FLAGS = ("workload", "num_prompts", "request_rate", "burstiness", "seed")
+
 
 @app.command("validate")
+@o.with_options(
+    o.pick(o.engine_options, *ENGINE_FLAGS), o.pick(o.load_options, *LOAD_FLAGS), after="name"
+)
 def validate_command(
     real: Annotated[
         list[Path] | None,
@@ -37,18 +52,6 @@ def validate_command(
         "results/validation"
     ),
     name: Annotated[str, typer.Option(help="Report file stem.")] = "validation",
-    model: o.Model = None,
-    block_size: o.BlockSize = None,
-    gpu_memory_utilization: o.GpuMemUtil = None,
-    max_num_seqs: o.MaxNumSeqs = None,
-    max_num_batched_tokens: o.MaxBatchedTokens = None,
-    max_model_len: o.MaxModelLen = None,
-    enable_prefix_caching: o.PrefixCaching = None,
-    workload: o.WorkloadOpt = None,
-    num_prompts: o.NumPrompts = None,
-    request_rate: o.RequestRate = None,
-    burstiness: o.Burstiness = None,
-    seed: o.Seed = None,
     dtype: Annotated[str, typer.Option(help="bfloat16 | float16 (GPU runs)")] = "bfloat16",
     enforce_eager: Annotated[
         bool, typer.Option("--enforce-eager", help="GPU runs: no CUDA graphs (vLLM's flag).")
@@ -57,6 +60,7 @@ def validate_command(
         int,
         typer.Option(min=1, help="GPU runs: serve the load this many times, one after another."),
     ] = 1,
+    **flags: Any,
 ) -> None:
     """Run (or read) a real GPU run, simulate the same requests with the calibrated profile,
     and report per metric the real value, the prediction and the error in %."""
@@ -83,16 +87,8 @@ def validate_command(
             typer.echo(f"skipped: {note}", err=True)
     else:
         skipped = []
-        engine = {
-            "model": model,
-            "block_size": block_size,
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_batched_tokens,
-            "max_model_len": max_model_len,
-            "enable_prefix_caching": enable_prefix_caching,
-        }
-        load = (workload, num_prompts, request_rate, burstiness, seed)
+        engine = {k: flags[k] for k in ENGINE_FLAGS}
+        load = tuple(flags[k] for k in LOAD_FLAGS)
         paths = _serve_now(engine, load, dtype, output_dir, enforce_eager, repeats)
         entries = [validate_real_run(p, profile or _default_profile(p), predictions) for p in paths]
     for e in entries:
