@@ -84,9 +84,8 @@ def min_kv_memory(
             probes[n] = _search_point(n, slos, run.result)
         return probes[n].passed
 
-    b = search_min(
-        passes, float(full.num_gpu_blocks), float(floor_blocks), float(full.num_gpu_blocks), rel_tol
-    )
+    most = float(full.num_gpu_blocks)  # the search starts from the whole KV cache
+    b = search_min(passes, most, float(floor_blocks), most, rel_tol=rel_tol)
     if b.best is None:
         return KVSizing(
             target_rate, None, None, None, full.num_gpu_blocks, None, tuple(probes.values())

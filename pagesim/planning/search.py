@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from pagesim.errors import ConfigError
 
@@ -86,21 +87,27 @@ def search_max(
     return Boundary(lo, hi, len(memo))
 
 
+class Precision(TypedDict, total=False):
+    """How finely a search brackets and bisects: `search_max`'s keywords, which `search_min`
+    passes on as they are."""
+
+    rel_tol: float
+    max_evaluations: int
+    step: float
+
+
 def search_min(
     passes: Callable[[float], bool],
     start: float,
     floor: float,
     ceiling: float,
-    rel_tol: float = 0.025,
-    max_evaluations: int = 40,
+    **precision: Unpack[Precision],
 ) -> Boundary:
     """Smallest x in [floor, ceiling] with passes(x), for passes monotone non-decreasing.
 
     Runs `search_max` over y = 1/x (passing is then monotone non-increasing in y)."""
     _check_range(floor, start, ceiling)
-    b = search_max(
-        lambda y: passes(1.0 / y), 1.0 / start, 1.0 / ceiling, 1.0 / floor, rel_tol, max_evaluations
-    )
+    b = search_max(lambda y: passes(1.0 / y), 1.0 / start, 1.0 / ceiling, 1.0 / floor, **precision)
     return Boundary(_inverse(b.best), _inverse(b.failed), b.num_evaluations)
 
 
