@@ -26,65 +26,67 @@ ENGINE = "Engine (vllm serve flags)"
 LOAD = "Load (vllm bench serve flags)"
 
 
-def _engine(help: str | None = None, *names: str) -> Any:
+def engine_option(help: str | None = None, *names: str) -> Any:
     """An engine option (vllm serve's flag): the help text, and its names when not the
     parameter's."""
     return typer.Option(*names, help=help, rich_help_panel=ENGINE)
 
 
-def _load(help: str | None = None, *names: str) -> Any:
-    """A load option (vllm bench serve's flag), as `_engine`."""
+def load_option(help: str | None = None, *names: str) -> Any:
+    """A load option (vllm bench serve's flag), as `engine_option`."""
     return typer.Option(*names, help=help, rich_help_panel=LOAD)
 
 
 # ---- engine ----
-Model = Annotated[str | None, _engine("Model name, e.g. llama-2-7b.")]
-Gpu = Annotated[str | None, _engine("GPU name, e.g. h200.")]
-BlockSize = Annotated[int | None, _engine("Tokens per KV block [16].")]
-GpuMemUtil = Annotated[float | None, _engine("[0.92]")]
-NumBlocksOverride = Annotated[int | None, _engine()]
+Model = Annotated[str | None, engine_option("Model name, e.g. llama-2-7b.")]
+Gpu = Annotated[str | None, engine_option("GPU name, e.g. h200.")]
+BlockSize = Annotated[int | None, engine_option("Tokens per KV block [16].")]
+GpuMemUtil = Annotated[float | None, engine_option("[0.92]")]
+NumBlocksOverride = Annotated[int | None, engine_option()]
 KVCacheMemoryBytes = Annotated[
     int | None,
-    _engine("KV cache size in bytes, as vLLM's flag: overrides --gpu-memory-utilization"),
+    engine_option("KV cache size in bytes, as vLLM's flag: overrides --gpu-memory-utilization"),
 ]
-MaxNumSeqs = Annotated[int | None, _engine("[GPU-dependent, as vLLM]")]
-MaxBatchedTokens = Annotated[int | None, _engine("[GPU-dependent, as vLLM]")]
-MaxModelLen = Annotated[int | None, _engine("[the model's]")]
+MaxNumSeqs = Annotated[int | None, engine_option("[GPU-dependent, as vLLM]")]
+MaxBatchedTokens = Annotated[int | None, engine_option("[GPU-dependent, as vLLM]")]
+MaxModelLen = Annotated[int | None, engine_option("[the model's]")]
 PrefixCaching = Annotated[
-    bool | None, _engine("[on]", "--enable-prefix-caching/--no-enable-prefix-caching")
+    bool | None, engine_option("[on]", "--enable-prefix-caching/--no-enable-prefix-caching")
 ]
 ChunkedPrefill = Annotated[
-    bool | None, _engine("[on]", "--enable-chunked-prefill/--no-enable-chunked-prefill")
+    bool | None, engine_option("[on]", "--enable-chunked-prefill/--no-enable-chunked-prefill")
 ]
-LongPrefill = Annotated[int | None, _engine()]
+LongPrefill = Annotated[int | None, engine_option()]
 PreemptionMode = Annotated[
-    str | None, _engine("recompute (vLLM v1) | swap (legacy V0 model) [recompute]")
+    str | None, engine_option("recompute (vLLM v1) | swap (legacy V0 model) [recompute]")
 ]
-SwapSpace = Annotated[float | None, _engine("CPU swap GiB per GPU [4]")]
-Policy = Annotated[str | None, _engine("fcfs | priority [fcfs]")]
-AllocatorOpt = Annotated[str | None, _engine("paged | reserve-max | pow2 | oracle [paged]")]
+SwapSpace = Annotated[float | None, engine_option("CPU swap GiB per GPU [4]")]
+Policy = Annotated[str | None, engine_option("fcfs | priority [fcfs]")]
+AllocatorOpt = Annotated[str | None, engine_option("paged | reserve-max | pow2 | oracle [paged]")]
 Placement = Annotated[
-    str | None, _engine("buddy | first-fit (contiguous only) [first-fit for oracle, else buddy]")
+    str | None,
+    engine_option("buddy | first-fit (contiguous only) [first-fit for oracle, else buddy]"),
 ]
 DisableHybridKVCacheManager = Annotated[
     bool | None,
-    _engine(
+    engine_option(
         "Serve a hybrid model's sliding-window layers as full attention, every layer "
         "in one KV cache group, as vLLM's flag (no effect on other models) [off]"
     ),
 ]
-KVDtype = Annotated[str | None, _engine("auto | fp8 [auto]")]
-TP = Annotated[int | None, _engine("[1]")]
+KVDtype = Annotated[str | None, engine_option("auto | fp8 [auto]")]
+TP = Annotated[int | None, engine_option("[1]")]
 VllmCompat = Annotated[
-    str | None, _engine("vLLM release whose KV/scheduler behaviour to follow: 0.33 | 0.23 [0.33]")
+    str | None,
+    engine_option("vLLM release whose KV/scheduler behaviour to follow: 0.33 | 0.23 [0.33]"),
 ]
 ProfileOpt = Annotated[
     Path | None,
-    _engine("Calibration profile directory [the shipped H200 profile when it matches]"),
+    engine_option("Calibration profile directory [the shipped H200 profile when it matches]"),
 ]
 StepTimeScale = Annotated[
     float,
-    _engine(
+    engine_option(
         "Price every step this many times the cost model's time: 1.03 plans for a GPU "
         "session 3 % slower than the profile's (calibrations of one setup differ by a few "
         "%) [1.0]"
@@ -92,7 +94,7 @@ StepTimeScale = Annotated[
 ]
 DisableCorrection = Annotated[
     list[str] | None,
-    _engine(
+    engine_option(
         "Leave this correction of the calibrated cost model off (repeatable; names as "
         f"`pagesim fit-report` lists them: {', '.join(CORRECTIONS)})."
     ),
@@ -101,30 +103,30 @@ DisableCorrection = Annotated[
 # ---- load ----
 WorkloadOpt = Annotated[
     str | None,
-    _load(
+    load_option(
         "Shipped name (sharegpt = chat), YAML spec, trace file or mix chat:0.7+code:0.3 [chat]",
         "--workload",
         "--dataset-name",
     ),
 ]
-NumPrompts = Annotated[int | None, _load("[1000]")]
+NumPrompts = Annotated[int | None, load_option("[1000]")]
 RequestRate = Annotated[
-    float | None, _load("req/s; inf = all at once [the workload's own arrivals]")
+    float | None, load_option("req/s; inf = all at once [the workload's own arrivals]")
 ]
-Burstiness = Annotated[float | None, _load("[1.0 = Poisson]")]
-MaxConcurrency = Annotated[int | None, _load()]
-Seed = Annotated[int | None, _load("[0]")]
-RandomInputLen = Annotated[int | None, _load()]
-RandomOutputLen = Annotated[int | None, _load()]
-RandomRangeRatio = Annotated[float | None, _load()]
-RandomPrefixLen = Annotated[int | None, _load()]
+Burstiness = Annotated[float | None, load_option("[1.0 = Poisson]")]
+MaxConcurrency = Annotated[int | None, load_option()]
+Seed = Annotated[int | None, load_option("[0]")]
+RandomInputLen = Annotated[int | None, load_option()]
+RandomOutputLen = Annotated[int | None, load_option()]
+RandomRangeRatio = Annotated[float | None, load_option()]
+RandomPrefixLen = Annotated[int | None, load_option()]
 Goodput = Annotated[
-    list[str] | None, _load("SLO as KEY:MS (ttft, tpot, e2el), repeatable, as vllm bench")
+    list[str] | None, load_option("SLO as KEY:MS (ttft, tpot, e2el), repeatable, as vllm bench")
 ]
-MetricPercentiles = Annotated[str | None, _load("Comma list [99]")]
+MetricPercentiles = Annotated[str | None, load_option("Comma list [99]")]
 PercentileMetrics = Annotated[
     str | None,
-    _load(
+    load_option(
         "Metrics the printed block shows, comma list of ttft, tpot, itl, e2el (the JSON "
         "keeps all) [all four]"
     ),

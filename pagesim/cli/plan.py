@@ -60,10 +60,7 @@ MAX_REPLICAS = 4096
 MAX_MIN_DURATION_S = 86_400.0  # probes of a day of arrivals at most
 DEFAULTS = {"workload": "chat", "num_prompts": 500}
 # `plan`'s --num-prompts: the requests of one probe, per replica
-ProbeNumPrompts = Annotated[
-    int | None,
-    typer.Option(help="Requests per replica per probe [500]", rich_help_panel=o.LOAD),
-]
+ProbeNumPrompts = Annotated[int | None, o.load_option("Requests per replica per probe [500]")]
 SHOWN = (
     *HEADLINE_METRICS,
     "p99_e2el_ms",

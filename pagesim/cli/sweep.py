@@ -16,7 +16,7 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,85 +32,74 @@ from pagesim.planning.grid import build_grid, coerce, parse_axis, read_param_fil
 from pagesim.planning.sweep import SweepInterrupted, run_sweep
 from pagesim.utils import check_number, check_output_dir
 
-E, L = o.ENGINE, o.LOAD
 SWEEP = "Sweep"
 MAX_RUNS = 1_000_000  # simulations of one sweep (points x runs)
 
 
-def _axes(panel: str, hints: dict[str, str]) -> dict[str, Any]:
-    """Settings that take a comma list here (one axis of the grid each), with their hints."""
+def _axes(option: Callable[..., Any], hints: dict[str, Any]) -> dict[str, Any]:
+    """Settings that take a comma list here (one axis of the grid each): a hint (help text)
+    makes a list option; an annotation is an option that stands as it is."""
     return {
-        name: Annotated[str | None, typer.Option(help=hint, rich_help_panel=panel)]
+        name: (Annotated[str | None, option(hint)] if isinstance(hint, str) else hint)
         for name, hint in hints.items()
     }
 
 
-# Every engine and load setting of `pagesim run`, as a sweep takes it; the switches and the
+Workload = Annotated[
+    str | None,
+    o.load_option("Names, files or mixes (chat:0.7+code:0.3)", "--workload", "--dataset-name"),
+]
+# Every engine and load setting of `pagesim run`, as a sweep takes it; the switch and the
 # run-wide settings keep `run`'s options.
-SWEEP_OPTIONS = {
-    **_axes(
-        E,
-        {
-            "model": "Comma list of model names",
-            "gpu": "Comma list of GPU names",
-            "block_size": "e.g. 8,16,32",
-            "gpu_memory_utilization": "e.g. 0.8,0.92",
-            "num_gpu_blocks_override": "",
-            "kv_cache_memory_bytes": "KV cache bytes (vLLM's flag)",
-            "max_num_seqs": "",
-            "max_num_batched_tokens": "",
-            "max_model_len": "",
-            "enable_prefix_caching": "true,false",
-            "enable_chunked_prefill": "true,false",
-            "long_prefill_token_threshold": "",
-            "preemption_mode": "recompute,swap",
-            "swap_space": "GiB",
-            "scheduling_policy": "fcfs,priority",
-            "allocator": "paged,reserve-max,pow2,oracle",
-            "contiguous_placement": "buddy,first-fit",
-        },
-    ),
-    "disable_hybrid_kv_cache_manager": o.DisableHybridKVCacheManager,
-    **_axes(
-        E,
-        {
-            "kv_cache_dtype": "auto,fp8",
-            "tensor_parallel_size": "",
-            "vllm_compat": "0.33,0.23",
-            "profile": "Calibration directories, or analytical",
-        },
-    ),
-    "workload": Annotated[
-        str | None,
-        typer.Option(
-            "--workload",
-            "--dataset-name",
-            help="Names, files or mixes (chat:0.7+code:0.3)",
-            rich_help_panel=L,
-        ),
-    ],
-    **_axes(
-        L,
-        {
-            "num_prompts": "",
-            "request_rate": "req/s, inf = all at once",
-            "burstiness": "",
-            "max_concurrency": "",
-            "seed": "Base seed(s); run N uses seed + N",
-            "random_input_len": "",
-            "random_output_len": "",
-            "random_range_ratio": "",
-            "random_prefix_len": "",
-            "time_scale": "",
-        },
-    ),
-    "goodput": o.Goodput,
-    "metric_percentiles": o.MetricPercentiles,
-}
+ENGINE_AXES = _axes(
+    o.engine_option,
+    {
+        "model": "Comma list of model names",
+        "gpu": "Comma list of GPU names",
+        "block_size": "e.g. 8,16,32",
+        "gpu_memory_utilization": "e.g. 0.8,0.92",
+        "num_gpu_blocks_override": "",
+        "kv_cache_memory_bytes": "KV cache bytes (vLLM's flag)",
+        "max_num_seqs": "",
+        "max_num_batched_tokens": "",
+        "max_model_len": "",
+        "enable_prefix_caching": "true,false",
+        "enable_chunked_prefill": "true,false",
+        "long_prefill_token_threshold": "",
+        "preemption_mode": "recompute,swap",
+        "swap_space": "GiB",
+        "scheduling_policy": "fcfs,priority",
+        "allocator": "paged,reserve-max,pow2,oracle",
+        "contiguous_placement": "buddy,first-fit",
+        "disable_hybrid_kv_cache_manager": o.DisableHybridKVCacheManager,
+        "kv_cache_dtype": "auto,fp8",
+        "tensor_parallel_size": "",
+        "vllm_compat": "0.33,0.23",
+        "profile": "Calibration directories, or analytical",
+    },
+)
+LOAD_AXES = _axes(
+    o.load_option,
+    {
+        "workload": Workload,
+        "num_prompts": "",
+        "request_rate": "req/s, inf = all at once",
+        "burstiness": "",
+        "max_concurrency": "",
+        "seed": "Base seed(s); run N uses seed + N",
+        "random_input_len": "",
+        "random_output_len": "",
+        "random_range_ratio": "",
+        "random_prefix_len": "",
+        "time_scale": "",
+        "goodput": o.Goodput,
+        "metric_percentiles": o.MetricPercentiles,
+    },
+)
 
 
 @app.command("sweep")
-@o.with_options(SWEEP_OPTIONS)
+@o.with_options(ENGINE_AXES, LOAD_AXES)
 def sweep_command(
     config: o.ConfigFile = None,
     engine_params: Annotated[
