@@ -160,7 +160,8 @@ def engine_options(
     vllm_compat: VllmCompat = None,
     profile: ProfileOpt = None,
 ) -> None:
-    """The engine options of `run` and `plan` (a group for `with_options`; never called)."""
+    """The engine options of the commands that simulate (`run`, `plan`; `validate` picks some):
+    a group for `with_options`, never called."""
 
 
 def pricing_options(
@@ -184,7 +185,7 @@ def load_options(
     metric_percentiles: MetricPercentiles = None,
     percentile_metrics: PercentileMetrics = None,
 ) -> None:
-    """The load options of `run` and `plan` (a group for `with_options`; never called)."""
+    """The load options of the commands that simulate, as `engine_options`."""
 
 
 OptionGroup = Callable[..., None] | Mapping[str, Any]
