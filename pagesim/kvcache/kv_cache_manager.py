@@ -182,7 +182,10 @@ class KVCacheManager(BlockPoolViews):
             self.hasher.extend(request)
         max_num_blocks = (request.num_tokens - 1) // self.block_size
         if self._window is not None:
-            hit = self._window.find_longest_cache_hit(self.block_pool, hashes, max_num_blocks)
+            pool = self.block_pool
+            hit = self._window.find_longest_cache_hit(
+                pool.get_cached_block, pool.null_block, hashes, max_num_blocks
+            )
         else:
             hit = []
             cache = self.block_pool.cached_block_hash_to_block

@@ -9,7 +9,7 @@ groups, so a hit in one group says nothing about another.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
@@ -21,16 +21,22 @@ from pagesim.request import Request
 
 
 def _cached_in_all(
-    pool: BlockPool, block_hash: bytes, suffixes: Sequence[bytes]
-) -> list[KVCacheBlock] | None:
-    """The cached block of `block_hash` in each group (by key suffix), or None if any misses."""
-    found: list[KVCacheBlock] = []
-    for suffix in suffixes:
-        block = pool.get_cached_block(block_hash + suffix)
-        if block is None:
-            return None
-        found.append(block)
-    return found
+    pool: BlockPool, suffixes: Sequence[bytes]
+) -> Callable[[bytes], list[KVCacheBlock] | None]:
+    """The lookup of groups searched as one: a block hash -> the cached block in each group
+    (by key suffix), or None if any misses."""
+    get_cached_block = pool.get_cached_block
+
+    def lookup(block_hash: bytes) -> list[KVCacheBlock] | None:
+        found: list[KVCacheBlock] = []
+        for suffix in suffixes:
+            block = get_cached_block(block_hash + suffix)
+            if block is None:
+                return None
+            found.append(block)
+        return found
+
+    return lookup
 
 
 @dataclass(eq=False)
@@ -75,11 +81,10 @@ class SingleTypeKVCacheManager:
         """Full attention: the longest run of leading blocks cached in every one of
         `managers` (groups of one spec), at most `max_length` tokens; per group, and its
         length in tokens. Hashes chain, so the first miss ends the run."""
-        pool = managers[0].block_pool
-        suffixes = [m.hash_suffix for m in managers]
+        lookup = _cached_in_all(managers[0].block_pool, [m.hash_suffix for m in managers])
         hit: list[list[KVCacheBlock]] = [[] for _ in managers]
         for i in range(max_length // managers[0].block_size):
-            found = _cached_in_all(pool, block_hashes[i], suffixes)
+            found = lookup(block_hashes[i])
             if found is None:
                 break
             for row, block in zip(hit, found, strict=True):
@@ -209,31 +214,18 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def find_longest_cache_hit(
         cls, managers: Sequence[Self], block_hashes: Sequence[bytes], max_length: int
     ) -> tuple[list[list[KVCacheBlock]], int]:
-        """The hit as table prefixes: null where the window needs nothing, then cached blocks.
-        Searches right to left for `contiguous_blocks` blocks in a row cached in every group;
-        with none, the cached blocks at the very start."""
+        """The window's hit (`SlidingWindow.find_longest_cache_hit`) over the blocks cached in
+        every group, as one table prefix per group."""
         first = managers[0]
-        pool, bs = first.block_pool, first.block_size
-        need = first.window.contiguous_blocks
-        suffixes = [m.hash_suffix for m in managers]
-        max_num_blocks = max_length // bs
-        hit = [[pool.null_block] * max_num_blocks for _ in managers]
-        num_contiguous = 0
-        for i in range(max_num_blocks - 1, -1, -1):
-            found = _cached_in_all(pool, block_hashes[i], suffixes)
-            if found is None:
-                num_contiguous = 0
-                continue
-            for row, block in zip(hit, found, strict=True):
-                row[i] = block
-            num_contiguous += 1
-            if num_contiguous >= need:  # [NULL, NULL, 8, 3, NULL, 9] -> [.., 8, 3]
-                for row in hit:
-                    del row[i + num_contiguous :]
-                return hit, len(hit[0]) * bs
-        for row in hit:
-            del row[num_contiguous:]
-        return hit, num_contiguous * bs
+        pool = first.block_pool
+        found = first.window.find_longest_cache_hit(
+            _cached_in_all(pool, [m.hash_suffix for m in managers]),
+            [pool.null_block] * len(managers),
+            block_hashes,
+            max_length // first.block_size,
+        )
+        hit = [list(row) for row in zip(*found, strict=True)] if found else [[] for _ in managers]
+        return hit, len(found) * first.block_size
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> int:
         row = self.req_to_blocks.get(request_id)

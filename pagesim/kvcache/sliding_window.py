@@ -11,11 +11,14 @@ and its table entry becomes the null block (id 0), which keeps logical indices i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from pagesim.errors import ConfigError
 from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.block_pool import BlockPool
+
+_Hit = TypeVar("_Hit")  # what one lookup finds: a block, or a block per group
 
 
 class SlidingWindow:
@@ -75,19 +78,24 @@ class SlidingWindow:
         return num_blocks if cap is None or num_blocks <= cap else cap
 
     def find_longest_cache_hit(
-        self, pool: BlockPool, block_hashes: Sequence[bytes], max_num_blocks: int
-    ) -> list[KVCacheBlock]:
-        """The hit as a table prefix: null blocks where the window needs nothing, then cached
-        blocks. Searches right to left for `contiguous_blocks` cached blocks in a row; with none,
-        falls back to the cached blocks at the very start."""
-        computed: list[KVCacheBlock] = [pool.null_block] * max_num_blocks
+        self,
+        lookup: Callable[[bytes], _Hit | None],
+        null: _Hit,
+        block_hashes: Sequence[bytes],
+        max_num_blocks: int,
+    ) -> list[_Hit]:
+        """The hit as a table prefix: `null` where the window needs nothing, then what `lookup`
+        finds cached (a block, or one per group of a hybrid model; None on a miss). Searches
+        right to left for `contiguous_blocks` hits in a row; with none, falls back to the hits
+        at the very start."""
+        computed: list[_Hit] = [null] * max_num_blocks
         num_contiguous = 0
         for i in range(max_num_blocks - 1, -1, -1):
-            block = pool.get_cached_block(block_hashes[i])
-            if block is None:
+            found = lookup(block_hashes[i])
+            if found is None:
                 num_contiguous = 0
                 continue
-            computed[i] = block
+            computed[i] = found
             num_contiguous += 1
             if num_contiguous >= self.contiguous_blocks:
                 del computed[i + num_contiguous :]  # [NULL, NULL, 8, 3, NULL, 9] -> [.., 8, 3]
