@@ -77,6 +77,13 @@ class ModelSpec:
         """Sliding-window and full-attention layers in one model (Gemma 2, GPT-OSS)."""
         return len(set(self.attention_kinds)) > 1
 
+    @property
+    def uniform_window(self) -> int | None:
+        """The window when every layer slides (Mistral), else None: a hybrid model's steps
+        are planned and priced as full attention on every layer (its sliding layers read at
+        most the window), as one block table shares them."""
+        return None if self.is_hybrid else self.sliding_window
+
     @classmethod
     def from_name(cls, name: str) -> ModelSpec:
         """A shipped model by name or Hugging Face id, or a `config.json` (a path, or a folder
@@ -202,4 +209,16 @@ _GPU_LIST: tuple[GPUSpec, ...] = (
 )
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in _MODEL_LIST}
+
+
+def shipped_spec(name: str) -> ModelSpec | None:
+    """The spec of a shipped model (hand-written or a shipped config) by its name, or None:
+    what a calibration profile's recorded model name stands for."""
+    if name in MODELS:
+        return MODELS[name]
+    from pagesim.hf_config import resolve_model, shipped_models  # it builds on this module
+
+    return resolve_model(name) if name in shipped_models() else None
+
+
 GPUS: dict[str, GPUSpec] = {g.name: g for g in _GPU_LIST}

@@ -217,9 +217,7 @@ class AnalyticalCostModel(OneKindShapes):
         self._ar_s_per_token = (
             self.num_allreduces * 2.0 * (tp - 1) / tp * self.allreduce_bytes_per_token / link
         )
-        # A hybrid model's attention is priced as full attention on every layer (an upper
-        # bound: its sliding layers read at most the window).
-        self._window = None if model.is_hybrid else model.sliding_window
+        self._window = model.uniform_window
         self._moe = MoELinear.of(model, tp) if model.is_moe else None
         self._mem_w, self._gemm = mem_w, gemm
         self._lm_head_params = lm_head_params

@@ -86,7 +86,7 @@ from pagesim.cost.profile_rows import (
     VarlenSharedRow,
 )
 from pagesim.errors import ConfigError
-from pagesim.specs import MODELS
+from pagesim.specs import shipped_spec
 
 __all__ = [
     "PROFILE_FORMAT_VERSION",
@@ -173,7 +173,7 @@ class ProfileMetadata:
     def kv_heads_per_gpu(self) -> int | None:
         """KV heads of the measured model on each GPU (the attention kernels' grids are
         sized by them); None for a model pagesim does not know."""
-        spec = MODELS.get(self.model)
+        spec = shipped_spec(self.model)
         if spec is None:
             return None
         return max(1, spec.num_kv_heads // self.tensor_parallel_size)

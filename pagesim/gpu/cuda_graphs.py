@@ -288,8 +288,8 @@ class StepGraphs:
         return key
 
     def _partition(self, size: int, span: int) -> DecodePartition:
-        """The one-table backend's split: windowed only when every layer slides, so that
-        it covers every layer's context (a window's partitions start at its first token)."""
+        """Windowed only when every layer slides, so that the split covers every layer's
+        context (a window's partitions start at its first token)."""
         m = self.model
         return decode_partition(
             size,
@@ -297,7 +297,7 @@ class StepGraphs:
             span,
             self._decode_cfg,
             self.num_sms,
-            m.attn.sliding_window,
+            m.spec.uniform_window,
             m.attn.min_partition_tokens,
         )
 

@@ -50,7 +50,7 @@ def build_kv_cache_manager(
             num_gpu_blocks=num_gpu_blocks,
             block_size=config.block_size,
             enable_caching=config.enable_prefix_caching,
-            sliding_window=_uniform_window(config),
+            sliding_window=config.model_spec.uniform_window,
             vllm_compat=config.vllm_compat,
             check_invariants=check_invariants,
             deferred_hashes=deferred_hashes,
@@ -63,13 +63,6 @@ def build_kv_cache_manager(
         max_model_len=config.max_model_len,
         check_invariants=check_invariants,
     )
-
-
-def _uniform_window(config: EngineConfig) -> int | None:
-    """The window of a model whose every layer slides (a hybrid model's layers share the one
-    table as full attention when they are not given the hybrid manager)."""
-    model = config.model_spec
-    return None if model.is_hybrid else model.sliding_window
 
 
 def make_scheduler(

@@ -19,6 +19,7 @@ from pagesim.cost.profile import (
     DecodeSpreadRow,
     Profile,
 )
+from pagesim.data import calibration_dir
 
 SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64, 128, 256]
 KAPPA = 0.9e-6  # seconds per token of (longest - mean) program length: the synthetic law
@@ -195,3 +196,16 @@ def test_served_like_shared_rows_fit_the_reread_with_their_spread_priced(spread,
     assert both.reread_fraction == truth.reread_fraction
     loaded = Profile.load(only_spread.profile.save(tmp_path / "p"))
     assert loaded.decode_shared_spread == rows
+
+
+@pytest.mark.parametrize(("name", "kv_heads"), [("qwen3-30b-a3b", 4), ("gemma-2-9b", 8)])
+def test_models_of_shipped_configs_get_the_decode_kernel_and_its_spread(name, kv_heads) -> None:
+    """A profile of a model built from a shipped config.json (not a hand-written spec) knows
+    its KV heads and decode kernel, so the spread correction is fitted from its rows."""
+    profile = Profile.load(calibration_dir() / "h200" / name)
+    assert profile.metadata.kv_heads_per_gpu == kv_heads
+    kernel = DecodeKernel.of(profile)
+    assert kernel is not None and kernel.num_kv_heads == kv_heads
+    assert kernel.sliding_window is None  # gemma-2-9b is hybrid: planned as full attention
+    model = CalibratedCostModel(profile)
+    assert model._spread and all(k > 0 for k in model._spread.values())

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pagesim.cost.base import BatchShape
 from pagesim.cost.decode_launch import DecodePartition, span_bucket, split_rule
 from pagesim.cost.profile import Profile
-from pagesim.specs import MODELS
+from pagesim.specs import shipped_spec
 
 #: Partition size that stands for "no split" (longer than any context).
 NO_SPLIT = 1 << 40
@@ -42,7 +42,7 @@ class DecodeKernel:
         """The profile's decode kernel, or None when the profile does not record it."""
         meta = profile.metadata
         sms = meta.device.get("num_sms") if isinstance(meta.device, dict) else None
-        spec = MODELS.get(meta.model)
+        spec = shipped_spec(meta.model)
         heads = meta.kv_heads_per_gpu  # None only for a model pagesim does not know (no spec)
         if not (meta.decode_tile_n and meta.decode_programs_per_sm and sms and spec and heads):
             return None
@@ -52,7 +52,7 @@ class DecodeKernel:
             int(sms),
             heads,
             spec.max_position_embeddings,
-            spec.sliding_window,
+            spec.uniform_window,
         )
 
     def partition_size(self, num_seqs: int, span: int) -> int:
