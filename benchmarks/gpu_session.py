@@ -35,9 +35,9 @@ second pass after the first, laid out as the other plans lay them out:
 
 H200 wall time per call, 5.1-5.4 minutes measured (2026-12-02): weights, the check and the
 first compiles 0.3 min, the grid 1.5 min plus the host-overhead replay 0.4-0.5 min, four runs
-3.1-3.3 min (qwen3-30b-a3b captures its CUDA graphs before each run, about 0.5 min; gemma-2-9b
-serves through the hybrid KV cache manager, whose layout runs eagerly, so its steps are
-launch-bound). The budget check skips a run that no longer fits. The fused-MoE kernel at
+3.1-3.3 min (qwen3-30b-a3b captures its CUDA graphs before each run, about 0.5 min). gemma-2-9b
+serves through the hybrid KV cache manager under CUDA graphs too (one block table per KV cache
+group): 3.7 minutes for the whole call (2026-12-02). The budget check skips a run that no longer fits. The fused-MoE kernel at
 qwen3-30b-a3b's shapes, bf16, one layer, graph replay on the H200: 0.09 ms at 1 token,
 0.42 ms at 256 (every expert read: 1.2 GB at 2.9 TB/s), 2.0 ms at 8,192; 2.9e-3 relative
 error against dense fp32, graph replay equal to eager (torch 2.11, triton 3.6, 2026-12-02).
