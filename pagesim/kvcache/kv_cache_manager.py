@@ -21,9 +21,9 @@ deferred hashes (the simulator's setting, `pagesim.kvcache.deferred_hashes`) blo
 request's first are hashed only when a lookup could see them: the same decisions.
 
 Bulk decodes (the simulator's `pagesim.sim.bulk_decodes`) leave a decoding request's counters
-behind and make only the calls that change something: `append_decode_block` when its context
-fills its row, `cache_decode_block` / `cache_decode_blocks` for the blocks it fills, each what
-`allocate_slots(request, 1)` does then (`tests/kvcache/test_decode_events.py` holds them to it).
+behind and make only the calls that change something: `append_decode_blocks` when contexts
+fill their rows, `cache_decode_block` / `cache_decode_blocks` for the blocks they fill, each
+what `allocate_slots(request, 1)` does then (`tests/kvcache/test_decode_events.py` holds them to it).
 
 Copy-on-write (n > 1 sampling, beam search): `fork(parent, child)` shares the parent's blocks.
 A request about to write into a shared block gets a private copy first; `take_blocks_to_copy()`
@@ -450,18 +450,22 @@ class KVCacheManager(BlockPoolViews):
         return out
 
     # ---- bulk decodes (see the module docstring) ----------------------------------------------
-    def append_decode_block(self, request_id: str) -> bool:
-        """One more block at the end of a running request's row: what `allocate_slots(request,
-        1)` does for a full-attention decode whose context fills its row exactly. False: no
-        free block; nothing changed. The caller guarantees `allocate_slots`' common-case
-        conditions (no sliding window, no copy-on-write, the max_model_len cap not reached);
-        full blocks of the row may still wait to be cached (`cache_decode_blocks`)."""
+    def append_decode_blocks(self, request_ids: Sequence[str]) -> bool:
+        """One more block at the end of each request's row, in order: what `allocate_slots(
+        request, 1)` does for a full-attention decode whose context fills its row exactly, for
+        consecutive such calls. False: fewer free blocks than requests; nothing changed. The
+        caller guarantees `allocate_slots`' common-case conditions (no sliding window, no
+        copy-on-write, the max_model_len cap not reached); full blocks of the rows may still
+        wait to be cached (`cache_decode_blocks`)."""
         pool = self.block_pool
-        if not pool.free_block_queue.num_free_blocks:
+        if len(request_ids) > pool.free_block_queue.num_free_blocks:
             return False
-        block = pool.get_new_blocks(1)[0]
-        self.req_to_blocks[request_id].append(block)
-        self.req_to_block_ids[request_id].append(block.block_id)
+        req_to_blocks, req_to_block_ids = self.req_to_blocks, self.req_to_block_ids
+        for request_id, block in zip(
+            request_ids, pool.get_new_blocks(len(request_ids)), strict=True
+        ):
+            req_to_blocks[request_id].append(block)
+            req_to_block_ids[request_id].append(block.block_id)
         if self.check_invariants:
             check_kv_cache_manager(self)
         return True

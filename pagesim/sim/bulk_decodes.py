@@ -21,8 +21,8 @@ fills a block, hashed for the prefix cache: (c + 1) // block_size > cached block
 `finish_at` (c of the step that samples its last token). Events run in running order, at the
 same point of the step as on the per-request path; in the other steps the skipped
 `allocate_slots(request, 1)` calls are no-ops. On a paged manager the common events do exactly
-what that call would do without bringing the request up to date: `append_decode_block` (a
-block at the end of its row) and `cache_decode_block` (the block it fills, cached from its
+what that call would do without bringing the request up to date: `append_decode_blocks` (a
+block at the end of each row) and `cache_decode_block` (the block it fills, cached from its
 tokens: output tokens are windows of one `SyntheticTokenTable`, so a block's int32 bytes are
 one slice; with deferred hashes they are kept, and hashed only if a lookup can see the block).
 Other events bring the request up to date and call the real `allocate_slots`; a finishing
@@ -135,6 +135,9 @@ class BulkDecodes:
         # tick -> bulk requests with an event at that tick
         self.due: dict[int, list[_BulkRequest]] = {}
         self.finishing: list[_BulkRequest] = []  # bulk requests that sample their last token now
+        # Rows of this tick's events that get a block: appended in one call before the
+        # manager's next other call, so that its calls keep the per-request path's order.
+        self.appends: list[str] = []
         self._next_seq = 0
         self.offset_sum = 0
         self.min_span_sum = 0  # sum of min(span, final), paged
@@ -351,7 +354,7 @@ class BulkDecodes:
         where the per-request path's allocate_slots would change something, and the finishing
         requests noted for `end_step`.
 
-        The common events go straight to the manager (`append_decode_block`,
+        The common events go straight to the manager (`append_decode_blocks`,
         `cache_decode_block` with the block's tokens from the synthetic token table), leaving
         it a bulk request; the others (a contiguous row, a block that holds prompt tokens, no
         usable table) bring the request up to date and call the real `allocate_slots`."""
@@ -360,8 +363,8 @@ class BulkDecodes:
         buckets = self.due
         direct = self.direct
         if direct:
-            append_decode_block = manager.append_decode_block
             cache_decode_block = manager.cache_decode_block
+        appends = self.appends
         min_span_delta = over_final_delta = 0  # added to the sums once, after the loop
         finishing = self.finishing
         for member in due:
@@ -370,10 +373,7 @@ class BulkDecodes:
             alloc_at, hash_at = member.alloc_at, member.hash_at
             if c == alloc_at:
                 if direct and hash_at != c:  # both at once (block size 1): the general call
-                    if not append_decode_block(member.rid):
-                        raise InternalError(
-                            f"bulk decodes: no block for {member.rid!r} with its blocks free"
-                        )
+                    appends.append(member.rid)
                     final = member.final
                     grown = c + bs  # the span was c
                     fill = c if c < final else final
@@ -388,6 +388,8 @@ class BulkDecodes:
                 # the block's tokens packed (not block 0: it is the root, hashed at once)
                 packed = self._block_tokens(member, c // bs) if direct and c + 1 >= 2 * bs else None
                 if packed is not None:
+                    if appends:
+                        self._append_blocks()
                     cache_decode_block(member.request, packed)
                     member.hash_at = hash_at = c + bs
                 else:  # the general call (a prompt token out of int32 says so there)
@@ -409,11 +411,24 @@ class BulkDecodes:
                 buckets[at] = [member]
             else:
                 bucket.append(member)
+        if appends:
+            self._append_blocks()
         self.min_span_sum += min_span_delta
         self.over_final_sum += over_final_delta
 
+    def _append_blocks(self) -> None:
+        """The blocks of `appends`, before any other call to the manager."""
+        appends = self.appends
+        if not self.manager.append_decode_blocks(appends):
+            raise InternalError(
+                f"bulk decodes: no blocks for {len(appends)} rows with their blocks free"
+            )
+        appends.clear()
+
     def _allocate(self, member: _BulkRequest, c: int) -> None:
         """An event through the real `allocate_slots`, the request brought up to date first."""
+        if self.appends:
+            self._append_blocks()
         manager = self.manager
         bs = self.block_size
         request = member.request

@@ -1,4 +1,4 @@
-"""`append_decode_block` / `cache_decode_block` (the calls of bulk decodes) leave the manager
+"""`append_decode_blocks` / `cache_decode_block` (the calls of bulk decodes) leave the manager
 exactly as `allocate_slots(request, 1)` does: rows, hashes, hash map and free-queue order."""
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ def test_decode_events_match_allocate_slots(bs: int, lora: str | None) -> None:
         admit(slow, r_slow)
         admit(bulk, r_bulk)
         pairs.append((r_slow, r_bulk))
+    appends: list[str] = []  # consecutive appends go in one call, as bulk decodes make them
+
+    def flush() -> None:
+        if appends:
+            assert bulk.append_decode_blocks(appends)
+            appends.clear()
+
     for _ in range(4 * bs):
         for r_slow, r_bulk in pairs:  # one decode each, running order
             c = r_slow.num_computed_tokens
@@ -49,15 +56,18 @@ def test_decode_events_match_allocate_slots(bs: int, lora: str | None) -> None:
             r_slow.num_computed_tokens += 1
             rid = r_bulk.request_id
             if c == len(bulk.req_to_block_ids[rid]) * bs:
-                assert bulk.append_decode_block(rid)
+                appends.append(rid)
             elif (c + 1) % bs == 0 and c + 1 - bs >= len(r_bulk.prompt_token_ids):
                 first = c + 1 - bs - len(r_bulk.prompt_token_ids)
                 tokens = [synthetic_token(r_bulk, i) for i in range(first, first + bs)]
+                flush()
                 bulk.cache_decode_block(r_bulk, struct.pack(f"<{bs}i", *tokens))
             elif (c + 1) % bs == 0:  # a block holding prompt tokens: the general call
                 r_bulk.num_computed_tokens = c
                 r_bulk.output_token_ids[:] = r_slow.output_token_ids
+                flush()
                 assert bulk.allocate_slots(r_bulk, 1) is not None
+        flush()
         assert _state(slow) == _state(bulk)
     for r_slow, r_bulk in pairs:
         assert r_slow.block_hashes == r_bulk.block_hashes
@@ -69,13 +79,13 @@ def test_decode_events_refuse_misuse() -> None:
     admit(mgr, r)
     with pytest.raises(InternalError, match="not a decode block"):
         mgr.cache_decode_block(r, b"\0" * 16)  # no block after the cached ones
-    assert mgr.append_decode_block("a")
+    assert mgr.append_decode_blocks(["a"])
     other = make_request("b", list(range(50, 58)), max_tokens=4)
     admit(mgr, other)  # takes the last free blocks
     assert mgr.num_free_blocks == 0
     before = (list(mgr.req_to_block_ids["a"]), mgr.num_free_blocks)
     mgr.num_cached_block["a"] = 3  # as if its row's full blocks were all cached
-    assert not mgr.append_decode_block("a")  # no free block: nothing changes
+    assert not mgr.append_decode_blocks(["a"])  # no free block: nothing changes
     assert (mgr.req_to_block_ids["a"], mgr.num_free_blocks) == before
 
 
@@ -99,7 +109,7 @@ def test_decode_blocks_cached_later_match_allocate_slots(deferred) -> None:
         r_slow.num_computed_tokens += 1
         r_bulk.output_token_ids.append(token)
         if c == len(bulk.req_to_block_ids["a"]) * bs:
-            assert bulk.append_decode_block("a")
+            assert bulk.append_decode_blocks(["a"])
     assert bulk.num_cached_block["a"] < slow.num_cached_block["a"]  # really cached later
     bulk.cache_decode_blocks(r_bulk, slow.num_cached_block["a"])
     assert _state(slow) == _state(bulk)

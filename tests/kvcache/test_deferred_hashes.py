@@ -1,7 +1,7 @@
 """Deferred hashes (`pagesim.sim.deferred_hashes`) make the decisions eager hashing makes.
 
 Two managers run the same random program: the eager one through `allocate_slots` only, the
-deferred one through the calls of bulk decodes where they apply (`append_decode_block`,
+deferred one through the calls of bulk decodes where they apply (`append_decode_blocks`,
 `cache_decode_block` with the request's tokens not appended yet, as the simulator does). Every
 call must return the same blocks; whenever the program looks, the whole state read through the
 public API must be the same (rows, ref counts, free-queue order with each block's hash, the hash
@@ -60,7 +60,7 @@ class _Side:
         prompt_len = len(req.prompt_token_ids)
         row = mgr.req_to_block_ids[rid]
         if self.deferred and c == len(row) * bs and (c + 1) % bs:
-            ok = mgr.append_decode_block(rid)
+            ok = mgr.append_decode_blocks([rid])
         elif (
             self.deferred
             and c != len(row) * bs
