@@ -10,7 +10,9 @@ Each measured operation is predicted twice:
 
 * transfer: pagesim's shipped H200 profile of the same layer shapes carried to the GPU
   (`TransferCostModel.kernel_times`; all-reduces: the H200's measured all-reduce table
-  carried by the link rate, its smallest message's time kept as latency);
+  carried by the ratio of the two GPUs' all-reduce bus bandwidths (`BoundingRates`: published
+  NCCL figures where known, else the link's datasheet rate at the H200's share), its smallest
+  message's time kept as latency);
 * analytical: the analytical model's own terms per operation (each GEMM's roofline at the
   analytical shares of the datasheet; the per-layer fixed time shared among the layer's
   element-wise kernels; its all-reduce term).
@@ -149,6 +151,8 @@ def analytical_kernel_ms(op, widths: LayerWidths, gpu: GPUSpec) -> float:
         gpu.hbm_bandwidth_bytes_per_s * c.weight_bandwidth_efficiency,
         "datasheet",
         gpu.fp16_flops * c.gemm_flops_efficiency,
+        "datasheet",
+        (gpu.nvlink_bytes_per_s or gpu.host_link_bytes_per_s) * c.allreduce_bandwidth_efficiency,
         "datasheet",
     )
     t = kernel_time(op, rates)

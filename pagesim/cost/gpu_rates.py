@@ -4,11 +4,13 @@ A measured profile of one GPU is carried to another (`pagesim.cost.transfer`) by
 the rate that bounds each part of the step on the two GPUs. Those rates are the GPU's
 *achievable* rates, not its datasheet peaks: memory-bound kernels are judged against the
 card's measured copy bandwidth (DESIGN.md section 6), compute-bound GEMMs against the dense
-tensor rate a large cuBLAS GEMM reaches. Where a card's achievable rate was measured, it is
-used; where not, the datasheet rate times the share that the analytical model assumes
-(`AnalyticalConstants`), the same share on every card, so that a ratio of two unmeasured
-cards is the ratio of their datasheets. Datasheet rates are `GPUSpec`'s (`pagesim.specs`,
-each with its source); the measured rates below carry theirs.
+tensor rate a large cuBLAS GEMM reaches, all-reduces against the bus bandwidth NCCL's ring
+all-reduce reaches on the card's link. Where a card's achievable rate was measured, it is
+used; where not, the datasheet rate times one share, the same on every card, so that a ratio
+of two unmeasured cards is the ratio of their datasheets: the analytical model's share
+(`AnalyticalConstants`) for memory, the measured share of the reference card for the tensor
+rate and the link. Datasheet rates are `GPUSpec`'s (`pagesim.specs`, each with its source);
+the measured rates below carry theirs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,37 @@ class MeasuredRates:
     copy_source: str = ""
     gemm_flops: float | None = None  # dense fp16/bf16 FLOP/s of a large GEMM
     gemm_source: str = ""
+    # NCCL ring all-reduce bus bandwidth (bytes / time * 2 (n - 1) / n) of a large message
+    # between GPUs of one node, over the link the card's GPUSpec names
+    allreduce_busbw_bytes_per_s: float | None = None
+    allreduce_source: str = ""
 
+
+# The all-reduce bus bandwidths are published figures of large-message NCCL ring
+# all-reduces, not pagesim's measurements, and not read from Vidur's tables (the check):
+# - NVLink 4 (H100 SXM, H200: 18 links of 25 GB/s a direction, 450 GB/s): about 370 GB/s,
+#   the line rate less NCCL's ~20 % protocol overhead, as the NCCL maintainers state
+#   (https://github.com/NVIDIA/nccl-tests/issues/212) and as measured with NCCL_ALGO=RING on
+#   8 x H100 SXM, 365-370 GB/s for 2 to 8 GPUs at 2-4 GiB
+#   (https://github.com/NVIDIA/nccl/issues/1455). The H200's NVLink and NVSwitch are the
+#   H100 SXM's; pagesim's own 2 x H200 table reaches 297 GB/s at 256 MiB, still rising.
+# - NVLink 3 (A100 SXM: 12 links of 25 GB/s a direction, 300 GB/s): about 230 GB/s; each
+#   link carries ~20 GB/s of payload with the SMs' 128-byte packets and other limits of the
+#   GPU bring 240 down to ~230, per the NCCL maintainers
+#   (https://github.com/NVIDIA/nccl-tests/issues/149, on 8 x A100-SXM4-80GB, where 1 GiB
+#   reached ~200 GB/s, still rising). The A100 40GB has the same links.
+# So an A100 reaches 0.77 of its link where NVLink 4 reaches 0.82: the ratio of the two is
+# 1.61, not the datasheets' 1.5.
+_NVLINK4_BUSBW = 370e9
+_NVLINK4_SOURCE = (
+    "published: NCCL ring all-reduce busbw on NVLink 4, ~370 GB/s "
+    "(https://github.com/NVIDIA/nccl-tests/issues/212, https://github.com/NVIDIA/nccl/issues/1455)"
+)
+_NVLINK3_BUSBW = 230e9
+_NVLINK3_SOURCE = (
+    "published: NCCL all-reduce busbw on A100 NVLink 3, ~230 GB/s "
+    "(https://github.com/NVIDIA/nccl-tests/issues/149)"
+)
 
 #: GPU name -> rates measured on it. Module constant, never mutated at run time.
 MEASURED: dict[str, MeasuredRates] = {
@@ -40,11 +72,24 @@ MEASURED: dict[str, MeasuredRates] = {
         copy_source="measured: 1 GiB device copy, read + write, pagesim on H200 (DESIGN.md 6)",
         gemm_flops=736e12,
         gemm_source="measured: bf16 cuBLAS layer GEMMs at 2-4k tokens, pagesim on H200",
+        allreduce_busbw_bytes_per_s=_NVLINK4_BUSBW,
+        allreduce_source=_NVLINK4_SOURCE,
+    ),
+    "h100-sxm": MeasuredRates(
+        allreduce_busbw_bytes_per_s=_NVLINK4_BUSBW, allreduce_source=_NVLINK4_SOURCE
+    ),
+    "a100-80gb": MeasuredRates(
+        allreduce_busbw_bytes_per_s=_NVLINK3_BUSBW, allreduce_source=_NVLINK3_SOURCE
+    ),
+    "a100-40gb": MeasuredRates(
+        allreduce_busbw_bytes_per_s=_NVLINK3_BUSBW, allreduce_source=_NVLINK3_SOURCE
     ),
 }
 
-#: The GPU whose measured GEMM share (of its datasheet rate) stands in for cards with none.
+#: The GPU whose measured GEMM and all-reduce shares (of its datasheet rates) stand in for
+#: cards with none.
 GEMM_SHARE_GPU = "h200"
+LINK_SHARE_GPU = "h200"
 
 
 @dataclass(frozen=True)
@@ -56,6 +101,8 @@ class BoundingRates:
     memory_source: str
     gemm_flops: float
     gemm_source: str
+    link_bytes_per_s: float  # all-reduce bus bandwidth over the card's link (NVLink or PCIe)
+    link_source: str
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -78,7 +125,13 @@ class BoundingRates:
             share = measured_gemm_share()
             gemm = gpu.fp16_flops * share
             gemm_src = f"datasheet x {share:.3g} (the {GEMM_SHARE_GPU}'s measured share)"
-        return cls(gpu.name, mem, mem_src, gemm, gemm_src)
+        if m.allreduce_busbw_bytes_per_s is not None:
+            link, link_src = m.allreduce_busbw_bytes_per_s, m.allreduce_source
+        else:
+            share = measured_link_share()
+            link = link_bytes_per_s(gpu) * share
+            link_src = f"datasheet x {share:.3g} (the {LINK_SHARE_GPU}'s published share)"
+        return cls(gpu.name, mem, mem_src, gemm, gemm_src, link, link_src)
 
 
 def measured_gemm_share() -> float:
@@ -89,3 +142,17 @@ def measured_gemm_share() -> float:
     rate = MEASURED[GEMM_SHARE_GPU].gemm_flops
     assert rate is not None  # module data: the stand-in card has a measured rate
     return rate / GPUSpec.from_name(GEMM_SHARE_GPU).fp16_flops
+
+
+def link_bytes_per_s(gpu: GPUSpec) -> float:
+    """The datasheet rate, one direction, of the link the GPU's all-reduces cross: NVLink where
+    it has one, else its host link (PCIe), as the analytical all-reduce term takes it."""
+    return gpu.nvlink_bytes_per_s or gpu.host_link_bytes_per_s
+
+
+def measured_link_share() -> float:
+    """The share of its link's datasheet rate that a large NCCL all-reduce reaches on the
+    reference card: a card without a published figure is assumed to reach the same share."""
+    rate = MEASURED[LINK_SHARE_GPU].allreduce_busbw_bytes_per_s
+    assert rate is not None  # module data: the stand-in card has a figure
+    return rate / link_bytes_per_s(GPUSpec.from_name(LINK_SHARE_GPU))

@@ -13,7 +13,9 @@ rate that bounds it gives:
     attention   the analytical model's attention (paged decode reads, prefill FLOPs, each
                 entry in its own regime) on the target over the same on the source
     allreduce   the analytical all-reduce on the target over the same on the source (its
-                latency stays, its bytes move at the target's link rate)
+                latency stays, its bytes move at the bus bandwidth NCCL reaches on the
+                target's link: a published figure where known, else the datasheet link rate
+                times the source's share)
     host        unchanged: the scheduler and input preparation run on the CPU
     swap, copy  the analytical model's on the target (host link, HBM copies)
 
@@ -51,11 +53,16 @@ SOURCE_GPU = "h200"
 
 def rated_spec(gpu: GPUSpec, rates: BoundingRates, c: AnalyticalConstants) -> GPUSpec:
     """`gpu` with datasheet rates such that the analytical model's shares of them are the
-    achievable `rates`: the analytical attention and all-reduce terms then see them."""
+    achievable `rates`: the analytical attention and all-reduce terms then see them (the
+    all-reduce's link is NVLink where the card has it, else the host link)."""
+    link = rates.link_bytes_per_s / c.allreduce_bandwidth_efficiency
+    nvlink = gpu.nvlink_bytes_per_s > 0
     return replace(
         gpu,
         hbm_bandwidth_bytes_per_s=rates.memory_bytes_per_s / c.weight_bandwidth_efficiency,
         fp16_flops=rates.gemm_flops / c.gemm_flops_efficiency,
+        nvlink_bytes_per_s=link if nvlink else 0.0,
+        host_link_bytes_per_s=gpu.host_link_bytes_per_s if nvlink else link,
     )
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from pagesim.cli.app import main
 from pagesim.config import EngineConfig
+from pagesim.cost.analytical import AnalyticalConstants
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.gpu_rates import BoundingRates
@@ -102,6 +103,35 @@ def test_tensor_parallel_transfer_moves_the_allreduce_with_the_link(gpu, slower)
         assert tgt["allreduce"] == pytest.approx(src["allreduce"], rel=1e-12)
     # the kernel latency comes from the one-token step's kernels, its all-reduces left out
     assert 0 < t.latency_s < 20e-6
+
+
+def test_the_allreduce_moves_with_the_bus_bandwidth_nccl_reaches_on_each_link() -> None:
+    rates = {
+        g: BoundingRates.of(GPUSpec.from_name(g))
+        for g in ("h200", "h100-sxm", "a100-80gb", "a100-40gb", "h100-pcie", "a40", "l40s")
+    }
+    # published NCCL figures: NVLink 4 reaches ~370 GB/s, the A100's NVLink 3 ~230 GB/s, so
+    # the A100 is 1.61 times slower where its datasheet (300 against 450 GB/s) says 1.5
+    assert rates["h200"].link_bytes_per_s == rates["h100-sxm"].link_bytes_per_s == 370e9
+    assert rates["a100-80gb"].link_bytes_per_s == rates["a100-40gb"].link_bytes_per_s == 230e9
+    # a card without a published figure reaches the H200's share of its own link (PCIe
+    # where it has no NVLink), so its ratio to the H200 stays its datasheet's
+    for g in ("h100-pcie", "a40", "l40s"):
+        spec = GPUSpec.from_name(g)
+        datasheet = spec.nvlink_bytes_per_s or spec.host_link_bytes_per_s
+        assert rates[g].link_bytes_per_s / datasheet == pytest.approx(370 / 450, rel=1e-12)
+    engine = EngineConfig(model="llama-3-70b", gpu="a100-80gb", tensor_parallel_size=2)
+    t = scaled_cost_model(engine, None, 1.0, transfer=True)
+    assert isinstance(t, TransferCostModel)
+    tokens = 8192
+    shape = BatchShape.prefill(tokens)
+    src, tgt = t.source.step_time_breakdown(shape), t.step_time_breakdown(shape)
+    # per all-reduce: the latency stays, the bytes (2 (tp - 1) / tp = 1 of them) move at
+    # each GPU's bus bandwidth
+    c, msg = AnalyticalConstants(), tokens * t.model.hidden_size * t.model.dtype_bytes
+    ratio = (c.allreduce_latency_s + msg / 230e9) / (c.allreduce_latency_s + msg / 370e9)
+    assert tgt["allreduce"] / src["allreduce"] == pytest.approx(ratio, rel=1e-9)
+    assert ratio > 1.55  # the datasheets' link ratio would give 1.46
 
 
 def test_no_transfer_on_the_source_gpu_nor_when_asked_for_the_analytical_model() -> None:
