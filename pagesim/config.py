@@ -80,6 +80,9 @@ class EngineConfig:
     vllm_compat: str = "0.33"  # "0.23": freed unhashed blocks go to the tail, not the head
 
     def __post_init__(self) -> None:
+        # GPU names are case-blind (`GPUSpec.from_name`); keep the spec's spelling, so that
+        # `--gpu H200` finds the H200's profiles as `--gpu h200` does
+        object.__setattr__(self, "gpu", self.gpu.lower())
         self._check_sizes()
         _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", self.tensor_parallel_size)
         _check(self.block_size >= 1, "block_size", self.block_size)

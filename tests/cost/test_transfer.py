@@ -134,6 +134,19 @@ def test_the_allreduce_moves_with_the_bus_bandwidth_nccl_reaches_on_each_link() 
     assert ratio > 1.55  # the datasheets' link ratio would give 1.46
 
 
+def test_a_gpu_name_in_capitals_is_the_same_gpu() -> None:
+    # `--gpu H200` is the H200 and its own profile, not a transfer of it to itself
+    assert transfer_profile(EngineConfig(model="llama-2-7b", gpu="H200")) is None
+    engine = EngineConfig(model="llama-2-7b", gpu="A100-80GB")
+    assert engine.gpu == "a100-80gb" and transfer_profile(engine) is not None
+
+
+def test_run_with_a_gpu_name_in_capitals(capsys) -> None:
+    for gpu, says in (("H200", "Cost model: calibrated"), ("A100-80GB", "on Vidur's A100")):
+        assert main(["run", "--gpu", gpu, "--num-prompts", "5", "--workload", "random"]) == 0
+        assert says in capsys.readouterr().out
+
+
 def test_no_transfer_on_the_source_gpu_nor_when_asked_for_the_analytical_model() -> None:
     assert transfer_profile(EngineConfig(model="llama-2-7b", gpu="h200")) is None
     assert transfer_profile(EngineConfig(model="llama-2-70b", gpu="h100-sxm")) is None
