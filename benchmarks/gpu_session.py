@@ -110,7 +110,7 @@ def check_model(spec_name: str, dtype, device: str) -> float:
 
     from pagesim.config import EngineConfig
     from pagesim.gpu.kv_layout import KVLayout
-    from pagesim.gpu.model import RandomWeightDecoder, reference_attention_forward
+    from pagesim.gpu.model import DecoderConfig, RandomWeightDecoder, reference_attention_forward
     from pagesim.gpu.runner import allocate_kv_cache
 
     spec = EngineConfig.create(model=spec_name).model_spec
@@ -120,7 +120,7 @@ def check_model(spec_name: str, dtype, device: str) -> float:
     )
     if small.is_moe:
         dtype = torch.float32
-    model = RandomWeightDecoder(small, dtype, device, 16, seed=5)
+    model = RandomWeightDecoder(DecoderConfig(small, dtype, device, 16, seed=5))
     layout = KVLayout.of(small, hybrid_kv_cache_manager=True)
     kv = allocate_kv_cache(model, 64, device, layout=layout)
     lens = [37, 100]

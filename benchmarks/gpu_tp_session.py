@@ -62,12 +62,13 @@ def check_equivalence(group, spec, dtype, device) -> float:
     2-layer variant of `spec` (the same draws on every rank)."""
     import torch
 
-    from pagesim.gpu.model import RandomWeightDecoder
+    from pagesim.gpu.model import DecoderConfig, RandomWeightDecoder
     from pagesim.gpu.tp_model import TensorParallelDecoder
 
     small = dataclasses.replace(spec, num_layers=2)
-    full = RandomWeightDecoder(small, dtype, device, 16, seed=5)
-    shard = TensorParallelDecoder(small, dtype, device, 16, group, seed=5)
+    weights = DecoderConfig(small, dtype, device, 16, seed=5)
+    full = RandomWeightDecoder(weights)
+    shard = TensorParallelDecoder(weights, group)
     ids = torch.arange(97, device=device) * 31 % small.vocab_size
     pos = torch.arange(97, device=device)
     rows = torch.tensor([40, 96], device=device)
@@ -87,6 +88,7 @@ def session_rank(rank: int, world_size: int, init_method: str, args: dict) -> No
     from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import CalibrationGrid
     from pagesim.gpu.memory import MemorySnapshot
+    from pagesim.gpu.model import DecoderConfig
     from pagesim.gpu.parallel import destroy_tensor_parallel, init_tensor_parallel
     from pagesim.gpu.tp_model import TensorParallelDecoder
     from pagesim.gpu.tp_profiler import calibrate_tensor_parallel, graph_vs_eager_tp
@@ -142,7 +144,7 @@ def session_rank(rank: int, world_size: int, init_method: str, args: dict) -> No
         )
         before = MemorySnapshot.take(device) if device.type == "cuda" else None
         model = TensorParallelDecoder(
-            config.model_spec, dtype, device, config.block_size, group, seed=0
+            DecoderConfig(config.model_spec, dtype, device, config.block_size), group
         )
         kw = {"allreduce_bytes": sizes} if sizes else {}
         res = calibrate_tensor_parallel(

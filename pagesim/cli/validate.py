@@ -138,7 +138,7 @@ def _serve_now(
 
     from pagesim.gpu.device import device_info
     from pagesim.gpu.memory import MemorySnapshot, measure_kv_capacity
-    from pagesim.gpu.model import RandomWeightDecoder
+    from pagesim.gpu.model import DecoderConfig, RandomWeightDecoder
     from pagesim.validate.serve import serve_workload
     from pagesim.validate.store import load_dict, save_real_run
 
@@ -148,7 +148,7 @@ def _serve_now(
     device = torch.device("cuda")
     before = MemorySnapshot.take(device)
     weights = RandomWeightDecoder(
-        config.model_spec, torch_dtype(dtype), device, config.block_size, seed or 0
+        DecoderConfig(config.model_spec, torch_dtype(dtype), device, config.block_size, seed or 0)
     )
     capacity = measure_kv_capacity(config, weights, before, (config.block_size,))
     typer.echo(capacity.report())

@@ -30,6 +30,7 @@ profile run uses it as vLLM's profile run does (no attention metadata).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,18 @@ KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: key, value cache
 StepMetadata = AttentionMetadata | tuple[AttentionMetadata, ...]
 
 
+@dataclass(frozen=True)
+class DecoderConfig:
+    """What a random-weight decoder is built from, as one value: a variant of the decoder (the
+    tensor-parallel shard) takes the same and adds only its own arguments."""
+
+    spec: ModelSpec
+    dtype: torch.dtype
+    device: torch.device | str
+    block_size: int  # the attention backend's, until `set_block_size`
+    seed: int = 0  # the same seed draws the same weights
+
+
 class RandomWeightDecoder:
     """Weights of `spec` drawn from `seed` on `device`, and a functional forward pass.
 
@@ -59,17 +72,11 @@ class RandomWeightDecoder:
     are launch-bound), and nothing here trains. `attn` is swapped by `set_block_size`.
     """
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        block_size: int,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, config: DecoderConfig) -> None:
+        spec, dtype, seed = config.spec, config.dtype, config.seed
         self.spec = spec
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = torch.device(config.device)
         self.seed = seed
         self.head_size = spec.head_size
         self.num_heads, self.num_kv_heads = self._attention_heads()
@@ -94,7 +101,7 @@ class RandomWeightDecoder:
         # Per layer its window (None: full attention); under the hybrid layout, its group.
         self.layer_windows = tuple(self._window(kind) for kind in spec.attention_kinds)
         self.hybrid_layout = KVLayout.of(spec, hybrid_kv_cache_manager=True)
-        self.set_block_size(block_size)
+        self.set_block_size(config.block_size)
         self.sample_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
 
     def _attention_heads(self) -> tuple[int, int]:

@@ -43,7 +43,7 @@ from pagesim.gpu.memory import (
     measure_kv_capacity,
     release_cached,
 )
-from pagesim.gpu.model import RandomWeightDecoder
+from pagesim.gpu.model import DecoderConfig, RandomWeightDecoder
 from pagesim.gpu.modes import backend_description
 from pagesim.gpu.overhead import (
     NUM_JOINING,
@@ -387,11 +387,12 @@ def load_model(
     if dev.type != "cuda" and config.num_gpu_blocks_override is None:
         raise ConfigError("device='cpu': a dry run needs num_gpu_blocks_override")
     before = MemorySnapshot.take(dev) if dev.type == "cuda" else None
-    spec, bs, n = config.model_spec, block_sizes[0], config.tensor_parallel_size
+    n = config.tensor_parallel_size
+    weights = DecoderConfig(config.model_spec, dtype, dev, block_sizes[0], seed)
     model = (
-        RandomWeightDecoder(spec, dtype, dev, bs, seed)
+        RandomWeightDecoder(weights)
         if n == 1
-        else TensorParallelDecoder(spec, dtype, dev, bs, TPGroup.solo(n, rank), seed)
+        else TensorParallelDecoder(weights, TPGroup.solo(n, rank))
     )
     if before is None:
         return LoadedModel(model, override_capacity(config, block_sizes))

@@ -43,7 +43,7 @@ from pagesim.gpu.attention import AttentionMetadata
 from pagesim.gpu.cuda_graphs import GraphKey, StepGraphs
 from pagesim.gpu.input_buffers import BlockTableRows
 from pagesim.gpu.kv_layout import KVLayout
-from pagesim.gpu.model import KVCache, RandomWeightDecoder, StepMetadata
+from pagesim.gpu.model import DecoderConfig, KVCache, RandomWeightDecoder, StepMetadata
 from pagesim.kvcache.block_table import build_positions
 from pagesim.kvcache.sizing import serves_hybrid
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, sample_synthetic
@@ -129,7 +129,7 @@ class GPUModelRunner:
         self.device = torch.device(opts.device)
         self.block_size = config.block_size
         self.model = model or RandomWeightDecoder(
-            self.spec, opts.dtype, self.device, config.block_size, opts.seed
+            DecoderConfig(self.spec, opts.dtype, self.device, config.block_size, opts.seed)
         )
         if self.model.attn.block_size != config.block_size:
             self.model.set_block_size(config.block_size)

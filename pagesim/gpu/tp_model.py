@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from pagesim.errors import ConfigError
-from pagesim.gpu.model import RandomWeightDecoder
+from pagesim.gpu.model import DecoderConfig, RandomWeightDecoder
 from pagesim.gpu.parallel import (
     TPGroup,
     kv_head_range,
@@ -86,19 +86,12 @@ class TensorParallelDecoder(RandomWeightDecoder):
     """Rank `group.rank`'s shard of `spec`'s random-weight decoder; a drop-in model for
     `GPUModelRunner` (same `forward`, `compute_logits`, `sample`, `set_block_size`)."""
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        block_size: int,
-        group: TPGroup,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, config: DecoderConfig, group: TPGroup) -> None:
+        spec = config.spec
         check_tensor_parallel(spec, group.world_size)
         self.group = group
         self.tp_rank, self.tp_size = group.rank, group.world_size
-        super().__init__(spec, dtype, device, block_size, seed)  # layers sharded as drawn
+        super().__init__(config)  # layers sharded as drawn
         rank, tp = self.tp_rank, self.tp_size
         self.vocab_start = vocab_range(spec.vocab_size, rank, tp)[0]
         self.embed = shard_vocab(self.embed, rank, tp)

@@ -45,6 +45,7 @@ from pagesim.gpu.memory import (
     measure_kv_capacity,
     release_cached,
 )
+from pagesim.gpu.model import DecoderConfig
 from pagesim.gpu.parallel import TPGroup, destroy_tensor_parallel, init_tensor_parallel
 from pagesim.gpu.profiler import (
     CalibrationOptions,
@@ -163,7 +164,7 @@ def calibration_main(
     try:
         before = MemorySnapshot.take(device) if device.type == "cuda" else None
         model = TensorParallelDecoder(
-            config.model_spec, dtype, device, config.block_size, group, seed
+            DecoderConfig(config.model_spec, dtype, device, config.block_size, seed), group
         )
 
         def log(msg: str) -> None:

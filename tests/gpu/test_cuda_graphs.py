@@ -349,7 +349,7 @@ def test_mixed_graph_steps_equal_eager_ones_for_an_odd_query_group() -> None:
     import dataclasses
 
     from pagesim.gpu.graph_check import graph_vs_eager_rows
-    from pagesim.gpu.model import RandomWeightDecoder
+    from pagesim.gpu.model import DecoderConfig, RandomWeightDecoder
 
     config = _config()
     spec = dataclasses.replace(
@@ -359,7 +359,7 @@ def test_mixed_graph_steps_equal_eager_ones_for_an_odd_query_group() -> None:
         num_kv_heads=1,
         hidden_size=7 * 32,
     )
-    model = RandomWeightDecoder(spec, torch.float32, "cpu", 16, seed=3)
+    model = RandomWeightDecoder(DecoderConfig(spec, torch.float32, "cpu", 16, seed=3))
     runner = GPUModelRunner(
         config,
         64,

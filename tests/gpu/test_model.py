@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from pagesim.gpu.kv_layout import KVLayout
-from pagesim.gpu.model import RandomWeightDecoder, num_weights, reference_attention_forward
+from pagesim.gpu.model import (
+    DecoderConfig,
+    RandomWeightDecoder,
+    num_weights,
+    reference_attention_forward,
+)
 from pagesim.gpu.runner import allocate_kv_cache
 from pagesim.kvcache.sizing import page_size_bytes
 from pagesim.specs import MODELS, ModelSpec
@@ -29,9 +34,9 @@ def test_weight_shapes_give_the_published_parameter_count(name: str) -> None:
 
 
 def test_tiny_model_holds_exactly_its_weights_and_is_seeded(device: str) -> None:
-    a = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=1)
-    b = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=1)
-    c = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=2)
+    a = RandomWeightDecoder(DecoderConfig(TINY, torch.float32, device, 16, seed=1))
+    b = RandomWeightDecoder(DecoderConfig(TINY, torch.float32, device, 16, seed=1))
+    c = RandomWeightDecoder(DecoderConfig(TINY, torch.float32, device, 16, seed=2))
     assert a.weight_bytes == TINY.num_params * 4
     assert torch.equal(a.layers[1]["qkv"], b.layers[1]["qkv"])
     assert not torch.equal(a.layers[1]["qkv"], c.layers[1]["qkv"])
@@ -61,17 +66,19 @@ def _paged_vs_dense(model: RandomWeightDecoder, device: str) -> None:
 
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_paged_forward_equals_dense_forward(block_size: int, device: str) -> None:
-    model = RandomWeightDecoder(TINY, torch.float32, device, block_size, seed=0)
+    model = RandomWeightDecoder(DecoderConfig(TINY, torch.float32, device, block_size, seed=0))
     _paged_vs_dense(model, device)
 
 
 def test_paged_opt_forward_equals_dense_opt_forward(device: str) -> None:
     opt = dataclasses.replace(TINY, name="tiny-opt", arch="opt", intermediate_size=512)
-    _paged_vs_dense(RandomWeightDecoder(opt, torch.float32, device, 16, seed=0), device)
+    _paged_vs_dense(
+        RandomWeightDecoder(DecoderConfig(opt, torch.float32, device, 16, seed=0)), device
+    )
 
 
 def test_skip_attention_leaves_the_cache_alone(device: str) -> None:
-    model = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=0)
+    model = RandomWeightDecoder(DecoderConfig(TINY, torch.float32, device, 16, seed=0))
     kv = allocate_kv_cache(model, 8, device)
     md = model.attn.build_metadata([[1, 2]], [0], [20], device)
     h = model.forward(
@@ -87,7 +94,7 @@ def test_skip_attention_leaves_the_cache_alone(device: str) -> None:
 
 def test_opt_variant_runs_with_tied_head(device: str) -> None:
     opt = dataclasses.replace(TINY, name="tiny-opt", arch="opt", intermediate_size=512)
-    model = RandomWeightDecoder(opt, torch.float32, device, 16, seed=0)
+    model = RandomWeightDecoder(DecoderConfig(opt, torch.float32, device, 16, seed=0))
     assert model.lm_head is model.embed
     kv = allocate_kv_cache(model, 8, device)
     md = model.attn.build_metadata([[1, 2]], [0], [18], device)
@@ -98,7 +105,7 @@ def test_opt_variant_runs_with_tied_head(device: str) -> None:
 
 
 def test_sampler_greedy_and_random(device: str) -> None:
-    model = RandomWeightDecoder(TINY, torch.float32, device, 16, seed=0)
+    model = RandomWeightDecoder(DecoderConfig(TINY, torch.float32, device, 16, seed=0))
     logits = torch.full((3, TINY.vocab_size), -30.0, device=device)
     logits[0, 7] = logits[1, 99] = logits[2, 5] = 10.0
     assert model.sample(logits, temperature=0.0).tolist() == [7, 99, 5]
@@ -115,14 +122,14 @@ TINY_HYBRID = ModelSpec.from_name("tiny-hybrid")
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_paged_moe_forward_equals_dense_forward(block_size: int, device: str) -> None:
     """Routed experts through the grouped GEMM = every expert densely, prefill and decode."""
-    model = RandomWeightDecoder(TINY_MOE, torch.float32, device, block_size, seed=0)
+    model = RandomWeightDecoder(DecoderConfig(TINY_MOE, torch.float32, device, block_size, seed=0))
     assert set(model.layers[0]) >= {"router", "w13", "w2"} and "gate_up" not in model.layers[0]
     assert model.weight_bytes == num_weights(TINY_MOE) * 4
     _paged_vs_dense(model, device)
 
 
 def test_moe_forward_of_one_token(device: str) -> None:
-    model = RandomWeightDecoder(TINY_MOE, torch.float32, device, 16, seed=3)
+    model = RandomWeightDecoder(DecoderConfig(TINY_MOE, torch.float32, device, 16, seed=3))
     kv = allocate_kv_cache(model, 4, device)
     md = model.attn.build_metadata([[2]], [0], [1], device)
     ids, pos, li = (torch.tensor([v], device=device) for v in (7, 0, 0))
@@ -135,7 +142,7 @@ def test_hybrid_layout_shares_one_tensor_per_layer_index_of_the_groups(device: s
     layout = KVLayout.of(TINY_HYBRID, hybrid_kv_cache_manager=True)
     assert layout.group_kinds == ("sliding", "full")
     assert layout.layer_group == (0, 1, 0, 1) and layout.layer_tensor == (0, 0, 1, 1)
-    model = RandomWeightDecoder(TINY_HYBRID, torch.float32, device, 8, seed=0)
+    model = RandomWeightDecoder(DecoderConfig(TINY_HYBRID, torch.float32, device, 8, seed=0))
     kv = allocate_kv_cache(model, 5, device, layout=layout)
     ptr = [k.data_ptr() for k, _ in kv]
     assert ptr[0] == ptr[1] and ptr[2] == ptr[3] and ptr[0] != ptr[2]
@@ -151,7 +158,7 @@ def test_paged_hybrid_forward_equals_dense_forward(device: str) -> None:
     null block (the hybrid manager frees them), full layers group 1's; the paged forward
     equals a dense forward that masks each sliding layer to its window."""
     bs = 8
-    model = RandomWeightDecoder(TINY_HYBRID, torch.float32, device, bs, seed=0)
+    model = RandomWeightDecoder(DecoderConfig(TINY_HYBRID, torch.float32, device, bs, seed=0))
     layout = KVLayout.of(TINY_HYBRID, hybrid_kv_cache_manager=True)
     kv = allocate_kv_cache(model, 40, device, layout=layout)
     sliding = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]  # group 0

@@ -282,7 +282,7 @@ def test_a_multi_turn_load_is_served_by_the_gpu_runner_and_validated(tmp_path) -
     torch = pytest.importorskip("torch")
     from pathlib import Path
 
-    from pagesim.gpu.model import RandomWeightDecoder
+    from pagesim.gpu.model import DecoderConfig, RandomWeightDecoder
     from pagesim.validate.compare import simulate_like
     from pagesim.validate.serve import serve_workload
     from pagesim.validate.store import load_dict, read_real_run, save_real_run
@@ -296,7 +296,7 @@ def test_a_multi_turn_load_is_served_by_the_gpu_runner_and_validated(tmp_path) -
         max_model_len=256,
         num_gpu_blocks_override=128,
     )
-    model = RandomWeightDecoder(cfg.model_spec, torch.float32, "cpu", 16, seed=0)
+    model = RandomWeightDecoder(DecoderConfig(cfg.model_spec, torch.float32, "cpu", 16, seed=0))
     load = load_dict(str(spec), 6, 0, None)
     result, records = serve_workload(cfg, model, 128, load, device="cpu", cuda_graphs=False)
     assert result["completed"] == 6 and result["failed"] == 0

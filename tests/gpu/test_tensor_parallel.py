@@ -39,7 +39,7 @@ from pagesim.errors import InternalError
 from pagesim.gpu import tp_runner
 from pagesim.gpu.allreduce_bench import bench_allreduce
 from pagesim.gpu.calibrate import CalibrationGrid
-from pagesim.gpu.model import RandomWeightDecoder
+from pagesim.gpu.model import DecoderConfig, RandomWeightDecoder
 from pagesim.gpu.parallel import (
     MULTICAST_OFF_ENV,
     TPGroup,
@@ -99,7 +99,7 @@ def _two_steps() -> list[SchedulerOutput]:
 def _equivalence(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
     """Check 1: TP shard vs whole model on the same two steps (see the module docstring)."""
     config = _config()
-    full = RandomWeightDecoder(config.model_spec, torch.float32, "cpu", 16, SEED)
+    full = RandomWeightDecoder(DecoderConfig(config.model_spec, torch.float32, "cpu", 16, SEED))
     tp_runner = GPUModelRunner(
         config, 8, RunnerConfig(device="cpu", temperature=0.0), model=tp_model
     )
@@ -229,7 +229,9 @@ def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> No
     group = init_tensor_parallel(rank, world_size, init_method, timeout_s=120.0)
     try:
         spec = ModelSpec.from_name("tiny-llama")
-        tp_model = TensorParallelDecoder(spec, torch.float32, "cpu", 16, group, seed=SEED)
+        tp_model = TensorParallelDecoder(
+            DecoderConfig(spec, torch.float32, "cpu", 16, seed=SEED), group
+        )
         facts = _equivalence(group, tp_model)
         facts["env"] = {k: os.environ.get(k) for k in MULTICAST_OFF_ENV}
         if group.is_driver:
@@ -368,7 +370,7 @@ class _Messages:
 def test_a_new_configure_frees_the_old_kv_cache_graphs_set_aside_included(monkeypatch):
     # one rank's KV cache is most of a GPU: the old one must be gone before the next is made
     model = RandomWeightDecoder(
-        ModelSpec.from_name("tiny-llama"), torch.float32, "cpu", 16, seed=SEED
+        DecoderConfig(ModelSpec.from_name("tiny-llama"), torch.float32, "cpu", 16, seed=SEED)
     )
     caches: list[weakref.ref] = []
     alive_at_build: list[list[bool]] = []
