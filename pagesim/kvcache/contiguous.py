@@ -37,6 +37,7 @@ from pagesim.kvcache.buddy import PLACEMENTS, Region, ceil_pow2
 from pagesim.kvcache.invariants import require
 from pagesim.kvcache.kv_cache_manager import KVCacheBlocks
 from pagesim.kvcache.prefix_stats import PrefixCacheStats, PrefixStatsCounters
+from pagesim.kvcache.slot_allocator import SlotAllocator, SlotExtras
 from pagesim.request import Request
 
 POLICIES: tuple[str, ...] = ("reserve-max", "pow2", "oracle")
@@ -52,7 +53,7 @@ class Reservation:
     final_kv_len: int  # slots the request will ever fill: prompt + max_tokens - 1
 
 
-class ContiguousKVCacheManager(PrefixStatsCounters):
+class ContiguousKVCacheManager(SlotAllocator[KVCacheBlocks], PrefixStatsCounters):
     """One contiguous region per request over `num_gpu_blocks - 1` usable blocks.
 
     `policy` sizes the region, `placement` ("buddy" | "first-fit") places it. With
@@ -151,20 +152,14 @@ class ContiguousKVCacheManager(PrefixStatsCounters):
         return self.empty_kv_cache_blocks, 0
 
     # ---- allocation ------------------------------------------------------------------------
-    def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
+    def _allocate_slots(
+        self, request: Request, num_new_tokens: int, extras: SlotExtras[KVCacheBlocks]
     ) -> KVCacheBlocks | None:
         """Reserve the request's region on its first call; later calls only extend the row.
 
         Returns the blocks newly added to the row, or None when no free run holds the region
-        (nothing changed). `full_sequence_must_fit` is accepted for the paged signature; the
-        region always covers the whole sequence. Raises `AllocationError` for
+        (nothing changed). `full_sequence_must_fit` changes nothing: the region always
+        covers the whole sequence. Raises `AllocationError` for
         `num_new_tokens < 1`, for a prefix hit (there is no cache), for a region that could
         never be placed, and for a running request outgrowing its region.
         """
@@ -173,13 +168,14 @@ class ContiguousKVCacheManager(PrefixStatsCounters):
             raise AllocationError(
                 f"num_new_tokens={num_new_tokens}: must be >= 1 (request {rid!r})"
             )
-        if num_new_computed_tokens or new_computed_blocks:
+        if extras.num_new_computed_tokens or extras.new_computed_blocks:
             raise AllocationError(
-                f"num_new_computed_tokens={num_new_computed_tokens}: "
+                f"num_new_computed_tokens={extras.num_new_computed_tokens}: "
                 "contiguous allocation has no prefix cache"
             )
         need = min(
-            request.num_computed_tokens + num_new_tokens + num_lookahead_tokens, self.max_model_len
+            request.num_computed_tokens + num_new_tokens + extras.num_lookahead_tokens,
+            self.max_model_len,
         )
         res = self.reservations.get(rid)
         if res is None:

@@ -24,6 +24,7 @@ from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.kv_cache_coordinator import HybridKVCacheCoordinator
 from pagesim.kvcache.kv_cache_spec import KVCacheConfig
 from pagesim.kvcache.pool_views import BlockPoolViews
+from pagesim.kvcache.slot_allocator import SlotAllocator, SlotExtras
 from pagesim.request import Request
 
 
@@ -41,7 +42,7 @@ class HybridKVCacheBlocks:
         return len(self.blocks[0])
 
 
-class HybridKVCacheManager(BlockPoolViews):
+class HybridKVCacheManager(SlotAllocator[HybridKVCacheBlocks], BlockPoolViews):
     """Block tables of all live requests, one row per KV cache group, over one `BlockPool`
     of `kv_cache_config.num_blocks` blocks. Arguments as `KVCacheManager`'s."""
 
@@ -114,19 +115,16 @@ class HybridKVCacheManager(BlockPoolViews):
         return HybridKVCacheBlocks(blocks), num_tokens
 
     # ---- allocation ------------------------------------------------------------------------
-    def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: HybridKVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
+    def _allocate_slots(
+        self, request: Request, num_new_tokens: int, extras: SlotExtras[HybridKVCacheBlocks]
     ) -> HybridKVCacheBlocks | None:
-        """`KVCacheManager.allocate_slots` over every group: None when the free blocks do not
+        """`KVCacheManager`'s allocation over every group: None when the free blocks do not
         suffice for all groups together (then nothing changed, except that blocks already out
         of a window were released first, as in vLLM)."""
         rid = request.request_id
+        num_new_computed_tokens = extras.num_new_computed_tokens
+        new_computed_blocks = extras.new_computed_blocks
+        num_lookahead_tokens = extras.num_lookahead_tokens
         coordinator = self.coordinator
         running = rid in self.single_type_managers[0].req_to_blocks
         hit = (
@@ -148,7 +146,7 @@ class HybridKVCacheManager(BlockPoolViews):
         local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = local_computed if cap is None else min(local_computed, cap)
         free_blocks = self.block_pool.free_block_queue
-        if full_sequence_must_fit:
+        if extras.full_sequence_must_fit:
             full_tokens = request.num_tokens if cap is None else min(request.num_tokens, cap)
             needed = coordinator.get_num_blocks_to_allocate(
                 rid, full_tokens, hit_lists, total_computed, apply_admission_cap=True

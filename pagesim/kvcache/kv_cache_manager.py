@@ -45,6 +45,7 @@ from pagesim.kvcache.hashing import BlockHasher
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.pool_views import BlockPoolViews
 from pagesim.kvcache.sliding_window import SlidingWindow
+from pagesim.kvcache.slot_allocator import NO_EXTRAS, SlotAllocator, SlotExtras
 from pagesim.request import Request
 
 _block_id = attrgetter("block_id")
@@ -67,7 +68,7 @@ class KVCacheBlocks:
         return len(self.blocks)
 
 
-class KVCacheManager(BlockPoolViews):
+class KVCacheManager(SlotAllocator[KVCacheBlocks], BlockPoolViews):
     """Block tables of all live requests over one `BlockPool`.
 
     `vllm_compat` picks the free order ("0.33": unhashed freed blocks reused first; "0.23":
@@ -199,52 +200,25 @@ class KVCacheManager(BlockPoolViews):
         return KVCacheBlocks(hit), len(hit) * self.block_size
 
     # ---- allocation ------------------------------------------------------------------------
-    def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        full_sequence_must_fit: bool = False,
+    def _allocate_slots(
+        self, request: Request, num_new_tokens: int, extras: SlotExtras[KVCacheBlocks]
     ) -> KVCacheBlocks | None:
-        """Give the request slots for `num_new_tokens` more tokens (plus lookahead).
-
-        `num_new_computed_tokens` / `new_computed_blocks` are a prefix hit from
-        `get_computed_blocks` (new requests only). With `full_sequence_must_fit` (vLLM's
-        `scheduler_reserve_full_isl` admission gate) it first fails unless the whole current
-        sequence (`request.num_tokens`, hits counted) would fit in the free blocks.
-
-        Returns the newly allocated blocks, or None when the free blocks do not suffice; then
-        nothing has changed (exception, as in vLLM: with a sliding window, blocks already out
-        of the window are released first). Raises `AllocationError` for a negative or zero
-        `num_new_tokens` and for a request that could never fit in the whole cache.
-        """
+        """With a sliding window, blocks already out of the window are released first even
+        when the call then returns None (as in vLLM)."""
         rid = request.request_id
         row = self.req_to_blocks.get(rid)
         if (
             row is None
-            or num_new_computed_tokens
-            or new_computed_blocks
-            or full_sequence_must_fit
+            or extras is not NO_EXTRAS
             or self._window is not None
             or rid in self._cow_req_ids
             or num_new_tokens < 1
-            or num_lookahead_tokens
             or (
                 self.max_model_len is not None
                 and request.num_computed_tokens + num_new_tokens > self.max_model_len
             )
         ):
-            return self._allocate_slots_general(
-                request,
-                row,
-                num_new_tokens,
-                num_new_computed_tokens,
-                new_computed_blocks,
-                num_lookahead_tokens,
-                full_sequence_must_fit,
-            )
+            return self._allocate_slots_general(request, row, num_new_tokens, extras)
         # The common case: a running full-attention request growing by num_new_tokens (decode).
         bs = self.block_size
         main = request.num_computed_tokens + num_new_tokens
@@ -276,12 +250,12 @@ class KVCacheManager(BlockPoolViews):
         request: Request,
         row: list[KVCacheBlock] | None,
         num_new_tokens: int,
-        num_new_computed_tokens: int,
-        new_computed_blocks: KVCacheBlocks | None,
-        num_lookahead_tokens: int,
-        full_sequence_must_fit: bool,
+        extras: SlotExtras[KVCacheBlocks],
     ) -> KVCacheBlocks | None:
         rid = request.request_id
+        num_new_computed_tokens = extras.num_new_computed_tokens
+        new_computed_blocks = extras.new_computed_blocks
+        num_lookahead_tokens = extras.num_lookahead_tokens
         hit = new_computed_blocks.blocks if new_computed_blocks is not None else ()
         bs, pool, window, cap = self.block_size, self.block_pool, self._window, self.max_model_len
         check_allocation_arguments(
@@ -295,7 +269,7 @@ class KVCacheManager(BlockPoolViews):
         )
         local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = local_computed if cap is None else min(local_computed, cap)
-        if full_sequence_must_fit:
+        if extras.full_sequence_must_fit:
             full_tokens = request.num_tokens if cap is None else min(request.num_tokens, cap)
             check_ever_fits(
                 rid,
