@@ -6,7 +6,7 @@ GPU calls' calibrations (`pagesim merge-profiles`); their `notes` list when each
 measured. The sources themselves left the tree with the research record; they are in git at
 `REV` (later ones in the tree, `IN_TREE`). This finds each source by its date, merges them again, checks that the merge gives the
 shipped tables and metadata exactly, and prints each source's level against the merged profile
-(`pagesim.cost.profile_merge.source_scale`). With --write it adds those levels to the shipped
+(`pagesim.cost.profile_merge.source_scales`). With --write it adds those levels to the shipped
 `profile.json` as `source_scales` (nothing else changes).
 
     python benchmarks/profile_sources.py [--write]
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from pagesim.cost.profile import PROFILE_JSON, Profile
-from pagesim.cost.profile_merge import merge_profiles, source_scale
+from pagesim.cost.profile_merge import merge_profiles, source_scales
 from pagesim.cost.profile_rows import TABLES
 from pagesim.data import calibration_dir
 
@@ -96,8 +96,9 @@ def main() -> None:
                 raise SystemExit(f"{model}: merging the sources does not give its profile.json")
             scales = merged.metadata.source_scales or []
             print(f"{model}: {len(sources)} sources, step-time level against the merged profile")
-            for folder, source, scale in zip(folders, sources, scales, strict=True):
-                assert scale == round(source_scale(source, merged), 6)
+            levels = source_scales(sources, merged)
+            for folder, source, scale, level in zip(folders, sources, scales, levels, strict=True):
+                assert scale == round(level, 6)
                 print(f"  {folder} ({source.metadata.date}): x {scale:.4f}")
             print(f"  spread: x {min(scales):.4f} to x {max(scales):.4f}")
             if args.write:

@@ -20,8 +20,8 @@ The rules, so that the merged profile stays a measurement and not a blend of dif
   copy rate are medians over the sources that measured them;
 - `date` is the newest source's; `notes` says how many sources and when each was measured;
 - `source_scales` records the spread: each source's level against the merged profile, the
-  median over the source's step rows of its time over the merged time of the same point
-  (`source_scale`). Pricing every step at the smallest and the largest of them says how far
+  median over the source's step rows of its time over the merged time of the same point,
+  counting only points that two or more sources measured (`source_scales`). Pricing every step at the smallest and the largest of them says how far
   an answer moves with the GPU's speed level (`pagesim.cost.level_band`).
 
     merged = merge_profiles([Profile.load(p) for p in paths])
@@ -31,13 +31,14 @@ The rules, so that the merged profile stays a measurement and not a blend of dif
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Sequence
 from statistics import median
 
 from pagesim.cost.profile import Profile, ProfileError, ProfileMetadata
 from pagesim.cost.profile_rows import KEY_COLUMNS, TABLES
 
-__all__ = ["SAME_SETUP_KEYS", "merge_profiles", "source_deviation", "source_scale"]
+__all__ = ["SAME_SETUP_KEYS", "merge_profiles", "source_deviation", "source_scale", "source_scales"]
 
 #: metadata every source must share: what was measured, on what, with which software
 SAME_SETUP_KEYS = (
@@ -82,36 +83,67 @@ def merge_profiles(profiles: Sequence[Profile]) -> Profile:
                 )
     tables = {name: _merge_table(name, [getattr(p, name) for p in profiles]) for name in TABLES}
     merged = Profile(_merge_metadata([p.metadata for p in profiles]), **tables)
-    scales = [round(source_scale(p, merged), 6) for p in profiles]
+    scales = [round(scale, 6) for scale in source_scales(profiles, merged)]
     return Profile(dataclasses.replace(merged.metadata, source_scales=scales), **tables)
 
 
-def source_scale(source: Profile, merged: Profile) -> float:
-    """How fast `source`'s session ran against `merged`: the median, over every step row of
-    `source` (all tables that time steps), of its step time over the merged time of the same
-    grid point. A median of ratios, so that the few points one session measured oddly do not
-    move its level."""
+def source_scales(sources: Sequence[Profile], merged: Profile) -> list[float]:
+    """Each source's level against `merged` (`source_scale`), over the grid points that two
+    or more sources measured. A point only one source measured is its own merged value: its
+    ratio is 1 by construction and says nothing of the session, yet counted it would pull
+    that source's level toward 1 (a source that measured a larger grid than the others would
+    look as fast as the median, however slow it ran)."""
+    counts: dict[str, Counter[tuple]] = {
+        table: Counter(
+            dataclasses.astuple(r)[: KEY_COLUMNS[table]] for p in sources for r in getattr(p, table)
+        )
+        for table in _step_tables()
+    }
+    shared = {table: {k for k, n in c.items() if n >= 2} for table, c in counts.items()}
+    if not any(shared.values()):  # one source, or none shares a point: no spread measured
+        return [1.0] * len(sources)
+    return [source_scale(source, merged, shared) for source in sources]
+
+
+def source_scale(
+    source: Profile, merged: Profile, points: dict[str, set[tuple]] | None = None
+) -> float:
+    """How fast `source`'s session ran against `merged`: the median, over `source`'s step rows
+    (all tables that time steps; only the grid points in `points[table]` when given), of its
+    step time over the merged time of the same grid point. A median of ratios, so that the
+    few points one session measured oddly do not move its level."""
     ratios = [
         1 + d
-        for table, (row_cls, _) in TABLES.items()
-        if "step_time_ms" in {f.name for f in dataclasses.fields(row_cls)}
-        for d in source_deviation(source, merged, table)
+        for table in _step_tables()
+        for d in source_deviation(source, merged, table, None if points is None else points[table])
     ]
     if not ratios:
         raise ProfileError("merge: a source has no step rows to compare with the merged profile")
     return median(ratios)
 
 
-def source_deviation(source: Profile, merged: Profile, table: str = "decode") -> list[float]:
-    """Each of `source`'s rows of `table` against the merged row of the same point: the ratio
-    of the step times less 1, in the source's row order (how far that session sat from the
-    median)."""
+def source_deviation(
+    source: Profile, merged: Profile, table: str = "decode", points: set[tuple] | None = None
+) -> list[float]:
+    """Each of `source`'s rows of `table` (of the grid points in `points`, when given) against
+    the merged row of the same point: the ratio of the step times less 1, in the source's row
+    order (how far that session sat from the median)."""
     k = KEY_COLUMNS[table]
     merged_time = {dataclasses.astuple(r)[:k]: r.step_time_ms for r in getattr(merged, table)}
+    rows = ((dataclasses.astuple(r)[:k], r.step_time_ms) for r in getattr(source, table))
     return [
-        r.step_time_ms / merged_time[dataclasses.astuple(r)[:k]] - 1
-        for r in getattr(source, table)
-        if r.step_time_ms > 0
+        time / merged_time[key] - 1
+        for key, time in rows
+        if time > 0 and (points is None or key in points)
+    ]
+
+
+def _step_tables() -> list[str]:
+    """The tables whose rows time steps."""
+    return [
+        table
+        for table, (row_cls, _) in TABLES.items()
+        if "step_time_ms" in {f.name for f in dataclasses.fields(row_cls)}
     ]
 
 
