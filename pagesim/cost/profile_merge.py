@@ -14,7 +14,10 @@ The rules, so that the merged profile stays a measurement and not a blend of dif
   triton): a profile of another stack times another step, and merging it is refused;
 - each table's grid points are the union of the sources'; each time column of a point is the
   median over the sources that measured it (with an even count, the mean of the middle two),
-  so one source's extra points are kept as measured;
+  each source's step times first divided by its level (below). Sessions measured different
+  grids (a newer calibration times more block sizes), and a point only a few sessions
+  measured would otherwise carry their speed level: block sizes would be compared at
+  different levels, a few % apart, as large as the differences a block-size sweep ranks;
 - the measured KV block count per block size is the smallest any source measured (a cache
   that one session could not hold is not promised); the host-overhead scalars and the pinned
   copy rate are medians over the sources that measured them;
@@ -81,10 +84,24 @@ def merge_profiles(profiles: Sequence[Profile]) -> Profile:
                     f"merge: profile 1 and profile {i} differ in {key} "
                     f"({a!r} vs {b!r}); only calibrations of one setup merge"
                 )
-    tables = {name: _merge_table(name, [getattr(p, name) for p in profiles]) for name in TABLES}
-    merged = Profile(_merge_metadata([p.metadata for p in profiles]), **tables)
-    scales = [round(scale, 6) for scale in source_scales(profiles, merged)]
-    return Profile(dataclasses.replace(merged.metadata, source_scales=scales), **tables)
+    meta = _merge_metadata([p.metadata for p in profiles])
+    as_measured = Profile(meta, **_merge_tables(profiles, [1.0] * len(profiles)))
+    tables = _merge_tables(profiles, source_scales(profiles, as_measured))
+    scales = [round(scale, 6) for scale in source_scales(profiles, Profile(meta, **tables))]
+    return Profile(dataclasses.replace(meta, source_scales=scales), **tables)
+
+
+def _merge_tables(profiles: Sequence[Profile], levels: Sequence[float]) -> dict[str, tuple]:
+    """Every table merged, each source's step times divided by its level first."""
+    steps = _step_tables()
+    return {
+        name: _merge_table(
+            name,
+            [getattr(p, name) for p in profiles],
+            levels if name in steps else [1.0] * len(profiles),
+        )
+        for name in TABLES
+    }
 
 
 def source_scales(sources: Sequence[Profile], merged: Profile) -> list[float]:
@@ -147,16 +164,18 @@ def _step_tables() -> list[str]:
     ]
 
 
-def _merge_table(name: str, sources: list[tuple]) -> tuple:
+def _merge_table(name: str, sources: list[tuple], levels: Sequence[float]) -> tuple:
     """The union of the sources' grid points, in the order each first appears; every
-    non-key column the median over the sources that measured the point."""
+    non-key column the median over the sources that measured the point, each source's values
+    divided by its level (1: as measured)."""
     row_cls = TABLES[name][0]
     k = KEY_COLUMNS[name]
     measured: dict[tuple, list[tuple]] = {}
-    for rows in sources:
+    for rows, level in zip(sources, levels, strict=True):
         for row in rows:
             values = dataclasses.astuple(row)
-            measured.setdefault(values[:k], []).append(values[k:])
+            times = values[k:] if level == 1 else tuple(v / level for v in values[k:])
+            measured.setdefault(values[:k], []).append(times)
     return tuple(
         row_cls(*key, *(median(column) for column in zip(*values, strict=True)))
         for key, values in measured.items()

@@ -39,22 +39,28 @@ def test_the_merge_records_each_sources_level_against_it() -> None:
     assert "3 calibrations" in band.basis
 
 
-def test_points_one_source_measured_alone_do_not_pull_its_level_to_one() -> None:
-    """A session that measured a larger grid than the others: its extra points are their own
-    merged values (ratio 1); its level is read where the sessions overlap."""
+def test_points_one_session_measured_alone_are_merged_at_the_common_level() -> None:
+    """A session that measured a larger grid than the others: its level is read where the
+    sessions overlap (its extra points, their own medians, would pull it toward 1), and its
+    extra points enter the merge at the level of the rest (divided by its level), so that
+    points measured by different sessions compare at one level."""
     base = make_synthetic_profile(seed=1)
     slow = _slower(base, 1.04)
+
+    def bigger(rows, k):
+        return tuple(dataclasses.replace(r, batch_size=r.batch_size + 1000 * k) for r in rows)
+
     # the slow session measured the decode grid at three more sets of batch sizes
-    extra = tuple(
-        dataclasses.replace(r, batch_size=r.batch_size + 1000 * k)
-        for k in (1, 2, 3)
-        for r in slow.decode
+    slow = slow.replace_tables(
+        decode=slow.decode + sum((bigger(slow.decode, k) for k in (1, 2, 3)), ())
     )
-    slow = slow.replace_tables(decode=slow.decode + extra)
     merged = merge_profiles([base, slow, _slower(base, 0.97)])
-    assert len(merged.decode) == 4 * len(base.decode)
     assert merged.metadata.source_scales == pytest.approx([1.0, 1.04, 0.97], abs=1e-6)
-    assert source_scale(slow, merged) == pytest.approx(1.0)  # every row counted: pulled to 1
+    n = len(base.decode)
+    for k in (1, 2, 3):
+        assert [r.step_time_ms for r in merged.decode[k * n : (k + 1) * n]] == pytest.approx(
+            [r.step_time_ms for r in bigger(base.decode, k)]
+        )
 
 
 def test_the_spread_is_an_optional_key_and_round_trips(tmp_path) -> None:
