@@ -9,10 +9,12 @@ of them ships in tests/fixtures/vidur/ (its README says which commit and how it 
 Each measured operation is predicted twice:
 
 * transfer: pagesim's shipped H200 profile of the same layer shapes carried to the GPU
-  (`TransferCostModel.kernel_times`; all-reduces: the H200's measured all-reduce table
-  carried by the ratio of the two GPUs' all-reduce bus bandwidths (`BoundingRates`: published
-  NCCL figures where known, else the link's datasheet rate at the H200's share), its smallest
-  message's time kept as latency);
+  (`TransferCostModel.kernel_times`; all-reduces: `TransferCostModel.allreduce_call_s` of the
+  llama-3-70b TP 2 model that `pagesim run` uses, i.e. the H200's measured all-reduce table
+  carried by `carried_allreduce_s`: its smallest message's time kept as the per-call time,
+  the rest moved by the ratio of the two GPUs' all-reduce bus bandwidths (`BoundingRates`:
+  published NCCL figures where known, else the link's datasheet rate at the H200's share)
+  and, for 4 and 8 GPUs, by the ring's bytes per GPU against the table's 2);
 * analytical: the analytical model's own terms per operation (each GEMM's roofline at the
   analytical shares of the datasheet; the per-layer fixed time shared among the layer's
   element-wise kernels; its all-reduce term).
@@ -41,9 +43,7 @@ from pagesim.config import EngineConfig
 from pagesim.cost.analytical import AnalyticalConstants
 from pagesim.cost.gpu_rates import BoundingRates
 from pagesim.cost.operations import LayerWidths, kernel_time, layer_operations
-from pagesim.cost.profile import Profile
-from pagesim.cost.surface import Pwl
-from pagesim.cost.transfer import SOURCE_GPU, rated_spec
+from pagesim.cost.transfer import SOURCE_GPU, TransferCostModel
 from pagesim.data import calibration_dir
 from pagesim.sim.build import _transferred
 from pagesim.specs import GPUSpec, ModelSpec
@@ -198,20 +198,25 @@ def operation_rows(case: Case) -> list[dict]:
     return out
 
 
+def allreduce_transfer(gpu_name: str) -> TransferCostModel:
+    """The transfer model that `pagesim run --gpu GPU --model llama-3-70b
+    --tensor-parallel-size 2` prices with: its all-reduces are the H200 profile's measured
+    table carried by `pagesim.cost.transfer.carried_allreduce_s`."""
+    engine = EngineConfig(model="llama-3-70b", gpu=gpu_name, tensor_parallel_size=2)
+    transfer = _transferred(engine, calibration_dir() / SOURCE_GPU / "llama-3-70b-tp2")
+    assert isinstance(transfer, TransferCostModel)
+    return transfer
+
+
 def allreduce_rows(vidur_gpu: str, gpu_name: str, held_out: bool) -> list[dict]:
     """One row per measured all-reduce message size and GPU count."""
     c = AnalyticalConstants()
-    src_gpu, gpu = GPUSpec.from_name(SOURCE_GPU), GPUSpec.from_name(gpu_name)
-    profile = Profile.load(calibration_dir() / SOURCE_GPU / "llama-3-70b-tp2")
-    table = Pwl({r.message_bytes: [r.time_us * 1e-3] for r in profile.allreduce if r.tp == 2})
-    latency_ms = min(r.time_us for r in profile.allreduce) * 1e-3
-    src_link = rated_spec(src_gpu, BoundingRates.of(src_gpu), c).nvlink_bytes_per_s
-    tgt_link = rated_spec(gpu, BoundingRates.of(gpu), c).nvlink_bytes_per_s
+    gpu = GPUSpec.from_name(gpu_name)
+    transfer = allreduce_transfer(gpu_name)
     out = []
     for r in _read(FIXTURES / f"all_reduce_{vidur_gpu}.csv"):
         n, size = int(r["num_workers"]), int(r["message_bytes"])
         ring = 2.0 * (n - 1) / n
-        moving = max(table(size) - latency_ms, 0.0) * (ring / 1.0) * (src_link / tgt_link)
         link = gpu.nvlink_bytes_per_s * c.allreduce_bandwidth_efficiency
         out.append(
             {
@@ -224,7 +229,7 @@ def allreduce_rows(vidur_gpu: str, gpu_name: str, held_out: bool) -> list[dict]:
                 "operation": "all_reduce",
                 "size": size,
                 "measured_ms": float(r["time_ms"]),
-                "transfer_ms": latency_ms + moving,
+                "transfer_ms": transfer.allreduce_call_s(size, gpus=n) * 1e3,
                 "analytical_ms": (c.allreduce_latency_s + ring * size / link) * 1e3,
             }
         )

@@ -20,9 +20,8 @@ def allreduce_pricer(profile: Profile, model: ModelSpec | None, gpu: GPUSpec | N
     tp = meta.tensor_parallel_size
     if tp == 1:
         return None, None
-    rows = [r for r in profile.allreduce if r.tp == tp]
-    if model is not None and rows:
-        table = Pwl({r.message_bytes: [r.time_us * US] for r in rows})
+    table = allreduce_table(profile, tp)
+    if model is not None and table is not None:
         count = num_allreduces_per_step(model, tp)
         per_token = model.hidden_size * model.dtype_bytes
         return (lambda tokens: count * table(tokens * per_token)), "allreduce.csv"
@@ -38,3 +37,20 @@ def allreduce_pricer(profile: Profile, model: ModelSpec | None, gpu: GPUSpec | N
             f"tp {tp}, or gpu= for the analytical all-reduce term)"
         )
     return None, None
+
+
+def allreduce_table(profile: Profile, tp: int) -> Pwl | None:
+    """Seconds of one all-reduce by message bytes, from the profile's `allreduce.csv` rows at
+    `tp` GPUs; None when it has none."""
+    rows = [r for r in profile.allreduce if r.tp == tp]
+    if not rows:
+        return None
+    return Pwl({r.message_bytes: [r.time_us * US] for r in rows})
+
+
+def allreduce_per_call_s(profile: Profile, tp: int) -> float | None:
+    """The per-call time of the profile's all-reduces at `tp` GPUs: the smallest time its
+    `allreduce.csv` measured (at its smallest messages the bytes take next to nothing: ~25 us
+    on 2 x H200), what an all-reduce costs before any byte moves. None without a table."""
+    rows = [r for r in profile.allreduce if r.tp == tp]
+    return min(r.time_us for r in rows) * US if rows else None

@@ -12,10 +12,12 @@ rate that bounds it gives:
                 does not list: unfused element-wise passes) moves with the memory bandwidth
     attention   the analytical model's attention (paged decode reads, prefill FLOPs, each
                 entry in its own regime) on the target over the same on the source
-    allreduce   the analytical all-reduce on the target over the same on the source (its
-                latency stays, its bytes move at the bus bandwidth NCCL reaches on the
-                target's link: a published figure where known, else the datasheet link rate
-                times the source's share)
+    allreduce   each measured all-reduce by `carried_allreduce_s`: its per-call time (the
+                smallest time the source's all-reduce table measured) stays, the rest (the
+                bytes term) moves by the ratio of the bus bandwidths NCCL reaches on the two
+                GPUs' links (a published figure where known, else the datasheet link rate
+                times the source's share). The same function carries the all-reduce tables
+                in the Vidur check (benchmarks/transfer_vs_vidur.py)
     host        unchanged: the scheduler and input preparation run on the CPU
     swap, copy  the analytical model's on the target (host link, HBM copies)
 
@@ -33,7 +35,12 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from pagesim.cost.analytical import AnalyticalConstants, AnalyticalCostModel
+from pagesim.cost.allreduce_pricing import allreduce_per_call_s, allreduce_table
+from pagesim.cost.analytical import (
+    AnalyticalConstants,
+    AnalyticalCostModel,
+    num_allreduces_per_step,
+)
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import BREAKDOWN_KEYS, CalibratedCostModel
 from pagesim.cost.gpu_rates import BoundingRates
@@ -64,6 +71,37 @@ def rated_spec(gpu: GPUSpec, rates: BoundingRates, c: AnalyticalConstants) -> GP
         nvlink_bytes_per_s=link if nvlink else 0.0,
         host_link_bytes_per_s=gpu.host_link_bytes_per_s if nvlink else link,
     )
+
+
+def ring_share(gpus: int) -> float:
+    """Bytes each GPU sends per byte of message in a ring all-reduce of `gpus` GPUs,
+    2 (n - 1) / n: NCCL's bus bandwidth is message bytes / time times this."""
+    return 2.0 * (gpus - 1) / gpus
+
+
+def carried_allreduce_s(
+    measured_s: float,
+    per_call_s: float,
+    source: BoundingRates,
+    target: BoundingRates,
+    source_gpus: int,
+    target_gpus: int | None = None,
+) -> float:
+    """One all-reduce measured at `measured_s` on `source_gpus` GPUs of the source, on
+    `target_gpus` (default the same number) of the target: the one way pagesim carries an
+    all-reduce between GPUs, for the transfer model's steps and for the Vidur check alike.
+
+    The per-call time `per_call_s` (what the source's smallest messages took: launch and
+    NCCL's protocol, no bytes to speak of) stays, as host time does; what the call took beyond
+    it is the bytes term, and moves by the ratio of the bus bandwidths NCCL reaches on the two
+    links (`BoundingRates.link_bytes_per_s`) and, for another number of GPUs, by the ratio of
+    the ring's bytes per GPU (`ring_share`), at the same bus bandwidth. A time below the
+    per-call time (a step whose measured all-reduces were clipped) is kept as it is.
+    """
+    n = source_gpus if target_gpus is None else target_gpus
+    fixed = min(measured_s, per_call_s)
+    ratio = source.link_bytes_per_s / target.link_bytes_per_s
+    return fixed + (measured_s - fixed) * ratio * ring_share(n) / ring_share(source_gpus)
 
 
 def kernel_latency_s(widths: LayerWidths, rates: BoundingRates, other_s: float) -> float:
@@ -105,6 +143,14 @@ class TransferCostModel:
             model, rated_spec(target_gpu, self.target_rates, c), tp, kv
         )
         self._swap_copy = AnalyticalCostModel(model, target_gpu, tp, kv)
+        # the source's all-reduces: its measured table where it has one (else the analytical
+        # term on the source GPU, as the calibrated model prices them) and their per-call time
+        self.tensor_parallel_size = tp
+        self.num_allreduces = num_allreduces_per_step(model, tp)
+        self._allreduce_table = allreduce_table(source.profile, tp) if tp > 1 else None
+        per_call = allreduce_per_call_s(source.profile, tp) if tp > 1 else None
+        self.allreduce_per_call_s = c.allreduce_latency_s if per_call is None else per_call
+        self._src_allreduce = AnalyticalCostModel(model, source_gpu, tp, kv)
         smallest = source.step_time_breakdown(BatchShape.decode(1, 1))
         # `other` is without the all-reduces (priced apart, by their own ratio)
         self.latency_s = kernel_latency_s(self.widths, self.source_rates, smallest["other"])
@@ -126,12 +172,45 @@ class TransferCostModel:
         if tokens:
             out["other"] = self.other_on_target(src["other"], tokens, batch.num_reqs)
             out["attention"] = src["attention"] * self._ratio(batch, ("attention", "paged_blocks"))
-            out["allreduce"] = src["allreduce"] * self._ratio(batch, ("allreduce",))
+            out["allreduce"] = self.allreduce_on_target(src["allreduce"])
             out["host_overhead"] = src["host_overhead"]
         if moves:
             mine = self._swap_copy.step_time_breakdown(batch)
             out["swap"], out["copy"] = mine["swap"], mine["copy"]
         return out
+
+    def allreduce_on_target(self, measured_s: float) -> float:
+        """A step's all-reduces, `measured_s` on the source, on the target: each of the step's
+        `num_allreduces` carried by `carried_allreduce_s`."""
+        n = self.num_allreduces
+        if not n or measured_s <= 0.0:
+            return 0.0
+        return n * self._carry(measured_s / n, self.tensor_parallel_size)
+
+    def allreduce_call_s(self, message_bytes: float, gpus: int | None = None) -> float:
+        """One all-reduce of `message_bytes` on `gpus` GPUs of the target (default the TP
+        size): the source's measured time of that message at its TP size, carried by
+        `carried_allreduce_s`. A step's all-reduces are `num_allreduces` of these at
+        `tokens * hidden * dtype bytes`."""
+        if self.tensor_parallel_size == 1:
+            raise ConfigError("tensor_parallel_size=1: the source measured no all-reduce")
+        if self._allreduce_table is not None:
+            measured = self._allreduce_table(message_bytes)
+        else:  # as the calibrated model prices a profile without a table
+            src = self._src_allreduce
+            tokens = message_bytes / src.allreduce_bytes_per_token
+            measured = src.allreduce_time(tokens) / src.num_allreduces  # type: ignore[arg-type]
+        return self._carry(measured, gpus or self.tensor_parallel_size)
+
+    def _carry(self, measured_s: float, gpus: int) -> float:
+        return carried_allreduce_s(
+            measured_s,
+            self.allreduce_per_call_s,
+            self.source_rates,
+            self.target_rates,
+            self.tensor_parallel_size,
+            gpus,
+        )
 
     def other_ratio(self, num_tokens: int, num_reqs: int) -> float:
         """Target over source time of a step's listed non-attention kernels."""

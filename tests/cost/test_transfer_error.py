@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from pagesim.config import EngineConfig
+from pagesim.cost.base import BatchShape
+from pagesim.cost.transfer import TransferCostModel
 from pagesim.cost.transfer_error import ERRORS_FILE, band_widening_pct, transfer_note
 from pagesim.data import transfer_dir
-from pagesim.sim.build import transfer_errors
+from pagesim.sim.build import scaled_cost_model, transfer_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -61,3 +64,24 @@ def test_a_transferred_band_widens_by_the_gpus_gemm_error() -> None:
     assert pct == shipped["a100-80gb"].gemm and "A100" in why
     pct, why = band_widening_pct("l40s", shipped)  # unchecked: the worst checked GPU's
     assert pct == max(e.gemm for e in shipped.values()) and "l40s unchecked" in why
+
+
+@pytest.mark.parametrize("gpu", ["a100-80gb", "h100-sxm"])
+def test_the_check_scores_the_allreduce_that_a_tp2_run_prices(rows, gpu) -> None:
+    # the transfer's all-reduce in the Vidur check is the one `pagesim run --gpu GPU
+    # --model llama-3-70b --tensor-parallel-size 2` prices a step's all-reduces with
+    engine = EngineConfig(model="llama-3-70b", gpu=gpu, tensor_parallel_size=2)
+    run = scaled_cost_model(engine, None, 1.0, transfer=True)
+    assert isinstance(run, TransferCostModel)
+    per_token = run.model.hidden_size * run.model.dtype_bytes
+    checked = [r for r in rows if r["family"] == "allreduce" and r["gpu"] == gpu]
+    assert len(checked) == 3 * 64
+    for r in checked:
+        if r["tp"] == 2 and r["size"] % per_token == 0:  # a whole number of tokens: a step
+            step = run.step_time_breakdown(BatchShape.prefill(r["size"] // per_token))
+            assert r["transfer_ms"] == pytest.approx(
+                step["allreduce"] / run.num_allreduces * 1e3, rel=1e-9
+            )
+        assert r["transfer_ms"] == pytest.approx(
+            run.allreduce_call_s(r["size"], gpus=r["tp"]) * 1e3, rel=1e-9
+        )
