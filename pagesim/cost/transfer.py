@@ -212,6 +212,19 @@ class TransferCostModel:
             gpus,
         )
 
+    def allreduce_share(self) -> float:
+        """The largest share of a step's time its all-reduces take on the target, over one
+        prefill of 1 to 8,192 tokens (0 without tensor parallelism). For a given number of
+        tokens that is the step with the least beside its all-reduces: one request (one LM
+        head row) and the least attention; decodes and longer contexts add to the rest."""
+        if not self.num_allreduces:
+            return 0.0
+        shares = []
+        for k in range(14):
+            parts = self.step_time_breakdown(BatchShape.prefill(2**k))
+            shares.append(parts["allreduce"] / sum(parts.values()))
+        return max(shares)
+
     def other_ratio(self, num_tokens: int, num_reqs: int) -> float:
         """Target over source time of a step's listed non-attention kernels."""
         src, tgt = self._inventory(num_tokens, num_reqs)

@@ -49,19 +49,75 @@ def read_errors(path: Path) -> dict[str, TransferError]:
     return out
 
 
-def band_widening_pct(gpu: str, errors: dict[str, TransferError]) -> tuple[float, str]:
-    """How much wider (in %, each way) a band priced by transfer to `gpu` is, and why: the
-    median GEMM error measured on that GPU (GEMMs are most of a step's time; element-wise
-    kernels, far worse, are 9-16 % of it), else the largest GEMM error measured on any GPU."""
+def band_widening_pct(
+    gpu: str, errors: dict[str, TransferError], allreduce_share: float = 0.0
+) -> tuple[float, str]:
+    """How much wider (in %, each way) a band priced by transfer to `gpu` is, and why.
+
+    Without tensor parallelism (`allreduce_share` 0): the median GEMM error measured on that
+    GPU (GEMMs are most of a step's time; element-wise kernels, far worse, are 9-16 % of it),
+    else the largest GEMM error measured on any GPU.
+
+    With it, a step is its all-reduces plus the rest (taken at the GEMM error, as without
+    tensor parallelism), and the all-reduce's error is larger (A100: 25 % against 7 %). The
+    band is one factor on every step, fixed before the run, so it takes the step error where
+    the all-reduces weigh most: the two errors weighted by `allreduce_share`, the largest
+    share of a step's time the all-reduces take (`TransferCostModel.allreduce_share`: 14 %
+    for llama-3-70b TP 2 on an A100, at one token; 4 % at 2,048 tokens). A share-weighted
+    sum because a step's error is its parts' errors weighted by their times, and the
+    transfer's all-reduce errs mostly one way (too fast from 256 KiB up), so the errors add
+    rather than cancel; not the larger of the two, which would widen every step by an error
+    that at most a seventh of its time carries. The all-reduce error is the GPU's own where
+    Vidur measured its all-reduces, else the largest measured on any GPU.
+    """
     err = errors.get(gpu)
     if err is not None:
-        return err.gemm, f"the transfer's median GEMM error on {err.checked_as}"
-    worst = max(errors, key=lambda g: errors[g].gemm)
-    return (
-        errors[worst].gemm,
-        f"the largest median GEMM error the transfer showed ({errors[worst].checked_as}; "
-        f"{gpu} unchecked)",
+        gemm, gemm_on = err.gemm, err.checked_as
+    else:
+        worst = max(errors, key=lambda g: errors[g].gemm)
+        gemm, gemm_on = errors[worst].gemm, errors[worst].checked_as
+    if allreduce_share <= 0.0:
+        if err is not None:
+            return gemm, f"the transfer's median GEMM error on {gemm_on}"
+        return (
+            gemm,
+            f"the largest median GEMM error the transfer showed ({gemm_on}; {gpu} unchecked)",
+        )
+    if err is not None and err.allreduce is not None:
+        allreduce, allreduce_on = err.allreduce, err.checked_as
+    else:
+        measured = {g: e.allreduce for g, e in errors.items() if e.allreduce is not None}
+        worst = max(measured, key=lambda g: measured[g] or 0.0)
+        allreduce, allreduce_on = measured[worst] or 0.0, errors[worst].checked_as
+    pct = round((1.0 - allreduce_share) * gemm + allreduce_share * allreduce, 1)
+    if err is None:
+        what = (
+            f"GEMMs {gemm:g} % and all-reduces {allreduce:g} %, the largest median errors the "
+            f"transfer showed ({gemm_on}, {allreduce_on}; {gpu} unchecked)"
+        )
+    elif err.allreduce is None:
+        what = (
+            f"GEMMs {gemm:g} %, the transfer's median error on {gemm_on}, and all-reduces "
+            f"{allreduce:g} %, the largest measured ({allreduce_on}; {gpu}'s unchecked)"
+        )
+    else:
+        what = (
+            f"GEMMs {gemm:g} % and all-reduces {allreduce:g} %, the transfer's median errors "
+            f"on {gemm_on}"
+        )
+    return pct, f"{what}, weighted by the all-reduces' largest share of a step, " + (
+        f"{100 * allreduce_share:.0f} %"
     )
+
+
+def band_clause(tensor_parallel_size: int) -> str:
+    """The cost-model line's clause that says what a transferred band is widened by."""
+    if tensor_parallel_size > 1:
+        return (
+            "its band is the source's spread widened by the GEMM and all-reduce errors, "
+            "weighted by the all-reduces' largest share of a step"
+        )
+    return "its band is the source's spread widened by the GEMM error"
 
 
 def transfer_note(gpu: str, errors: dict[str, TransferError]) -> str:

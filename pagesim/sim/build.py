@@ -97,14 +97,14 @@ def _cost_model_name(config: EngineConfig, profile: str | Path | None, analytica
         return "Cost model: analytical"
     source = transfer_profile(config) if profile is None else None
     if source is not None:
-        from pagesim.cost.transfer_error import transfer_note
+        from pagesim.cost.transfer_error import band_clause, transfer_note
 
         meta = Profile.load_metadata(source)
         return (
             f"Cost model: transfer of the shipped profile {shipped_relative(source)} "
             f"({meta.gpu_name}, measured {meta.date[:10]}) to {config.gpu} by each part's "
-            f"bounding rate; {transfer_note(config.gpu, transfer_errors())}; its band is the source's spread "
-            "widened by the GEMM error"
+            f"bounding rate; {transfer_note(config.gpu, transfer_errors())}; "
+            f"{band_clause(config.tensor_parallel_size)}"
         )
     if profile is None:
         return (
@@ -201,9 +201,15 @@ def step_time_band(config: EngineConfig, profile: str | Path | None, transfer: b
     band = profile_band(meta) or gpu_band(_shipped_metadata(meta.gpu), meta.gpu)
     if band is None or profile is not None:
         return band
+    from pagesim.cost.transfer import TransferCostModel
     from pagesim.cost.transfer_error import band_widening_pct
 
-    return widened(band, *band_widening_pct(config.gpu, transfer_errors()))
+    share = 0.0
+    if config.tensor_parallel_size > 1:  # the all-reduces' error weighs in too
+        model = _transferred(config, Path(source))
+        assert isinstance(model, TransferCostModel)
+        share = model.allreduce_share()
+    return widened(band, *band_widening_pct(config.gpu, transfer_errors(), share))
 
 
 @lru_cache(maxsize=1)

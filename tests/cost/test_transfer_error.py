@@ -11,10 +11,19 @@ import pytest
 
 from pagesim.config import EngineConfig
 from pagesim.cost.base import BatchShape
+from pagesim.cost.level_band import gpu_band, profile_band
+from pagesim.cost.profile import Profile
 from pagesim.cost.transfer import TransferCostModel
 from pagesim.cost.transfer_error import ERRORS_FILE, band_widening_pct, transfer_note
 from pagesim.data import transfer_dir
-from pagesim.sim.build import scaled_cost_model, transfer_errors
+from pagesim.sim.build import (
+    _shipped_metadata,
+    cost_model_line,
+    scaled_cost_model,
+    step_time_band,
+    transfer_errors,
+    transfer_profile,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -85,3 +94,63 @@ def test_the_check_scores_the_allreduce_that_a_tp2_run_prices(rows, gpu) -> None
         assert r["transfer_ms"] == pytest.approx(
             run.allreduce_call_s(r["size"], gpus=r["tp"]) * 1e3, rel=1e-9
         )
+
+
+def test_a_tensor_parallel_band_weighs_in_the_allreduce_error() -> None:
+    shipped = transfer_errors()
+    a100 = shipped["a100-80gb"]
+    assert a100.allreduce is not None and a100.allreduce > a100.gemm
+    assert band_widening_pct("a100-80gb", shipped, 0.0)[0] == a100.gemm  # TP 1 as before
+    pct, why = band_widening_pct("a100-80gb", shipped, 0.25)
+    assert pct == pytest.approx(0.75 * a100.gemm + 0.25 * a100.allreduce, abs=0.05)
+    assert "all-reduces" in why and "25 %" in why
+    # a GPU whose all-reduces nobody measured takes the largest all-reduce error measured
+    worst = max(e.allreduce for e in shipped.values() if e.allreduce is not None)
+    pct, why = band_widening_pct("h100-pcie", shipped, 0.1)
+    gemm = max(e.gemm for e in shipped.values())
+    assert pct == pytest.approx(0.9 * gemm + 0.1 * worst, abs=0.05) and "unchecked" in why
+
+
+def test_the_allreduce_share_is_the_largest_a_step_gives_them() -> None:
+    engine = EngineConfig(model="llama-3-70b", gpu="a100-80gb", tensor_parallel_size=2)
+    t = scaled_cost_model(engine, None, 1.0, transfer=True)
+    assert isinstance(t, TransferCostModel)
+    share = t.allreduce_share()
+    assert 0.05 < share < 0.3
+    for shape in (
+        BatchShape.decode(1, 1),
+        BatchShape.decode(64, 2048),
+        BatchShape.mixed(512, 0, 32, 1024),
+        BatchShape.prefill(4096),
+    ):
+        parts = t.step_time_breakdown(shape)
+        assert parts["allreduce"] / sum(parts.values()) <= share
+    one = scaled_cost_model(EngineConfig(model="llama-2-7b", gpu="a100-80gb"), None, 1.0, True)
+    assert isinstance(one, TransferCostModel) and one.allreduce_share() == 0.0
+
+
+def test_a_tensor_parallel_runs_band_and_line_count_the_allreduce_error() -> None:
+    errors = transfer_errors()["a100-80gb"]
+    tp2 = EngineConfig(model="llama-3-70b", gpu="a100-80gb", tensor_parallel_size=2)
+    tp1 = EngineConfig(model="llama-3-8b", gpu="a100-80gb")
+    band1, band2 = step_time_band(tp1, None, True), step_time_band(tp2, None, True)
+    assert band1 is not None and band2 is not None
+    for config, band, pct in ((tp1, band1, errors.gemm), (tp2, band2, None)):
+        source = transfer_profile(config)
+        assert source is not None
+        meta = Profile.load_metadata(source)
+        base = profile_band(meta) or gpu_band(_shipped_metadata(meta.gpu), meta.gpu)
+        assert base is not None
+        if pct is None:  # TP 2: between the GEMM and the all-reduce error, weighted
+            t = scaled_cost_model(config, None, 1.0, transfer=True)
+            assert isinstance(t, TransferCostModel)
+            pct = band_widening_pct(config.gpu, transfer_errors(), t.allreduce_share())[0]
+            assert errors.gemm < pct < (errors.allreduce or 0.0)
+        assert band.low == pytest.approx(base.low * (1 - pct / 100), rel=1e-12)
+        assert band.high == pytest.approx(base.high * (1 + pct / 100), rel=1e-12)
+    assert "all-reduces 24.7 %" in band2.basis and "all-reduce" not in band1.basis
+    line = cost_model_line(tp2, None)
+    assert line.endswith(
+        "widened by the GEMM and all-reduce errors, weighted by the all-reduces' largest share of a step"
+    )
+    assert cost_model_line(tp1, None).endswith("widened by the GEMM error")
