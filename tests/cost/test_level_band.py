@@ -8,7 +8,13 @@ import json
 
 import pytest
 
-from pagesim.cost.level_band import gpu_band, profile_band, widened
+from pagesim.cost.level_band import (
+    StepTimeBand,
+    gpu_band,
+    profile_band,
+    session_interval,
+    widened,
+)
 from pagesim.cost.profile import Profile, ProfileError
 from pagesim.cost.profile_merge import merge_profiles, source_scale
 from pagesim.data import calibration_dir
@@ -35,8 +41,19 @@ def test_the_merge_records_each_sources_level_against_it() -> None:
     assert source_scale(sources[1], merged) == pytest.approx(1.04)
     band = profile_band(merged.metadata)
     assert band is not None
-    assert (band.low, band.high) == pytest.approx((0.97, 1.04), abs=1e-6)
+    assert (band.low, band.high) == pytest.approx(session_interval([1.0, 1.04, 0.97]), abs=1e-6)
     assert "3 calibrations" in band.basis
+
+
+def test_the_band_is_a_95_percent_prediction_interval_for_the_next_session() -> None:
+    # mean 1, sd 0.0158; t(4 df) = 2.776; sqrt(1 + 1/5): +- 0.0481
+    low, high = session_interval([0.98, 1.00, 1.02, 0.99, 1.01])
+    assert (low, high) == pytest.approx((0.95192, 1.04808), abs=1e-5)
+    # never narrower than the levels measured (an outlier among many tight ones)
+    levels = [1.0] * 29 + [1.001] * 29 + [1.2]
+    assert session_interval(levels)[1] == 1.2
+    with pytest.raises(ValueError):
+        session_interval([1.0])
 
 
 def test_points_one_session_measured_alone_are_merged_at_the_common_level() -> None:
@@ -97,15 +114,17 @@ def test_shipped_merged_profiles_carry_one_level_per_source() -> None:
     assert merged >= 3
 
 
-def test_a_profile_without_spread_takes_the_gpus_widest_and_transfer_widens() -> None:
+def test_a_profile_without_spread_takes_the_gpus_pooled_levels_and_transfer_widens() -> None:
     metas = [
         dataclasses.replace(make_synthetic_profile(seed=1).metadata, source_scales=s)
         for s in ([0.98, 1.01], [0.95, 1.0, 1.02], None)
     ]
     band = gpu_band(metas, "h200")
-    assert band is not None and (band.low, band.high) == (0.95, 1.02)
-    assert "h200" in band.basis
+    assert band is not None
+    assert (band.low, band.high) == session_interval([0.98, 1.01, 0.95, 1.0, 1.02])
+    assert "h200" in band.basis and "5 calibrations" in band.basis
     assert gpu_band(metas[2:], "h200") is None
+    band = StepTimeBand(0.95, 1.02, "measured")
     wide = widened(band, 10.0, "why")
     assert (wide.low, wide.high) == pytest.approx((0.855, 1.122))
     assert wide.scaled(2.0).high == pytest.approx(2.244)
