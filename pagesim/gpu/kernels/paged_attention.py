@@ -42,14 +42,26 @@ from pagesim.gpu.kernels.configs import DecodePartition, KernelConfig, decode_co
 LOG2E = 1.4426950408889634
 
 
+class PagedContext(NamedTuple):
+    """What the queries attend over, as the decode and prefill kernels take it (four
+    consecutive arguments): the caches, and per sequence its block-table row and context
+    length."""
+
+    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor  # the same layout (`check_kv_cache`)
+    block_table: torch.Tensor  # [num_seqs, max_num_blocks_per_seq]
+    seq_lens: torch.Tensor  # [num_seqs]
+
+
 def attention_strides(
-    query: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor
+    query: torch.Tensor, out: torch.Tensor, context: PagedContext
 ) -> tuple[int, ...]:
     """The stride arguments of the decode and prefill kernels, in their signatures' order.
 
-    `kv_cache` is either cache: `check_kv_cache` has made sure the two share one layout.
+    One cache's strides serve both: `check_kv_cache` has made sure the two share one layout.
     """
-    return (*query.stride()[:2], *out.stride()[:2], *kv_cache.stride()[:3], block_table.stride(0))
+    cache, table = context.key_cache, context.block_table
+    return (*query.stride()[:2], *out.stride()[:2], *cache.stride()[:3], table.stride(0))
 
 
 def attention_meta(
@@ -292,19 +304,17 @@ def paged_attention_decode(
     if num_seqs == 0:
         return out
     scale = 1.0 / math.sqrt(head_size) if scale is None else scale
+    context = PagedContext(key_cache, value_cache, block_table, seq_lens)
     _paged_decode_kernel[(num_seqs, num_kv_heads, partition.num_partitions)](
         out,
         *parts,
         query,
-        key_cache,
-        value_cache,
-        block_table,
-        seq_lens,
+        *context,
         scale * LOG2E,
         partition.partition_size,
         partition.num_partitions,
         window,
-        *attention_strides(query, out, key_cache, block_table),
+        *attention_strides(query, out, context),
         SPLIT=split,
         **attention_meta(cfg, group, key_cache, window),
     )

@@ -40,6 +40,7 @@ from pagesim.gpu.kernels.checks import (
 from pagesim.gpu.kernels.configs import KernelConfig, prefill_config
 from pagesim.gpu.kernels.paged_attention import (
     LOG2E,
+    PagedContext,
     attention_meta,
     attention_strides,
     gather_kv,
@@ -280,18 +281,16 @@ def paged_attention_prefill(
     # Upper bound on the query blocks of all sequences (see the module docstring).
     num_q_blocks = num_tokens // block_q + num_seqs
     scale = 1.0 / math.sqrt(head_size) if scale is None else scale
+    context = PagedContext(key_cache, value_cache, block_table, seq_lens)
     _paged_prefill_kernel[(num_q_blocks, num_kv_heads)](
         out,
         query,
-        key_cache,
-        value_cache,
-        block_table,
-        seq_lens,
+        *context,
         query_start_loc,
         scale * LOG2E,
         num_seqs,
         window,
-        *attention_strides(query, out, key_cache, block_table),
+        *attention_strides(query, out, context),
         BLOCK_Q=block_q,
         **attention_meta(cfg, group, key_cache, window),
     )
