@@ -29,7 +29,6 @@ profile run uses it as vLLM's profile run does (no attention metadata).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -328,19 +327,6 @@ def layer_shapes(spec: ModelSpec, index: int = 0) -> dict[str, tuple[int, ...]]:
     else:
         shapes.update(gate_up=(2 * inter, hidden), down=(hidden, inter))
     return shapes
-
-
-def num_weights(spec: ModelSpec) -> int:
-    """Parameters the random-weight model holds for `spec` (tied tensors once): embeddings,
-    layers, final norm, LM head (Llama, untied) or learned positions (OPT, tied head)."""
-    hidden = spec.hidden_size
-    layers = sum(
-        math.prod(s) for i in range(spec.num_layers) for s in layer_shapes(spec, i).values()
-    )
-    total = spec.vocab_size * hidden + layers
-    if spec.arch == "opt":
-        return total + (spec.max_position_embeddings + OPT_POSITION_OFFSET) * hidden + 2 * hidden
-    return total + hidden + spec.vocab_size * hidden
 
 
 def _rope_tables(

@@ -94,27 +94,6 @@ class FreeKVCacheBlockQueue:
         self.remove(block)
         return block
 
-    def popleft_n(self, n: int) -> list[KVCacheBlock]:
-        """Take the first `n` blocks, head first. Raises `InternalError` if fewer are
-        free: the block pool checks first."""
-        if n <= 0:
-            return []
-        if n > self.num_free_blocks:
-            raise InternalError(f"num_blocks={n}: only {self.num_free_blocks} blocks are free")
-        self.num_free_blocks -= n
-        head = self.fake_free_list_head
-        block: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
-        out: list[KVCacheBlock] = []
-        append = out.append
-        for _ in range(n):
-            append(block)
-            nxt = block.next_free_block
-            block.prev_free_block = block.next_free_block = None
-            block = nxt  # type: ignore[assignment]
-        head.next_free_block = block
-        block.prev_free_block = head
-        return out
-
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink `block` from anywhere in the queue in O(1)."""
         prev, nxt = block.prev_free_block, block.next_free_block

@@ -154,13 +154,6 @@ class BuddyAllocator(_Placer):
             start, order = parent, order + 1
         insort(self.free_lists[order], start)
 
-    def largest_free(self) -> int:
-        """Size of the largest free block (0 if none)."""
-        for k in range(self.max_order, -1, -1):
-            if self.free_lists[k]:
-                return 1 << k
-        return 0
-
     def usable_free(self, size: int) -> int:
         """Free units that allocations of `size` could take: every free block of order >=
         that of ceil_pow2(size) splits exactly into such blocks; smaller ones are useless."""
@@ -256,9 +249,6 @@ class FirstFitAllocator(_Placer):
                 return
         self.hole_starts.insert(i, start)
         self.hole_size[start] = size
-
-    def largest_free(self) -> int:
-        return max(self.hole_size.values(), default=0)
 
     def usable_free(self, size: int) -> int:
         """Free units that allocations of `size` could take: floor(hole / size) * size per hole."""

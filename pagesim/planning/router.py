@@ -1,4 +1,4 @@
-"""Request routers for several replicas, and a multi-replica run by router name.
+"""Request routers for several replicas (`pagesim.sim.cluster.simulate_cluster` runs them).
 
 A router is called once per request at its arrival (`choose(request, engines) -> index`) and
 sees the replicas' live state. Three policies, as deployed in front of vLLM fleets:
@@ -18,12 +18,9 @@ Every tie is broken by index, so a run is deterministic.
 
 from __future__ import annotations
 
-from pagesim.config import EngineConfig
 from pagesim.errors import unknown_name
 from pagesim.request import Request
-from pagesim.sim.cluster import ClusterResult, simulate_cluster
 from pagesim.sim.engine import ServingEngine
-from pagesim.sim.simulate import LoadSpec
 
 ROUTERS: tuple[str, ...] = ("round-robin", "least-loaded", "prefix-aware")
 
@@ -91,18 +88,3 @@ def make_router(name: str, **kwargs) -> RoundRobinRouter | LeastLoadedRouter | P
     if name == "prefix-aware":
         return PrefixAwareRouter(**kwargs)
     raise unknown_name("router", name, ROUTERS)
-
-
-def simulate_replicas(
-    config: EngineConfig,
-    load: LoadSpec,
-    num_replicas: int,
-    router: str = "round-robin",
-    *,
-    profile=None,
-    cost_model=None,
-) -> ClusterResult:
-    """`simulate_cluster` with a fresh router of the given name."""
-    return simulate_cluster(
-        config, load, num_replicas, make_router(router), profile=profile, cost_model=cost_model
-    )

@@ -28,7 +28,7 @@ from pagesim.errors import WorkloadError
 from pagesim.request import Request
 from pagesim.workload.sessions import Session
 from pagesim.workload.spec import ArrivalSpec
-from pagesim.workload.tokens import block_segments, segment_token_list, segment_tokens
+from pagesim.workload.tokens import block_segments, segment_token_list
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,12 +97,6 @@ class RequestPlan(RequestColumns):
         """Prompt token ids of request i (a session's first turn). O(prompt length)."""
         return segment_token_list(
             self._token_list, self.content_key, self._segments(i), self.vocab_size
-        )
-
-    def materialize_array(self, i: int) -> np.ndarray:
-        """Like `materialize`, as int64 [prompt_lens[i]]."""
-        return segment_tokens(
-            self.token_table, self.content_key, self._segments(i), self.vocab_size
         )
 
     def _segments(self, i: int) -> list[tuple[int, int]]:

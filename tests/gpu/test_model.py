@@ -4,15 +4,17 @@ weights, and a paged forward equal to a dense fp32 forward (CPU: Triton interpre
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from pagesim.gpu.kv_layout import KVLayout
 from pagesim.gpu.model import (
+    OPT_POSITION_OFFSET,
     DecoderConfig,
     RandomWeightDecoder,
-    num_weights,
+    layer_shapes,
     reference_attention_forward,
 )
 from pagesim.gpu.runner import allocate_kv_cache
@@ -20,6 +22,19 @@ from pagesim.kvcache.sizing import page_size_bytes
 from pagesim.specs import MODELS, ModelSpec
 
 TINY = ModelSpec.from_name("tiny-llama")
+
+
+def num_weights(spec: ModelSpec) -> int:
+    """Parameters the random-weight model holds for `spec` (tied tensors once): embeddings,
+    layers, final norm, LM head (Llama, untied) or learned positions (OPT, tied head)."""
+    hidden = spec.hidden_size
+    layers = sum(
+        math.prod(s) for i in range(spec.num_layers) for s in layer_shapes(spec, i).values()
+    )
+    total = spec.vocab_size * hidden + layers
+    if spec.arch == "opt":
+        return total + (spec.max_position_embeddings + OPT_POSITION_OFFSET) * hidden + 2 * hidden
+    return total + hidden + spec.vocab_size * hidden
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -29,17 +29,16 @@ def test_initial_order_is_ascending():
     assert queue.fake_free_list_tail.prev_free_block is blocks[5]
 
 
-def test_popleft_and_popleft_n_take_the_head():
+def test_popleft_takes_the_head():
     blocks, queue = make_queue()
     assert queue.popleft() is blocks[0]
     assert_unlinked(blocks[0])
-    assert [b.block_id for b in queue.popleft_n(3)] == [1, 2, 3]
+    assert [queue.popleft().block_id for _ in range(3)] == [1, 2, 3]
     for b in blocks[1:4]:
         assert_unlinked(b)
     assert ids(queue) == [4, 5]
     assert queue.num_free_blocks == 2
-    assert queue.popleft_n(0) == []
-    assert [b.block_id for b in queue.popleft_n(2)] == [4, 5]
+    assert [queue.popleft().block_id for _ in range(2)] == [4, 5]
     assert ids(queue) == [] and queue.num_free_blocks == 0
     assert queue.fake_free_list_head.next_free_block is queue.fake_free_list_tail
 
@@ -58,7 +57,7 @@ def test_remove_from_middle_head_and_tail():
 
 def test_append_append_n_prepend_n_order():
     blocks, queue = make_queue()
-    taken = queue.popleft_n(6)
+    taken = [queue.popleft() for _ in range(6)]
     queue.append(taken[2])
     assert ids(queue) == [2]
     queue.append_n([taken[4], taken[0]])
@@ -82,13 +81,11 @@ def test_append_append_n_prepend_n_order():
 
 def test_too_many_or_missing_blocks_raise_and_change_nothing():
     blocks, queue = make_queue(3)
-    with pytest.raises(InternalError, match="num_blocks=4"):
-        queue.popleft_n(4)
-    assert ids(queue) == [0, 1, 2]
     taken = queue.popleft()
     with pytest.raises(InternalError, match="block_id=0"):
         queue.remove(taken)
-    queue.popleft_n(2)
+    queue.popleft()
+    queue.popleft()
     with pytest.raises(InternalError, match="empty"):
         queue.popleft()
 

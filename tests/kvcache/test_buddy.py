@@ -21,7 +21,7 @@ def test_buddy_initial_cover_non_power_of_two():
     b = BuddyAllocator(13)  # 8 + 4 + 1
     assert _lists(b) == {8: [0], 4: [8], 1: [12]}
     b.check_invariants()
-    assert b.largest_free() == 8 and b.num_free_units == 13
+    assert b.num_free_units == 13
 
 
 def test_buddy_split_and_merge_exact():
@@ -81,7 +81,6 @@ def test_buddy_lowest_address_first_and_usable_free():
     for r in a[::2]:  # free every other pair: 8 units free in blocks of 2
         b.free(r.start)
     assert _lists(b) == {2: [0, 4, 8, 12]}
-    assert b.largest_free() == 2
     assert b.usable_free(2) == 8 and b.usable_free(3) == 0 and b.usable_free(1) == 8
     assert b.allocate(3) is None
     b.check_invariants()
@@ -127,7 +126,6 @@ def test_first_fit_prefers_lowest_hole():
     assert f.free_regions() == [Region(4, 4), Region(12, 4)]
     assert f.allocate(2) == Region(4, 2)
     assert f.free_regions() == [Region(6, 2), Region(12, 4)]
-    assert f.largest_free() == 4
     f.check_invariants()
 
 

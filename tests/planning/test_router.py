@@ -6,7 +6,7 @@ import pytest
 
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError, UnknownNameError
-from pagesim.planning.router import make_router, simulate_replicas
+from pagesim.planning.router import make_router
 from pagesim.sim.cluster import simulate_cluster
 from pagesim.sim.simulate import LoadSpec, simulate
 
@@ -17,25 +17,25 @@ def test_one_replica_is_simulate_exactly() -> None:
     config = EngineConfig.create(num_gpu_blocks_override=600)
     alone = simulate(config, SYSTEM).result
     for router in ("round-robin", "least-loaded", "prefix-aware"):
-        cluster = simulate_replicas(config, SYSTEM, 1, router).result
+        cluster = simulate_cluster(config, SYSTEM, 1, make_router(router)).result
         assert {k: cluster[k] for k in alone} == alone
         assert cluster["num_replicas"] == 1 and cluster["replica_num_requests"] == [80]
 
 
 def test_round_robin_splits_evenly_and_is_deterministic() -> None:
     config = EngineConfig.create()
-    a = simulate_replicas(config, SYSTEM, 4, "round-robin")
+    a = simulate_cluster(config, SYSTEM, 4, make_router("round-robin"))
     assert a.result["replica_num_requests"] == [20, 20, 20, 20]
     assert a.result["completed"] == 80
     assert sum(r["num_requests"] for r in a.replicas) == 80
-    b = simulate_replicas(config, SYSTEM, 4, "round-robin")
+    b = simulate_cluster(config, SYSTEM, 4, make_router("round-robin"))
     assert a.result == b.result
 
 
 def test_prefix_aware_keeps_prefixes_together() -> None:
     config = EngineConfig.create()
-    rr = simulate_replicas(config, SYSTEM, 4, "round-robin").result
-    pa = simulate_replicas(config, SYSTEM, 4, "prefix-aware").result
+    rr = simulate_cluster(config, SYSTEM, 4, make_router("round-robin")).result
+    pa = simulate_cluster(config, SYSTEM, 4, make_router("prefix-aware")).result
     assert pa["prefix_cache_hit_rate"] > rr["prefix_cache_hit_rate"] + 0.05
     assert pa["completed"] == rr["completed"] == 80
     # the cluster's hit rate is recomputed from the replicas' summed tokens
@@ -70,4 +70,4 @@ def test_bad_router_and_replica_count() -> None:
     with pytest.raises(UnknownNameError, match="unknown router 'random'"):
         make_router("random")
     with pytest.raises(ConfigError, match="num_replicas=0"):
-        simulate_replicas(EngineConfig.create(), SYSTEM, 0)
+        simulate_cluster(EngineConfig.create(), SYSTEM, 0, make_router("round-robin"))
