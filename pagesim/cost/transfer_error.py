@@ -59,16 +59,14 @@ def band_widening_pct(
     else the largest GEMM error measured on any GPU.
 
     With it, a step is its all-reduces plus the rest (taken at the GEMM error, as without
-    tensor parallelism), and the all-reduce's error is larger (A100: 25 % against 7 %). The
-    band is one factor on every step, fixed before the run, so it takes the step error where
-    the all-reduces weigh most: the two errors weighted by `allreduce_share`, the largest
-    share of a step's time the all-reduces take (`TransferCostModel.allreduce_share`: 14 %
-    for llama-3-70b TP 2 on an A100, at one token; 4 % at 2,048 tokens). A share-weighted
-    sum because a step's error is its parts' errors weighted by their times, and the
-    transfer's all-reduce errs mostly one way (too fast from 256 KiB up), so the errors add
-    rather than cancel; not the larger of the two, which would widen every step by an error
-    that at most a seventh of its time carries. The all-reduce error is the GPU's own where
-    Vidur measured its all-reduces, else the largest measured on any GPU.
+    tensor parallelism). The band is one factor on every step, fixed before the run, so it
+    takes the step error where the all-reduces weigh most: the two errors weighted by
+    `allreduce_share`, the largest share of a step's time the all-reduces take
+    (`TransferCostModel.allreduce_share`). A share-weighted sum because a step's error is its
+    parts' errors weighted by their times, and the transfer's all-reduce errs mostly one way,
+    so the errors add rather than cancel; not the larger of the two, which would widen every
+    step by an error that only a small share of its time carries. The all-reduce error is the
+    GPU's own where Vidur measured its all-reduces, else the largest measured on any GPU.
     """
     err = errors.get(gpu)
     if err is not None:

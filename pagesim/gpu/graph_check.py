@@ -8,10 +8,7 @@ summation order: a padded step changes the row count cuBLAS sees, and a decode g
 contexts for its span bucket where the eager step splits them for its longest context. Each
 decode row says both splits; where they cut contexts at other offsets the split-K reduction
 sums in another order, and once a reordered sum rounds to another bf16 value the rows drift
-apart over the layers (llama-3-70b at TP 2 and qwen2.5-7b, both 4 KV heads per GPU: decode
-64x512 split 2 x 320 eagerly and 2 x 512 as a graph, 7.1e-2 and 3.4e-2 apart; opt-13b's
-decode 8x512, unsplit against 3 x 384, stayed bit-identical). Every shape split alike has
-been bit-identical.
+apart over the layers. A shape split alike in both modes gives bit-identical rows.
 
 `use_graphs(on)` switches the runner between modes: on one GPU it sets `runner.graphs`; a
 tensor-parallel driver broadcasts the switch so that every rank replays or runs eagerly alike

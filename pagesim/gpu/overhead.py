@@ -10,13 +10,10 @@ measured from it:
   blocks, looking them up in the prefix cache, allocating and recording them. Requests join
   the decoding ramp in groups of 1, 2, 4 and 8, as requests join a served batch. The groups
   differ in size so that the cost per admitting step and the cost per admitted prompt can be
-  told apart: with every joiner admitted alone, each admitting step had one prefill entry, so
-  only the sum of the two terms was measured, and calibrations of one model split it anywhere
-  from all per step to all per prompt.
+  told apart: with one prefill entry per admitting step only their sum would be measured.
 
-The ramp's prompts are as long as the cache allows (`ramp_prompt_len`), so that its steps
-look like served ones: with 64-token prompts, served decode steps of the same batch took up
-to twice as long on the host as the ramp's on the H200
+The ramp's prompts are as long as the cache allows (`ramp_prompt_len`), so that its steps look
+like served ones, whose host time short prompts understate
 (`results/validation/host_overhead_<model>.md`).
 """
 

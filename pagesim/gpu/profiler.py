@@ -9,8 +9,8 @@
 
 `calibrate` is that flow from the loaded model on, for one GPU (`run_calibration`: a world
 of size 1) and for tensor parallelism alike (`pagesim.gpu.tp_profiler`: an N-way `World`,
-the group's driver runner, the all-reduce table). Block sizes run in the order: the fully measured ones first, so that a time budget that
-runs out leaves the most useful rows measured.
+the group's driver runner, the all-reduce table). The fully measured block sizes run first,
+so that a time budget that runs out leaves the most useful rows measured.
 """
 
 from __future__ import annotations

