@@ -457,12 +457,14 @@ def _metrics_lines(result: dict[str, Any] | None) -> list[str]:
     return [f"  {k:<28} {result[k]:.4g}" for k in SHOWN if isinstance(result.get(k), int | float)]
 
 
+def _verdict(probe, detail: str = "") -> str:
+    """A probe's printed outcome: pass or FAIL, then `detail` and the SLOs it violated."""
+    return f"{'pass' if probe.passed else 'FAIL'}  {detail}" + "; ".join(probe.violations)
+
+
 def _capacity(cap: CapacityResult, num_prompts: int) -> dict[str, Any]:
     for p in cap.probes:
-        print(
-            f"  rate {p.value:9.3f} req/s  {'pass' if p.passed else 'FAIL'}  "
-            + "; ".join(p.violations)
-        )
+        print(f"  rate {p.value:9.3f} req/s  {_verdict(p)}")
     print("\n".join(capacity_table(cap, num_prompts)))
     if cap.max_rate is not None:
         print("\n".join(_metrics_lines(cap.result)))
@@ -518,10 +520,7 @@ def _replicas(engine, search, prof, cap, cost):
     )
     for p in plan.probes:
         hit = p.result.get("prefix_cache_hit_rate", 0.0)
-        print(
-            f"  {int(p.value):3d} replicas  {'pass' if p.passed else 'FAIL'}  prefix hit "
-            f"{hit:.3f}  " + "; ".join(p.violations)
-        )
+        print(f"  {int(p.value):3d} replicas  {_verdict(p, f'prefix hit {hit:.3f}  ')}")
     if plan.num_replicas is None:
         print(f"Even {max_replicas} replicas miss the SLOs")
     else:
@@ -544,10 +543,7 @@ def _kv(engine, plan, prof, cost):
     target_rate = plan.target_rate
     k = plan.run(min_kv_memory, engine, prof, target_rate, cost_model=cost)
     for p in k.probes:
-        print(
-            f"  {int(p.value):7d} blocks  {'pass' if p.passed else 'FAIL'}  "
-            + "; ".join(p.violations)
-        )
+        print(f"  {int(p.value):7d} blocks  {_verdict(p)}")
     if k.num_gpu_blocks is None:
         print(
             f"Even the largest KV cache ({k.max_num_gpu_blocks} blocks) misses the SLOs "
