@@ -58,9 +58,3 @@ class PagedKV:
 
 def randn(gen: torch.Generator, shape, dtype: torch.dtype, device: str) -> torch.Tensor:
     return torch.randn(shape, generator=gen).to(dtype).to(device)
-
-
-def heads_major(cache: torch.Tensor) -> torch.Tensor:
-    """`cache`'s values, same shape, stored `[num_blocks, num_kv_heads, block_size, head_size]`:
-    a layout the kernels refuse beside a cache in the usual one (they take one set of strides)."""
-    return cache.transpose(1, 2).contiguous().transpose(1, 2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from paged_kv_helpers import PagedKV, assert_close_rel, heads_major, randn
+from paged_kv_helpers import PagedKV, assert_close_rel, randn
 
 from pagesim.errors import KernelInputError
 from pagesim.gpu.kernels.configs import KernelConfig, prefill_config
@@ -149,12 +149,6 @@ def test_bad_inputs_raise_one_line_errors(gen, device):
                 q, kv.key_cache, kv.value_cache, kv.block_table, kv.seq_lens[:1], qsl
             ),
             "seq_lens.shape",
-        ),
-        (
-            lambda: paged_attention_prefill(
-                q, kv.key_cache, heads_major(kv.value_cache), kv.block_table, kv.seq_lens, qsl
-            ),
-            "value_cache.stride()",
         ),
     ]
     for call, needle in cases:

@@ -83,10 +83,7 @@ def check_choice(name: str, value: int, allowed: Sequence[int]) -> None:
 
 
 def check_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
-    """Key and value caches: `[num_blocks, block_size, num_kv_heads, head_size]`, one layout.
-
-    The kernels take one set of cache strides for both, so the two must agree in shape, dtype
-    and strides (`allocate_kv_cache` cuts both from one tensor).
+    """Key and value caches: `[num_blocks, block_size, num_kv_heads, head_size]`, same dtype.
 
     Returns `(num_blocks, block_size, num_kv_heads, head_size)`.
     """
@@ -99,11 +96,6 @@ def check_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[
         )
     check_last_dim_contiguous("key_cache", key_cache)
     check_last_dim_contiguous("value_cache", value_cache)
-    if value_cache.stride() != key_cache.stride():
-        raise KernelInputError(
-            f"value_cache.stride()={list(value_cache.stride())} differs from "
-            f"key_cache.stride()={list(key_cache.stride())}: the kernels read both with one layout"
-        )
     num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
     check_choice("block_size", block_size, BLOCK_SIZES)
     check_choice("head_size", head_size, HEAD_SIZES)

@@ -48,7 +48,7 @@ class PagedContext(NamedTuple):
     length."""
 
     key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_size]
-    value_cache: torch.Tensor  # the same layout (`check_kv_cache`)
+    value_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_size]
     block_table: torch.Tensor  # [num_seqs, max_num_blocks_per_seq]
     seq_lens: torch.Tensor  # [num_seqs]
 
@@ -56,12 +56,14 @@ class PagedContext(NamedTuple):
 def attention_strides(
     query: torch.Tensor, out: torch.Tensor, context: PagedContext
 ) -> tuple[int, ...]:
-    """The stride arguments of the decode and prefill kernels, in their signatures' order.
-
-    One cache's strides serve both: `check_kv_cache` has made sure the two share one layout.
-    """
-    cache, table = context.key_cache, context.block_table
-    return (*query.stride()[:2], *out.stride()[:2], *cache.stride()[:3], table.stride(0))
+    """The stride arguments of the decode and prefill kernels, in their signatures' order."""
+    return (
+        *query.stride()[:2],
+        *out.stride()[:2],
+        *context.key_cache.stride()[:3],
+        *context.value_cache.stride()[:3],
+        context.block_table.stride(0),
+    )
 
 
 def attention_meta(
@@ -100,9 +102,12 @@ def _paged_decode_kernel(
     stride_q_head: tl.int64,  #
     stride_o_seq: tl.int64,
     stride_o_head: tl.int64,  #
-    stride_cache_blk: tl.int64,  # of key_cache and value_cache (one layout)
-    stride_cache_off: tl.int64,
-    stride_cache_head: tl.int64,  #
+    stride_kc_blk: tl.int64,
+    stride_kc_off: tl.int64,
+    stride_kc_head: tl.int64,  #
+    stride_vc_blk: tl.int64,
+    stride_vc_off: tl.int64,
+    stride_vc_head: tl.int64,  #
     stride_bt_seq: tl.int64,  #
     QUERIES_PER_KV: tl.constexpr,  # query heads per KV head
     BLOCK_M: tl.constexpr,  # QUERIES_PER_KV padded to a power of two >= 16
@@ -143,8 +148,8 @@ def _paged_decode_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)
     bt_row = block_table_ptr + seq * stride_bt_seq
-    k_base = key_cache_ptr + kv_head * stride_cache_head
-    v_base = value_cache_ptr + kv_head * stride_cache_head
+    k_base = key_cache_ptr + kv_head * stride_kc_head
+    v_base = value_cache_ptr + kv_head * stride_vc_head
     offs_t = tl.arange(0, TILE_N)
 
     # Tiles start at multiples of TILE_N so that, when BLOCK_SIZE >= TILE_N, a tile lies in one
@@ -157,9 +162,10 @@ def _paged_decode_kernel(
         else:  # one block id per token (a tile spans TILE_N // BLOCK_SIZE blocks)
             blk = tl.load(bt_row + t // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
         off = t % BLOCK_SIZE
-        kv_rows = blk * stride_cache_blk + off * stride_cache_off  # [TILE_N] element offsets
-        k = tl.load(k_base + kv_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
-        v = tl.load(v_base + kv_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
+        k_rows = blk * stride_kc_blk + off * stride_kc_off  # [TILE_N] element offsets
+        v_rows = blk * stride_vc_blk + off * stride_vc_off
+        k = tl.load(k_base + k_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + d[None, :], mask=t_mask[:, None], other=0.0)
 
         # -- logits and online-softmax update (base 2)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, TILE_N]

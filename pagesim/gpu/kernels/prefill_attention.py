@@ -77,8 +77,10 @@ def _attend_tiles(
     hi,  # tiles start in [start_lo, start_hi); keys < hi exist
     qk_scale,
     sliding_window,  #
-    stride_cache_blk,
-    stride_cache_off,  # of both caches
+    stride_kc_blk,
+    stride_kc_off,
+    stride_vc_blk,
+    stride_vc_off,  #
     HEAD_SIZE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,  #
@@ -99,9 +101,8 @@ def _attend_tiles(
         else:
             blk = tl.load(bt_row + t // BLOCK_SIZE).to(tl.int64)
         off = t % BLOCK_SIZE
-        kv_offs = (blk * stride_cache_blk + off * stride_cache_off)[:, None] + d[None, :]
-        k_ptrs = k_base + kv_offs
-        v_ptrs = v_base + kv_offs
+        k_ptrs = k_base + (blk * stride_kc_blk + off * stride_kc_off)[:, None] + d[None, :]
+        v_ptrs = v_base + (blk * stride_vc_blk + off * stride_vc_off)[:, None] + d[None, :]
         if MASKED:
             k = tl.load(k_ptrs, mask=t_mask[:, None], other=0.0)  # [TILE_N, HEAD_SIZE]
             v = tl.load(v_ptrs, mask=t_mask[:, None], other=0.0)
@@ -142,9 +143,12 @@ def _paged_prefill_kernel(
     stride_q_head: tl.int64,  #
     stride_o_tok: tl.int64,
     stride_o_head: tl.int64,  #
-    stride_cache_blk: tl.int64,  # of key_cache and value_cache (one layout)
-    stride_cache_off: tl.int64,
-    stride_cache_head: tl.int64,  #
+    stride_kc_blk: tl.int64,
+    stride_kc_off: tl.int64,
+    stride_kc_head: tl.int64,  #
+    stride_vc_blk: tl.int64,
+    stride_vc_off: tl.int64,
+    stride_vc_head: tl.int64,  #
     stride_bt_seq: tl.int64,  #
     QUERIES_PER_KV: tl.constexpr,  #
     BLOCK_Q: tl.constexpr,  # query tokens per program
@@ -199,8 +203,8 @@ def _paged_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_SIZE], dtype=tl.float32)
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt_seq
-    k_base = key_cache_ptr + kv_head * stride_cache_head
-    v_base = value_cache_ptr + kv_head * stride_cache_head
+    k_base = key_cache_ptr + kv_head * stride_kc_head
+    v_base = value_cache_ptr + kv_head * stride_vc_head
     for run in tl.static_range(3):  # unrolled: each run is compiled with its own MASKED
         start_lo = a if run == 0 else (b if run == 1 else c)
         start_hi = tl.minimum(b, hi) if run == 0 else (c if run == 1 else hi)
@@ -218,8 +222,10 @@ def _paged_prefill_kernel(
             hi,
             qk_scale,
             sliding_window,
-            stride_cache_blk,
-            stride_cache_off,
+            stride_kc_blk,
+            stride_kc_off,
+            stride_vc_blk,
+            stride_vc_off,
             HEAD_SIZE,
             BLOCK_SIZE,
             TILE_N,

@@ -37,9 +37,12 @@ def _reshape_and_cache_kernel(
     stride_k_head: tl.int64,  #
     stride_v_tok: tl.int64,  #
     stride_v_head: tl.int64,  #
-    stride_cache_blk: tl.int64,  # of key_cache and value_cache (one layout)
-    stride_cache_off: tl.int64,  #
-    stride_cache_head: tl.int64,  #
+    stride_kc_blk: tl.int64,  #
+    stride_kc_off: tl.int64,  #
+    stride_kc_head: tl.int64,  #
+    stride_vc_blk: tl.int64,  #
+    stride_vc_off: tl.int64,  #
+    stride_vc_head: tl.int64,  #
     num_kv_heads,  #
     BLOCK_SIZE: tl.constexpr,  # tokens per cache block
     HEAD_SIZE: tl.constexpr,  # a power of two
@@ -58,9 +61,10 @@ def _reshape_and_cache_kernel(
 
     k = tl.load(key_ptr + tok * stride_k_tok + h * stride_k_head + d, mask=mask)
     v = tl.load(value_ptr + tok * stride_v_tok + h * stride_v_head + d, mask=mask)
-    slot_offs = blk * stride_cache_blk + off * stride_cache_off + h * stride_cache_head + d
-    tl.store(key_cache_ptr + slot_offs, k, mask=mask)
-    tl.store(value_cache_ptr + slot_offs, v, mask=mask)
+    kc = key_cache_ptr + blk * stride_kc_blk + off * stride_kc_off + h * stride_kc_head + d
+    vc = value_cache_ptr + blk * stride_vc_blk + off * stride_vc_off + h * stride_vc_head + d
+    tl.store(kc, k, mask=mask)
+    tl.store(vc, v, mask=mask)
 
 
 def reshape_and_cache(
@@ -104,7 +108,8 @@ def reshape_and_cache(
         key.stride(1),
         value.stride(0),
         value.stride(1),
-        *key_cache.stride()[:3],  # value_cache's too (check_kv_cache)
+        *key_cache.stride()[:3],
+        *value_cache.stride()[:3],
         num_kv_heads,
         BLOCK_SIZE=block_size,
         HEAD_SIZE=head_size,
