@@ -7,19 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_references import paged_attention_decode_reference, paged_attention_prefill_reference
 from paged_kv_helpers import PagedKV, assert_close_rel, randn
 
 from pagesim.errors import ConfigError
 from pagesim.gpu.kernels.arch import ARCHS, SM80, SM86, SM89, SM90, arch_of, shared_bytes
 from pagesim.gpu.kernels.configs import DecodePartition, KernelConfig, decode_config, prefill_config
-from pagesim.gpu.kernels.paged_attention import (
-    paged_attention_decode,
-    paged_attention_decode_reference,
-)
-from pagesim.gpu.kernels.prefill_attention import (
-    paged_attention_prefill,
-    paged_attention_prefill_reference,
-)
+from pagesim.gpu.kernels.paged_attention import paged_attention_decode
+from pagesim.gpu.kernels.prefill_attention import paged_attention_prefill
 from pagesim.kvcache.block_table import build_query_start_loc
 
 

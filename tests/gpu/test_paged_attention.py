@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_references import paged_attention_decode_reference
 from paged_kv_helpers import PagedKV, assert_close_rel, randn
 
 from pagesim.cost.decode_launch import split_rule
@@ -17,10 +18,7 @@ from pagesim.gpu.kernels.configs import (
     decode_partition,
     fixed_partition,
 )
-from pagesim.gpu.kernels.paged_attention import (
-    paged_attention_decode,
-    paged_attention_decode_reference,
-)
+from pagesim.gpu.kernels.paged_attention import paged_attention_decode
 
 UNSPLIT = None  # partition chosen as one partition covering the longest context
 SPLIT_3 = 3  # about three partitions of the longest context

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_references import paged_attention_prefill_reference
 from paged_kv_helpers import PagedKV, assert_close_rel, randn
 
 from pagesim.errors import KernelInputError
 from pagesim.gpu.kernels.configs import KernelConfig, prefill_config
-from pagesim.gpu.kernels.prefill_attention import (
-    paged_attention_prefill,
-    paged_attention_prefill_reference,
-)
+from pagesim.gpu.kernels.prefill_attention import paged_attention_prefill
 from pagesim.kvcache.block_table import build_query_start_loc
 
 # (cached prefix, new tokens) per sequence: a fresh prompt, a chunk on a cached prefix, a

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_references import reshape_and_cache_reference
 from paged_kv_helpers import randn
 
 from pagesim.errors import KernelInputError
-from pagesim.gpu.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_reference
+from pagesim.gpu.kernels.reshape_and_cache import reshape_and_cache
 from pagesim.kvcache.block_table import PAD_SLOT_ID, build_slot_mapping
 
 

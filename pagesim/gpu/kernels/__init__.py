@@ -4,8 +4,8 @@
 - `paged_attention_decode`: one query token per sequence, split-K over context partitions.
 - `paged_attention_prefill`: variable-length causal queries over cached prefix + new tokens.
 
-Each module holds the kernel, its wrapper and a torch reference; `configs` picks tile shapes
-and the decode split from the problem's shape.
+Each module holds the kernel and its wrapper (the torch references live beside the tests);
+`configs` picks tile shapes and the decode split from the problem's shape.
 """
 
 from pagesim.gpu.kernels.configs import (
@@ -15,19 +15,9 @@ from pagesim.gpu.kernels.configs import (
     decode_partition,
     prefill_config,
 )
-from pagesim.gpu.kernels.paged_attention import (
-    DecodeWorkspace,
-    paged_attention_decode,
-    paged_attention_decode_reference,
-)
-from pagesim.gpu.kernels.prefill_attention import (
-    paged_attention_prefill,
-    paged_attention_prefill_reference,
-)
-from pagesim.gpu.kernels.reshape_and_cache import (
-    reshape_and_cache,
-    reshape_and_cache_reference,
-)
+from pagesim.gpu.kernels.paged_attention import DecodeWorkspace, paged_attention_decode
+from pagesim.gpu.kernels.prefill_attention import paged_attention_prefill
+from pagesim.gpu.kernels.reshape_and_cache import reshape_and_cache
 
 __all__ = [
     "DecodePartition",
@@ -36,10 +26,7 @@ __all__ = [
     "decode_config",
     "decode_partition",
     "paged_attention_decode",
-    "paged_attention_decode_reference",
     "paged_attention_prefill",
-    "paged_attention_prefill_reference",
     "prefill_config",
     "reshape_and_cache",
-    "reshape_and_cache_reference",
 ]

@@ -340,36 +340,3 @@ def paged_attention_decode(
             num_warps=4 if query.is_cuda else 1,
         )
     return out
-
-
-def gather_kv(cache: torch.Tensor, block_row: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The first `seq_len` tokens of one sequence, `[seq_len, num_kv_heads, head_size]`."""
-    block_size = cache.shape[1]
-    blocks = block_row[: triton.cdiv(seq_len, block_size)].to(torch.int64)
-    return cache[blocks].flatten(0, 1)[:seq_len]
-
-
-def paged_attention_decode_reference(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float | None = None,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
-    """Plain fp32 attention of each sequence's query over K/V gathered through the block table."""
-    num_seqs, num_heads, head_size = query.shape
-    group = num_heads // key_cache.shape[2]
-    scale = 1.0 / math.sqrt(head_size) if scale is None else scale
-    out = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
-    for s in range(num_seqs):
-        n = int(seq_lens[s])
-        lo = max(0, n - sliding_window) if sliding_window else 0
-        if n == 0:
-            continue
-        k = gather_kv(key_cache, block_table[s], n)[lo:].float().repeat_interleave(group, 1)
-        v = gather_kv(value_cache, block_table[s], n)[lo:].float().repeat_interleave(group, 1)
-        logits = torch.einsum("hd,khd->hk", query[s].float(), k) * scale
-        out[s] = torch.einsum("hk,khd->hd", logits.softmax(-1), v)
-    return out

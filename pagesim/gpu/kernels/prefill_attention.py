@@ -43,7 +43,6 @@ from pagesim.gpu.kernels.paged_attention import (
     PagedContext,
     attention_meta,
     attention_strides,
-    gather_kv,
 )
 
 
@@ -300,39 +299,4 @@ def paged_attention_prefill(
         BLOCK_Q=block_q,
         **attention_meta(cfg, group, key_cache, window),
     )
-    return out
-
-
-def paged_attention_prefill_reference(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float | None = None,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
-    """Plain fp32 causal attention per sequence over K/V gathered through the block table.
-
-    Rows past `query_start_loc[-1]` are left at zero.
-    """
-    num_tokens, num_heads, head_size = query.shape
-    group = num_heads // key_cache.shape[2]
-    scale = 1.0 / math.sqrt(head_size) if scale is None else scale
-    out = torch.zeros(query.shape, dtype=torch.float32, device=query.device)
-    for s in range(block_table.shape[0]):
-        q0, q1, n = int(query_start_loc[s]), int(query_start_loc[s + 1]), int(seq_lens[s])
-        if q1 == q0:
-            continue
-        k = gather_kv(key_cache, block_table[s], n).float().repeat_interleave(group, 1)
-        v = gather_kv(value_cache, block_table[s], n).float().repeat_interleave(group, 1)
-        q_pos = torch.arange(n - (q1 - q0), n, device=query.device)[:, None]
-        k_pos = torch.arange(n, device=query.device)[None, :]
-        visible = k_pos <= q_pos
-        if sliding_window:
-            visible &= q_pos - k_pos < sliding_window
-        logits = torch.einsum("qhd,khd->hqk", query[q0:q1].float(), k) * scale
-        probs = logits.masked_fill(~visible, float("-inf")).softmax(-1)
-        out[q0:q1] = torch.einsum("hqk,khd->qhd", probs, v)
     return out

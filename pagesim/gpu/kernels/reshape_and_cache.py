@@ -116,20 +116,3 @@ def reshape_and_cache(
         BLOCK_HEADS=block_heads,
         num_warps=4 if block_heads * head_size >= 2048 else 1,
     )
-
-
-def reshape_and_cache_reference(
-    key: torch.Tensor,
-    value: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    """Plain torch version of `reshape_and_cache`: index-put through the flattened caches."""
-    block_size = key_cache.shape[1]
-    slots = slot_mapping.to(torch.int64)
-    keep = slots >= 0
-    slots = slots[keep]
-    blk, off = slots // block_size, slots % block_size
-    key_cache[blk, off] = key[keep]
-    value_cache[blk, off] = value[keep]
