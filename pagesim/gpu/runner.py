@@ -168,11 +168,6 @@ class GPUModelRunner:
         self.last_inputs: StepInputs | None = None
         self.last_hidden: torch.Tensor | None = None
         self._events = [torch.cuda.Event(enable_timing=True) for _ in range(5)] if on_cuda else None
-        # How the host waits for a step's sampled ids (`_read_sampled`): False blocks in the
-        # driver, True polls an event.
-        self.spin_wait = False
-        self._ids_host: torch.Tensor | None = None
-        self._ids_ready = torch.cuda.Event() if on_cuda else None
         self.mixed_graphs = opts.mixed_graphs
         self.graphs: StepGraphs | None = None
         if opts.cuda_graphs and not opts.capture_graphs:
@@ -260,7 +255,7 @@ class GPUModelRunner:
                 ev[4].record(stream)
             # The per-step device sync vLLM also makes to read the sampled tokens; every
             # copy and kernel of the step was queued on this stream before it.
-            self._read_sampled(ids, stream)
+            ids.tolist()
             sampled = sample_synthetic(out.scheduled, self.vocab_size)
         else:
             if ev is not None:
@@ -275,24 +270,6 @@ class GPUModelRunner:
         return ModelRunnerOutput(
             step_time_s=wall, sampled_token_ids=sampled, time_breakdown_s=breakdown
         )
-
-    def _read_sampled(self, ids: torch.Tensor, stream) -> list[int]:
-        """The sampled ids on the host: a blocking read, or with `spin_wait` a copy into
-        pinned memory and a busy poll of an event behind it, so that the host thread stays
-        awake through the step. Served runs and calibrations block: `benchmarks/runner_host.py`
-        times both, and what spinning saves is within the noise between GPU calls."""
-        if not self.spin_wait or stream is None:
-            return ids.tolist()
-        n = ids.shape[0]
-        if self._ids_host is None or self._ids_host.shape[0] < n:
-            self._ids_host = torch.empty(max(n, 512), dtype=ids.dtype, pin_memory=True)
-        host = self._ids_host[:n]
-        host.copy_(ids, non_blocking=True)
-        done = self._ids_ready
-        done.record(stream)
-        while not done.query():
-            pass
-        return host.tolist()
 
     def _graph_key(self, out: SchedulerOutput) -> GraphKey | None:
         if self.graphs is None or not out.scheduled:
