@@ -89,9 +89,7 @@ class Timing:
 
 class BlockSource:
     """Hands out block ids from a seeded permutation of `1 .. num_blocks - 1`, restarting
-    for every grid point (a point's sequences never share a block). `scattered=False` hands
-    them out in order instead, as a fresh cache's free queue does (`benchmarks/block_order.py`
-    compares the two).
+    for every grid point (a point's sequences never share a block).
 
     `group_windows` (a runner under the hybrid KV layout: one entry per KV cache group, its
     sliding window or None) makes `synthetic_step` hand every sequence one row per group, as
@@ -101,13 +99,9 @@ class BlockSource:
         self,
         num_blocks: int,
         seed: int = 0,
-        scattered: bool = True,
         group_windows: tuple[int | None, ...] | None = None,
     ) -> None:
-        ids = np.arange(1, num_blocks)
-        if scattered:
-            ids = np.random.default_rng(seed).permutation(num_blocks - 1) + 1
-        self.ids = ids.tolist()
+        self.ids = (np.random.default_rng(seed).permutation(num_blocks - 1) + 1).tolist()
         self.group_windows = group_windows
 
     @classmethod
@@ -414,15 +408,13 @@ WRITER_KINDS = frozenset({"prefill", "mixed", "multi", "vshared", "vreference"})
 
 
 def grid_points(
-    entries: list[tuple], block_size: int, blocks: BlockSource, own_ids: bool = True
+    entries: list[tuple], block_size: int, blocks: BlockSource
 ) -> list[tuple[str, tuple, SchedulerOutput, tuple]]:
     """(kind, key, step, other key) of every `calibration_entries` entry whose blocks fit.
 
-    With `own_ids` each point names its requests apart (`cal<i>-<k>`): its block-table rows
-    are written at its first warm-up and found in place at every timed call, as a served
-    request's are from one step to the next. Shared ids made each timed call rewrite the rows
-    another point had left there (most of a decode point's rows: `benchmarks/calibration_rows.py`,
-    docs/architecture.md), a served decode step none.
+    Each point names its requests apart (`cal<i>-<k>`): its block-table rows are written at
+    its first warm-up and found in place at every timed call, as a served request's are from
+    one step to the next.
     """
     points = []
     for i, (kind, key, spec, other) in enumerate(entries):
@@ -432,7 +424,7 @@ def grid_points(
             block_size,
             blocks,
             shared=shared,
-            request_prefix=f"cal{i}" if own_ids else "cal",
+            request_prefix=f"cal{i}",
             from_end=kind in WRITER_KINDS,
         )
         if out is not None:

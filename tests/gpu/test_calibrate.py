@@ -395,8 +395,7 @@ def test_shared_prefix_steps_share_their_first_blocks() -> None:
     assert synthetic_step([(40, 1)] * 40, 16, BlockSource(64, 0)) is None
 
 
-def test_block_source_scattered_or_consecutive() -> None:
-    assert BlockSource(9, 0, scattered=False).take([3, 2]) == [[1, 2, 3], [4, 5]]
+def test_block_source_scatters_the_blocks() -> None:
     rows = BlockSource(9, 0).take([3, 2])
     flat = rows[0] + rows[1]
     assert len(set(flat)) == 5 and 0 not in flat and flat != [1, 2, 3, 4, 5]
