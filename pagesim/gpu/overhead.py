@@ -36,17 +36,15 @@ JOIN_GAP_S = 0.15
 JOIN_START_S = 0.5
 
 
-def overhead_rows(
-    steps, grid_reqs: tuple[int, ...] | None = None, max_reqs: int = 256
-) -> list[OverheadRow]:
+def overhead_rows(steps, max_reqs: int = 256) -> list[OverheadRow]:
     """Host overhead per decode-only step by batch size, from the steps of a real run.
 
     `steps` are `ServeStep`s; steps with prefill entries are left out (their extra is
-    `admission_overhead`'s). Each grid value g takes the steps with num_reqs in
-    [g / sqrt(2), g * sqrt(2)) and keeps the median and 10th/90th percentiles of their host
+    `admission_overhead`'s). Each power of two g up to `max_reqs` takes the steps with num_reqs
+    in [g / sqrt(2), g * sqrt(2)) and keeps the median and 10th/90th percentiles of their host
     time outside execute_model. Grid values with fewer than 3 steps are left out.
     """
-    grid_reqs = grid_reqs or tuple(2**i for i in range(int(math.log2(max_reqs)) + 1))
+    grid_reqs = tuple(2**i for i in range(int(math.log2(max_reqs)) + 1))
     by_n: dict[int, list[float]] = {}
     for s in steps:
         if not s.num_prefill_reqs:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from pagesim.config import EngineConfig
-from pagesim.kvcache.waste import KVProbe, UsageProbe
+from pagesim.kvcache.waste import UsageProbe
 from pagesim.metrics import MetricsCollector, summarize
 from pagesim.metrics.collector import StepMetricsRow
 from pagesim.metrics.report import engine_keys
@@ -116,7 +116,6 @@ def replay(
     scheduler,
     runner,
     *,
-    kv_probe: KVProbe | None = None,
     clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
     max_wall_s: float | None = None,
@@ -137,7 +136,7 @@ def replay(
     metrics = MetricsCollector()
     run = ServeRun(metrics)
     records = metrics.records
-    probe = kv_probe or UsageProbe(scheduler.kv_cache_manager)
+    probe = UsageProbe(scheduler.kv_cache_manager)
     gc_was_enabled = gc.isenabled()
     if disable_gc:
         gc.collect()
