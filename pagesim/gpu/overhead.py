@@ -13,8 +13,7 @@ measured from it:
   told apart: with one prefill entry per admitting step only their sum would be measured.
 
 The ramp's prompts are as long as the cache allows (`ramp_prompt_len`), so that its steps look
-like served ones, whose host time short prompts understate
-(`results/validation/host_overhead_<model>.md`).
+like served ones, whose host time short prompts understate.
 """
 
 from __future__ import annotations

@@ -275,8 +275,8 @@ class TPDriverRunner:
     With `cuda_graphs` (on every rank alike) the NCCL all-reduces run inside the captured
     graphs, which every rank must capture at the same step: graphs are captured lazily by the
     steps every rank runs alike, or all at once by `capture_all` before a served run's clock
-    starts. Checked on 2 x H200 (`results/validation/tp2_graphs/`); off by default here,
-    the commands turn it on (`pagesim calibrate`, unless --enforce-eager).
+    starts. Off by default here; the commands turn it on (`pagesim calibrate`, unless
+    --enforce-eager).
     """
 
     def __init__(

@@ -65,13 +65,10 @@ def decode_config(
 ) -> KernelConfig:
     """Decode: all query heads of one KV head in one program, padded to the 16-row dot minimum.
 
-    Chosen on an H200 (`benchmarks/attention.py`, results/attention_h200*.csv): a 64-token
-    tile, 4 warps, 3 stages, 4 programs per SM (the compiler's register and shared-memory
-    report), which beats a 128-token tile with 8 warps where bandwidth rules (large batch x
-    context). Head size 256: 64 tokens, 8 warps, 2 stages (2 per SM); head size 64: 7 per SM
-    (compiler report only, not timed). The CPU interpreter gets small tiles. On another SM
-    (`arch`) the tiles stay and the programs per SM are capped by its shared memory
-    (`arch.decode_programs_per_sm`): 2 on sm_89 at head size 128, 4 on sm_80; not timed there.
+    Tiles timed on an H200 (`benchmarks/attention.py`, results/attention_h200*.csv): 64 tokens
+    a tile beat 128 with 8 warps where bandwidth rules. Programs per SM are the compiler's
+    report on sm_90, capped on another SM (`arch`) by its shared memory
+    (`arch.decode_programs_per_sm`; not timed there). The CPU interpreter gets small tiles.
     """
     block_m = max(16, triton.next_power_of_2(num_queries_per_kv))
     if not on_gpu:
@@ -94,13 +91,11 @@ def prefill_config(
 ) -> KernelConfig:
     """Prefill: `block_m` rows = `block_m // num_queries_per_kv` query tokens x their heads.
 
-    GPU tiles follow the flash-attention tutorial's Hopper choice for head size <= 128
-    (128 x 64, 8 warps, 3 stages: best or within 5% of six configs swept on an H200); head
-    size 256 halves the query tile to stay within registers. fp32 inputs (exact IEEE dots, no
-    tensor cores; tests only) get small tiles that do not spill. On an SM with less shared
-    memory (`arch`; sm_86/sm_89: 99 KiB a program) the first of the H200's tile, then halved
-    query tiles, then fewer stages, whose bound (`arch.shared_bytes`) fits is taken: on sm_80
-    the H200's tiles, on sm_89 128 x 64 with 2 stages at head size 128. Not timed there.
+    GPU tiles follow the flash-attention tutorial's Hopper choice for head size <= 128 (a
+    sweep on an H200 agreed); head size 256 halves the query tile to stay within registers.
+    fp32 inputs (exact IEEE dots, no tensor cores; tests only) get small tiles that do not
+    spill. On an SM with less shared memory (`arch`) the first choice whose bound
+    (`arch.shared_bytes`) fits is taken: smaller query tiles, then fewer stages (not timed).
     """
     floor = max(16, triton.next_power_of_2(num_queries_per_kv))
     if not on_gpu:
