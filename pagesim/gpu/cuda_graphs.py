@@ -157,10 +157,9 @@ class StepGraphs:
 
     `model` is the runner's `RandomWeightDecoder`, `kv_caches` its caches (graphs bake their
     addresses in, so graphs belong to one cache), `config` the engine the runner serves (its
-    block size and the step limits bound the graphs' shapes). `mixed=False` keeps mixed steps
-    eager (the decode-only graphs of the earlier runner). `num_groups` is the KV cache groups
-    whose tables a step carries (more than one under the hybrid layout). `log` receives one
-    line per capture problem.
+    block size and the step limits bound the graphs' shapes). `num_groups` is the KV cache
+    groups whose tables a step carries (more than one under the hybrid layout). `log` receives
+    one line per capture problem.
     """
 
     def __init__(
@@ -170,8 +169,6 @@ class StepGraphs:
         config: EngineConfig,
         *,
         capture: bool = True,
-        max_size: int = MAX_CAPTURE_SIZE,
-        mixed: bool = True,
         num_groups: int = 1,
         log: Callable[[str], None] | None = None,
     ) -> None:
@@ -184,10 +181,8 @@ class StepGraphs:
         self.max_model_len = max_model_len = config.max_model_len
         self.num_groups = num_groups
         self.capture = capture and self.device.type == "cuda"
-        self.sizes = capture_sizes(config.max_num_seqs, max_size)
-        self.token_sizes = (
-            token_capture_sizes(config.max_num_batched_tokens, max_size) if mixed else ()
-        )
+        self.sizes = capture_sizes(config.max_num_seqs)
+        self.token_sizes = token_capture_sizes(config.max_num_batched_tokens)
         self.width = table_width(-(-max_model_len // block_size))
         self.log = log or (lambda msg: None)
         self.failed: str | None = None  # first capture error; graphs are off after it

@@ -23,9 +23,8 @@ Steps of at most 512 tokens replay CUDA graphs (`pagesim.gpu.cuda_graphs`, vLLM'
 sizes padded to a captured size, static input buffers): decode-only steps with the LM head in
 the graph, every other step (prefill, chunked prefill, mixed) up to the final norm, its LM
 head eager. Larger steps run eagerly, launching their kernels from Python; so does everything
-with `cuda_graphs=False` (`--enforce-eager`, vLLM's name), and `mixed_graphs=False` keeps only
-the decode graphs. The calibration measures the same paths, so the simulator predicts what
-this runner does. On a decode-graph step the "forward" event span includes the LM head.
+with `cuda_graphs=False` (`--enforce-eager`, vLLM's name). The calibration measures the same
+paths, so the simulator predicts what this runner does. On a decode-graph step the "forward" event span includes the LM head.
 Steps run under `torch.inference_mode()`, as vLLM's do (no autograd bookkeeping per op).
 """
 
@@ -97,7 +96,6 @@ class RunnerConfig:
     num_cpu_blocks: int = 0  # pinned CPU blocks for swap preemption (0: no swap cache)
     temperature: float = 1.0
     cuda_graphs: bool = True  # False: `--enforce-eager`, vLLM's name
-    mixed_graphs: bool = True  # False keeps only the decode graphs
     capture_graphs: bool = True
 
 
@@ -168,7 +166,6 @@ class GPUModelRunner:
         self.last_inputs: StepInputs | None = None
         self.last_hidden: torch.Tensor | None = None
         self._events = [torch.cuda.Event(enable_timing=True) for _ in range(5)] if on_cuda else None
-        self.mixed_graphs = opts.mixed_graphs
         self.graphs: StepGraphs | None = None
         if opts.cuda_graphs and not opts.capture_graphs:
             self.graphs = self.make_graphs(capture=False)
@@ -188,7 +185,6 @@ class GPUModelRunner:
             self.kv_caches,
             self.config,
             capture=capture,
-            mixed=self.mixed_graphs,
             num_groups=self.kv_layout.num_groups,
             log=log,
         )

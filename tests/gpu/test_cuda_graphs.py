@@ -194,20 +194,8 @@ def test_steps_larger_than_the_largest_size_run_eagerly() -> None:
     big = synthetic_step([(0, 129)], 16, BlockSource(32, 0))  # above the 128-token budget
     assert graphs.key_for(big.scheduled) is None
     decode_only = runner.make_graphs(capture=False)
-    decode_only.token_sizes = ()  # what mixed_graphs=False builds
+    decode_only.token_sizes = ()  # no mixed graphs
     assert decode_only.key_for(mixed.scheduled) is None
-
-
-def test_mixed_graphs_off_keeps_mixed_steps_eager() -> None:
-    runner = GPUModelRunner(
-        _config(), 32, RunnerConfig(device="cpu", dtype=torch.float32, mixed_graphs=False)
-    )
-    graphs = runner.make_graphs(capture=False)
-    from pagesim.gpu.calibrate import BlockSource, synthetic_step
-
-    assert graphs.token_sizes == ()
-    assert all(not k.mixed for k in graphs.all_keys())
-    assert graphs.key_for(synthetic_step([(0, 8)], 16, BlockSource(32, 0)).scheduled) is None
 
 
 @pytest.mark.gpu
