@@ -14,8 +14,6 @@ partition and `_paged_decode_reduce_kernel` merges them:
     M = max_p m_p,   w_p = l_p * 2^(m_p - M),   out = sum_p w_p * out_p / sum_p w_p
 
 Logits are kept in base 2 (`qk_scale = scale * log2(e)`), so the kernels call `exp2`.
-
-Order of this file: kernels, wrapper, torch reference.
 """
 
 from __future__ import annotations

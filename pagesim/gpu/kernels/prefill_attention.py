@@ -16,8 +16,6 @@ per group. Query blocks are numbered without a host-side table: sequence s owns 
 from `query_start_loc[s] // BLOCK_Q + s` on, which leaves room for its
 `cdiv(q_len_s, BLOCK_Q)` blocks; a program finds its sequence by binary search and surplus
 programs exit. The launch therefore needs only `num_tokens` and `num_seqs`, known on the host.
-
-Order of this file: kernel, wrapper, torch reference.
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@
 One program per token copies all KV heads of that token (a `[num_kv_heads, head_size]` tile of
 K and one of V). Padded tokens carry a negative slot (`PAD_SLOT_ID`) and are skipped, so a
 CUDA-graph batch padded to a captured size writes nothing for its padding.
-
-Order of this file: kernel, wrapper (argument checks, launch), torch reference.
 """
 
 from __future__ import annotations
