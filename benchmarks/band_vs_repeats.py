@@ -8,19 +8,25 @@ within [min, max] of the three predictions. Prints a markdown table and the coun
 
     python benchmarks/band_vs_repeats.py results/out_of_sample/real/llama-2-7b \\
         results/out_of_sample/real/llama-3-8b
+
+`--gpu NAME`: the runs were served on another GPU than their config names (an H100 lent in
+place of an H200, say); they are priced as on NAME, by transfer of the shipped profile
+(`pagesim.cost.transfer`) with its widened band, as `pagesim run --gpu NAME` prices them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 from pathlib import Path
 
 from pagesim.data import calibration_dir
 from pagesim.sim.band import HEADLINE
 from pagesim.sim.build import band_cost_model, step_time_band
-from pagesim.validate.compare import base_run_name, simulate_like
-from pagesim.validate.store import read_real_run, real_run_config, real_run_files
+from pagesim.sim.simulate import simulate
+from pagesim.validate.compare import base_run_name
+from pagesim.validate.store import load_spec, read_real_run, real_run_config, real_run_files
 
 
 def groups(folder: Path) -> dict[str, list[dict]]:
@@ -34,17 +40,22 @@ def groups(folder: Path) -> dict[str, list[dict]]:
     return {k: v for k, v in out.items() if len(v) >= 2}
 
 
-def check(name: str, docs: list[dict]) -> list[dict]:
-    """One row per headline metric: the real mean, the predicted range, whether it holds."""
+def check(name: str, docs: list[dict], gpu: str | None = None) -> list[dict]:
+    """One row per headline metric: the real mean, the predicted range, whether it holds.
+    `gpu`: price the runs as served on that GPU (by transfer) instead of their config's."""
     config = real_run_config(docs[0])
-    profile = calibration_dir() / "h200" / config.model
-    band = step_time_band(config, profile, transfer=False)
+    transfer = gpu is not None
+    if transfer:
+        config = dataclasses.replace(config, gpu=gpu)
+    profile = None if transfer else calibration_dir() / "h200" / config.model
+    band = step_time_band(config, profile, transfer=transfer)
     if band is None:
-        raise SystemExit(f"{profile}: no band")
-    runs = [simulate_like(docs[0], profile).result]
-    for factor in (band.low, band.high):
-        cost = band_cost_model(config, profile, factor, transfer=False)
-        runs.append(simulate_like(docs[0], profile, cost_model=cost).result)
+        raise SystemExit(f"{config.gpu}/{config.model}: no band")
+    load = load_spec(docs[0]["load"])
+    runs = [
+        simulate(config, load, cost_model=band_cost_model(config, profile, f, transfer)).result
+        for f in (1.0, band.low, band.high)
+    ]
     rows = []
     for metric in HEADLINE:
         real = [d["result"].get(metric) for d in docs]
@@ -72,17 +83,23 @@ def check(name: str, docs: list[dict]) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path)
+    ap.add_argument("--gpu", help="price the runs as served on this GPU, by transfer")
     args = ap.parse_args()
     rows = [
-        row for f in args.folders for name, docs in groups(f).items() for row in check(name, docs)
+        row
+        for f in args.folders
+        for name, docs in groups(f).items()
+        for row in check(name, docs, args.gpu)
     ]
-    print("| model | load | metric | real mean (runs) | predicted (band) | inside |")
-    print("| --- | --- | --- | ---: | ---: | --- |")
+    print("| model | load | metric | real mean (runs) | predicted (band) | error % | inside |")
+    print("| --- | --- | --- | ---: | ---: | ---: | --- |")
     for r in rows:
         runs = ", ".join(f"{v:.4g}" for v in r["real_runs"])
+        error = 100 * (r["center"] / r["real_mean"] - 1) if r["real_mean"] else float("nan")
         print(
             f"| {r['model']} | {r['load']} | {r['metric']} | {r['real_mean']:.4g} ({runs}) "
-            f"| {r['center']:.4g} ({r['low']:.4g}-{r['high']:.4g}) | {'yes' if r['inside'] else 'no'} |"
+            f"| {r['center']:.4g} ({r['low']:.4g}-{r['high']:.4g}) | {error:+.1f} "
+            f"| {'yes' if r['inside'] else 'no'} |"
         )
     inside = sum(r["inside"] for r in rows)
     print(f"\nreal means inside the band: {inside} of {len(rows)}")
