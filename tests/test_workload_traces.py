@@ -49,7 +49,7 @@ def test_azure_csv(tmp_path: Path) -> None:
     assert t.prompt_lens.tolist() == [374, 396, 1]  # a 0-token prompt is raised to 1 (Vidur)
     assert t.output_lens.tolist() == [44, 109, 20]
     assert np.allclose(t.timestamps_s, [0.0, 4.314579, 4.541877])
-    assert not t.has_hash_ids
+    assert t.block_ids is None
 
 
 def test_vidur_csv_with_and_without_arrivals(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ class SearchPoint:
 class CapacityResult:
     """`max_rate` (req/s) passed; `first_failing_rate` is the closest rate that failed.
 
-    max_rate None: even `min_rate` failed. first_failing_rate None: `max_rate_limit` passed.
+    max_rate None: even `min_rate` failed. first_failing_rate None: the ceiling passed.
     """
 
     max_rate: float | None
@@ -119,7 +119,6 @@ def max_sustainable_rate(
     profile: str | Path | None = None,
     rel_tol: float = 0.025,
     min_rate: float = 0.01,
-    max_rate_limit: float | None = None,
     min_duration_s: float = DEFAULT_MIN_DURATION_S,
     cost_model: CostModel | None = None,
     near: float | None = None,
@@ -137,7 +136,7 @@ def max_sustainable_rate(
     if saturated.result.get("num_rejected") and not slos.allow_rejected:
         why = f"{rejection_line(saturated.result)}; --allow-rejected plans for the rest"
         return CapacityResult(None, None, None, throughput, (), slos, why)
-    ceiling = max_rate_limit if max_rate_limit is not None else max(2.0 * throughput, min_rate)
+    ceiling = max(2.0 * throughput, min_rate)
     guess = 0.5 * throughput if near is None else near
     start = min(max(guess, min_rate), ceiling)
     probes: list[SearchPoint] = []

@@ -51,10 +51,6 @@ class TraceData:
     def num_rows(self) -> int:
         return len(self.prompt_lens)
 
-    @property
-    def has_hash_ids(self) -> bool:
-        return self.block_ids is not None
-
 
 def is_trace_path(path: str | Path) -> bool:
     name = str(path).lower()
