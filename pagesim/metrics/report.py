@@ -90,23 +90,14 @@ def merge_samples(records: list[RequestRecord]) -> tuple[list[RequestRecord], di
     a sample was rejected. Records of unsampled requests pass unchanged, in order."""
     if all(r.parent_request_id is None for r in records):
         return records, {}
-    groups: dict[str, list[RequestRecord]] = {}
-    order: list[RequestRecord | str] = []
-    for r in records:
-        pid = r.parent_request_id
-        if pid is None:
-            order.append(r)
-        elif pid in groups:
-            groups[pid].append(r)
-        else:
-            groups[pid] = [r]
-            order.append(pid)
+    groups: dict[str | int, list[RequestRecord]] = {}  # an unsampled record under its index
+    for i, r in enumerate(records):
+        groups.setdefault(i if r.parent_request_id is None else r.parent_request_id, []).append(r)
     merged: list[RequestRecord] = []
-    for item in order:
-        if isinstance(item, RequestRecord):
-            merged.append(item)
+    for item, group in groups.items():
+        if isinstance(item, int):
+            merged.append(group[0])
             continue
-        group = groups[item]
         firsts = [r.first_token_time for r in group if r.first_token_time is not None]
         lasts = [r.last_token_time for r in group if r.last_token_time is not None]
         finishes = [r.finish_time for r in group]
@@ -131,7 +122,7 @@ def merge_samples(records: list[RequestRecord]) -> tuple[list[RequestRecord], di
                 cache_salt=head.cache_salt,
             )
         )
-    return merged, {pid: len(group) for pid, group in groups.items()}
+    return merged, {pid: len(g) for pid, g in groups.items() if isinstance(pid, str)}
 
 
 def _peaks(records: list[RequestRecord], metrics: MetricsCollector) -> tuple[float, int]:
