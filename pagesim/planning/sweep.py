@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -119,17 +120,8 @@ def make_tasks(
         load = point.load_spec(percentiles, goodput_slos_ms)
         profile = resolve_profile(point.profile, config)
         for run in range(num_runs):
-            tasks.append(
-                RunTask(
-                    point,
-                    run,
-                    config,
-                    dataclasses.replace(load, seed=load.seed + run),
-                    profile,
-                    date,
-                    save_records,
-                )
-            )
+            seeded = dataclasses.replace(load, seed=load.seed + run)
+            tasks.append(RunTask(point, run, config, seeded, profile, date, save_records))
     return tasks
 
 
@@ -208,7 +200,7 @@ def _open_directory(
         "points": [{"name": p.name, "settings": p.settings} for p in grid.points],
         "varying": list(grid.varying),
     }
-    text = json.dumps(manifest, indent=1, default=_json_default, allow_nan=True)
+    text = json.dumps(manifest, indent=1, default=str, allow_nan=True)
     if resume is not None:
         directory = Path(resume)
         if not directory.is_dir() and not Path(resume).is_absolute():
@@ -264,30 +256,19 @@ def is_done(path: Path) -> bool:
         return False
 
 
-def _json_default(value: Any) -> Any:
-    return str(value)
-
-
 def _write_outcome(directory: Path, task: RunTask, outcome: RunOutcome) -> None:
     path = run_file(directory, task)
     failed = run_file(directory, task, ".failed.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     if outcome.document is None:
-        atomic_write_text(
-            failed,
-            json.dumps(
-                {
-                    "point": task.point.name,
-                    "run": task.run,
-                    "seed": task.load.seed,
-                    "settings": task.point.settings,
-                    "error": outcome.error,
-                },
-                indent=2,
-                default=str,
-            )
-            + "\n",
-        )
+        doc = {
+            "point": task.point.name,
+            "run": task.run,
+            "seed": task.load.seed,
+            "settings": task.point.settings,
+            "error": outcome.error,
+        }
+        atomic_write_text(failed, json.dumps(doc, indent=2, default=str) + "\n")
         return
     atomic_write_text(path, outcome.document)
     failed.unlink(missing_ok=True)
@@ -307,9 +288,7 @@ class _Progress:
         enabled: bool,
     ) -> None:
         self.enabled, self.num_points = enabled, num_points
-        self.left: dict[str, int] = {}
-        for t in todo:
-            self.left[t.point.name] = self.left.get(t.point.name, 0) + 1
+        self.left = Counter(t.point.name for t in todo)
         self.points_done = num_points - len(self.left)
         self.total, self.done = len(tasks), len(tasks) - len(todo)
         self.bar: Any = None
