@@ -85,20 +85,15 @@ def coerce(key: str, value: Any) -> Any:
         if low in ("false", "0", "no", "off"):
             return False
         raise ConfigError(f"{where}: expected true or false")
-    if base is int:
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ConfigError(f"{where}: expected an integer")
+    if base in (int, float):
+        expected = f"{where}: expected {'an integer' if base is int else 'a number'}"
+        fraction = base is int and isinstance(value, float) and not value.is_integer()
+        if isinstance(value, bool) or fraction:
+            raise ConfigError(expected)
         try:
-            return int(value)
+            return base(value)
         except ValueError:
-            raise ConfigError(f"{where}: expected an integer") from None
-    if base is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number")
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{where}: expected a number") from None
+            raise ConfigError(expected) from None
     return str(value)
 
 
