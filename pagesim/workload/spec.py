@@ -195,17 +195,9 @@ def parse_spec(doc: Any, *, name: str, base_dir: Path, resolve: Resolver) -> Wor
         raise WorkloadError(f"n = {n}: parallel sampling of multi-turn sessions is not modelled")
     if any(c.spec.n > 1 for c in mix):
         raise WorkloadError("n: give it on the mix, not on its components")
+    description = _str(m.get("description", ""), "description")
     return WorkloadSpec(
-        name,
-        _str(m.get("description", ""), "description"),
-        trace,
-        lengths,
-        mix,
-        arrival,
-        prefix,
-        sessions,
-        tenants,
-        n,
+        name, description, trace, lengths, mix, arrival, prefix, sessions, tenants, n
     )
 
 
