@@ -312,9 +312,7 @@ def _typed(path: Path, key: str, value: Any) -> Any:
 
 def merge(file_values: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     """Flags given on the command line win over the file."""
-    merged = dict(file_values)
-    merged.update({k: v for k, v in flags.items() if v is not None})
-    return merged
+    return file_values | {k: v for k, v in flags.items() if v is not None}
 
 
 def engine_config(values: dict[str, Any]) -> EngineConfig:
