@@ -110,14 +110,7 @@ def _varying(directory: Path, df: pd.DataFrame) -> list[str]:
 
 
 def _cache_x(varying: list[str]) -> str | None:
-    return next(
-        (
-            c
-            for c in ("num_gpu_blocks_override", "kv_cache_memory_bytes", "gpu_memory_utilization")
-            if c in varying
-        ),
-        None,
-    )
+    return next((c for c in plots.CACHE_AXES if c in varying), None)
 
 
 def _applies(kind: str, varying: list[str], directory: Path) -> bool:
@@ -137,18 +130,13 @@ def _pick_curve(varying: list[str], x: str, given: str | None) -> str | None:
 
 
 def _figure(kind: str, df: pd.DataFrame, directory: Path, varying: list[str], curve_by: str | None):
-    if kind == "latency":
-        return plots.plot_latency_vs_rate(
-            df, curve_by=_pick_curve(varying, "request_rate", curve_by)
-        )
-    if kind == "block-size":
-        return plots.plot_block_size_curves(
-            df, curve_by=_pick_curve(varying, "block_size", curve_by)
-        )
-    if kind == "preemption":
-        return plots.plot_preemption_vs_load(
-            df, curve_by=_pick_curve(varying, "request_rate", curve_by)
-        )
+    by_x = {
+        "latency": plots.plot_latency_vs_rate,
+        "block-size": plots.plot_block_size_curves,
+        "preemption": plots.plot_preemption_vs_load,
+    }
+    if kind in by_x:
+        return by_x[kind](df, curve_by=_pick_curve(varying, X_OF[kind], curve_by))
     if kind == "prefix":
         x = _cache_x(varying) or "num_gpu_blocks_override"
         return plots.plot_prefix_hit_vs_cache(df, x=x, curve_by=_pick_curve(varying, x, curve_by))
