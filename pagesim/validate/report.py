@@ -143,8 +143,7 @@ def write_report(
 
 def report_json(doc: dict[str, Any]) -> str:
     """A report as stored: compact, keys sorted, floats to `REPORT_DECIMALS` (1 ns on a value in
-    ms, far below a run's own spread). The GPU calls' reports number in the hundreds, and
-    indentation and noise digits made up a third of their bytes."""
+    ms, far below a run's own spread), so that hundreds of reports stay small."""
     return (
         json.dumps(round_floats(doc, REPORT_DECIMALS), separators=(",", ":"), sort_keys=True) + "\n"
     )
