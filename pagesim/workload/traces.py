@@ -105,34 +105,28 @@ def _read_csv(p: Path) -> TraceData:
     times = None
     if tcol == "TIMESTAMP":
         ts = pd.to_datetime(df[tcol], format="ISO8601", errors="coerce")
-        _no_missing(ts.isna().to_numpy(), df[tcol], p, tcol)
+        _no_bad_row(ts.isna().to_numpy(), df[tcol], p, tcol, "not a valid value")
         times = (ts - ts.min()).dt.total_seconds().to_numpy(dtype=np.float64)
     elif tcol is not None:
         t = pd.to_numeric(df[tcol], errors="coerce").to_numpy(dtype=np.float64)
-        _no_missing(~np.isfinite(t), df[tcol], p, tcol)
+        _no_bad_row(~np.isfinite(t), df[tcol], p, tcol, "not a valid value")
         times = t - t.min()
     return _ordered(TraceData(str(p), fmt, prompt, output, times, None, None))
 
 
 def _lengths(col: pd.Series, p: Path, name: str) -> np.ndarray:
     x = pd.to_numeric(col, errors="coerce").to_numpy(dtype=np.float64)
-    _no_missing(~np.isfinite(x), col, p, name)
-    bad = np.flatnonzero((x < 0) | (x != np.round(x)))
-    if len(bad):
-        r = int(bad[0])
-        raise WorkloadError(
-            f"trace {str(p)!r} row {r + 1}: {name} = {_show(col.iloc[r])} (must be an integer >= 0)"
-        )
+    _no_bad_row(~np.isfinite(x), col, p, name, "not a valid value")
+    _no_bad_row((x < 0) | (x != np.round(x)), col, p, name, "must be an integer >= 0")
     return np.maximum(x.astype(np.int64), 1)
 
 
-def _no_missing(bad: np.ndarray, col: pd.Series, p: Path, name: str) -> None:
+def _no_bad_row(bad: np.ndarray, col: pd.Series, p: Path, name: str, why: str) -> None:
+    """A one-line error naming the first row where `bad` holds, if any."""
     idx = np.flatnonzero(bad)
     if len(idx):
         r = int(idx[0])
-        raise WorkloadError(
-            f"trace {str(p)!r} row {r + 1}: {name} = {_show(col.iloc[r])} (not a valid value)"
-        )
+        raise WorkloadError(f"trace {str(p)!r} row {r + 1}: {name} = {_show(col.iloc[r])} ({why})")
 
 
 def _read_jsonl(p: Path) -> TraceData:
@@ -227,15 +221,8 @@ def _ordered(d: TraceData) -> TraceData:
         counts = np.diff(offsets)[order]
         ids = np.concatenate([ids[offsets[r] : offsets[r + 1]] for r in order])
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    return TraceData(
-        d.path,
-        d.format,
-        d.prompt_lens[order],
-        d.output_lens[order],
-        d.timestamps_s[order],
-        offsets,
-        ids,
-    )
+    prompt, output, times = d.prompt_lens[order], d.output_lens[order], d.timestamps_s[order]
+    return TraceData(d.path, d.format, prompt, output, times, offsets, ids)
 
 
 def _show(v: object) -> str:
