@@ -80,9 +80,7 @@ class Dist:
 
 def parse_dist(obj: Any, where: str, *, integer: bool) -> Dist:
     """A `Dist` from a YAML value: a bare number means fixed; else {dist: KIND, params...}."""
-    if isinstance(obj, bool):
-        raise WorkloadError(f"{where} = {obj!r}: expected a number or a distribution mapping")
-    if isinstance(obj, int | float):
+    if isinstance(obj, int | float) and not isinstance(obj, bool):
         return _checked(Dist("fixed", value=float(obj)), where, integer)
     if not isinstance(obj, Mapping):
         raise WorkloadError(f"{where} = {obj!r}: expected a number or a distribution mapping")
