@@ -63,12 +63,9 @@ def waste_timeline(metrics: MetricsCollector) -> pd.DataFrame:
     """Per-step KV split over time: `time_s` (step start) and the four fractions plus free.
 
     Fractions are of the usable KV memory and sum to 1 with `kv_free_frac`."""
-    steps = metrics.steps
-    return waste_timeline_from_steps(
-        pd.DataFrame(
-            {c: np.frombuffer(steps[c], dtype=np.float64) for c in ("start_time_s", *WASTE_COLUMNS)}
-        )
-    )
+    cols = ("start_time_s", *WASTE_COLUMNS)
+    steps = pd.DataFrame({c: np.frombuffer(metrics.steps[c], dtype=np.float64) for c in cols})
+    return waste_timeline_from_steps(steps)
 
 
 def waste_timeline_from_steps(steps: pd.DataFrame) -> pd.DataFrame:
@@ -86,13 +83,12 @@ def waste_timeline_from_steps(steps: pd.DataFrame) -> pd.DataFrame:
 def compare_allocators(
     config: EngineConfig,
     load: LoadSpec,
-    policies: tuple[str, ...] = POLICIES,
     *,
     profile: str | Path | None = None,
 ) -> AllocatorComparison:
     """Run `load` under every policy with `config`'s KV memory; compare waste and speed."""
     rows, timelines = {}, {}
-    for policy in policies:
+    for policy in POLICIES:
         sim = simulate(config.replace(allocator=policy), load, profile=profile)
         rows[policy] = {k: sim.result.get(k) for k in TABLE_KEYS}
         timelines[policy] = waste_timeline(sim.metrics)
@@ -101,11 +97,9 @@ def compare_allocators(
     return AllocatorComparison(table, timelines, config, load)
 
 
-def fit_gain(
-    table: pd.DataFrame, baseline: str = "paged", column: str = "mean_num_running"
-) -> pd.Series:
-    """How many times more requests run at once under `baseline` than under each policy."""
-    return table.loc[baseline, column] / table[column].astype(float)
+def fit_gain(table: pd.DataFrame) -> pd.Series:
+    """How many times more requests run at once under paged blocks than under each policy."""
+    return table.loc["paged", "mean_num_running"] / table["mean_num_running"].astype(float)
 
 
 def saturated_throughput(
