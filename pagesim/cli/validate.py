@@ -115,8 +115,8 @@ def _serve_now(
     load_flags: tuple,
     dtype: str,
     output_dir: Path,
-    enforce_eager: bool = False,
-    repeats: int = 1,
+    enforce_eager: bool,
+    repeats: int,
 ) -> list[Path]:
     """Measure the KV cache of the engine that `engine` (`gpu_engine_config`'s flags) gives,
     serve the load of `load_flags` (workload, num_prompts, request_rate, burstiness, seed) on
@@ -130,7 +130,6 @@ def _serve_now(
     LoadSpec(
         request_rate=request_rate, burstiness=burstiness or 1.0, num_prompts=num_prompts or 200
     )
-    check_output_dir(output_dir, "--output-dir")
     from pagesim.gpu.device import require_cuda, torch_dtype
 
     require_cuda(GPU_COMMANDS["validate"])
