@@ -48,21 +48,17 @@ def step_time_by_block_size(
     model = build_cost_model(config, profile or default_profile(config))
     rows = []
     for bs in block_sizes:
-        for b in batch_sizes:
-            rows.append(
-                {
-                    "block_size": bs,
-                    "shape": f"decode bs={b} ctx={context_len}",
-                    "step_time_ms": 1000.0 * model.step_time(BatchShape.decode(b, context_len, bs)),
-                }
-            )
-        rows.append(
-            {
-                "block_size": bs,
-                "shape": f"prefill {prefill_tokens} tokens",
-                "step_time_ms": 1000.0 * model.step_time(BatchShape.prefill(prefill_tokens, 0, bs)),
-            }
+        shapes = [
+            (f"decode bs={b} ctx={context_len}", BatchShape.decode(b, context_len, bs))
+            for b in batch_sizes
+        ]
+        shapes.append(
+            (f"prefill {prefill_tokens} tokens", BatchShape.prefill(prefill_tokens, 0, bs))
         )
+        for name, shape in shapes:
+            rows.append(
+                {"block_size": bs, "shape": name, "step_time_ms": 1000.0 * model.step_time(shape)}
+            )
     df = pd.DataFrame(rows)
     first = df.groupby("shape")["step_time_ms"].transform("first")
     df["relative"] = df["step_time_ms"] / first
