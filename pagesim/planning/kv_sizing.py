@@ -86,21 +86,12 @@ def min_kv_memory(
 
     most = float(full.num_gpu_blocks)  # the search starts from the whole KV cache
     b = search_min(passes, most, float(floor_blocks), most, rel_tol=rel_tol)
+    tried = tuple(probes.values())
     if b.best is None:
-        return KVSizing(
-            target_rate, None, None, None, full.num_gpu_blocks, None, tuple(probes.values())
-        )
+        return KVSizing(target_rate, None, None, None, full.num_gpu_blocks, None, tried)
     blocks = int(math.ceil(b.best - 1e-9))
-    util = utilization_for_blocks(base, blocks)
-    return KVSizing(
-        target_rate,
-        blocks,
-        blocks * page,
-        util,
-        full.num_gpu_blocks,
-        probes[blocks].result,
-        tuple(probes.values()),
-    )
+    util, result = utilization_for_blocks(base, blocks), probes[blocks].result
+    return KVSizing(target_rate, blocks, blocks * page, util, full.num_gpu_blocks, result, tried)
 
 
 def utilization_for_blocks(config: EngineConfig, num_gpu_blocks: int) -> float | None:
