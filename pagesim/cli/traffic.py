@@ -34,9 +34,7 @@ def traffic_of(values: dict[str, Any]) -> Traffic:
     if rate is not None:
         return Traffic("inf" if math.isinf(rate) else "rate", rate, rows)
     own = spec.arrival
-    if own.process in ("poisson", "gamma"):
-        return Traffic(own.process, own.rate, rows)
-    return Traffic(own.process, None, rows)
+    return Traffic(own.process, own.rate if own.process in ("poisson", "gamma") else None, rows)
 
 
 def default_num_prompts(traffic: Traffic, default: int) -> int:
