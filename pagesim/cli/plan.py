@@ -199,10 +199,8 @@ def plan_command(
     **flags: Any,
 ) -> None:
     """Find the highest request rate within SLOs; with --target-rate, the replicas it needs."""
-    step_time_scale = flags.pop("step_time_scale")
-    disable_correction = flags.pop("disable_correction")
-    scale = check_step_time_scale(step_time_scale)
-    off = tuple(disable_correction or ())
+    scale = check_step_time_scale(flags.pop("step_time_scale"))
+    off = tuple(flags.pop("disable_correction") or ())
     enabled_corrections(off)  # an unknown name fails before any output
     _check_plan_numbers(slo_attainment, target_rate, max_replicas, rel_tol, min_duration)
     if save_result is not None:  # before the search: a bad path must not cost the plan

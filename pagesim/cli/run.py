@@ -66,9 +66,8 @@ def run_command(
 ) -> None:
     """Simulate one engine serving a workload; print vllm bench's result block and KV usage."""
     step_time_scale = flags.pop("step_time_scale")
-    disable_correction = flags.pop("disable_correction")
-    percentile_metrics = flags.pop("percentile_metrics")
-    shown = o.parse_percentile_metrics(percentile_metrics)
+    off = tuple(flags.pop("disable_correction") or ())
+    shown = o.parse_percentile_metrics(flags.pop("percentile_metrics"))
     file_values = o.read_config_file(config)
     values = o.merge({**DEFAULTS, **file_values}, flags)
     with workload_ref(str(values["workload"])) as ref:
@@ -79,7 +78,6 @@ def run_command(
         engine = o.engine_config(values)
         load = o.load_spec(values)
         prof = values.get("profile") or default_profile(engine)
-        off = tuple(disable_correction or ())
         cost = scaled_cost_model(engine, prof, step_time_scale, True, off)
         for note in (
             block_size_note(prof, engine.block_size) if prof is not None else None,
