@@ -62,11 +62,8 @@ def preemption_study(
         for mode, links in (("recompute", [float("nan")]), ("swap", list(host_link_gbps))):
             for gbps in links:
                 cfg = config.replace(block_size=bs, preemption_mode=mode)
-                cost = (
-                    with_host_link(cfg, gbps)
-                    if mode == "swap"
-                    else with_host_link(cfg, cfg.gpu_spec.host_link_bytes_per_s / 1e9)
-                )
+                link = gbps if mode == "swap" else cfg.gpu_spec.host_link_bytes_per_s / 1e9
+                cost = with_host_link(cfg, link)
                 for rate in rates:
                     run = simulate_cluster(
                         cfg,
