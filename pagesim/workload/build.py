@@ -184,11 +184,9 @@ def _build_lengths(spec: WorkloadSpec, n: int, entropy: tuple[int, ...]) -> Requ
         think = ss.think_time_s.sample(_rng(entropy, _THINK), n, integer=False, floor=0.0)
         think[turns == 0] = 0.0
     else:
-        offsets = np.arange(n + 1, dtype=np.int64)
+        turns, think, offsets = _single_turns(n)
         counts = np.ones(n, dtype=np.int64)
         prompt = sess_prefix + user
-        turns = np.zeros(n, dtype=np.int64)
-        think = np.zeros(n, dtype=np.float64)
     num_sessions = len(offsets) - 1
     prefix_lens = np.repeat(sess_prefix[:num_sessions], counts)
     prefix_roots = np.repeat(group[:num_sessions], counts).astype(np.int64)
