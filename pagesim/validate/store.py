@@ -20,9 +20,7 @@ REAL_RUN_FORMAT = 1
 #: The endings of compressed real runs (plain `.json` ones are read too).
 COMPRESSED_RUN_SUFFIXES = (".json.xz", ".json.gz")
 #: Decimals of the floats in a real run's records (seconds): 1 ns, the resolution of the host
-#: clock (`time.perf_counter`) and finer than CUDA events' 0.5 us. Printed in full, a float
-#: carries 17 digits, and the noise digits below the clock's resolution compress worst: they
-#: doubled the size of a stored run.
+#: clock (`time.perf_counter`); the noise digits below it only make stored runs larger.
 RECORD_DECIMALS = 9
 #: The first bytes of every file `save_real_run` writes.
 _RUN_HEAD = b'{"format":%d,' % REAL_RUN_FORMAT
@@ -48,29 +46,16 @@ def load_dict(
     }
 
 
-def load_args(load: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
-    """(request rate, burstiness, workload parameters) of a stored load (`load_dict`'s form:
-    rate "inf" as a string)."""
-    rate = math.inf if load["request_rate"] == "inf" else load["request_rate"]
-    params = {
-        k: v
-        for k, v in load.items()
-        if k not in ("workload", "num_prompts", "seed", "request_rate", "burstiness")
-    }
-    return rate, load.get("burstiness", 1.0), params
-
-
 def load_spec(load: dict[str, Any]) -> LoadSpec:
-    """The `LoadSpec` of a stored load: what `simulate` draws the run's requests from, and so
-    what the real side draws them from too."""
-    rate, burstiness, params = load_args(load)
+    """The `LoadSpec` of a stored load (`load_dict`'s form: rate "inf" as a string): what
+    `simulate` draws the run's requests from, and so what the real side draws them from too."""
     return LoadSpec(
         workload=load["workload"],
         num_prompts=load["num_prompts"],
-        request_rate=rate,
-        burstiness=burstiness,
+        request_rate=math.inf if load["request_rate"] == "inf" else load["request_rate"],
+        burstiness=load.get("burstiness", 1.0),
         seed=load["seed"],
-        **{k: params[k] for k in WORKLOAD_PARAMS if k in params},
+        **{k: load[k] for k in WORKLOAD_PARAMS if k in load},
     )
 
 
@@ -185,9 +170,4 @@ def round_floats(value: Any, decimals: int) -> Any:
 
 
 def jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, float) and not math.isfinite(v):
-            v = None
-        out[k] = v
-    return out
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
