@@ -100,6 +100,7 @@ def calibrate_command(
     )
     require_cuda()
     from pagesim.gpu.calibrate import CalibrationGrid
+    from pagesim.gpu.profiler import run_calibration
 
     grid = CalibrationGrid(
         block_sizes=sizes,
@@ -119,46 +120,28 @@ def calibrate_command(
             cuda_graphs=not enforce_eager,
         )
         return
-    p = _calibrate(
-        config, grid, torch_dtype(dtype), seed, output_dir, time_budget_s, quiet, not enforce_eager
-    ).profile
-    from pagesim.cost.fit import fit_report
-
-    typer.echo("held-out fit error, % (20 % of each table, seed 0; `pagesim fit-report`):")
-    typer.echo(fit_report(p).to_markdown())
-
-
-def _calibrate(
-    config,
-    grid,
-    dtype,
-    seed: int,
-    output_dir: Path,
-    time_budget_s: float,
-    quiet: bool,
-    cuda_graphs: bool,
-):
-    """Calibrate in this process (one GPU) under a progress bar, and print the profile's line."""
-    from pagesim.gpu.profiler import run_calibration
-
     with _bar(quiet) as progress:
         result = run_calibration(
             config,
             grid,
-            dtype=dtype,
+            dtype=torch_dtype(dtype),
             seed=seed,
             calibration_root=output_dir,
             progress=progress,
             time_budget_s=time_budget_s,
             log=typer.echo,
-            cuda_graphs=cuda_graphs,
+            cuda_graphs=not enforce_eager,
         )
     p = result.profile
     typer.echo(
         f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} prefill, "
-        f"{len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in {result.elapsed_s:.0f} s"
+        f"{len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
+        f"{result.elapsed_s:.0f} s"
     )
-    return result
+    from pagesim.cost.fit import fit_report
+
+    typer.echo("held-out fit error, % (20 % of each table, seed 0; `pagesim fit-report`):")
+    typer.echo(fit_report(p).to_markdown())
 
 
 def _calibrate_tp(
@@ -182,7 +165,26 @@ def _calibrate_tp(
         raise ConfigError("--shard-only: give --tensor-parallel-size N with N >= 2")
     check_tensor_parallel(config.model_spec, tp)
     if shard_only:
-        _calibrate(config, grid, dtype, seed, output_dir, time_budget_s, quiet, cuda_graphs)
+        from pagesim.gpu.profiler import run_calibration
+
+        with _bar(quiet) as progress:
+            result = run_calibration(
+                config,
+                grid,
+                dtype=dtype,
+                seed=seed,
+                calibration_root=output_dir,
+                progress=progress,
+                time_budget_s=time_budget_s,
+                log=typer.echo,
+                cuda_graphs=cuda_graphs,
+            )
+        p = result.profile
+        typer.echo(
+            f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "
+            f"prefill, {len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
+            f"{result.elapsed_s:.0f} s"
+        )
         return
     if torch.cuda.device_count() < tp:
         raise ConfigError(
