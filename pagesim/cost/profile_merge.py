@@ -24,8 +24,8 @@ The rules, so that the merged profile stays a measurement and not a blend of dif
 - `date` is the newest source's; `notes` says how many sources and when each was measured;
 - `source_scales` records the spread: each source's level against the merged profile, the
   median over the source's step rows of its time over the merged time of the same point,
-  counting only points that two or more sources measured (`source_scales`). Pricing every step at the smallest and the largest of them says how far
-  an answer moves with the GPU's speed level (`pagesim.cost.level_band`).
+  counting only points that two or more sources measured (`source_scales`). The band an
+  answer moves in with the GPU's speed level is drawn from them (`pagesim.cost.level_band`).
 
     merged = merge_profiles([Profile.load(p) for p in paths])
     merged.save("calibration/h200/llama-2-7b")
