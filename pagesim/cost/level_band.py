@@ -66,7 +66,7 @@ def session_interval(levels: Sequence[float]) -> tuple[float, float]:
 def profile_band(meta: ProfileMetadata) -> StepTimeBand | None:
     """The band of the profile's own measured levels, or None when it records fewer than two."""
     scales = meta.source_scales
-    if not scales or len(scales) < 2:
+    if scales is None or len(scales) < 2:
         return None
     low, high = session_interval(scales)
     return StepTimeBand(

@@ -187,10 +187,10 @@ def cost_model_label(config: EngineConfig, profile: str | Path | None, transfer:
 
 
 def step_time_band(config: EngineConfig, profile: str | Path | None, transfer: bool):
-    """The `StepTimeBand` (`pagesim.cost.level_band`) of what prices `config`: the pricing
-    profile's measured spread, else the widest of the same GPU's shipped merged profiles;
-    widened by the transfer error when the steps are priced by transfer. None for the
-    analytical model or where no spread was measured."""
+    """The `StepTimeBand` (`pagesim.cost.level_band`) of what prices `config`: the interval
+    of the pricing profile's calibration levels, else of the same GPU's shipped merged
+    profiles' levels pooled; widened by the transfer error when the steps are priced by
+    transfer. None for the analytical model or where no levels were measured."""
     from pagesim.cost.level_band import gpu_band, profile_band, widened
     from pagesim.cost.profile import Profile
 
