@@ -1,0 +1,6 @@
+"""`python -m pagesim`: the `pagesim` command, for a checkout that is not installed (a GPU
+host with the source on `PYTHONPATH`)."""
+
+from pagesim.cli.app import console
+
+console()
