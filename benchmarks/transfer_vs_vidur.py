@@ -45,7 +45,7 @@ from pagesim.cost.gpu_rates import BoundingRates
 from pagesim.cost.operations import LayerWidths, kernel_time, layer_operations
 from pagesim.cost.transfer import SOURCE_GPU, TransferCostModel
 from pagesim.data import calibration_dir
-from pagesim.sim.build import _transferred
+from pagesim.sim.build import transferred_cost_model
 from pagesim.specs import GPUSpec, ModelSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,7 +170,7 @@ def operation_rows(case: Case) -> list[dict]:
         / SOURCE_GPU
         / (case.source_model + (f"-tp{case.tp}" if case.tp > 1 else ""))
     )
-    transfer = _transferred(engine, source)
+    transfer = transferred_cost_model(engine, source)
     model = ModelSpec.from_name(case.model)
     widths = LayerWidths.of(model, case.tp)
     gpu = GPUSpec.from_name(case.gpu)
@@ -203,7 +203,7 @@ def allreduce_transfer(gpu_name: str) -> TransferCostModel:
     --tensor-parallel-size 2` prices with: its all-reduces are the H200 profile's measured
     table carried by `pagesim.cost.transfer.carried_allreduce_s`."""
     engine = EngineConfig(model="llama-3-70b", gpu=gpu_name, tensor_parallel_size=2)
-    transfer = _transferred(engine, calibration_dir() / SOURCE_GPU / "llama-3-70b-tp2")
+    transfer = transferred_cost_model(engine, calibration_dir() / SOURCE_GPU / "llama-3-70b-tp2")
     assert isinstance(transfer, TransferCostModel)
     return transfer
 

@@ -160,7 +160,7 @@ def scaled_cost_model(
     scale = check_step_time_scale(step_time_scale)
     source = transfer_profile(config) if transfer and profile is None else None
     if source is not None:
-        model = _transferred(config, source, disabled_corrections)
+        model = transferred_cost_model(config, source, disabled_corrections)
     elif scale == 1.0 and not disabled_corrections:
         return None
     else:
@@ -206,7 +206,7 @@ def step_time_band(config: EngineConfig, profile: str | Path | None, transfer: b
 
     share = 0.0
     if config.tensor_parallel_size > 1:  # the all-reduces' error weighs in too
-        model = _transferred(config, Path(source))
+        model = transferred_cost_model(config, Path(source))
         assert isinstance(model, TransferCostModel)
         share = model.allreduce_share()
     return widened(band, *band_widening_pct(config.gpu, transfer_errors(), share))
@@ -248,7 +248,7 @@ def band_cost_model(
     off = disabled_corrections
     source = transfer_profile(config) if transfer and profile is None else None
     base = (
-        _transferred(config, source, off)
+        transferred_cost_model(config, source, off)
         if source is not None
         else build_cost_model(config, profile, off)
     )
@@ -331,9 +331,11 @@ def _calibrated(
     )
 
 
-def _transferred(
+def transferred_cost_model(
     config: EngineConfig, source: Path, disabled_corrections: tuple[str, ...] = ()
 ) -> CostModel:
+    """The profile at `source` (measured on `transfer.SOURCE_GPU`) carried to `config.gpu`
+    by the transfer cost model."""
     from pagesim.cost.transfer import SOURCE_GPU, TransferCostModel
     from pagesim.specs import GPUSpec
 
