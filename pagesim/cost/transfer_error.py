@@ -123,9 +123,9 @@ def transfer_note(gpu: str, errors: dict[str, TransferError]) -> str:
     err = errors.get(gpu)
     if err is None:
         return f"transfer error not measured on {gpu} (measured on {', '.join(sorted(errors))})"
-    allreduce = "" if err.allreduce is None else f", all-reduce {err.allreduce:.0f} %"
+    allreduce = "" if err.allreduce is None else f", all-reduce {err.allreduce:g} %"
     return (
-        f"transfer error per operation on {err.checked_as}: GEMMs {err.gemm:.0f} %, "
-        f"element-wise {err.elementwise:.0f} %{allreduce} (median |error|, "
+        f"transfer error per operation on {err.checked_as}: GEMMs {err.gemm:g} %, "
+        f"element-wise {err.elementwise:g} %{allreduce} (median |error|, "
         "docs/other_gpus.md)"
     )

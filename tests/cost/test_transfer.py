@@ -211,7 +211,7 @@ def test_run_says_it_transferred_and_saves_it(capsys, tmp_path) -> None:
         "Cost model: transfer of the shipped profile calibration/h200/llama-2-7b (NVIDIA H200"
     )
     gemm = transfer_errors()["h100-sxm"].gemm
-    assert "to h100-sxm" in line and f"GEMMs {gemm:.0f} %" in line
+    assert "to h100-sxm" in line and f"GEMMs {gemm:g} %" in line
     saved = json.loads(out_file.read_text())
     assert saved["cost_model"] == "transfer" and saved["profile"]["name"] == "h200/llama-2-7b"
     rc = main(["run", "--quiet", "--gpu", "l4", "--num-prompts", "5", "--workload", "random"])

@@ -63,7 +63,7 @@ def test_every_gpu_has_a_held_out_model_and_every_table_is_read(rows) -> None:
 
 def test_the_note_names_the_check_or_says_there_was_none() -> None:
     errors = transfer_errors()
-    assert f"GEMMs {errors['h100-sxm'].gemm:.0f} %" in transfer_note("h100-sxm", errors)
+    assert f"GEMMs {errors['h100-sxm'].gemm:g} %" in transfer_note("h100-sxm", errors)
     assert "not measured on l40s" in transfer_note("l40s", transfer_errors())
 
 
