@@ -325,15 +325,16 @@ def _available_from_utilization(config: EngineConfig, non_kv: NonKVMemory) -> in
         f"({requested / GiB:.1f} GiB per GPU, tensor_parallel_size={tp})"
     )
     if non_kv.weights_bytes >= requested:
+        per_gpu = f", {non_kv.weights_bytes / GiB:.1f} GiB per GPU" if tp > 1 else ""
         raise ConfigError(
-            f"weights of {model.name} ({model.weight_bytes / 1e9:.1f} GB, "
-            f"{non_kv.weights_bytes / 1e9:.1f} GB per GPU) do not fit in {where}; "
+            f"weights of {model.name} ({model.weight_bytes / GiB:.1f} GiB{per_gpu}) do not "
+            f"fit in {where}; "
             f"raise tensor_parallel_size or pick a larger GPU"
         )
     available = requested - non_kv.total_bytes
     if available <= 0:
         raise ConfigError(
-            f"weights of {model.name} ({model.weight_bytes / 1e9:.1f} GB) leave no KV cache "
+            f"weights of {model.name} ({model.weight_bytes / GiB:.1f} GiB) leave no KV cache "
             f"memory in {where}: weights {non_kv.weights_bytes / GiB:.2f} GiB + activations "
             f"{non_kv.activation_peak_bytes / GiB:.2f} GiB + non-torch "
             f"{non_kv.non_torch_bytes / GiB:.2f} GiB per GPU; raise tensor_parallel_size or "

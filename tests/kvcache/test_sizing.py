@@ -153,10 +153,10 @@ def test_weights_do_not_fit():
         kv_capacity(EngineConfig.create(model="llama-2-70b", gpu="a100-80gb"))
     msg = str(e.value)
     assert "\n" not in msg
-    assert msg.startswith("weights of llama-2-70b (138.0 GB")
+    assert msg.startswith("weights of llama-2-70b (128.5 GiB)")
     assert "do not fit" in msg and "tensor_parallel_size=1" in msg
     # fits the weights on h200 but leaves nothing for the KV cache
-    with pytest.raises(ConfigError, match=r"weights of llama-2-70b \(138.0 GB\) leave no KV"):
+    with pytest.raises(ConfigError, match=r"weights of llama-2-70b \(128.5 GiB\) leave no KV"):
         num_gpu_blocks(EngineConfig.create(model="llama-2-70b", gpu="h200"))
     assert (
         num_gpu_blocks(EngineConfig.create(model="llama-2-70b", gpu="h200", tensor_parallel_size=2))
