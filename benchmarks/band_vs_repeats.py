@@ -12,16 +12,21 @@ within [min, max] of the three predictions. Prints a markdown table and the coun
 `--gpu NAME`: the runs were served on another GPU than their config names (an H100 lent in
 place of an H200, say); they are priced as on NAME, by transfer of the shipped profile
 (`pagesim.cost.transfer`) with its widened band, as `pagesim run --gpu NAME` prices them.
+With `--write-served`, the largest |error| of the transfer's mean TPOT over those loads
+becomes NAME's row of pagesim/data/transfer/served.csv, which widens every transferred band
+where it is larger than the operations' error (`pagesim.cost.transfer_error`).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
 import statistics
 from pathlib import Path
 
-from pagesim.data import calibration_dir
+from pagesim.cost.transfer_error import SERVED_FILE, read_served
+from pagesim.data import calibration_dir, transfer_dir
 from pagesim.sim.band import HEADLINE
 from pagesim.sim.build import band_cost_model, step_time_band
 from pagesim.sim.simulate import simulate
@@ -75,16 +80,46 @@ def check(name: str, docs: list[dict], gpu: str | None = None) -> list[dict]:
                 "low": low,
                 "high": high,
                 "inside": low <= mean <= high,
+                "served_on": docs[0].get("device", {}).get("gpu_name", "?"),
             }
         )
     return rows
+
+
+def write_served(gpu: str, folders: list[Path], rows: list[dict]) -> Path:
+    """Replace `gpu`'s row of the shipped served.csv with these runs' largest mean-TPOT
+    error (|center / real mean - 1|, in %)."""
+    tpot = [r for r in rows if r["metric"] == "mean_tpot_ms"]
+    if not tpot:
+        raise SystemExit("no load with a mean TPOT: nothing to write")
+    worst = max(abs(100 * (r["center"] / r["real_mean"] - 1)) for r in tpot)
+    cards = sorted({r["served_on"] for r in tpot})
+    path = transfer_dir() / SERVED_FILE
+    table = {g: e._asdict() for g, e in read_served(path).items()}
+    table[gpu] = {
+        "mean_tpot_pct": round(worst, 1),
+        "served_on": "/".join(cards),
+        "runs": " ".join(str(f) for f in folders),
+    }
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["gpu", "mean_tpot_pct", "served_on", "runs"])
+        writer.writeheader()
+        writer.writerows({"gpu": g, **table[g]} for g in sorted(table))
+    return path
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--gpu", help="price the runs as served on this GPU, by transfer")
+    ap.add_argument(
+        "--write-served",
+        action="store_true",
+        help="with --gpu: write the transfer's largest mean-TPOT error to served.csv",
+    )
     args = ap.parse_args()
+    if args.write_served and not args.gpu:
+        ap.error("--write-served needs --gpu")
     rows = [
         row
         for f in args.folders
@@ -109,6 +144,8 @@ def main() -> None:
         for load in sorted({r["load"] for r in mine}):
             of_load = [r for r in mine if r["load"] == load]
             print(f"    {load}: {sum(r['inside'] for r in of_load)} of {len(of_load)}")
+    if args.write_served:
+        print(f"wrote {write_served(args.gpu, args.folders, rows)}")
 
 
 if __name__ == "__main__":

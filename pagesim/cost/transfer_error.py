@@ -20,6 +20,7 @@ from typing import NamedTuple
 from pagesim.errors import PagesimError
 
 ERRORS_FILE = "errors.csv"  # in the shipped data's transfer/ folder (`pagesim.data`)
+SERVED_FILE = "served.csv"  # the same folder: the end-to-end error on served runs
 
 
 class TransferError(NamedTuple):
@@ -29,6 +30,29 @@ class TransferError(NamedTuple):
     elementwise: float
     allreduce: float | None
     checked_as: str  # the Vidur GPU whose measurements gave it
+
+
+class ServedError(NamedTuple):
+    """The largest |error| in % of the transfer's mean TPOT against the mean of a load's
+    repeats, over the loads served on a GPU (`benchmarks/band_vs_repeats.py --write-served`)."""
+
+    mean_tpot_pct: float
+    served_on: str  # the card, as its driver names it
+    runs: str  # the folder of the real runs
+
+
+def read_served(path: Path) -> dict[str, ServedError]:
+    """GPU name -> the transfer's end-to-end error where it was served (none: {})."""
+    if not path.is_file():
+        return {}
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return {
+                row["gpu"]: ServedError(float(row["mean_tpot_pct"]), row["served_on"], row["runs"])
+                for row in csv.DictReader(f)
+            }
+    except (OSError, KeyError, ValueError) as e:
+        raise PagesimError(f"{path}: cannot read the served transfer errors ({e})") from None
 
 
 def read_errors(path: Path) -> dict[str, TransferError]:
@@ -50,9 +74,35 @@ def read_errors(path: Path) -> dict[str, TransferError]:
 
 
 def band_widening_pct(
+    gpu: str,
+    errors: dict[str, TransferError],
+    allreduce_share: float = 0.0,
+    served: dict[str, ServedError] | None = None,
+) -> tuple[float, str]:
+    """How much wider (in %, each way) a band priced by transfer to `gpu` is, and why: the
+    operations' error (`operation_widening_pct`), or the transfer's end-to-end error where a
+    served GPU showed a larger one (`served`; the GPU's own, else the largest on any GPU).
+    Operations measured one by one miss what only a whole step shows, so a served run's
+    error, when larger, is the one the band must hold."""
+    pct, why = operation_widening_pct(gpu, errors, allreduce_share)
+    if not served:
+        return pct, why
+    key = gpu if gpu in served else max(served, key=lambda g: served[g].mean_tpot_pct)
+    end_to_end = served[key]
+    if end_to_end.mean_tpot_pct <= pct:
+        return pct, why
+    where = "" if key == gpu else f", {gpu} never served"
+    return end_to_end.mean_tpot_pct, (
+        f"the transfer's largest mean-TPOT error on loads served on an {end_to_end.served_on}"
+        f"{where}; {why}: {pct:g} %"
+    )
+
+
+def operation_widening_pct(
     gpu: str, errors: dict[str, TransferError], allreduce_share: float = 0.0
 ) -> tuple[float, str]:
-    """How much wider (in %, each way) a band priced by transfer to `gpu` is, and why.
+    """How much wider (in %, each way) the operations' measured error makes a band priced
+    by transfer to `gpu`, and why.
 
     Without tensor parallelism (`allreduce_share` 0): the median GEMM error measured on that
     GPU (GEMMs are most of a step's time; element-wise kernels, far worse, are 9-16 % of it),
@@ -110,12 +160,13 @@ def band_widening_pct(
 
 def band_clause(tensor_parallel_size: int) -> str:
     """The cost-model line's clause that says what a transferred band is widened by."""
+    served = ", or by the end-to-end error of served runs where that is larger"
     if tensor_parallel_size > 1:
         return (
             "its band is the source's spread widened by the GEMM and all-reduce errors, "
-            "weighted by the all-reduces' largest share of a step"
+            f"weighted by the all-reduces' largest share of a step{served}"
         )
-    return "its band is the source's spread widened by the GEMM error"
+    return f"its band is the source's spread widened by the GEMM error{served}"
 
 
 def transfer_note(gpu: str, errors: dict[str, TransferError]) -> str:

@@ -209,7 +209,9 @@ def step_time_band(config: EngineConfig, profile: str | Path | None, transfer: b
         model = transferred_cost_model(config, Path(source))
         assert isinstance(model, TransferCostModel)
         share = model.allreduce_share()
-    return widened(band, *band_widening_pct(config.gpu, transfer_errors(), share))
+    return widened(
+        band, *band_widening_pct(config.gpu, transfer_errors(), share, transfer_served())
+    )
 
 
 @lru_cache(maxsize=1)
@@ -220,6 +222,16 @@ def transfer_errors() -> dict:
     from pagesim.data import transfer_dir
 
     return read_errors(transfer_dir() / ERRORS_FILE)
+
+
+@lru_cache(maxsize=1)
+def transfer_served() -> dict:
+    """The transfer model's end-to-end error on the GPUs it was served on
+    (`pagesim.cost.transfer_error.read_served`), read once from the shipped table."""
+    from pagesim.cost.transfer_error import SERVED_FILE, read_served
+    from pagesim.data import transfer_dir
+
+    return read_served(transfer_dir() / SERVED_FILE)
 
 
 def _shipped_metadata(gpu: str) -> list:

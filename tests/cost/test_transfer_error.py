@@ -14,8 +14,16 @@ from pagesim.cost.base import BatchShape
 from pagesim.cost.level_band import gpu_band, profile_band
 from pagesim.cost.profile import Profile
 from pagesim.cost.transfer import TransferCostModel
-from pagesim.cost.transfer_error import ERRORS_FILE, band_widening_pct, transfer_note
+from pagesim.cost.transfer_error import (
+    ERRORS_FILE,
+    SERVED_FILE,
+    ServedError,
+    band_widening_pct,
+    read_served,
+    transfer_note,
+)
 from pagesim.data import transfer_dir
+from pagesim.errors import PagesimError
 from pagesim.sim.build import (
     _shipped_metadata,
     cost_model_line,
@@ -23,6 +31,7 @@ from pagesim.sim.build import (
     step_time_band,
     transfer_errors,
     transfer_profile,
+    transfer_served,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,13 +153,60 @@ def test_a_tensor_parallel_runs_band_and_line_count_the_allreduce_error() -> Non
         if pct is None:  # TP 2: between the GEMM and the all-reduce error, weighted
             t = scaled_cost_model(config, None, 1.0, transfer=True)
             assert isinstance(t, TransferCostModel)
-            pct = band_widening_pct(config.gpu, transfer_errors(), t.allreduce_share())[0]
-            assert errors.gemm < pct < (errors.allreduce or 0.0)
+            share = t.allreduce_share()
+            operations = band_widening_pct(config.gpu, transfer_errors(), share)[0]
+            assert errors.gemm < operations < (errors.allreduce or 0.0)
+            pct = band_widening_pct(config.gpu, transfer_errors(), share, transfer_served())[0]
+        else:  # the served runs' error where it is larger
+            pct = max(pct, *(e.mean_tpot_pct for e in transfer_served().values()))
         assert band.low == pytest.approx(base.low * (1 - pct / 100), rel=1e-12)
         assert band.high == pytest.approx(base.high * (1 + pct / 100), rel=1e-12)
     assert "all-reduces 24.7 %" in band2.basis and "all-reduce" not in band1.basis
     line = cost_model_line(tp2, None)
+    served = ", or by the end-to-end error of served runs where that is larger"
     assert line.endswith(
-        "widened by the GEMM and all-reduce errors, weighted by the all-reduces' largest share of a step"
+        "widened by the GEMM and all-reduce errors, weighted by the all-reduces' largest share "
+        f"of a step{served}"
     )
-    assert cost_model_line(tp1, None).endswith("widened by the GEMM error")
+    assert cost_model_line(tp1, None).endswith(f"widened by the GEMM error{served}")
+
+
+def test_a_served_error_above_the_operations_one_widens_the_band() -> None:
+    shipped = transfer_errors()
+    h100 = shipped["h100-sxm"].gemm
+    served = {"h100-sxm": ServedError(15.7, "NVIDIA H100 80GB HBM3", "runs")}
+    pct, why = band_widening_pct("h100-sxm", shipped, 0.0, served)
+    assert pct == 15.7 and "H100 80GB HBM3" in why and f"Vidur's H100: {h100:g} %" in why
+    pct, why = band_widening_pct("a100-80gb", shipped, 0.0, served)  # the largest served
+    assert pct == 15.7 and "a100-80gb never served" in why
+    small = {"h100-sxm": ServedError(h100 / 2, "NVIDIA H100 80GB HBM3", "runs")}
+    assert band_widening_pct("h100-sxm", shipped, 0.0, small) == band_widening_pct(
+        "h100-sxm", shipped
+    )
+
+
+def test_the_served_table_reads_or_says_what_is_wrong(tmp_path) -> None:
+    assert read_served(tmp_path / SERVED_FILE) == {}
+    bad = tmp_path / SERVED_FILE
+    bad.write_text("gpu,mean_tpot_pct,served_on,runs\nh100-sxm,fast,H100,x\n")
+    with pytest.raises(PagesimError, match="cannot read the served transfer errors"):
+        read_served(bad)
+
+
+def test_the_shipped_served_error_is_the_one_the_runs_give() -> None:
+    import band_vs_repeats
+
+    shipped = read_served(transfer_dir() / SERVED_FILE)
+    for gpu, served in shipped.items():
+        rows = [
+            row
+            for folder in served.runs.split()
+            for name, docs in band_vs_repeats.groups(ROOT / folder).items()
+            for row in band_vs_repeats.check(name, docs, gpu)
+        ]
+        worst = max(
+            abs(100 * (r["center"] / r["real_mean"] - 1))
+            for r in rows
+            if r["metric"] == "mean_tpot_ms"
+        )
+        assert served.mean_tpot_pct == round(worst, 1)
