@@ -27,6 +27,7 @@ __all__ = [
     "check_number",
     "check_output_dir",
     "check_output_file",
+    "make_output_dir",
     "parse_int_list",
     "write_new_file",
 ]
@@ -110,6 +111,16 @@ def check_output_dir(path: str | os.PathLike, flag: str, shown: object = None) -
         raise ConfigError(f"{flag} {shown}: {existing} is a file, not a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {shown}: {existing} is not writable")
+
+
+def make_output_dir(path: str | os.PathLike, flag: str, shown: object = None) -> None:
+    """Create an output folder before any work, or a one-line error naming it. Checks alone
+    cannot tell: under /proc, say, every test passes and mkdir still fails."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = f"{path}: cannot create" if shown is None else f"{shown}: cannot create {path}"
+        raise ConfigError(f"{flag} {where} ({exc.strerror})") from None
 
 
 @contextmanager

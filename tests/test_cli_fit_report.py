@@ -94,3 +94,20 @@ def test_calibrate_decode_batches_reach_the_grid_and_bad_ones_are_one_line(
     # by default every block size is measured, and every one with the full grid
     assert grids[0].block_sizes == (8, 16, 32, 64, 128) == grids[0].full_block_sizes
     assert CalibrationGrid().full_block_sizes == CalibrationGrid().block_sizes
+
+
+def test_calibrate_refuses_an_output_folder_it_cannot_make_before_the_gpu(
+    capsys, monkeypatch
+) -> None:
+    pytest.importorskip("torch")
+    import pagesim.gpu.device as device
+    import pagesim.gpu.profiler as profiler
+
+    def measured(*a, **k):
+        raise AssertionError("calibrated before the folder was made")
+
+    monkeypatch.setattr(device, "require_cuda", lambda *hint: None)
+    monkeypatch.setattr(profiler, "run_calibration", measured)
+    assert main(["calibrate", "--quiet", "--output-dir", "/proc/nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--output-dir /proc/nope" in err, err

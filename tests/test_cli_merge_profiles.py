@@ -40,6 +40,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path) -> None:
         [[a, str(tmp_path / "nosuch"), "-o", str(tmp_path / "x")], "no such calibration profile"],
         [[a, str(other), "-o", str(tmp_path / "y")], "differ in torch"],
         [[a, b], "--output-dir"],
+        [[a, b, "-o", "/proc/nope"], "--output-dir /proc/nope"],  # mkdir refuses it
     ):
         assert main(["merge-profiles", *argv]) == 2
         err = capsys.readouterr().err.strip()

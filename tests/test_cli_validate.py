@@ -337,3 +337,10 @@ def test_repeats_report_says_which_targets_were_met(tmp_path) -> None:
     assert REPEATS_MET_HEADING in text and f"| all | | {met}/8 | |" in text
     tpot = next(r for r in rows if r["metric"] == "p99_tpot_ms")
     assert tpot["met"] == (abs(tpot["error_pct"]) <= 10.0)
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line_before_simulating(capsys) -> None:
+    argv = ["validate", "--real", str(REAL / f"{RUN}.json.xz"), "--output-dir", "/proc/nope"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "--output-dir /proc/nope" in err, err

@@ -14,7 +14,7 @@ import typer
 from pagesim.cli import options as o
 from pagesim.cli.app import app, gpu_engine_config
 from pagesim.errors import ConfigError
-from pagesim.utils import check_number, check_output_dir, parse_int_list
+from pagesim.utils import check_number, check_output_dir, make_output_dir, parse_int_list
 
 #: `CalibrationGrid.decode_batches`' default, repeated here: the CLI imports `pagesim.gpu` only
 #: inside the commands that need it (a test holds the two equal).
@@ -98,6 +98,7 @@ def calibrate_command(
         max_model_len=max_model_len,
         tensor_parallel_size=tensor_parallel_size,
     )
+    make_output_dir(output_dir, "--output-dir")  # not after minutes of measuring
     require_cuda()
     from pagesim.gpu.calibrate import CalibrationGrid
     from pagesim.gpu.profiler import run_calibration

@@ -11,7 +11,7 @@ import typer
 
 from pagesim.cli.app import app
 from pagesim.errors import ConfigError
-from pagesim.utils import check_output_dir
+from pagesim.utils import check_output_dir, make_output_dir
 
 
 @app.command("merge-profiles")
@@ -54,6 +54,7 @@ def merge_profiles_command(
         )
     loaded = [Profile.load(src) for src in sources]
     merged = merge_profiles(loaded)
+    make_output_dir(output_dir, "--output-dir")
     merged.save(output_dir)
     meta = merged.metadata
     print(f"{meta.model} on {meta.gpu}: median of {len(loaded)} calibrations -> {output_dir}")

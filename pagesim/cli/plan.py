@@ -51,7 +51,13 @@ from pagesim.sim.build import (
 )
 from pagesim.sim.simulate import LoadSpec
 from pagesim.specs import GiB
-from pagesim.utils import atomic_write_text, check_number, check_output_file, parse_int_list
+from pagesim.utils import (
+    atomic_write_text,
+    check_number,
+    check_output_file,
+    make_output_dir,
+    parse_int_list,
+)
 from pagesim.workload import WORKLOAD_PARAMS
 
 PLAN = "Plan"
@@ -218,6 +224,8 @@ def plan_command(
         raise ConfigError("--analytical: the analytical model has no corrections to disable")
     sizes = _tp_sizes(compare_tp, values, kv_sizing)
     engine, load = o.engine_config(values), o.load_spec(values)
+    if save_result is not None:  # its folder, made once the settings are known good
+        make_output_dir(save_result.parent, "--save-result", shown=save_result)
     print(
         f"Plan for {engine.model} on {engine.gpu}, workload {load.workload}, "
         f"probes of >= {load.num_prompts} requests and >= {min_duration:g} s of arrivals; "
@@ -264,7 +272,6 @@ def plan_command(
             if target_rate is not None:
                 doc["replicas"] = _replicas(engine, plan, prof, cap, cost)
     if save_result is not None:
-        save_result.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(save_result, json.dumps(doc, indent=2, default=str) + "\n")
         print(f"Saved plan to {save_result}")
 

@@ -33,7 +33,7 @@ from pagesim.sim.build import (
 )
 from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
 from pagesim.sim.simulate import result_metadata, simulate
-from pagesim.utils import atomic_write_bytes, check_output_file, write_new_file
+from pagesim.utils import atomic_write_bytes, check_output_file, make_output_dir, write_new_file
 
 DEFAULTS = {"workload": "chat", "num_prompts": 1000}
 
@@ -87,7 +87,8 @@ def run_command(
                 typer.echo(note, err=True)
         directory = result_dir or Path(".")
         if save_result or result_dir is not None:
-            _make_dir(directory)  # before simulating: a bad --result-dir fails at once
+            # before simulating: a bad --result-dir fails at once
+            make_output_dir(directory, "--result-dir")
             if result_filename is not None:
                 _check_result_filename(directory, result_filename, overwrite)
         with _progress(load.num_prompts, quiet) as hook:
@@ -179,14 +180,6 @@ def _save(directory: Path, given: str | None, default: str, text: bytes, overwri
         if write_new_file(path, text):
             return path
     raise ConfigError(f"--result-dir {directory}: 10,000 results named {default} already")
-
-
-def _make_dir(directory: Path) -> None:
-    """Create the result directory, or a one-line error naming it."""
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--result-dir {directory}: cannot create ({exc.strerror})") from None
 
 
 class _progress:

@@ -30,7 +30,7 @@ from pagesim.metrics.report import rejection_line
 from pagesim.planning.backends import BACKENDS, require_ray
 from pagesim.planning.grid import build_grid, coerce, parse_axis, read_param_file
 from pagesim.planning.sweep import SweepInterrupted, run_sweep
-from pagesim.utils import check_number, check_output_dir
+from pagesim.utils import check_number, check_output_dir, make_output_dir
 
 SWEEP = "Sweep"
 MAX_RUNS = 1_000_000  # simulations of one sweep (points x runs)
@@ -184,6 +184,8 @@ def sweep_command(
         return
     if backend == "ray":
         require_ray()
+    if resume is None:  # a check cannot see every folder that mkdir refuses
+        make_output_dir(output_dir, "--output-dir")
     try:
         with _sigterm_as_interrupt():
             result = run_sweep(

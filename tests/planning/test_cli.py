@@ -144,6 +144,31 @@ def test_failed_runs_exit_1_and_are_listed(tmp_path: Path, capsys) -> None:
     assert "ConfigError: weights of llama-2-70b" in line
 
 
+UNMAKEABLE = "/proc/nope"  # passes every check (as root), yet mkdir refuses it
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["sweep", *SMALL, "--quiet", "-o", UNMAKEABLE], f"--output-dir {UNMAKEABLE}"),
+        (["plot", "SWEEP", "--output-dir", UNMAKEABLE], f"--output-dir {UNMAKEABLE}"),
+        (
+            ["plan", *SMALL, "--slo", "p99_ttft_ms<=500", "--save-result", f"{UNMAKEABLE}/p.json"],
+            f"--save-result {UNMAKEABLE}/p.json",
+        ),
+    ],
+    ids=["sweep", "plot", "plan"],
+)
+def test_an_output_folder_that_cannot_be_made_is_one_line(
+    tmp_path: Path, capsys, argv, words
+) -> None:
+    (tmp_path / "summary.csv").write_text("point,run,status\ndefault,0,ok\n")
+    rc = main([str(tmp_path) if a == "SWEEP" else a for a in argv])
+    out, err = capsys.readouterr()
+    assert rc == 2 and words in err and err.count("\n") == 1, err
+    assert "Plan for" not in out  # refused before the search
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
