@@ -34,6 +34,7 @@ import yaml
 
 from pagesim.config import EngineConfig
 from pagesim.errors import ConfigError, PagesimError
+from pagesim.kvcache.sizing import kv_capacity
 from pagesim.planning.mix import check_workload, is_mix, mix_name
 from pagesim.sim.simulate import LoadSpec
 
@@ -238,8 +239,10 @@ def _check_grid_size(engine_params, engine_axes, load_params, load_axes) -> None
 
 
 def _validate(point: SweepPoint) -> None:
+    """Refuse a point before any run as `pagesim run` would refuse it: its settings, its
+    load, and its KV cache sizing (weights that do not fit, no block left, ...)."""
     try:
-        point.engine_config()
+        kv_capacity(point.engine_config())
         point.load_spec()
         check_workload(point.load.get("workload", "chat"))
     except PagesimError as exc:

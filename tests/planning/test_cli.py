@@ -54,6 +54,9 @@ def test_sweep_dry_run_writes_nothing(tmp_path: Path, capsys) -> None:
         (["--workload", "chat,nope"], "workload 'nope'"),
         (["--backend", "dask"], "--backend 'dask'"),
         (["--engine-params", "missing.json"], "cannot read"),
+        # sized as `pagesim run` sizes it, before any run starts
+        (["--model", "llama-2-7b,llama-2-70b"], "point ENGINE-model=llama-2-70b: weights of"),
+        (["--gpu-memory-utilization", "0.9,0.097"], "leave no KV cache memory"),
     ],
 )
 def test_bad_grids_exit_2_with_one_line(tmp_path: Path, capsys, args, words) -> None:
@@ -61,6 +64,7 @@ def test_bad_grids_exit_2_with_one_line(tmp_path: Path, capsys, args, words) -> 
     err = capsys.readouterr().err
     assert rc == 2
     assert words in err and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())  # nothing ran
 
 
 def test_sweep_then_plot(tmp_path: Path, capsys) -> None:
@@ -115,7 +119,17 @@ def test_sweep_then_plot(tmp_path: Path, capsys) -> None:
     assert main(["plot", str(tmp_path)]) == 2
 
 
-def test_failed_runs_exit_1_and_are_listed(tmp_path: Path, capsys) -> None:
+def test_failed_runs_exit_1_and_are_listed(tmp_path: Path, capsys, monkeypatch) -> None:
+    # A run that fails only when simulated (every bad setting is refused before the runs).
+    import pagesim.planning.sweep as sweep
+
+    def simulate(config, load, **kwargs):
+        if config.block_size == 16:
+            raise RuntimeError("no run at block 16\nsecond line")
+        return real(config, load, **kwargs)
+
+    real = sweep.simulate
+    monkeypatch.setattr(sweep, "simulate", simulate)
     rc = main(
         [
             "sweep",
@@ -127,8 +141,8 @@ def test_failed_runs_exit_1_and_are_listed(tmp_path: Path, capsys) -> None:
             "64",
             "--random-output-len",
             "8",
-            "--model",
-            "llama-2-7b,llama-2-70b",
+            "--block-size",
+            "8,16",
             "-o",
             str(tmp_path),
             "--quiet",
@@ -140,8 +154,8 @@ def test_failed_runs_exit_1_and_are_listed(tmp_path: Path, capsys) -> None:
     assert rc == 1
     assert "1 failed" in captured.out
     (line,) = [x for x in captured.err.splitlines() if x.startswith("failed:")]
-    assert "ENGINE-model=llama-2-70b run=0 (" in line and "model=llama-2-70b" in line
-    assert "ConfigError: weights of llama-2-70b" in line
+    assert "ENGINE-block_size=16 run=0 (" in line and "block_size=16" in line
+    assert line.endswith("RuntimeError: no run at block 16")
 
 
 UNMAKEABLE = "/proc/nope"  # passes every check (as root), yet mkdir refuses it

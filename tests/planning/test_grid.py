@@ -112,6 +112,9 @@ def test_invalid_point_names_itself() -> None:
         build_grid({"block_size": [16, 0]})
     with pytest.raises(ConfigError, match="workload 'nope'"):
         build_grid({"workload": ["chat", "chat:1+nope:1"]})
+    # sized as `pagesim run` sizes it: llama-2-70b's weights do not fit one H200 at 0.92
+    with pytest.raises(ConfigError, match="point ENGINE-model=llama-2-70b: weights of llama-2-70b"):
+        build_grid({"model": ["llama-2-7b", "llama-2-70b"]})
 
 
 def test_mix_text() -> None:
