@@ -109,7 +109,8 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
     ("percentile-0", [*RUN, "--metric-percentiles", "0"], {}),
     ("block-size-text", [*RUN, "--block-size", "sixteen"], {}),
     ("num-prompts-float", [*RUN, "--num-prompts", "2.5"], {}),
-    ("result-filename-slash", [*RUN, "--save-result", "--result-filename", "a/b.json"], {}),
+    # a missing folder is made, as --result-dir's is; a file in its place is refused
+    ("result-filename-slash", [*RUN, "--save-result", "--result-filename", "a/b.json"], {"a": "x"}),
     ("result-filename-long", [*RUN, "--save-result", "--result-filename", "x" * 300 + ".json"], {}),
     (
         "result-filename-exists",
@@ -677,6 +678,7 @@ VALID = [
     ("block-size-odd", [*RUN, "--block-size", "17"], {}),
     ("max-concurrency-huge", [*RUN, "--max-concurrency", "1099511627776"], {}),
     ("seed-huge", [*RUN, "--seed", "100000000000000000000000"], {}),
+    ("result-filename-new-folder", [*RUN, "--save-result", "--result-filename", "a/b.json"], {}),
 ]
 
 

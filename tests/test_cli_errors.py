@@ -3,6 +3,7 @@ traceback. In process through `main([...])`, plus real calls of the console scri
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -136,6 +137,20 @@ def test_a_result_file_that_cannot_be_written_is_one_line(
     assert [line for line in err.splitlines() if line.strip()] == [
         "error: --result-filename taken.json: is a directory; give a file name"
     ]
+
+
+def test_a_result_files_folder_is_made_before_the_run_as_result_dirs_is(
+    bad_files: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing folder in --result-filename is created; one that cannot be is refused before
+    the run, in one line naming the path given (not the temporary file written through)."""
+    argv = ["run", "--quiet", "--num-prompts", "2", "--save-result", "--result-filename"]
+    assert main([*argv, str(bad_files / "x" / "y" / "z.json")]) == 0
+    assert json.loads((bad_files / "x" / "y" / "z.json").read_text())["completed"] == 2
+    capsys.readouterr()
+    rc = main([*argv, "/proc/nope/z.json"])
+    out, err = capsys.readouterr()
+    assert_one_line_error(rc, out, err, "--result-filename /proc/nope/z.json: cannot create")
 
 
 @pytest.mark.parametrize("flag", ["--swap-space", "--long-prefill-token-threshold"])

@@ -152,7 +152,8 @@ def run_command(
 
 def _check_result_filename(directory: Path, name: str, overwrite: bool) -> None:
     """A --result-filename is joined to --result-dir (an absolute one stands alone, as in
-    `vllm bench serve`), and must not be taken unless --overwrite."""
+    `vllm bench serve`), and must not be taken unless --overwrite. Its folder is created
+    here, as --result-dir's is: a missing one must not cost the run."""
     if Path(name).name in ("", ".", ".."):
         raise ConfigError(f"--result-filename {name!r}: a file name was expected")
     check_output_file(directory / name, "--result-filename")
@@ -160,6 +161,7 @@ def _check_result_filename(directory: Path, name: str, overwrite: bool) -> None:
         raise ConfigError(
             f"--result-filename {name}: {directory / name} exists; give --overwrite to replace it"
         )
+    make_output_dir((directory / name).parent, "--result-filename", shown=name)
 
 
 def _save(directory: Path, given: str | None, default: str, text: bytes, overwrite: bool) -> Path:
