@@ -28,6 +28,8 @@ FILES = {
     "mamba.json": '{"architectures": ["MambaForCausalLM"], "hidden_size": 64}',
     "partial.json": '{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}',
     "notjson.json": "{architectures",
+    "slow.yaml": "lengths: {input: 10, output: 5}\narrival: {process: poisson, rate: 1.0e-15}\n",
+    "stretch.yaml": "time_scale: 1.0e+300\n",
     "negative.csv": (
         "TIMESTAMP,ContextTokens,GeneratedTokens\n"
         "2023-11-16 18:15:46.6805900,-5,10\n2023-11-16 18:15:47.6805900,20,10\n"
@@ -65,6 +67,10 @@ BAD = [
     (["--request-rate", "0"], "request_rate=0.0"),
     (["--request-rate", "-1"], "request_rate=-1.0"),
     (["--request-rate", "abc"], "--request-rate"),
+    (["--request-rate", "1e-15"], "request_rate=1e-15: 3 arrivals would span 3e+15 s"),
+    (["--request-rate", "5e-324"], "the smallest request_rate for num_prompts=3 is 3e-09"),
+    (["--workload", "slow.yaml"], "workload 'slow' arrival.rate=1e-15"),
+    (["--config", "stretch.yaml", "--workload", "code"], "time_scale = 1e+300"),
     (["--preemption-mode", "bogus"], "preemption_mode='bogus'"),
     (["--allocator", "bogus"], "allocator='bogus'"),
     (["--num-prompts", "0"], "num_prompts=0"),

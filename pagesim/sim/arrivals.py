@@ -16,6 +16,9 @@ Which process times a run (`session_arrival_times`):
   (timestamps in seconds from the trace's first request, times `time_scale`), or the spec's
   poisson/gamma section (same draws and rescaling as above), or `inf` when it has none.
 
+No process may spread its arrivals over more than `MAX_ARRIVAL_SPAN_S` (1e9 s): the simulated
+clock is float64 seconds, and past that it no longer resolves a step's time.
+
 Times are per *session*: a single-turn request is its own session; later turns of multi-turn
 sessions arrive in closed loop (finish + think time), decided by the simulator.
 
@@ -34,6 +37,12 @@ from pagesim.errors import WorkloadError
 from pagesim.workload import RequestPlan
 
 ARRIVAL_STREAM = 0xA7  # appended to the seed: arrival draws never share a stream with the plan
+
+# The longest span of arrivals a run may have, in simulated seconds. The clock is float64
+# seconds: at 1e9 s it still resolves 1.2e-7 s, far below a step's milliseconds; at 1e17 s
+# (100 requests at 1e-15 req/s) it resolves 16 s and every step time rounds to nothing.
+MAX_ARRIVAL_SPAN_S = 1e9
+_PRECISE = f"the {MAX_ARRIVAL_SPAN_S:.0e} s over which the simulated clock stays precise"
 
 
 def arrival_rng(seed: int) -> np.random.Generator:
@@ -55,6 +64,24 @@ def check_rate(request_rate: float, burstiness: float = 1.0) -> None:
         or not (burstiness > 0)
     ):
         raise WorkloadError(f"burstiness = {burstiness!r}: must be > 0")
+
+
+def check_span(
+    name: str, rate: float, num: int, of: str, error: type[Exception] = WorkloadError
+) -> None:
+    """One line naming `name` unless `num` arrivals at `rate` per second (> 0, or inf) span at
+    most `MAX_ARRIVAL_SPAN_S`; `of` says what `num` counts, e.g. `num_prompts=100`."""
+    least = num / MAX_ARRIVAL_SPAN_S
+    if rate < least:  # compares rates: the smallest one printed passes when given back
+        span = num / rate  # inf past the largest float
+        raise error(
+            f"{name}={rate!r}: {num} arrivals would span {_seconds(span)}, more than "
+            f"{_PRECISE}; the smallest {name} for {of} is {least!r}"
+        )
+
+
+def _seconds(span: float) -> str:
+    return f"{span:.3g} s" if math.isfinite(span) else "more than 1e308 s"
 
 
 def rate_arrival_times(
@@ -89,7 +116,16 @@ def trace_arrival_times(timestamps_s: np.ndarray, time_scale: float = 1.0) -> np
     ):
         raise WorkloadError(f"time_scale = {time_scale!r}: must be > 0")
     t = np.asarray(timestamps_s, dtype=np.float64)
-    return (t - t[0]) * float(time_scale) if len(t) else t
+    if not len(t):
+        return t
+    length = float(t[-1] - t[0])
+    if length > 0 and time_scale > MAX_ARRIVAL_SPAN_S / length:
+        raise WorkloadError(
+            f"time_scale = {time_scale!r}: {len(t)} trace arrivals over {length:.3g} s would "
+            f"span {_seconds(length * time_scale)}, more than {_PRECISE}; the largest "
+            f"time_scale for them is {MAX_ARRIVAL_SPAN_S / length!r}"
+        )
+    return (t - t[0]) * float(time_scale)
 
 
 def session_arrival_times(
@@ -112,5 +148,6 @@ def session_arrival_times(
         return trace_arrival_times(plan.trace_times_s, own.time_scale)
     if own.process in ("poisson", "gamma") and own.rate is not None:
         b = own.burstiness if burstiness is None else burstiness
+        check_span(f"workload {plan.name!r} arrival.rate", own.rate, n, f"{n} sessions")
         return rate_arrival_times(n, own.rate, b, rng)
     return np.zeros(n, dtype=np.float64)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagesim.errors import ConfigError
-from pagesim.sim.arrivals import session_arrival_times
+from pagesim.sim.arrivals import check_span, session_arrival_times
 from pagesim.utils import MAX_COUNT, MAX_TOKENS, check_number
 from pagesim.workload import load_workload
 
@@ -53,6 +53,9 @@ class LoadSpec:
             raise ConfigError(f"num_prompts={self.num_prompts}: must be >= 1")
         if self.request_rate is not None and not self.request_rate > 0:
             raise ConfigError(f"request_rate={self.request_rate}: must be > 0 (or inf)")
+        if self.request_rate is not None:
+            n = self.num_prompts
+            check_span("request_rate", self.request_rate, n, f"num_prompts={n}", ConfigError)
         if not self.burstiness > 0:
             raise ConfigError(f"burstiness={self.burstiness}: must be > 0")
         if self.max_concurrency is not None and self.max_concurrency < 1:

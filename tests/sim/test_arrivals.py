@@ -11,7 +11,9 @@ import pytest
 
 from pagesim.errors import WorkloadError
 from pagesim.sim.arrivals import (
+    MAX_ARRIVAL_SPAN_S,
     arrival_rng,
+    check_span,
     rate_arrival_times,
     session_arrival_times,
     trace_arrival_times,
@@ -75,6 +77,17 @@ def test_trace_replay_and_time_scale() -> None:
     assert trace_arrival_times(np.array([2.0, 3.0, 7.0]), 2.0).tolist() == [0.0, 2.0, 10.0]
     with pytest.raises(WorkloadError, match="time_scale = 0"):
         trace_arrival_times(np.array([0.0]), 0)
+
+
+def test_arrivals_may_span_a_billion_seconds_and_no_more() -> None:
+    """The float64 clock resolves 1.2e-7 s at 1e9 s; the smallest rate the error names passes."""
+    check_span("request_rate", 1e-7, 100, "num_prompts=100")
+    check_span("request_rate", math.inf, 100, "num_prompts=100")
+    with pytest.raises(WorkloadError, match="the smallest request_rate for num_prompts=7 is"):
+        check_span("request_rate", 6.9e-9, 7, "num_prompts=7")
+    with pytest.raises(WorkloadError, match="largest time_scale for them is 250000000.0"):
+        trace_arrival_times(np.array([1.0, 5.0]), 3e8)
+    assert trace_arrival_times(np.array([1.0, 5.0]), 2.5e8)[-1] == MAX_ARRIVAL_SPAN_S
 
 
 def _azure(tmp_path: Path) -> str:
