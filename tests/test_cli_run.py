@@ -327,6 +327,21 @@ def test_a_bad_step_time_scale_is_one_line(value: str, capsys: pytest.CaptureFix
     assert err.count("\n") == 1 and "--step-time-scale" in err and "must be a number > 0" in err
 
 
+@pytest.mark.parametrize("value", ["1e300", "1e-300", "1000.5"])
+def test_a_step_time_scale_out_of_range_is_one_line(value: str, capsys) -> None:
+    """A factor of 1e-300 or 1e300 would print a throughput of 1e12 or 300-digit times."""
+    assert main(["run", "--quiet", *SMALL, "--step-time-scale", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--step-time-scale {float(value)!r}" in err
+    assert "must be in [0.001, 1000]" in err
+
+
+def test_the_help_gives_the_step_time_scale_default_once(capsys) -> None:
+    assert main(["run", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "far past any real GPU's difference [1.0] --" in text and "[default: 1.0]" not in text
+
+
 def test_the_band_reruns_at_the_profiles_spread_and_adds_only_its_own_output(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

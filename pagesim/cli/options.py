@@ -86,10 +86,12 @@ ProfileOpt = Annotated[
 ]
 StepTimeScale = Annotated[
     float,
-    engine_option(
-        "Price every step this many times the cost model's time: 1.03 plans for a GPU "
+    typer.Option(
+        help="Price every step this many times the cost model's time: 1.03 plans for a GPU "
         "session 3 % slower than the profile's (calibrations of one setup differ by a few "
-        "%) [1.0]"
+        "%); 0.001 to 1000, far past any real GPU's difference [1.0]",
+        rich_help_panel=ENGINE,
+        show_default=False,  # the help says it, as the other options' do
     ),
 ]
 DisableCorrection = Annotated[

@@ -15,9 +15,23 @@ from dataclasses import dataclass
 from pagesim.cost.base import BatchShape, CostModel
 from pagesim.errors import ConfigError
 
+# What --step-time-scale may be. Sessions differ by a few %, GPU generations by a few times:
+# each end is far past any real what-if, so that only a typo or an exponent too many is
+# refused, before steps priced 1e-300 or 1e300 times over make the metrics print garbage.
+SCALE_RANGE = (1e-3, 1e3)
+
 
 def check_step_time_scale(factor: float) -> float:
-    """`factor` as a float, or a ConfigError naming it: a number > 0 (1.0: as priced)."""
+    """`factor` as a float, or a ConfigError naming it: a number in `SCALE_RANGE` (1.0: as
+    priced)."""
+    value = _positive(factor)
+    low, high = SCALE_RANGE
+    if not low <= value <= high:
+        raise ConfigError(f"--step-time-scale {factor!r}: must be in [{low:g}, {high:g}]")
+    return value
+
+
+def _positive(factor: float) -> float:
     try:
         value = float(factor)
     except (TypeError, ValueError):
@@ -35,7 +49,7 @@ class ScaledCostModel:
     factor: float
 
     def __post_init__(self) -> None:
-        check_step_time_scale(self.factor)
+        _positive(self.factor)  # not the flag's range: a band's end may lie past it
 
     @property
     def reread_fraction(self):
