@@ -52,6 +52,7 @@ from pagesim.sim.build import (
 from pagesim.sim.simulate import LoadSpec
 from pagesim.specs import GiB
 from pagesim.utils import (
+    MAX_COUNT,
     atomic_write_text,
     check_number,
     check_output_file,
@@ -284,11 +285,20 @@ def _check_plan_numbers(
     min_duration: float,
 ) -> None:
     check_number("--slo-attainment", attainment, low=0, low_open=True, high=1)
+    check_number("--min-duration", min_duration, low=0, high=MAX_MIN_DURATION_S)
     if target_rate is not None:
         check_number("--target-rate", target_rate, low=0, low_open=True)
+        # A probe at the target sends target x --min-duration requests (`plan_load`); one
+        # run holds MAX_COUNT, and a second of arrivals is the least counted for the bound.
+        seconds = max(min_duration, 1.0)
+        if target_rate * seconds > MAX_COUNT:
+            raise ConfigError(
+                f"--target-rate {target_rate:g}: too large: {seconds:g} s of arrivals at it "
+                f"(--min-duration, at least 1 s) exceed the {MAX_COUNT:,} requests one run "
+                f"holds; at most {math.floor(MAX_COUNT / seconds):,} req/s"
+            )
     check_number("--max-replicas", max_replicas, integer=True, low=1, high=MAX_REPLICAS)
     check_number("--rel-tol", rel_tol, low=0, low_open=True, high=1)
-    check_number("--min-duration", min_duration, low=0, high=MAX_MIN_DURATION_S)
 
 
 def _cost_line(engine, prof, plan: _Search) -> str:

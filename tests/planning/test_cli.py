@@ -191,6 +191,15 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(
         ([], "give at least one objective"),
         (["--slo", "ttft:500", "--kv-sizing"], "--kv-sizing needs --target-rate"),
         (["--slo", "ttft:500", "--target-rate", "5", "--router", "random"], "unknown router"),
+        (["--slo", "ttft:500", "--target-rate", "1e18"], "1e+18: too large"),
+        (
+            ["--slo", "ttft:500", "--target-rate", "166667", "--min-duration", "60"],
+            "at most 166,666 req/s",
+        ),
+        (
+            ["--slo", "ttft:500", "--target-rate", "1e308", "--min-duration", "0"],
+            "at most 10,000,000 req/s",
+        ),
     ],
 )
 def test_bad_plans_exit_2(capsys, args, words) -> None:
