@@ -52,6 +52,7 @@ BAD = [
     (["--workload", "missing.csv"], "missing columns"),
     (["--workload", "negative.csv"], "-5"),
     (["--workload", "nosuch"], "unknown workload 'nosuch'"),
+    (["--workload", "chat:0.7+code"], "workload mix 'chat:0.7+code': no weight for 'code'"),
     (["--model", "nosuch"], "unknown model 'nosuch'"),
     (["--model", "mamba.json"], "architecture MambaForCausalLM is not modelled"),
     (["--model", "partial.json"], "missing 'num_attention_heads'"),

@@ -99,6 +99,10 @@ BAD_SPECS = {
     "mix_empty": ("mix: []\n", "expected a non-empty list"),
     "mix_weight": ("mix: [{workload: chat, weight: 0}]\n", "mix[0].weight = 0"),
     "mix_unknown": ("mix: [{workload: nosuch}]\n", "unknown workload 'nosuch'"),
+    "mix_some_weights": (
+        "mix: [{workload: chat, weight: 0.7}, {workload: code}]\n",
+        "mix[1]: no weight; give every component a weight, or none",
+    ),
 }
 
 

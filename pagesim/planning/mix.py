@@ -26,8 +26,13 @@ def is_mix(text: str) -> bool:
 
 
 def parse_mix(text: str) -> list[tuple[str, float]]:
-    """`chat:0.7+code:0.3` -> [("chat", 0.7), ("code", 0.3)]; a weight defaults to 1."""
+    """`chat:0.7+code:0.3` -> [("chat", 0.7), ("code", 0.3)]; `chat+code` weighs each 1.
+
+    A weight on some components only is refused: `chat:0.7+code` would give code weight 1,
+    59 % of the requests, where 30 % was likely meant.
+    """
     parts = []
+    unweighted = []
     for item in str(text).split("+"):
         name, sep, raw = item.strip().rpartition(":") if ":" in item else (item.strip(), "", "")
         name = name.strip()
@@ -40,6 +45,13 @@ def parse_mix(text: str) -> list[tuple[str, float]]:
         if not weight > 0:
             raise ConfigError(f"workload mix {text!r}: weight of {name!r} must be > 0")
         parts.append((name, weight))
+        if not sep:
+            unweighted.append(name)
+    if 0 < len(unweighted) < len(parts):
+        raise ConfigError(
+            f"workload mix {text!r}: no weight for {', '.join(map(repr, unweighted))}; "
+            "give every component a weight, or none for equal weights"
+        )
     return parts
 
 

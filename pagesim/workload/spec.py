@@ -245,6 +245,12 @@ def _mix(obj: Any, base_dir: Path, resolve: Resolver) -> tuple[MixComponent, ...
         ref = _str(c.get("workload"), f"mix[{k}].workload")
         weight = _positive(c.get("weight", 1.0), f"mix[{k}].weight")
         out.append(MixComponent(resolve(ref, base_dir), weight))
+    bare = [f"mix[{k}]" for k, item in enumerate(obj) if "weight" not in item]
+    if 0 < len(bare) < len(obj):  # a default of 1 beside 0.7 would be a silent majority
+        raise WorkloadError(
+            f"{', '.join(bare)}: no weight; give every component a weight, or none for equal "
+            "weights"
+        )
     return tuple(out)
 
 

@@ -126,3 +126,5 @@ def test_mix_text() -> None:
     }
     with pytest.raises(ConfigError, match="must be > 0"):
         parse_mix("chat:0")
+    with pytest.raises(ConfigError, match="'chat:0.7\\+code': no weight for 'code'"):
+        parse_mix("chat:0.7+code")  # not code weight 1, 59 % of the requests
