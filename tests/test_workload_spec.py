@@ -50,7 +50,9 @@ def test_unknown_name_lists_shipped() -> None:
 
 BAD_SPECS = {
     "malformed_yaml": ("lengths: {trace: [unclosed\n", "malformed YAML at line"),
-    "not_mapping": ("- 1\n- 2\n", "expected a mapping"),
+    "not_mapping": ("- 1\n- 2\n", "w.yaml': top level = [1, 2]: expected a mapping"),
+    "empty": ("", "w.yaml': the file is empty"),
+    "comments_only": ("# name: x\n", "w.yaml': the file is empty"),
     "unknown_key": ("lengths: {trace: lengths.csv}\nrate: 3\n", "rate: unknown key"),
     "no_source": ("name: x\n", "needs exactly one of trace, lengths, mix"),
     "two_sources": ("lengths: {trace: lengths.csv}\ntrace: lengths.csv\n", "exactly one"),

@@ -131,7 +131,7 @@ def _read_yaml(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise WorkloadError(f"workload spec {str(path)!r}: cannot read ({e})") from None
     try:
-        return yaml.safe_load(text)
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -139,6 +139,9 @@ def _read_yaml(path: Path) -> Any:
         raise WorkloadError(
             f"workload spec {str(path)!r}: malformed YAML{where}: {problem}"
         ) from None
+    if doc is None:  # nothing, or comments only
+        raise WorkloadError(f"workload spec {str(path)!r}: the file is empty")
+    return doc
 
 
 def _with_params(spec: WorkloadSpec, params: dict[str, Any]) -> WorkloadSpec:

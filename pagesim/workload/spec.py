@@ -160,7 +160,7 @@ def trace_spec(trace: TraceData, name: str) -> WorkloadSpec:
 
 def parse_spec(doc: Any, *, name: str, base_dir: Path, resolve: Resolver) -> WorkloadSpec:
     """Validate a spec document (the YAML's top-level mapping) into a `WorkloadSpec`."""
-    m = _mapping(doc, "workload spec")
+    m = _mapping(doc, "top level")  # not "workload ...": the loader then names the file
     _known(m, TOP_KEYS, "")
     name = _str(m.get("name", name), "name")
     sources = [k for k in ("trace", "lengths", "mix") if k in m]
