@@ -43,6 +43,8 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
     ("num-prompts-neg", ["run", "--quiet", "--num-prompts", "-3"], {}),
     ("request-rate-nan", [*RUN, "--request-rate", "nan"], {}),
     ("request-rate-neg-inf", [*RUN, "--request-rate", "-inf"], {}),
+    ("request-rate-span", [*RUN, "--request-rate", "1e-9"], {}),  # 20 over 2e10 s
+    ("request-rate-denormal", [*RUN, "--request-rate", "5e-324"], {}),
     ("burstiness-nan", [*RUN, "--burstiness", "nan"], {}),
     ("burstiness-inf", [*RUN, "--burstiness", "inf"], {}),
     ("burstiness-tiny", [*RUN, "--burstiness", "1e-300"], {}),
@@ -672,9 +674,9 @@ CASES: list[tuple[str, list[str], dict[str, str | bytes]]] = [
 ]
 
 # Absurd-looking values that are valid: each runs and exits 0 (a low rate used to allocate one
-# bucket per simulated second; it now costs nothing).
+# bucket per simulated second; it now costs nothing: 2e-8 is the least for 20 prompts, 1e9 s).
 VALID = [
-    ("request-rate-tiny", [*RUN, "--request-rate", "1e-9"], {}),
+    ("request-rate-tiny", [*RUN, "--request-rate", "2e-8"], {}),
     ("block-size-odd", [*RUN, "--block-size", "17"], {}),
     ("max-concurrency-huge", [*RUN, "--max-concurrency", "1099511627776"], {}),
     ("seed-huge", [*RUN, "--seed", "100000000000000000000000"], {}),
