@@ -10,8 +10,9 @@ within [min, max] of the three predictions. Prints a markdown table and the coun
         results/out_of_sample/real/llama-3-8b
 
 `--gpu NAME`: the runs were served on another GPU than their config names (an H100 lent in
-place of an H200, say); they are priced as on NAME, by transfer of the shipped profile
-(`pagesim.cost.transfer`) with its widened band, as `pagesim run --gpu NAME` prices them.
+place of an H200, say); they are priced as on NAME, by transfer of the shipped H200 profile
+(`pagesim.cost.transfer`) with its widened band, or with `--profile DIR` by a profile
+measured on NAME.
 With `--write-served`, the largest |error| of the transfer's mean TPOT over those loads
 becomes NAME's row of pagesim/data/transfer/served.csv, which widens every transferred band
 where it is larger than the operations' error (`pagesim.cost.transfer_error`).
@@ -45,14 +46,18 @@ def groups(folder: Path) -> dict[str, list[dict]]:
     return {k: v for k, v in out.items() if len(v) >= 2}
 
 
-def check(name: str, docs: list[dict], gpu: str | None = None) -> list[dict]:
+def check(
+    name: str, docs: list[dict], gpu: str | None = None, profile: Path | None = None
+) -> list[dict]:
     """One row per headline metric: the real mean, the predicted range, whether it holds.
-    `gpu`: price the runs as served on that GPU (by transfer) instead of their config's."""
+    `gpu`: price the runs as served on that GPU instead of their config's: with `profile`
+    (measured on that GPU), by it, else by transfer."""
     config = real_run_config(docs[0])
-    transfer = gpu is not None
-    if transfer:
+    transfer = gpu is not None and profile is None
+    if gpu is not None:
         config = dataclasses.replace(config, gpu=gpu)
-    profile = None if transfer else calibration_dir() / "h200" / config.model
+    if profile is None and not transfer:
+        profile = calibration_dir() / config.gpu / config.model
     band = step_time_band(config, profile, transfer=transfer)
     if band is None:
         raise SystemExit(f"{config.gpu}/{config.model}: no band")
@@ -113,18 +118,23 @@ def main() -> None:
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--gpu", help="price the runs as served on this GPU, by transfer")
     ap.add_argument(
+        "--profile", type=Path, help="with --gpu: price by this profile (of that GPU) instead"
+    )
+    ap.add_argument(
         "--write-served",
         action="store_true",
         help="with --gpu: write the transfer's largest mean-TPOT error to served.csv",
     )
     args = ap.parse_args()
-    if args.write_served and not args.gpu:
-        ap.error("--write-served needs --gpu")
+    if (args.write_served or args.profile) and not args.gpu:
+        ap.error("--write-served and --profile need --gpu")
+    if args.write_served and args.profile:
+        ap.error("--write-served scores the transfer: not with --profile")
     rows = [
         row
         for f in args.folders
         for name, docs in groups(f).items()
-        for row in check(name, docs, args.gpu)
+        for row in check(name, docs, args.gpu, args.profile)
     ]
     print("| model | load | metric | real mean (runs) | predicted (band) | error % | inside |")
     print("| --- | --- | --- | ---: | ---: | ---: | --- |")
