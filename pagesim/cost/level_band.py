@@ -13,7 +13,8 @@ simulated rather than the answer scaled.
 
 Where a profile records no spread (one calibration), the levels of every merged profile
 shipped for the same GPU are pooled into one interval (the level is the session's, not the
-model's), and the band says so. A GPU priced by transfer of another GPU's profile
+model's), or where none ships for that GPU those of the GPU whose profiles pricing carries
+(`transfer.SOURCE_GPU`), and the band says so. A GPU priced by transfer of another GPU's profile
 (`pagesim.cost.transfer`) widens the source's band by the transfer error measured on that GPU
 (`pagesim.cost.transfer_error.band_widening_pct`).
 """
@@ -76,18 +77,23 @@ def profile_band(meta: ProfileMetadata) -> StepTimeBand | None:
     )
 
 
-def gpu_band(metas: Iterable[ProfileMetadata], gpu: str) -> StepTimeBand | None:
+def gpu_band(
+    metas: Iterable[ProfileMetadata], gpu: str, borrowed_for: str | None = None
+) -> StepTimeBand | None:
     """The band of the levels of every one of `metas` (the profiles shipped for `gpu`) pooled,
-    for a profile of that GPU that records none; None when they record fewer than two."""
+    for a profile of that GPU that records none, or with `borrowed_for` for a profile of a GPU
+    with no merged profile shipped (the session-to-session spread measured on `gpu` is the
+    best estimate there is); None when they record fewer than two."""
     levels = [s for meta in metas for s in meta.source_scales or ()]
     if len(levels) < 2:
         return None
     low, high = session_interval(levels)
+    whose = "" if borrowed_for is None else f"; none measured on {borrowed_for}"
     return StepTimeBand(
         low,
         high,
         f"a 95 % interval for a session's speed from the {len(levels)} calibrations of the "
-        f"merged profiles shipped for {gpu} (this profile is one calibration)",
+        f"merged profiles shipped for {gpu} (this profile is one calibration{whose})",
     )
 
 

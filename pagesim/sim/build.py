@@ -16,7 +16,8 @@ from typing import Any
 from pagesim.config import EngineConfig
 from pagesim.cost.analytical import AnalyticalCostModel
 from pagesim.cost.base import CostModel
-from pagesim.cost.profile import profile_dir
+from pagesim.cost.level_band import StepTimeBand, gpu_band, profile_band
+from pagesim.cost.profile import ProfileMetadata, profile_dir
 from pagesim.data import calibration_dir, shipped_relative
 from pagesim.errors import ConfigError
 from pagesim.kvcache.sizing import kv_capacity
@@ -188,17 +189,17 @@ def cost_model_label(config: EngineConfig, profile: str | Path | None, transfer:
 
 def step_time_band(config: EngineConfig, profile: str | Path | None, transfer: bool):
     """The `StepTimeBand` (`pagesim.cost.level_band`) of what prices `config`: the interval
-    of the pricing profile's calibration levels, else of the same GPU's shipped merged
-    profiles' levels pooled; widened by the transfer error when the steps are priced by
-    transfer. None for the analytical model or where no levels were measured."""
-    from pagesim.cost.level_band import gpu_band, profile_band, widened
+    of the pricing profile's calibration levels, else pooled ones (`session_band`); widened
+    by the transfer error when the steps are priced by transfer. None for the analytical
+    model or where no levels were measured."""
+    from pagesim.cost.level_band import widened
     from pagesim.cost.profile import Profile
 
     source = pricing_profile(config, profile, transfer)
     if source is None:
         return None
     meta = Profile.load_metadata(source)
-    band = profile_band(meta) or gpu_band(_shipped_metadata(meta.gpu), meta.gpu)
+    band = session_band(meta)
     if band is None or profile is not None:
         return band
     from pagesim.cost.transfer import TransferCostModel
@@ -232,6 +233,18 @@ def transfer_served() -> dict:
     from pagesim.data import transfer_dir
 
     return read_served(transfer_dir() / SERVED_FILE)
+
+
+def session_band(meta: ProfileMetadata) -> StepTimeBand | None:
+    """The band of a profile's session-to-session spread (`pagesim.cost.level_band`): its own
+    levels, else those of the merged profiles shipped for its GPU, else for the source GPU."""
+    from pagesim.cost.transfer import SOURCE_GPU
+
+    return (
+        profile_band(meta)
+        or gpu_band(_shipped_metadata(meta.gpu), meta.gpu)
+        or gpu_band(_shipped_metadata(SOURCE_GPU), SOURCE_GPU, borrowed_for=meta.gpu)
+    )
 
 
 def _shipped_metadata(gpu: str) -> list:

@@ -128,3 +128,18 @@ def test_a_profile_without_spread_takes_the_gpus_pooled_levels_and_transfer_wide
     wide = widened(band, 10.0, "why")
     assert (wide.low, wide.high) == pytest.approx((0.855, 1.122))
     assert wide.scaled(2.0).high == pytest.approx(2.244)
+
+
+def test_a_gpu_with_no_merged_profile_borrows_the_source_gpus_levels() -> None:
+    # a user's own calibration on an A100 (one calibration; no merged A100 profile ships)
+    from pagesim.sim.build import _shipped_metadata, session_band
+
+    meta = dataclasses.replace(
+        make_synthetic_profile(seed=1).metadata, gpu="a100-80gb", source_scales=None
+    )
+    band = session_band(meta)
+    h200 = gpu_band(_shipped_metadata("h200"), "h200")
+    assert band is not None and h200 is not None
+    assert (band.low, band.high) == (h200.low, h200.high)
+    assert "none measured on a100-80gb" in band.basis
+    assert "none measured" not in h200.basis

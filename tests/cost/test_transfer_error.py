@@ -11,7 +11,6 @@ import pytest
 
 from pagesim.config import EngineConfig
 from pagesim.cost.base import BatchShape
-from pagesim.cost.level_band import gpu_band, profile_band
 from pagesim.cost.profile import Profile
 from pagesim.cost.transfer import TransferCostModel
 from pagesim.cost.transfer_error import (
@@ -25,9 +24,9 @@ from pagesim.cost.transfer_error import (
 from pagesim.data import transfer_dir
 from pagesim.errors import PagesimError
 from pagesim.sim.build import (
-    _shipped_metadata,
     cost_model_line,
     scaled_cost_model,
+    session_band,
     step_time_band,
     transfer_errors,
     transfer_profile,
@@ -148,7 +147,7 @@ def test_a_tensor_parallel_runs_band_and_line_count_the_allreduce_error() -> Non
         source = transfer_profile(config)
         assert source is not None
         meta = Profile.load_metadata(source)
-        base = profile_band(meta) or gpu_band(_shipped_metadata(meta.gpu), meta.gpu)
+        base = session_band(meta)
         assert base is not None
         if pct is None:  # TP 2: between the GEMM and the all-reduce error, weighted
             t = scaled_cost_model(config, None, 1.0, transfer=True)
