@@ -75,8 +75,18 @@ MEASURED: dict[str, MeasuredRates] = {
         allreduce_busbw_bytes_per_s=_NVLINK4_BUSBW,
         allreduce_source=_NVLINK4_SOURCE,
     ),
+    # H100 SXM (an H100 80GB HBM3, 2026-12-07): a 4 GiB device-to-device copy reaches 3.02
+    # TB/s read plus written (`copy_bandwidth` of benchmarks/attention.py, 0.90 of the
+    # datasheet); bf16 cuBLAS GEMMs of the llama-3-8b layers at 2,048 and 4,096 tokens reach
+    # 734.5 TFLOP/s (median of 8, `benchmarks/gemm_rate.py`), the H200's rate within 0.2 %.
+    # Both in results/out_of_sample/2026-12-07-h100-calibrated/.
     "h100-sxm": MeasuredRates(
-        allreduce_busbw_bytes_per_s=_NVLINK4_BUSBW, allreduce_source=_NVLINK4_SOURCE
+        copy_bytes_per_s=3.02e12,
+        copy_source="measured: 4 GiB device copy, read + write, pagesim on H100 SXM",
+        gemm_flops=734.5e12,
+        gemm_source="measured: bf16 cuBLAS llama-3-8b layer GEMMs at 2-4k tokens, pagesim on H100",
+        allreduce_busbw_bytes_per_s=_NVLINK4_BUSBW,
+        allreduce_source=_NVLINK4_SOURCE,
     ),
     "a100-80gb": MeasuredRates(
         allreduce_busbw_bytes_per_s=_NVLINK3_BUSBW, allreduce_source=_NVLINK3_SOURCE

@@ -8,8 +8,10 @@ rate that bounds it gives:
                 kernel-by-kernel rooflines (`pagesim.cost.operations`) at the step's tokens,
                 each kernel memory- or compute-bound by its arithmetic intensity against each
                 GPU's ridge point, plus a fixed latency per kernel. What the measured `other`
-                holds beyond the kernels' rooflines (at large steps, device work the inventory
-                does not list: unfused element-wise passes) moves with the memory bandwidth
+                holds beyond the kernels' rooflines and latencies (`unlisted_s`) stays as
+                measured: no rate of the card bounds it (launch gaps of eager steps, the
+                runner's unvectorized element-wise passes at large steps), and on an H100 the
+                steps that hold most of it ran at the H200's speed
     attention   the analytical model's attention (paged decode reads, prefill FLOPs, each
                 entry in its own regime) on the target over the same on the source
     allreduce   each measured all-reduce by `carried_allreduce_s`: its per-call time (the
@@ -232,11 +234,10 @@ class TransferCostModel:
 
     def other_on_target(self, measured_s: float, num_tokens: int, num_reqs: int) -> float:
         """A step's `other`, measured on the source, on the target: the part its kernels'
-        rooflines explain by their ratio, the rest (`unlisted_s`) by the memory bandwidth's."""
+        rooflines explain by their ratio, the rest (`unlisted_s`) as measured."""
         src, tgt = self._inventory(num_tokens, num_reqs)
         listed = min(measured_s, src)
-        bandwidth = self.source_rates.memory_bytes_per_s / self.target_rates.memory_bytes_per_s
-        return listed * tgt / src + (measured_s - listed) * bandwidth
+        return listed * tgt / src + (measured_s - listed)
 
     def unlisted_s(self, num_tokens: int) -> float:
         """What a prefill step of `num_tokens` measured in `other` beyond its kernels'
