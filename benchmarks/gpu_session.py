@@ -678,7 +678,7 @@ def main() -> int:
     from pagesim.config import EngineConfig
     from pagesim.gpu.calibrate import CalibrationGrid
     from pagesim.gpu.device import ClockSampler, device_info
-    from pagesim.gpu.profiler import load_model, run_calibration
+    from pagesim.gpu.profiler import gpu_key, load_model, run_calibration
     from pagesim.validate.serve import serve_workload
     from pagesim.validate.store import load_dict, save_real_run
 
@@ -726,7 +726,10 @@ def main() -> int:
                     ms["check_rel_err"] = err
                     log(f"{config.model}: paged vs dense forward rel err {err:.2e}")
             else:
-                config = EngineConfig.create(model=name, gpu="h200", block_size=16)
+                # the card this call holds (an H100 may be lent for an H200), so that its
+                # runs record what served them
+                gpu = "h200" if dry else gpu_key(info["gpu_name"])
+                config = EngineConfig.create(model=name, gpu=gpu, block_size=16)
                 grid = (
                     CalibrationGrid(**full)
                     if decode_batches is None
