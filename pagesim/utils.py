@@ -29,8 +29,17 @@ __all__ = [
     "check_output_file",
     "make_output_dir",
     "parse_int_list",
+    "readable",
     "write_new_file",
 ]
+
+
+def readable(x: float) -> str:
+    """A measured figure for a person: four significant digits, thousands grouped past 1,000
+    (`19,264`, not `1.926e+04`)."""
+    if math.isfinite(x) and abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}"
 
 
 def parse_int_list(text: str, name: str) -> tuple[int, ...]:

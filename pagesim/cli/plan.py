@@ -58,6 +58,7 @@ from pagesim.utils import (
     check_output_file,
     make_output_dir,
     parse_int_list,
+    readable,
 )
 from pagesim.workload import WORKLOAD_PARAMS
 
@@ -469,7 +470,9 @@ def _costs(cost_model: str) -> str:
 def _metrics_lines(result: dict[str, Any] | None) -> list[str]:
     if not result:
         return []
-    return [f"  {k:<28} {result[k]:.4g}" for k in SHOWN if isinstance(result.get(k), int | float)]
+    return [
+        f"  {k:<28} {readable(result[k])}" for k in SHOWN if isinstance(result.get(k), int | float)
+    ]
 
 
 def _verdict(probe, detail: str = "") -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 from pagesim.errors import ConfigError
 from pagesim.metrics.report import MEAN_KEYS, PEAK_KEYS, SUMMED_KEYS
+from pagesim.utils import readable
 
 LATENCY_KEY = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_(ttft|tpot|itl|e2el)_ms$")
 GOODPUT_METRICS: tuple[str, ...] = ("ttft", "tpot", "e2el")
@@ -116,7 +117,7 @@ class SLOSpec:
         for b in self.bounds:
             if not b.holds(result):
                 found = result.get(b.key)
-                shown = f"{found:.4g}" if isinstance(found, int | float) else repr(found)
+                shown = readable(found) if isinstance(found, int | float) else repr(found)
                 violations.append(f"{b} (got {shown})")
         if self.goodput_ms:
             share = goodput_attainment(result)
@@ -138,7 +139,7 @@ class SLOSpec:
                 used = x / b.value if b.value > 0 else (math.inf if x > 0 else 0.0)
             else:
                 used = b.value / x if x > 0 else math.inf
-            out.append((str(b), used, f"{x:.4g}"))
+            out.append((str(b), used, readable(x)))
         if self.goodput_ms:
             share = goodput_attainment(result)
             slos = "goodput " + " ".join(f"{k}:{v:g}" for k, v in self.goodput_ms)
