@@ -9,13 +9,13 @@ within [min, max] of the three predictions. Prints a markdown table and the coun
     python benchmarks/band_vs_repeats.py results/out_of_sample/real/llama-2-7b \\
         results/out_of_sample/real/llama-3-8b
 
-`--gpu NAME`: the runs were served on another GPU than their config names (an H100 lent in
-place of an H200, say); they are priced as on NAME, by transfer of the shipped H200 profile
-(`pagesim.cost.transfer`) with its widened band, or with `--profile DIR` by a profile
-measured on NAME.
-With `--write-served`, the largest |error| of the transfer's mean TPOT over those loads
-becomes NAME's row of pagesim/data/transfer/served.csv, which widens every transferred band
-where it is larger than the operations' error (`pagesim.cost.transfer_error`).
+Runs are priced by the shipped profile of the GPU their config names. For a GPU with none
+(the H100 runs), `--gpu NAME` prices them as `pagesim run --gpu NAME` does, by transfer of
+the shipped H200 profile (`pagesim.cost.transfer`) with its widened band, and `--gpu NAME
+--profile DIR` by a profile measured on NAME. With `--write-served`, the largest |error| of
+the transfer's mean TPOT over those loads (`worst_mean_tpot_error`) becomes NAME's row of
+pagesim/data/transfer/served.csv, which widens every transferred band where it is larger than
+the operations' error (`pagesim.cost.transfer_error`).
 """
 
 from __future__ import annotations
@@ -58,6 +58,11 @@ def check(
         config = dataclasses.replace(config, gpu=gpu)
     if profile is None and not transfer:
         profile = calibration_dir() / config.gpu / config.model
+        if not (profile / "profile.json").is_file():
+            raise SystemExit(
+                f"{name}: no profile of {config.model} ships for {config.gpu}; "
+                "price it with --gpu (by transfer) or --gpu and --profile"
+            )
     band = step_time_band(config, profile, transfer=transfer)
     if band is None:
         raise SystemExit(f"{config.gpu}/{config.model}: no band")
@@ -91,18 +96,23 @@ def check(
     return rows
 
 
-def write_served(gpu: str, folders: list[Path], rows: list[dict]) -> Path:
-    """Replace `gpu`'s row of the shipped served.csv with these runs' largest mean-TPOT
-    error (|center / real mean - 1|, in %)."""
+def worst_mean_tpot_error(rows: list[dict]) -> float:
+    """The largest |center / real mean - 1| of the loads' mean TPOT, in %, to 0.1."""
     tpot = [r for r in rows if r["metric"] == "mean_tpot_ms"]
     if not tpot:
-        raise SystemExit("no load with a mean TPOT: nothing to write")
-    worst = max(abs(100 * (r["center"] / r["real_mean"] - 1)) for r in tpot)
-    cards = sorted({r["served_on"] for r in tpot})
+        raise SystemExit("no load with a mean TPOT")
+    return round(max(abs(100 * (r["center"] / r["real_mean"] - 1)) for r in tpot), 1)
+
+
+def write_served(gpu: str, folders: list[Path], rows: list[dict]) -> Path:
+    """Replace `gpu`'s row of the shipped served.csv with these runs' largest mean-TPOT
+    error (`worst_mean_tpot_error`)."""
+    worst = worst_mean_tpot_error(rows)
+    cards = sorted({r["served_on"] for r in rows})
     path = transfer_dir() / SERVED_FILE
     table = {g: e._asdict() for g, e in read_served(path).items()}
     table[gpu] = {
-        "mean_tpot_pct": round(worst, 1),
+        "mean_tpot_pct": worst,
         "served_on": "/".join(cards),
         "runs": " ".join(str(f) for f in folders),
     }

@@ -9,9 +9,11 @@ profile, this prices the row's shape three ways and compares each with the measu
 - the shipped H200 profile as it is (how far apart the two GPUs really are);
 - the measured ratio target / H200 against the ratio the transfer applies.
 
-Prints medians per kind, block size and batch bin, and writes one CSV row per grid row.
+Prints medians per kind, block size and token bin, then per kind, and writes one CSV row
+per grid row.
 
-    python benchmarks/transfer_vs_profile.py calibration/h100-sxm/llama-3-8b --csv OUT.csv
+    python benchmarks/transfer_vs_profile.py \
+        results/out_of_sample/2026-12-07-h100-calibrated/profile/h100-sxm/llama-3-8b
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ BINS = (1, 4, 16, 64, 256, 1 << 30)
 
 
 def shape_of(kind: str, row) -> BatchShape | None:
+    """The step a profile row timed (None for a row no single shape describes)."""
     if kind == "decode":
         return BatchShape.decode(row.batch_size, row.context_len, row.block_size)
     return row_batch(kind, row)
@@ -74,7 +77,8 @@ def compare(directory: Path) -> list[dict]:
                 "kind": kind,
                 "block_size": row.block_size,
                 "tokens": tokens,
-                "bin": size_bin(tokens),
+                "bin": size_bin(tokens)[1],
+                "bin_order": size_bin(tokens)[0],
                 "measured_ms": row.step_time_ms,
                 "measured_other_ms": row.other_ms,
                 "measured_attention_ms": row.attention_ms,
@@ -96,9 +100,11 @@ def main() -> None:
     ap.add_argument("--csv", type=Path)
     args = ap.parse_args()
     rows = compare(args.profile)
+    if not rows:
+        raise SystemExit(f"{args.profile}: no decode, prefill or mixed row to compare")
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in rows:
-        groups[(r["kind"], r["block_size"], r["bin"])].append(r)
+        groups[(r["kind"], r["block_size"], (r["bin_order"], r["bin"]))].append(r)
     print(
         "| kind | block | tokens | rows | transfer error (median) | real ratio | transfer ratio |"
     )
@@ -112,8 +118,14 @@ def main() -> None:
             f"| {kind} | {bs} | {tokens} | {len(mine)} | {error:+.1f} % | {real:.3f} "
             f"| {carried:.3f} |"
         )
+    print()
+    for kind in sorted({r["kind"] for r in rows}):
+        errors = [r["transfer_error_pct"] for r in rows if r["kind"] == kind]
+        print(
+            f"{kind}: {len(errors)} rows, transfer error median {statistics.median(errors):+.1f} %"
+        )
     errors = [abs(r["transfer_error_pct"]) for r in rows]
-    print(f"\n{len(rows)} rows; transfer median |error| {statistics.median(errors):.1f} %")
+    print(f"{len(rows)} rows; transfer median |error| {statistics.median(errors):.1f} %")
     if args.csv:
         with args.csv.open("w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -3,4 +3,5 @@ host with the source on `PYTHONPATH`)."""
 
 from pagesim.cli.app import console
 
-console()
+if __name__ == "__main__":
+    console()

@@ -35,8 +35,8 @@ __all__ = [
 
 
 def readable(x: float) -> str:
-    """A measured figure for a person: four significant digits, thousands grouped past 1,000
-    (`19,264`, not `1.926e+04`)."""
+    """A measured figure for a person: four significant digits below 1,000, whole numbers
+    with thousands grouped from there (`19,264`, not `1.926e+04`)."""
     if math.isfinite(x) and abs(x) >= 1000:
         return f"{x:,.0f}"
     return f"{x:.4g}"
@@ -123,8 +123,10 @@ def check_output_dir(path: str | os.PathLike, flag: str, shown: object = None) -
 
 
 def make_output_dir(path: str | os.PathLike, flag: str, shown: object = None) -> None:
-    """Create an output folder before any work, or a one-line error naming it. Checks alone
-    cannot tell: under /proc, say, every test passes and mkdir still fails."""
+    """Create an output folder before any work, or a one-line error naming it: the checks of
+    `check_output_dir` first (their messages say why), then mkdir, which checks alone cannot
+    stand for: under /proc, say, every check passes and mkdir still fails."""
+    check_output_dir(path, flag, shown)
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -1,3 +1,4 @@
+"""pagesim.utils: the helpers every command shares."""
 
 
 def test_readable_figures_group_thousands_and_never_use_exponents_there() -> None:

@@ -103,7 +103,7 @@ BAD_SPECS = {
     "mix_unknown": ("mix: [{workload: nosuch}]\n", "unknown workload 'nosuch'"),
     "mix_some_weights": (
         "mix: [{workload: chat, weight: 0.7}, {workload: code}]\n",
-        "mix[1]: no weight; give every component a weight, or none",
+        "no weight for mix[1]; give every component a weight, or none",
     ),
 }
 

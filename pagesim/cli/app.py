@@ -75,11 +75,28 @@ GPU_COMMANDS = {
 
 
 def gpu_engine_config(model: str | None, **flags: Any) -> EngineConfig:
-    """The engine a GPU command measures: the given model (llama-2-7b when none) on the H200
-    that the calibration profiles and real runs come from."""
+    """The engine a GPU command measures: the given model (llama-2-7b when none) on this
+    machine's GPU (`local_gpu`), so that its predicted KV capacity and vLLM's GPU-dependent
+    defaults are that card's."""
     from pagesim.config import EngineConfig
 
-    return EngineConfig.create(model=model or "llama-2-7b", gpu="h200", **flags)
+    return EngineConfig.create(model=model or "llama-2-7b", gpu=local_gpu(), **flags)
+
+
+def local_gpu() -> str:
+    """pagesim's name of this machine's first CUDA GPU; the H200, whose profiles ship, where
+    there is none or pagesim has no spec of it."""
+    try:
+        import torch
+    except ImportError:
+        return "h200"
+    if not torch.cuda.is_available():
+        return "h200"
+    from pagesim.gpu.profiler import gpu_key
+    from pagesim.specs import GPUS
+
+    key = gpu_key(torch.cuda.get_device_name(0))
+    return key if key in GPUS else "h200"
 
 
 def _require_gpu_first(argv: list[str] | None) -> None:

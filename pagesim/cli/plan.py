@@ -290,7 +290,8 @@ def _check_plan_numbers(
     if target_rate is not None:
         check_number("--target-rate", target_rate, low=0, low_open=True)
         # A probe at the target sends target x --min-duration requests (`plan_load`); one
-        # run holds MAX_COUNT, and a second of arrivals is the least counted for the bound.
+        # run holds MAX_COUNT. A second of arrivals is the least counted, so that a shorter
+        # --min-duration cannot let through a rate whose replica estimate has 300 digits.
         seconds = max(min_duration, 1.0)
         if target_rate * seconds > MAX_COUNT:
             raise ConfigError(

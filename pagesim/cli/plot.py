@@ -25,7 +25,7 @@ from pagesim.errors import ConfigError
 from pagesim.planning import plots
 from pagesim.planning.summary import read_summary
 from pagesim.planning.waste import waste_timeline_from_steps
-from pagesim.utils import check_output_dir, make_output_dir
+from pagesim.utils import make_output_dir
 
 KINDS = ("latency", "block-size", "prefix", "preemption", "waste", "timeline", "pareto")
 X_OF = {
@@ -70,7 +70,6 @@ def plot_command(
     out = output_dir or Path(directory) / "plots"
     fmts = [f.strip() for f in formats.split(",") if f.strip()]
     _check_formats(fmts)
-    check_output_dir(out, "--output-dir")
     make_output_dir(out, "--output-dir")  # before any figure: mkdir refuses what checks pass
     for k in wanted:
         empty = _all_zero(k, df)

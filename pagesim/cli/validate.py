@@ -23,7 +23,7 @@ import typer
 from pagesim.cli import options as o
 from pagesim.cli.app import GPU_COMMANDS, app, gpu_engine_config
 from pagesim.errors import ConfigError
-from pagesim.utils import check_output_dir, make_output_dir
+from pagesim.utils import make_output_dir
 
 # The engine and load settings a GPU run of `validate` serves with.
 ENGINE_FLAGS = (
@@ -67,7 +67,6 @@ def validate_command(
     from pagesim.validate.compare import TruncatedRunError, validate_real_run
     from pagesim.validate.report import write_report
 
-    check_output_dir(output_dir, "--output-dir")
     make_output_dir(output_dir, "--output-dir")  # before simulating or serving, as run does
     predictions: dict = {}  # one simulation per traffic: repeats are priced once
     if real:

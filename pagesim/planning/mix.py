@@ -19,6 +19,7 @@ import yaml
 
 from pagesim.errors import ConfigError
 from pagesim.workload import VLLM_DATASETS, shipped_workloads
+from pagesim.workload.spec import check_mix_weights
 
 
 def is_mix(text: str) -> bool:
@@ -47,11 +48,8 @@ def parse_mix(text: str) -> list[tuple[str, float]]:
         parts.append((name, weight))
         if not sep:
             unweighted.append(name)
-    if 0 < len(unweighted) < len(parts):
-        raise ConfigError(
-            f"workload mix {text!r}: no weight for {', '.join(map(repr, unweighted))}; "
-            "give every component a weight, or none for equal weights"
-        )
+    where = f"workload mix {text!r}: "
+    check_mix_weights([repr(n) for n in unweighted], len(parts), where, ConfigError)
     return parts
 
 

@@ -81,7 +81,7 @@ def check_span(
 
 
 def _seconds(span: float) -> str:
-    return f"{span:.3g} s" if math.isfinite(span) else "more than 1e308 s"
+    return f"{span:.3g} s" if math.isfinite(span) else "over 1e308 s"
 
 
 def rate_arrival_times(

@@ -16,7 +16,7 @@ from typing import Any
 from pagesim.config import EngineConfig
 from pagesim.cost.analytical import AnalyticalCostModel
 from pagesim.cost.base import CostModel
-from pagesim.cost.level_band import StepTimeBand, gpu_band, profile_band
+from pagesim.cost.level_band import StepTimeBand, gpu_band, profile_band, widened
 from pagesim.cost.profile import ProfileMetadata, profile_dir
 from pagesim.data import calibration_dir, shipped_relative
 from pagesim.errors import ConfigError
@@ -192,7 +192,6 @@ def step_time_band(config: EngineConfig, profile: str | Path | None, transfer: b
     of the pricing profile's calibration levels, else pooled ones (`session_band`); widened
     by the transfer error when the steps are priced by transfer. None for the analytical
     model or where no levels were measured."""
-    from pagesim.cost.level_band import widened
     from pagesim.cost.profile import Profile
 
     source = pricing_profile(config, profile, transfer)

@@ -245,13 +245,21 @@ def _mix(obj: Any, base_dir: Path, resolve: Resolver) -> tuple[MixComponent, ...
         ref = _str(c.get("workload"), f"mix[{k}].workload")
         weight = _positive(c.get("weight", 1.0), f"mix[{k}].weight")
         out.append(MixComponent(resolve(ref, base_dir), weight))
-    bare = [f"mix[{k}]" for k, item in enumerate(obj) if "weight" not in item]
-    if 0 < len(bare) < len(obj):  # a default of 1 beside 0.7 would be a silent majority
-        raise WorkloadError(
-            f"{', '.join(bare)}: no weight; give every component a weight, or none for equal "
-            "weights"
-        )
+    check_mix_weights([f"mix[{k}]" for k, item in enumerate(obj) if "weight" not in item], len(obj))
     return tuple(out)
+
+
+def check_mix_weights(
+    unweighted: list[str], count: int, where: str = "", error: type[Exception] = WorkloadError
+) -> None:
+    """A mix weighs every component or none (equal shares): a default of 1 beside 0.7 would
+    give the unweighted one a silent majority. `unweighted` names the components without a
+    weight, `count` is how many there are, `where` prefixes the message (e.g. the mix)."""
+    if 0 < len(unweighted) < count:
+        raise error(
+            f"{where}no weight for {', '.join(unweighted)}; give every component a weight, "
+            "or none for equal weights"
+        )
 
 
 def _arrival(obj: Any, timed: bool) -> ArrivalSpec:
