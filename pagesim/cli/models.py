@@ -55,8 +55,8 @@ def gpu_rows() -> list[dict[str, Any]]:
     ]
 
 
-MODEL_HEADER = (
-    f"{'model':<14} {'Hugging Face id':<34} {'params':>7} {'layers':>6} {'heads q/kv':>10} "
+MODEL_COLUMNS = (
+    f"{'Hugging Face id':<34} {'params':>7} {'layers':>6} {'heads q/kv':>10} "
     f"{'head':>4} {'context':>7} {'weights':>9} {'KV/token':>9}  profiles"
 )
 GPU_HEADER = f"{'gpu':<10} {'memory':>8} {'HBM':>9} {'fp16':>12} {'host link':>10} {'NVLink':>9}"
@@ -71,12 +71,14 @@ def models_command(
     if as_json:
         print(json.dumps({"models": models, "gpus": gpus}, indent=2))
         return
-    print(MODEL_HEADER)
+    width = max(14, *(len(r["model"]) for r in models))
+    print(f"{'model':<{width}} {MODEL_COLUMNS}")
     for r in models:
         print(
-            f"{r['model']:<14} {r['hf_id']:<34} {r['params_b']:6.3g}B {r['layers']:>6} "
-            f"{r['heads']:>10} {r['head_size']:>4} {r['max_model_len']:>7} "
-            f"{r['weights_gib']:5.3g} GiB {r['kv_kib_per_token']:5.3g} KiB  {r['profiles']}"
+            f"{r['model']:<{width}} {r['hf_id']:<34} {_count(r['params_b'] * 1e9):>7} "
+            f"{r['layers']:>6} {r['heads']:>10} {r['head_size']:>4} {r['max_model_len']:>7} "
+            f"{_figure(r['weights_gib']):>5} GiB {_figure(r['kv_kib_per_token']):>5} KiB  "
+            f"{r['profiles']}"
         )
     print(
         "(KV/token: K and V (MLA: latent + rope) of one token over all layers at 16 bits, on "
@@ -92,3 +94,16 @@ def models_command(
             f"{r['nvlink_gb_s']:4.0f} GB/s"
         )
     print("(datasheet peaks: dense fp16 tensor FLOP/s, one direction for the links)")
+
+
+def _count(n: float) -> str:
+    """A parameter count: 6.74B, 427K (never an exponent)."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.0f}"
+
+
+def _figure(x: float) -> str:
+    """Three significant digits below 1,000, whole and grouped above (2,304, not 2.3e+03)."""
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.3g}"
