@@ -149,14 +149,13 @@ class GPUModelRunner:
             else []
         )
         # Every live request's block-table row, kept from the scheduler's block-id deltas;
-        # under the hybrid layout one set of rows per KV cache group (`block_rows` is group 0's).
+        # under the hybrid layout one set of rows per KV cache group.
         self.group_block_rows = [
             BlockTableRows(
                 table_width(-(-config.max_model_len // config.block_size)), config.max_num_seqs
             )
             for _ in range(self.kv_layout.num_groups)
         ]
-        self.block_rows = self.group_block_rows[0]
         self.step_records: list[StepTiming] = []
         self.record_steps = True
         # Calibration only: run every layer with attention replaced by the identity.
@@ -274,8 +273,8 @@ class GPUModelRunner:
 
     # ---- inputs -----------------------------------------------------------------------------
     def prepare_inputs(self, out: SchedulerOutput) -> StepInputs:
-        """Host-side inputs of a step, on the device (see `StepInputs`); `block_rows` holds
-        the step's rows already."""
+        """Host-side inputs of a step, on the device (see `StepInputs`); `group_block_rows`
+        holds the step's rows already."""
         sched = out.scheduled
         starts = [sr.num_computed_tokens for sr in sched]
         news = [sr.num_new_tokens for sr in sched]
