@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pagesim.errors import ConfigError
 from pagesim.specs import GiB, GPUSpec, ModelSpec
@@ -20,7 +20,6 @@ MAX_SWAP_SPACE_GIB = float(1 << 20)  # 1 PiB of host memory per GPU
 MAX_TENSOR_PARALLEL_SIZE = 1024
 MAX_BLOCK_SIZE = 1 << 16
 
-Allocator = Literal["paged", "reserve-max", "pow2", "oracle"]
 ALLOCATORS: tuple[str, ...] = ("paged", "reserve-max", "pow2", "oracle")
 PLACEMENTS: tuple[str, ...] = ("buddy", "first-fit")
 PREEMPTION_MODES: tuple[str, ...] = ("recompute", "swap")

@@ -274,7 +274,6 @@ class FirstFitAllocator(_Placer):
         require(free == self.num_free_units, f"num_free_units={self.num_free_units}, holes={free}")
 
 
-Allocator = BuddyAllocator | FirstFitAllocator
 PLACEMENTS: dict[str, type[BuddyAllocator] | type[FirstFitAllocator]] = {
     "buddy": BuddyAllocator,
     "first-fit": FirstFitAllocator,
