@@ -12,7 +12,6 @@ sliding-window groups over those blocks, served by vLLM's HybridKVCacheCoordinat
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import os
@@ -269,17 +268,10 @@ def _next_token(req: Any) -> int:
     return synthetic_token(req, req.num_output_tokens)
 
 
-def record(
-    workload: ParityWorkload,
-    workdir: str | None = None,
-    engine_overrides: dict[str, Any] | None = None,
-    vllm_compat: str = "0.33",
-):
+def record(workload: ParityWorkload, vllm_compat: str = "0.33"):
     """Replay `workload` through vLLM's Scheduler and return the `DecisionLog`."""
-    if engine_overrides:
-        workload = dataclasses.replace(workload, engine=dict(workload.engine, **engine_overrides))
     with tempfile.TemporaryDirectory() as tmp:
-        eng = VllmEngine(workload.engine, workdir or tmp)
+        eng = VllmEngine(workload.engine, tmp)
         recorded_with = {"engine": "vllm", "version": eng.version, "settings": eng.settings}
         return replay(workload, eng, recorded_with, vllm_compat=vllm_compat)
 
