@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pagesim.errors import InternalError
-from pagesim.kvcache.invariants import InvariantViolation
+from pagesim.kvcache.invariants import require
 
 if TYPE_CHECKING:
     from pagesim.kvcache.block import KVCacheBlock
@@ -182,25 +182,25 @@ class DeferredHashTable:
         counts = Counter(b.block_hash for b in deferred)
         grouped = 0
         for root, group in self.groups.items():
-            _require(len(group) > 0, "empty group of deferred blocks")
+            require(len(group) > 0, "empty group of deferred blocks")
             last = next(reversed(group))
             for record in group:
                 grouped += 1
-                _require(not record.tail or record is last, "a tail record is not its group's last")
-                _require(record.root == root, "record in a foreign group")
+                require(not record.tail or record is last, "a tail record is not its group's last")
+                require(record.root == root, "record in a foreign group")
                 live = counts[record.placeholder]
-                _require(
+                require(
                     record.live == live > 0,
                     f"deferred record counts {record.live} blocks, {live} hold its placeholder",
                 )
-                _require(self.by_placeholder.get(record.placeholder) is record, "lost record")
+                require(self.by_placeholder.get(record.placeholder) is record, "lost record")
                 inside = sum(
                     1
                     for b in record.row[record.start : record.end]
                     if b.block_hash is record.placeholder
                 )
-                _require(inside == record.live, "deferred block outside its record's range")
-        _require(
+                require(inside == record.live, "deferred block outside its record's range")
+        require(
             grouped == len(counts) == len(self.by_placeholder),
             "blocks hold bytes that are neither a mapped hash nor a live record's placeholder",
         )
@@ -268,8 +268,3 @@ class DeferredHashTable:
                     f"request_id={request.request_id!r}: block {len(hashes)} "
                     "is cached but its tokens are unknown"
                 )
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise InvariantViolation(message)
