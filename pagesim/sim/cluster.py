@@ -185,12 +185,11 @@ def merge_metrics(collectors: list[MetricsCollector]) -> MetricsCollector:
                 f"merge_metrics: field {f.name!r} of MetricsCollector has no merge rule"
             )
         setattr(merged, f.name, out)
-    if hasattr(merged, "token_times_s") and hasattr(merged, "token_counts"):
-        times = np.frombuffer(merged.token_times_s, dtype=np.float64)
-        order = np.argsort(times, kind="stable")
-        counts = np.frombuffer(merged.token_counts, dtype=np.int64)
-        merged.token_times_s = array("d", times[order].tobytes())
-        merged.token_counts = array(merged.token_counts.typecode, counts[order].tobytes())
+    times = np.frombuffer(merged.token_times_s, dtype=np.float64)
+    order = np.argsort(times, kind="stable")
+    counts = np.frombuffer(merged.token_counts, dtype=np.int64)
+    merged.token_times_s = array("d", times[order].tobytes())
+    merged.token_counts = array(merged.token_counts.typecode, counts[order].tobytes())
     return merged
 
 
