@@ -91,11 +91,10 @@ class BlockHasher:
     prompt + output; only full blocks have a hash.
     """
 
-    def __init__(self, block_size: int, parent_none_hash: bytes = NONE_HASH) -> None:
+    def __init__(self, block_size: int) -> None:
         if block_size < 1:
             raise ConfigError(f"block_size={block_size!r}: must be >= 1")
         self.block_size = block_size
-        self.none_hash = parent_none_hash
         self._count_prefix = block_size.to_bytes(4, "little")  # every hashed block is full
         self._pack_block = struct.Struct(f"<{block_size}i").pack  # one block's token ids
         self._packers: dict[int, Callable[..., bytes]] = {}  # token count -> its packing
@@ -156,7 +155,7 @@ class BlockHasher:
         blake2b = hashlib.blake2b
         prefix = self._count_prefix
         nbytes = 4 * bs
-        parent = hashes[-1] if start else self.none_hash
+        parent = hashes[-1] if start else NONE_HASH
         offset = 0
         if start == 0:  # the salt goes into the first block only
             first_extra = encode_extra_keys(lora, salt) if salt else extra
