@@ -26,10 +26,10 @@ ENGINE = "Engine (vllm serve flags)"
 LOAD = "Load (vllm bench serve flags)"
 
 
-def engine_option(help: str | None = None, *names: str) -> Any:
-    """An engine option (vllm serve's flag): the help text, and its names when not the
-    parameter's."""
-    return typer.Option(*names, help=help, rich_help_panel=ENGINE)
+def engine_option(help: str | None = None, *names: str, **extra: Any) -> Any:
+    """An engine option (vllm serve's flag): the help text, its names when not the
+    parameter's, and any other `typer.Option` setting."""
+    return typer.Option(*names, help=help, rich_help_panel=ENGINE, **extra)
 
 
 def load_option(help: str | None = None, *names: str) -> Any:
@@ -86,11 +86,10 @@ ProfileOpt = Annotated[
 ]
 StepTimeScale = Annotated[
     float,
-    typer.Option(
-        help="Price every step this many times the cost model's time: 1.03 plans for a GPU "
+    engine_option(
+        "Price every step this many times the cost model's time: 1.03 plans for a GPU "
         "session 3 % slower than the profile's (calibrations of one setup differ by a few "
         "%); 0.001 to 1000, far past any real GPU's difference [1.0]",
-        rich_help_panel=ENGINE,
         show_default=False,  # the help says it, as the other options' do
     ),
 ]
