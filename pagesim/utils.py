@@ -140,6 +140,11 @@ def _temporary_beside(path: Path) -> Iterator[str]:
     it is gone already)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    # mkstemp makes the file private (0600); the result should be as open as any file the
+    # user writes (0666 less the umask), as `open(path, "w")` would make it
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         yield tmp
     finally:
