@@ -34,12 +34,12 @@ __all__ = [
 ]
 
 
-def readable(x: float) -> str:
-    """A measured figure for a person: four significant digits below 1,000, whole numbers
+def readable(x: float, digits: int = 4) -> str:
+    """A measured figure for a person: `digits` significant digits below 1,000, whole numbers
     with thousands grouped from there (`19,264`, not `1.926e+04`)."""
     if math.isfinite(x) and abs(x) >= 1000:
         return f"{x:,.0f}"
-    return f"{x:.4g}"
+    return f"{x:.{digits}g}"
 
 
 def parse_int_list(text: str, name: str) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from pagesim.data import calibration_dir
 from pagesim.hf_config import shipped_models
 from pagesim.kvcache.sizing import kv_bytes_per_token
 from pagesim.specs import GPUS, MODELS, GiB, ModelSpec
+from pagesim.utils import readable
 
 
 def model_rows() -> list[dict[str, Any]]:
@@ -77,7 +78,7 @@ def models_command(
         print(
             f"{r['model']:<{width}} {r['hf_id']:<34} {_count(r['params_b'] * 1e9):>7} "
             f"{r['layers']:>6} {r['heads']:>10} {r['head_size']:>4} {r['max_model_len']:>7} "
-            f"{_figure(r['weights_gib']):>5} GiB {_figure(r['kv_kib_per_token']):>5} KiB  "
+            f"{readable(r['weights_gib'], 3):>5} GiB {readable(r['kv_kib_per_token'], 3):>5} KiB  "
             f"{r['profiles']}"
         )
     print(
@@ -102,8 +103,3 @@ def _count(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.3g}{suffix}"
     return f"{n:.0f}"
-
-
-def _figure(x: float) -> str:
-    """Three significant digits below 1,000, whole and grouped above (2,304, not 2.3e+03)."""
-    return f"{x:,.0f}" if x >= 1000 else f"{x:.3g}"
