@@ -12,8 +12,10 @@ rate that bounds it gives:
                 measured: no rate of the card bounds it (launch gaps of eager steps, the
                 runner's unvectorized element-wise passes at large steps), and on an H100 the
                 steps that hold most of it ran at the H200's speed
-    attention   the analytical model's attention (paged decode reads, prefill FLOPs, each
-                entry in its own regime) on the target over the same on the source
+    attention   the part of the measured attention that the analytical model's attention
+                roofline (paged decode reads, prefill FLOPs, each entry in its own regime)
+                explains, by that roofline's ratio; the rest (launch and latency, most of a
+                small decode's or a mixed step's attention) stays as measured, as `other`'s does
     allreduce   each measured all-reduce by `carried_allreduce_s`: its per-call time (the
                 smallest time the source's all-reduce table measured) stays, the rest (the
                 bytes term) moves by the ratio of the bus bandwidths NCCL reaches on the two
@@ -173,7 +175,7 @@ class TransferCostModel:
         tokens = batch.total_tokens
         if tokens:
             out["other"] = self.other_on_target(src["other"], tokens, batch.num_reqs)
-            out["attention"] = src["attention"] * self._ratio(batch, ("attention", "paged_blocks"))
+            out["attention"] = self.attention_on_target(src["attention"], batch)
             out["allreduce"] = self.allreduce_on_target(src["allreduce"])
             out["host_overhead"] = src["host_overhead"]
         if moves:
@@ -235,9 +237,15 @@ class TransferCostModel:
     def other_on_target(self, measured_s: float, num_tokens: int, num_reqs: int) -> float:
         """A step's `other`, measured on the source, on the target: the part its kernels'
         rooflines explain by their ratio, the rest (`unlisted_s`) as measured."""
-        src, tgt = self._inventory(num_tokens, num_reqs)
-        listed = min(measured_s, src)
-        return listed * tgt / src + (measured_s - listed)
+        return carried_by_roofline(measured_s, *self._inventory(num_tokens, num_reqs))
+
+    def attention_on_target(self, measured_s: float, batch: BatchShape) -> float:
+        """A step's attention, measured on the source, on the target: the part the analytical
+        attention roofline (K/V reads, FLOPs) explains by its ratio, the rest as measured."""
+        keys = ("attention", "paged_blocks")
+        src = sum(self._src_analytical.step_time_breakdown(batch)[k] for k in keys)
+        tgt = sum(self._tgt_analytical.step_time_breakdown(batch)[k] for k in keys)
+        return carried_by_roofline(measured_s, src, tgt)
 
     def unlisted_s(self, num_tokens: int) -> float:
         """What a prefill step of `num_tokens` measured in `other` beyond its kernels'
@@ -274,14 +282,14 @@ class TransferCostModel:
             for op in ops
         }
 
-    # ---- the model ----
-    def _ratio(self, batch: BatchShape, keys: tuple[str, ...]) -> float:
-        src = self._src_analytical.step_time_breakdown(batch)
-        den = sum(src[k] for k in keys)
-        if den <= 0.0:
-            return 1.0
-        tgt = self._tgt_analytical.step_time_breakdown(batch)
-        return sum(tgt[k] for k in keys) / den
+
+def carried_by_roofline(measured_s: float, roofline_src_s: float, roofline_tgt_s: float) -> float:
+    """`measured_s` on the source, on the target: the part the source's roofline explains (at
+    most all of it) moves by the ratio of the two rooflines, the rest stays as measured."""
+    if roofline_src_s <= 0.0:
+        return measured_s
+    explained = min(measured_s, roofline_src_s)
+    return explained * roofline_tgt_s / roofline_src_s + (measured_s - explained)
 
 
 def transfer_source_dir(root: Path, model: str, tensor_parallel_size: int) -> Path | None:
