@@ -127,21 +127,16 @@ class CapturedGraph:
     capture_s: float = 0.0
 
 
-def capture_sizes(max_num_seqs: int, max_size: int = MAX_CAPTURE_SIZE) -> tuple[int, ...]:
-    """`CAPTURE_SIZES` up to min(max_num_seqs, max_size), plus max_num_seqs itself when it is
-    below max_size and not in the list (so every batch the scheduler can form is covered)."""
-    top = min(max_num_seqs, max_size)
+def capture_sizes(limit: int, max_size: int = MAX_CAPTURE_SIZE) -> tuple[int, ...]:
+    """`CAPTURE_SIZES` up to min(limit, max_size), plus `limit` itself when it is below
+    max_size and not in the list, so every step the scheduler can form is covered. `limit` is
+    max_num_seqs for the decode graphs (sequences), max_num_batched_tokens for the mixed
+    graphs (tokens)."""
+    top = min(limit, max_size)
     sizes = [s for s in CAPTURE_SIZES if s <= top]
     if top not in sizes:
         sizes.append(top)
     return tuple(sizes)
-
-
-def token_capture_sizes(
-    max_num_batched_tokens: int, max_size: int = MAX_CAPTURE_SIZE
-) -> tuple[int, ...]:
-    """Token counts of the mixed graphs: the capture list up to the step's token budget."""
-    return capture_sizes(max_num_batched_tokens, max_size)
 
 
 def _pad_to(sizes: tuple[int, ...], n: int) -> int | None:
@@ -182,7 +177,7 @@ class StepGraphs:
         self.num_groups = num_groups
         self.capture = capture and self.device.type == "cuda"
         self.sizes = capture_sizes(config.max_num_seqs)
-        self.token_sizes = token_capture_sizes(config.max_num_batched_tokens)
+        self.token_sizes = capture_sizes(config.max_num_batched_tokens)
         self.width = table_width(-(-max_model_len // block_size))
         self.log = log or (lambda msg: None)
         self.failed: str | None = None  # first capture error; graphs are off after it
@@ -329,14 +324,8 @@ class StepGraphs:
     def _reset_buffers(self) -> None:
         """All rows padding: nothing is written to the cache, nothing attended."""
         h = self.staged.host
-        for name in (
-            "pack",
-            "seq_lens",
-            "mixed_query_start_loc",
-            "mixed_logits_indices",
-            "block_tables",
-        ):
-            h[name][...] = 0
+        for buffer in h.values():
+            buffer[...] = 0
         for gathered in self.gathered:
             gathered.reset()
         h["pack"][2:] = PAD_SLOT_ID

@@ -33,7 +33,7 @@ from pagesim.gpu.calibrate import (
     Progress,
     calibrate_block_size,
 )
-from pagesim.gpu.cuda_graphs import capture_sizes, token_capture_sizes
+from pagesim.gpu.cuda_graphs import capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
 from pagesim.gpu.kernels.arch import device_arch
 from pagesim.gpu.kernels.configs import decode_config, prefill_config
@@ -343,9 +343,7 @@ def profile_metadata(
         grid=grid.to_json(),
         num_gpu_blocks=dict(capacity.num_gpu_blocks),
         cuda_graph_sizes=list(capture_sizes(config.max_num_seqs)) if graphs else [],
-        cuda_graph_token_sizes=(
-            list(token_capture_sizes(config.max_num_batched_tokens)) if graphs else []
-        ),
+        cuda_graph_token_sizes=list(capture_sizes(config.max_num_batched_tokens)) if graphs else [],
         **varlen_tiles(model, model.dtype, dev),
         overhead_prefill_step_ms=admission[0] if admission else None,
         overhead_per_prefill_ms=admission[1] if admission else None,
