@@ -150,11 +150,10 @@ def init_tensor_parallel(
     disable_multicast()
     device = torch.device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     timeout = timedelta(seconds=timeout_s)
     kwargs: dict[str, Any] = {}
     if device.type == "cuda":
+        torch.cuda.set_device(device)
         kwargs["device_id"] = device  # binds the NCCL communicator to this device eagerly
     dist.init_process_group(
         backend,
@@ -195,12 +194,7 @@ def launch(
         mp.spawn(_entry, args=(fn, world_size, init_method, args), nprocs=world_size, join=True)
         return
     with tempfile.TemporaryDirectory(prefix="pagesim-tp-") as rendezvous:
-        mp.spawn(
-            _entry,
-            args=(fn, world_size, file_init_method(rendezvous), args),
-            nprocs=world_size,
-            join=True,
-        )
+        launch(fn, world_size, *args, init_method=file_init_method(rendezvous))
 
 
 def _entry(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -264,23 +264,11 @@ def serve_result(
 
 
 def run_records(run: ServeRun) -> dict[str, Any]:
-    """Raw records of a real run, JSON-ready: per request, pooled ITL, per step."""
+    """Raw records of a real run, JSON-ready: per request, pooled ITL, per step (`ServeStep`)."""
     return {
         "requests": [asdict(r) for r in run.metrics.records.values()],
         "itl_s": list(run.metrics.itl_s),
-        "steps": {
-            name: [getattr(s, name) for s in run.steps]
-            for name in (
-                "start_s",
-                "num_reqs",
-                "num_tokens",
-                "schedule_s",
-                "execute_s",
-                "update_s",
-                "period_s",
-                "num_prefill_reqs",
-            )
-        },
+        "steps": {f.name: [getattr(s, f.name) for s in run.steps] for f in fields(ServeStep)},
     }
 
 

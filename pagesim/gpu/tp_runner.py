@@ -220,32 +220,15 @@ def step_digest(out: SchedulerOutput, runner: GPUModelRunner) -> str:
     """A hash of what a rank executed: the step's requests, counts and block tables, and the
     runner's input ids, positions, slot mapping and block table. Equal on every rank iff the
     ranks ran identical steps."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update(
-        repr(
-            (
-                out.step_id,
-                [
-                    (
-                        s.request_id,
-                        s.num_new_tokens,
-                        s.num_computed_tokens,
-                        s.block_ids,
-                        s.new_block_ids,
-                    )
-                    for s in out.scheduled
-                ],
-            )
-        ).encode()
-    )
+    entries = [
+        (s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids, s.new_block_ids)
+        for s in out.scheduled
+    ]
+    h = hashlib.blake2b(repr((out.step_id, entries)).encode(), digest_size=16)
     inputs = runner.last_inputs
     if out.scheduled and inputs is not None:
-        for t in (
-            inputs.input_ids,
-            inputs.positions,
-            inputs.metadata.slot_mapping,
-            inputs.metadata.block_table,
-        ):
+        md = inputs.metadata
+        for t in (inputs.input_ids, inputs.positions, md.slot_mapping, md.block_table):
             h.update(t.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
