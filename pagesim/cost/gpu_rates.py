@@ -36,37 +36,24 @@ class MeasuredRates:
 
 
 # The all-reduce bus bandwidths are published figures of large-message NCCL ring
-# all-reduces, not pagesim's measurements, and not read from Vidur's tables (the check):
-# - NVLink 4 (H100 SXM, H200: 18 links of 25 GB/s a direction, 450 GB/s): about 370 GB/s,
-#   the line rate less NCCL's ~20 % protocol overhead, as the NCCL maintainers state
-#   (https://github.com/NVIDIA/nccl-tests/issues/212) and as measured with NCCL_ALGO=RING on
-#   8 x H100 SXM, 365-370 GB/s for 2 to 8 GPUs at 2-4 GiB
-#   (https://github.com/NVIDIA/nccl/issues/1455). The H200's NVLink and NVSwitch are the
-#   H100 SXM's; pagesim's own 2 x H200 table reaches 297 GB/s at 256 MiB, still rising.
-# - NVLink 3 (A100 SXM: 12 links of 25 GB/s a direction, 300 GB/s): about 230 GB/s; each
-#   link carries ~20 GB/s of payload with the SMs' 128-byte packets and other limits of the
-#   GPU bring 240 down to ~230, per the NCCL maintainers
-#   (https://github.com/NVIDIA/nccl-tests/issues/149, on 8 x A100-SXM4-80GB, where 1 GiB
-#   reached ~200 GB/s, still rising). The A100 40GB has the same links.
-# So an A100 reaches 0.77 of its link where NVLink 4 reaches 0.82: the ratio of the two is
-# 1.61, not the datasheets' 1.5.
+# all-reduces, not pagesim's measurements, and not read from Vidur's tables (the check).
+# docs/other_gpus.md gives them with their sources and why NVLink 3 and 4 reach different
+# shares of their line rates (an A100 moves an all-reduce's bytes 1.61 times slower than the
+# H200, not the datasheets' 1.5).
 _NVLINK4_BUSBW = 370e9
 _NVLINK4_SOURCE = (
     "published: NCCL ring all-reduce busbw on NVLink 4, ~370 GB/s "
     "(https://github.com/NVIDIA/nccl-tests/issues/212, https://github.com/NVIDIA/nccl/issues/1455)"
 )
-_NVLINK3_BUSBW = 230e9
-_NVLINK3_SOURCE = (
-    "published: NCCL all-reduce busbw on A100 NVLink 3, ~230 GB/s "
-    "(https://github.com/NVIDIA/nccl-tests/issues/149)"
+_NVLINK3 = MeasuredRates(
+    allreduce_busbw_bytes_per_s=230e9,
+    allreduce_source="published: NCCL all-reduce busbw on A100 NVLink 3, ~230 GB/s "
+    "(https://github.com/NVIDIA/nccl-tests/issues/149)",
 )
 
 #: GPU name -> rates measured on it. Module constant, never mutated at run time.
 MEASURED: dict[str, MeasuredRates] = {
-    # H200: a device-to-device copy of 1 GiB reaches about 4.3 TB/s counted as bytes read plus
-    # written (pagesim's own measurement, DESIGN.md section 6); bf16 cuBLAS GEMMs of the
-    # llama-2-7b and llama-3-8b layers at 2,048 and 4,096 tokens reach 736 TFLOP/s (median of
-    # 16, `benchmarks/gemm_rate.py`, docs/other_gpus.md).
+    # How each card's rates were measured, and where the results are: docs/other_gpus.md.
     "h200": MeasuredRates(
         copy_bytes_per_s=4.3e12,
         copy_source="measured: 1 GiB device copy, read + write, pagesim on H200 (DESIGN.md 6)",
@@ -75,11 +62,6 @@ MEASURED: dict[str, MeasuredRates] = {
         allreduce_busbw_bytes_per_s=_NVLINK4_BUSBW,
         allreduce_source=_NVLINK4_SOURCE,
     ),
-    # H100 SXM (an H100 80GB HBM3, 2026-12-07): a 4 GiB device-to-device copy reaches 3.02
-    # TB/s read plus written (`copy_bandwidth` of benchmarks/attention.py, 0.90 of the
-    # datasheet); bf16 cuBLAS GEMMs of the llama-3-8b layers at 2,048 and 4,096 tokens reach
-    # 734.5 TFLOP/s (median of 8, `benchmarks/gemm_rate.py`), the H200's rate within 0.2 %.
-    # Both in results/out_of_sample/2026-12-07-h100-calibrated/.
     "h100-sxm": MeasuredRates(
         copy_bytes_per_s=3.02e12,
         copy_source="measured: 4 GiB device copy, read + write, pagesim on H100 SXM",
@@ -88,12 +70,8 @@ MEASURED: dict[str, MeasuredRates] = {
         allreduce_busbw_bytes_per_s=_NVLINK4_BUSBW,
         allreduce_source=_NVLINK4_SOURCE,
     ),
-    "a100-80gb": MeasuredRates(
-        allreduce_busbw_bytes_per_s=_NVLINK3_BUSBW, allreduce_source=_NVLINK3_SOURCE
-    ),
-    "a100-40gb": MeasuredRates(
-        allreduce_busbw_bytes_per_s=_NVLINK3_BUSBW, allreduce_source=_NVLINK3_SOURCE
-    ),
+    "a100-80gb": _NVLINK3,
+    "a100-40gb": _NVLINK3,
 }
 
 #: The GPU whose measured GEMM and all-reduce shares (of its datasheet rates) stand in for
