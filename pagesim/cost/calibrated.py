@@ -436,9 +436,7 @@ class CalibratedCostModel(OneKindShapes):
         for w, s in weights[0]:
             total += w * s(n, c)
         if spread:
-            kappa = self._spread_frac.get(block_size)
-            if kappa is None:
-                kappa = self._blended(self._spread_frac, spread, block_size)
+            kappa = self._blended(self._spread_frac, spread, block_size)
             total += kappa * self._decode_kernel.program_spread(  # type: ignore[union-attr]
                 n, graph, context_sum / num_seqs, longest_context(contexts)
             )

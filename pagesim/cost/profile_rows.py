@@ -196,9 +196,7 @@ def row_shapes(profile) -> list[tuple[str, int, Any]]:
 
 def row_batch(kind: str, r) -> BatchShape | None:
     """The batch of a row that ran the variable-length kernel, else None (decode rows)."""
-    if kind == "prefill":
-        return BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size)
-    if kind == "multi" and r.num_entries == 1:
+    if kind == "prefill" or (kind == "multi" and r.num_entries == 1):
         return BatchShape.prefill(r.num_new_tokens, r.num_cached_tokens, r.block_size)
     return multi_part_shape(kind, r)
 

@@ -323,12 +323,8 @@ def fit_varlen(rows: list[tuple[Launch, bool, float, float]]) -> VarlenFit | Non
     best: tuple[float, int, list[float]] | None = None
     # the weighted columns that do not depend on the slot count, made once
     eager = 1.0 - graph
-    graph_w, eager_w, surplus_w, att_w = (
-        graph * weight,
-        eager * weight,
-        surplus * weight,
-        att * weight,
-    )
+    graph_w, eager_w = graph * weight, eager * weight
+    surplus_w, att_w = surplus * weight, att * weight
     for slots, span in zip(SLOTS_GRID, spans, strict=True):
         terms = [graph, eager, span, surplus]
         coef = nonnegative_lstsq([graph_w, eager_w, span * weight, surplus_w], att_w)
