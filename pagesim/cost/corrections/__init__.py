@@ -9,6 +9,7 @@ table for the shipped profiles).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 
 from pagesim.errors import ConfigError
@@ -24,3 +25,13 @@ def enabled_corrections(disabled: Iterable[str] = ()) -> frozenset[str]:
     if unknown:
         raise ConfigError(f"correction {unknown[0]!r} is unknown (known: {', '.join(CORRECTIONS)})")
     return frozenset(CORRECTIONS) - off
+
+
+def by_block_size(rows, fitted: dict) -> list[tuple[int, list]]:
+    """`rows` grouped by block size, ascending, for the block sizes `fitted` has (the rows a
+    correction fits on, at the block sizes the grid has surfaces for)."""
+    by_bs: dict[int, list] = defaultdict(list)
+    for r in rows:
+        if r.block_size in fitted:
+            by_bs[r.block_size].append(r)
+    return sorted(by_bs.items())

@@ -14,9 +14,8 @@ steps: docs/cost_model.md.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from pagesim.cost.base import BatchShape
+from pagesim.cost.corrections import by_block_size
 from pagesim.cost.profile import Profile
 from pagesim.cost.varlen import shape_launch
 
@@ -27,8 +26,8 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
     (so `spread` is fitted first), where it has them (served batches are never uniform); else
     on its uniform rows, each through the decode surface at its padded batch."""
     out: dict[int, float] = {}
-    uniform = dict(_by_block_size(profile.decode_shared, model._decode))
-    spread = dict(_by_block_size(profile.decode_shared_spread, model._decode))
+    uniform = dict(by_block_size(profile.decode_shared, model._decode))
+    spread = dict(by_block_size(profile.decode_shared_spread, model._decode))
     for bs in sorted(uniform.keys() | spread.keys()):
         cases = []
         for r in spread.get(bs, ()):
@@ -82,15 +81,6 @@ def shared_spread_shape(r) -> BatchShape:
     )
 
 
-def _by_block_size(rows, fitted: dict) -> list[tuple[int, list]]:
-    """`rows` grouped by block size, ascending, for the block sizes `fitted` has."""
-    by_bs: dict[int, list] = defaultdict(list)
-    for r in rows:
-        if r.block_size in fitted:
-            by_bs[r.block_size].append(r)
-    return sorted(by_bs.items())
-
-
 def best_fraction(error) -> float:
     """The fraction in 0, 0.01, ..., 1 with the smallest `error(fraction)` (the first on ties)."""
     return min((k / 100 for k in range(101)), key=error)
@@ -101,17 +91,12 @@ def fit_varlen_reread(model, profile: Profile) -> dict[int, float]:
     (varlen_shared.csv), the fraction in [0, 1] (steps of 0.01) that best reproduces each
     row's ratio to its unshared reference, as `fit_decode_reread` does for decode steps."""
     out: dict[int, float] = {}
-    for bs, rs in _by_block_size(profile.varlen_shared, model._varlen):
+    for bs, rs in by_block_size(profile.varlen_shared, model._varlen):
         fit = model._varlen[bs]
         cases = []
         for r in rs:
-            d, dc, k, n, sh = (
-                r.num_decodes,
-                r.decode_context_len,
-                r.num_entries,
-                r.num_new_tokens,
-                r.shared_len,
-            )
+            d, dc, sh = r.num_decodes, r.decode_context_len, r.shared_len
+            k, n = r.num_entries, r.num_new_tokens
             shape = BatchShape(
                 bs,
                 d + k * n,
@@ -132,15 +117,11 @@ def fit_varlen_reread(model, profile: Profile) -> dict[int, float]:
 
         # each fraction discounts the row's one launch (`model._discounted` of the shape's launch)
         def error(frac: float, fit=fit, cases=cases) -> float:
-            return sum(
-                (
-                    (other + fit(model._discounted(launch, shape, frac), padded is not None))
-                    / plain
-                    - ratio
-                )
-                ** 2
-                for shape, padded, other, plain, ratio, launch in cases
-            )
+            total = 0.0
+            for shape, padded, other, plain, ratio, launch in cases:
+                priced = other + fit(model._discounted(launch, shape, frac), padded is not None)
+                total += (priced / plain - ratio) ** 2
+            return total
 
         out[bs] = best_fraction(error)
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pagesim.cost.base import BatchShape
+from pagesim.cost.corrections import by_block_size
 from pagesim.cost.decode_launch import DecodePartition, span_bucket, split_rule
 from pagesim.cost.profile import Profile
 from pagesim.specs import shipped_spec
@@ -98,12 +99,8 @@ def fit_decode_spread(model, profile: Profile, kernel: DecodeKernel | None) -> d
     model fit as well as the profile's own."""
     if kernel is None:
         return {}
-    by_bs: dict[int, list] = {}
-    for r in profile.decode_spread:
-        if r.block_size in model._decode:
-            by_bs.setdefault(r.block_size, []).append(r)
     out: dict[int, float] = {}
-    for bs, rows in sorted(by_bs.items()):
+    for bs, rows in by_block_size(profile.decode_spread, model._decode):
         sxx = sxy = 0.0
         for r in rows:
             graph = model._decode_graph(r.batch_size)
