@@ -37,6 +37,7 @@ from pagesim.gpu.kernels.checks import (
 from pagesim.gpu.kernels.configs import (
     MIN_PARTITION_TOKENS,
     DecodePartition,
+    KernelConfig,
     decode_config,
     decode_partition,
 )
@@ -52,6 +53,13 @@ from pagesim.scheduler.output import is_decode
 
 #: SM count assumed when the metadata is built for a CPU device (an H200 has 132).
 DEFAULT_NUM_SMS = 132
+
+
+def device_num_sms(device: torch.device) -> int:
+    """The SM count that steers the decode split: the device's, `DEFAULT_NUM_SMS` on a CPU."""
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @dataclass(slots=True)
@@ -110,6 +118,11 @@ class PagedAttentionBackend:
             raise KernelInputError(f"min_partition_tokens={min_partition_tokens}, expected >= 1")
         self.min_partition_tokens = min_partition_tokens
 
+    def decode_config(self, device: torch.device) -> KernelConfig:
+        """The decode kernel's launch configuration for these heads on `device`."""
+        on_gpu = device.type == "cuda"
+        return decode_config(self.head_size, self.num_queries_per_kv, on_gpu, device_arch(device))
+
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, int, int, int]:
         """Shape of one layer's key (or value) cache: `[num_blocks, block_size, kv_heads, D]`."""
         return (num_blocks, self.block_size, self.num_kv_heads, self.head_size)
@@ -156,24 +169,12 @@ class PagedAttentionBackend:
             query_start_loc=torch.tensor(qsl, dtype=torch.int32).to(device),
         )
         if num_seqs and all(map(is_decode, num_new_tokens, num_computed_tokens)):
-            if num_sms is None:
-                num_sms = (
-                    torch.cuda.get_device_properties(device).multi_processor_count
-                    if device.type == "cuda"
-                    else DEFAULT_NUM_SMS
-                )
-            cfg = decode_config(
-                self.head_size,
-                self.num_queries_per_kv,
-                device.type == "cuda",
-                device_arch(device),
-            )
             md.decode_partition = decode_partition(
                 num_seqs,
                 self.num_kv_heads,
                 max_seq_len,
-                cfg,
-                num_sms,
+                self.decode_config(device),
+                device_num_sms(device) if num_sms is None else num_sms,
                 self.sliding_window,
                 self.min_partition_tokens,
             )

@@ -58,7 +58,7 @@ import torch
 
 from pagesim.config import EngineConfig
 from pagesim.cost.decode_launch import MIN_SPAN_BUCKET, span_bucket
-from pagesim.gpu.attention import DEFAULT_NUM_SMS, AttentionMetadata
+from pagesim.gpu.attention import AttentionMetadata, device_num_sms
 from pagesim.gpu.input_buffers import (
     BlockTableRows,
     GatheredTable,
@@ -66,8 +66,7 @@ from pagesim.gpu.input_buffers import (
     decode_slots,
     token_slots,
 )
-from pagesim.gpu.kernels.arch import device_arch
-from pagesim.gpu.kernels.configs import DecodePartition, decode_config, decode_partition
+from pagesim.gpu.kernels.configs import DecodePartition, decode_partition
 from pagesim.gpu.kernels.paged_attention import DecodeWorkspace
 from pagesim.gpu.model import StepMetadata
 from pagesim.kvcache.block_table import PAD_SLOT_ID
@@ -75,28 +74,8 @@ from pagesim.kvcache.block_table import PAD_SLOT_ID
 #: Batch sizes captured (vLLM's list is 1, 2, 4 and multiples of 8 up to 512; coarser here so
 #: that capture stays short: a decode step's GEMMs cost nearly the same for 129 and 160 rows).
 CAPTURE_SIZES: tuple[int, ...] = (
-    1,
-    2,
-    4,
-    8,
-    16,
-    24,
-    32,
-    48,
-    64,
-    80,
-    96,
-    112,
-    128,
-    160,
-    192,
-    224,
-    256,
-    320,
-    384,
-    448,
-    512,
-)
+    1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512,
+)  # fmt: skip
 #: Largest batch captured (vLLM's default max_cudagraph_capture_size).
 MAX_CAPTURE_SIZE = 512
 
@@ -181,17 +160,8 @@ class StepGraphs:
         self.width = table_width(-(-max_model_len // block_size))
         self.log = log or (lambda msg: None)
         self.failed: str | None = None  # first capture error; graphs are off after it
-        self.num_sms = (
-            torch.cuda.get_device_properties(self.device).multi_processor_count
-            if self.device.type == "cuda"
-            else DEFAULT_NUM_SMS
-        )
-        self._decode_cfg = decode_config(
-            model.head_size,
-            model.num_heads // model.num_kv_heads,
-            self.device.type == "cuda",
-            device_arch(self.device),
-        )
+        self.num_sms = device_num_sms(self.device)
+        self._decode_cfg = model.attn.decode_config(self.device)
         self.max_seqs = self.sizes[-1]
         m = max(self.max_seqs, *self.token_sizes) if self.token_sizes else self.max_seqs
         dev = self.device
