@@ -122,6 +122,22 @@ def release_cached(device: torch.device | None = None) -> None:
         torch.cuda.empty_cache()
 
 
+def page_sizes(config: EngineConfig, block_sizes: tuple[int, ...]) -> dict[int, int]:
+    """Block size -> bytes of one KV block of `config`'s model (all layers, K and V), as the
+    KV cache manager that serves `config` lays it out."""
+    hybrid = sizing.serves_hybrid(config)
+    return {
+        bs: sizing.page_size_bytes(
+            config.model_spec,
+            bs,
+            config.kv_cache_dtype,
+            config.tensor_parallel_size,
+            hybrid_kv_cache_manager=hybrid,
+        )
+        for bs in block_sizes
+    }
+
+
 def measure_kv_capacity(
     config: EngineConfig,
     model: RandomWeightDecoder,
@@ -149,17 +165,7 @@ def measure_kv_capacity(
     total = after.total
     requested = math.ceil(total * config.gpu_memory_utilization)
     available = requested - (weights + peak + non_torch)
-    spec = config.model_spec
-    pages = {
-        bs: sizing.page_size_bytes(
-            spec,
-            bs,
-            config.kv_cache_dtype,
-            config.tensor_parallel_size,
-            hybrid_kv_cache_manager=sizing.serves_hybrid(config),
-        )
-        for bs in block_sizes
-    }
+    pages = page_sizes(config, block_sizes)
     blocks = {bs: max(0, available // pages[bs]) for bs in block_sizes}
     predicted = {}
     predicted_available = 0

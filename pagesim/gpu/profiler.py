@@ -41,6 +41,7 @@ from pagesim.gpu.memory import (
     MeasuredKVCapacity,
     MemorySnapshot,
     measure_kv_capacity,
+    page_sizes,
     release_cached,
 )
 from pagesim.gpu.model import DecoderConfig, RandomWeightDecoder
@@ -56,7 +57,6 @@ from pagesim.gpu.parallel import TPGroup
 from pagesim.gpu.runner import GPUModelRunner, RunnerConfig
 from pagesim.gpu.serve import make_engine, replay
 from pagesim.gpu.tp_model import TensorParallelDecoder
-from pagesim.kvcache.sizing import page_size_bytes, serves_hybrid
 
 MakeRunner = Callable[[EngineConfig, int], Any]  # (config, num_gpu_blocks) -> ModelRunner
 
@@ -420,16 +420,7 @@ def varlen_tiles(
 def override_capacity(config: EngineConfig, block_sizes: tuple[int, ...]) -> MeasuredKVCapacity:
     """A 'measurement' that is the override itself (CPU dry runs; nothing is measured)."""
     n = config.num_gpu_blocks_override
-    pages = {
-        bs: page_size_bytes(
-            config.model_spec,
-            bs,
-            config.kv_cache_dtype,
-            config.tensor_parallel_size,
-            hybrid_kv_cache_manager=serves_hybrid(config),
-        )
-        for bs in block_sizes
-    }
+    pages = page_sizes(config, block_sizes)
     return MeasuredKVCapacity(
         total_memory_bytes=0,
         gpu_memory_utilization=config.gpu_memory_utilization,
