@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from pagesim.cost.profile import AllReduceRow
 from pagesim.errors import ConfigError
+from pagesim.gpu.calibration_grid import median_p10_p90
 from pagesim.gpu.parallel import TPGroup
 
 #: 1 KiB .. 256 MiB in powers of two: a decode token of a 7B model up to a 16k-token prefill
@@ -86,16 +87,8 @@ def bench_allreduce(
         for _ in range(warmup):
             dist.all_reduce(x, group=group.device_group)
         samples = [_sample(x, k, group, device) for _ in range(repeats)]
-        us = np.asarray(samples) * 1e6
-        rows.append(
-            AllReduceRow(
-                group.world_size,
-                n * itemsize,
-                float(np.median(us)),
-                float(np.percentile(us, 10)),
-                float(np.percentile(us, 90)),
-            )
-        )
+        us = median_p10_p90(np.asarray(samples) * 1e6)
+        rows.append(AllReduceRow(group.world_size, n * itemsize, *us))
         del x
     return rows
 

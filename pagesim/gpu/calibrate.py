@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagesim.config import EngineConfig
-from pagesim.gpu.calibration_grid import CalibrationGrid, CalibrationRows
+from pagesim.gpu.calibration_grid import CalibrationGrid, CalibrationRows, median_p10_p90
 from pagesim.gpu.overhead import overhead_requests, overhead_rows
 from pagesim.request import Request
 from pagesim.scheduler.output import ScheduledRequest, SchedulerOutput, is_decode
@@ -78,13 +78,7 @@ class Timing:
 
     @classmethod
     def of(cls, samples: list[float]) -> Timing:
-        a = np.asarray(samples)
-        return cls(
-            float(np.median(a)),
-            float(np.percentile(a, 10)),
-            float(np.percentile(a, 90)),
-            list(samples),
-        )
+        return cls(*median_p10_p90(samples), list(samples))
 
 
 class BlockSource:

@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from pagesim.cost import profile
+
+
+def median_p10_p90(values) -> tuple[float, float, float]:
+    """The median and the 10th and 90th percentiles of repeated timings: what every measured
+    row of a profile keeps of its samples."""
+    a = np.asarray(values)
+    return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import numpy as np
 from pagesim.cost.profile import OverheadRow
 from pagesim.cost.surface import Pwl
 from pagesim.cost.varlen import nonnegative_lstsq
+from pagesim.gpu.calibration_grid import median_p10_p90
 from pagesim.request import Request
 
 #: Requests that join the ramp (`overhead_requests`), the sizes of the groups they arrive in
@@ -53,12 +54,7 @@ def overhead_rows(steps, max_reqs: int = 256) -> list[OverheadRow]:
         lo, hi = g / math.sqrt(2), g * math.sqrt(2)
         vals = [v for n, vs in by_n.items() if lo <= n < hi for v in vs]
         if len(vals) >= 3:
-            a = np.asarray(vals) * 1e3
-            rows.append(
-                OverheadRow(
-                    g, float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
-                )
-            )
+            rows.append(OverheadRow(g, *median_p10_p90(np.asarray(vals) * 1e3)))
     return rows
 
 

@@ -64,6 +64,7 @@ def shard_layer(
     layer: dict[str, torch.Tensor], spec: ModelSpec, rank: int, tp: int
 ) -> dict[str, torch.Tensor]:
     """Rank `rank`'s shard of one unsharded Llama layer (`model.layer_shapes` names)."""
+    inter = spec.intermediate_size
     return {
         "qkv": shard_qkv(
             layer["qkv"], spec.num_attention_heads, spec.num_kv_heads, spec.head_size, rank, tp
@@ -71,13 +72,7 @@ def shard_layer(
         "o": shard_cols(layer["o"], rank, tp, "num_attention_heads * head_size"),
         "norm1": layer["norm1"],
         "norm2": layer["norm2"],
-        "gate_up": shard_rows(
-            layer["gate_up"],
-            rank,
-            tp,
-            (spec.intermediate_size, spec.intermediate_size),
-            "intermediate_size",
-        ),
+        "gate_up": shard_rows(layer["gate_up"], rank, tp, (inter, inter), "intermediate_size"),
         "down": shard_cols(layer["down"], rank, tp, "intermediate_size"),
     }
 
