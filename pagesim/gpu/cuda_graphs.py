@@ -239,11 +239,8 @@ class StepGraphs:
         key = self._keys.get((size, span))
         if key is None:
             part = self._partition(size, span)
-            key = (
-                GraphKey(size, 1, 0, False)
-                if part.num_partitions == 1
-                else GraphKey(size, part.num_partitions, part.partition_size, False)
-            )
+            split = part.num_partitions > 1  # unsplit: partition size 0, unused by the kernel
+            key = GraphKey(size, part.num_partitions, part.partition_size if split else 0, False)
             self._keys[(size, span)] = key
         return key
 

@@ -95,14 +95,8 @@ def graph_vs_eager_rows(
                 hidden[mode] = runner.last_hidden.float().clone()
         use_graphs(True)
         if len(modes) == 1:
-            rows.append(
-                {
-                    "shape": label,
-                    "reps": reps,
-                    "mode": modes[0],
-                    "ms": 1e3 * statistics.median(times[modes[0]]),
-                }
-            )
+            ms = 1e3 * statistics.median(times[modes[0]])
+            rows.append({"shape": label, "reps": reps, "mode": modes[0], "ms": ms})
             continue
         err = float((hidden["graph"] - hidden["eager"]).norm() / hidden["eager"].norm())
         p90 = min(reps - 1, int(0.9 * reps))

@@ -47,6 +47,9 @@ from pagesim.kvcache.block_table import build_positions
 from pagesim.kvcache.sizing import serves_hybrid
 from pagesim.scheduler.output import ModelRunnerOutput, SchedulerOutput, sample_synthetic
 
+#: The device phases of a step, in stream order: the spans between its five CUDA events.
+DEVICE_PHASES = ("swap", "copy", "forward", "sample")
+
 
 @dataclass(slots=True)
 class StepInputs:
@@ -354,14 +357,8 @@ class GPUModelRunner:
         ev = self._events
         if ev is None:
             return {"prepare": prepare_s}
-        ms = [ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(4)]
-        return {
-            "prepare": prepare_s,
-            "swap": ms[0],
-            "copy": ms[1],
-            "forward": ms[2],
-            "sample": ms[3],
-        }
+        spans = [ev[i].elapsed_time(ev[i + 1]) / 1e3 for i in range(4)]
+        return {"prepare": prepare_s, **dict(zip(DEVICE_PHASES, spans, strict=True))}
 
     def _record(
         self,
