@@ -20,7 +20,7 @@ from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import MS, CalibratedCostModel
 from pagesim.cost.corrections import CORRECTIONS
 from pagesim.cost.corrections.reread import shared_spread_shape
-from pagesim.cost.profile import TABLES, Profile
+from pagesim.cost.profile import Profile
 from pagesim.cost.profile_rows import row_batch
 from pagesim.errors import ConfigError
 
@@ -125,10 +125,8 @@ def _split(
     if not 0.0 < holdout_fraction < 1.0:
         raise ConfigError(f"holdout_fraction={holdout_fraction!r}: must be in (0, 1)")
     if not profile.metadata.allreduce_in_step_times:  # compare device rows with device rows
-        profile = Profile(
-            dataclasses.replace(profile.metadata, allreduce_in_step_times=True),
-            **{name: getattr(profile, name) for name in TABLES},
-        )
+        meta = dataclasses.replace(profile.metadata, allreduce_in_step_times=True)
+        profile = dataclasses.replace(profile, metadata=meta)
     rng = np.random.default_rng(seed)
     fit_tables: dict[str, tuple] = {}
     held: dict[str, list] = {}
@@ -197,11 +195,7 @@ def _fit_row(table: str, num_fit: int, errors: list[float]) -> FitRow:
     if not errors:
         return FitRow(table, num_fit, 0, None, None, None)
     e = np.asarray(errors)
+    a = np.abs(e)
     return FitRow(
-        table,
-        num_fit,
-        len(errors),
-        float(np.mean(np.abs(e))),
-        float(np.max(np.abs(e))),
-        float(np.mean(e)),
+        table, num_fit, len(errors), float(np.mean(a)), float(np.max(a)), float(np.mean(e))
     )

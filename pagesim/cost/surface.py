@@ -100,12 +100,8 @@ class Surface:
 def blend_weights(tables: dict[int, T], block_size: int) -> tuple[tuple[float, T], ...]:
     """Measured block sizes to use for `block_size`, with weights summing to 1."""
     keys = sorted(tables)
-    if block_size in tables:
-        return ((1.0, tables[block_size]),)
-    if block_size < keys[0]:
-        return ((1.0, tables[keys[0]]),)
-    if block_size > keys[-1]:
-        return ((1.0, tables[keys[-1]]),)
+    if block_size in tables or not keys[0] < block_size < keys[-1]:  # measured, or the nearest
+        return ((1.0, tables[min(max(block_size, keys[0]), keys[-1])]),)
     hi = keys[bisect_right(keys, block_size)]
     lo = keys[bisect_right(keys, block_size) - 1]
     w = (math.log2(block_size) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
