@@ -465,11 +465,8 @@ def calibrate_block_size(
 
     timings = measure_interleaved(runner, items, grid, seed=seed, deadline=deadline, tick=tick)
     if progress is not None:
-        progress(
-            total,
-            total,
-            f"bs={block_size} {len(timings[0].samples) if timings else 0} rounds timed",
-        )
+        rounds = len(timings[0].samples) if timings else 0
+        progress(total, total, f"bs={block_size} {rounds} rounds timed")
     plain_ms = {
         key: timings[i].median * 1e3
         for i, (kind, key, _, _) in enumerate(points)

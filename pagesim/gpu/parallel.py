@@ -128,10 +128,6 @@ class TPGroup:
         dist.all_gather_object(out, obj, group=self.cpu_group)
         return out
 
-    def barrier(self) -> None:
-        if self.cpu_group is not None and self.world_size > 1:
-            dist.barrier(group=self.cpu_group)
-
 
 def init_tensor_parallel(
     rank: int,
