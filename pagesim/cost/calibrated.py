@@ -151,8 +151,9 @@ class CalibratedCostModel(OneKindShapes):
                 pre[r.block_size].append((r.num_new_tokens, r.num_cached_tokens, residual))
         self._decode = {bs: Surface(p, prefill=False) for bs, p in sorted(dec.items())}
         self._prefill = {bs: Surface(p, prefill=True) for bs, p in sorted(pre.items())}
-        self._weights: dict[int, tuple] = {}  # block size -> blend weights, filled lazily
         # Per-step memos (speed only: the same arithmetic, done once per key):
+        self._decode_blend: dict[int, tuple] = {}  # block size -> blend_weights(_decode)
+        self._prefill_blend: dict[int, tuple] = {}  # block size -> blend_weights(_prefill)
         self._reread_frac: dict[int, float] = {}  # block size -> blended re-read fraction
         self._reread_varlen_frac: dict[int, float] = {}  # the same, variable-length kernel
         self._varlen_blend: dict[int, tuple] = {}  # block size -> blend_weights(_varlen)
@@ -386,14 +387,6 @@ class CalibratedCostModel(OneKindShapes):
             weights = memo[block_size] = blend_weights(fitted, block_size)
         return weights
 
-    def _blend(self, block_size: int) -> tuple:
-        """(decode, prefill) surfaces' blend weights at `block_size`, memoized."""
-        weights = self._weights[block_size] = (
-            blend_weights(self._decode, block_size),
-            blend_weights(self._prefill, block_size),
-        )
-        return weights
-
     def _decode_work(
         self, block_size: int, context_sum: int, shared: int | None, reread: float | None
     ) -> float:
@@ -421,7 +414,7 @@ class CalibratedCostModel(OneKindShapes):
         """`_parts` of a decode-only step: at its CUDA graph's padded batch, if any; with
         spread rows, the real sequences' work over the padded rows plus the unequal programs
         (`pagesim.cost.corrections.spread`)."""
-        weights = self._weights.get(block_size) or self._blend(block_size)
+        weights = self._memo_weights(self._decode_blend, self._decode, block_size)
         base = self._decode_base.get(num_seqs)
         if base is None:
             graph = self._decode_graph(num_seqs)
@@ -433,7 +426,7 @@ class CalibratedCostModel(OneKindShapes):
         spread = self._spread
         work = self._decode_work(block_size, context_sum, shared, reread) if shared else context_sum
         c = work / (n if spread else num_seqs)
-        for w, s in weights[0]:
+        for w, s in weights:
             total += w * s(n, c)
         if spread:
             kappa = self._blended(self._spread_frac, spread, block_size)
@@ -473,7 +466,8 @@ class CalibratedCostModel(OneKindShapes):
                 )
             return total, other
         # per-entry residuals, less the fixed cost every part but one carries (multi_part)
-        dec_w, pre_w = self._weights.get(b.block_size) or self._blend(b.block_size)
+        dec_w = self._memo_weights(self._decode_blend, self._decode, b.block_size)
+        pre_w = self._memo_weights(self._prefill_blend, self._prefill, b.block_size)
         n = b.num_decode_seqs
         parts = 0
         if n:
