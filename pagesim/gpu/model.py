@@ -134,14 +134,12 @@ class RandomWeightDecoder:
     @property
     def weight_bytes(self) -> int:
         """Bytes of all weight tensors (tied tensors counted once)."""
-        seen: dict[int, int] = {}
         tensors = [self.embed, self.lm_head, *[t for t in self.final_norm if t is not None]]
         if self.spec.arch == "opt":
             tensors.append(self.pos_embed)
         for layer in self.layers:
             tensors.extend(t for t in layer.values() if t is not None)
-        for t in tensors:
-            seen[t.data_ptr()] = t.numel() * t.element_size()
+        seen = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}
         return sum(seen.values())
 
     def set_block_size(self, block_size: int) -> None:
