@@ -69,12 +69,8 @@ def profile_band(meta: ProfileMetadata) -> StepTimeBand | None:
     scales = meta.source_scales
     if scales is None or len(scales) < 2:
         return None
-    low, high = session_interval(scales)
-    return StepTimeBand(
-        low,
-        high,
-        f"a 95 % interval for a session's speed from the profile's {len(scales)} calibrations",
-    )
+    basis = f"a 95 % interval for a session's speed from the profile's {len(scales)} calibrations"
+    return StepTimeBand(*session_interval(scales), basis)
 
 
 def gpu_band(
@@ -87,14 +83,12 @@ def gpu_band(
     levels = [s for meta in metas for s in meta.source_scales or ()]
     if len(levels) < 2:
         return None
-    low, high = session_interval(levels)
     whose = "" if borrowed_for is None else f"; none measured on {borrowed_for}"
-    return StepTimeBand(
-        low,
-        high,
+    basis = (
         f"a 95 % interval for a session's speed from the {len(levels)} calibrations of the "
-        f"merged profiles shipped for {gpu} (this profile is one calibration{whose})",
+        f"merged profiles shipped for {gpu} (this profile is one calibration{whose})"
     )
+    return StepTimeBand(*session_interval(levels), basis)
 
 
 def widened(band: StepTimeBand, pct: float, why: str) -> StepTimeBand:

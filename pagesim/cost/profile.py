@@ -245,13 +245,10 @@ class ProfileMetadata:
             )
         if not isinstance(self.device, dict):
             raise ProfileError(f"{where}: device={self.device!r} must be an object")
-        if not isinstance(self.synthetic, bool):
-            raise ProfileError(f"{where}: synthetic={self.synthetic!r} must be true or false")
-        if not isinstance(self.allreduce_in_step_times, bool):
-            raise ProfileError(
-                f"{where}: allreduce_in_step_times="
-                f"{self.allreduce_in_step_times!r} must be true or false"
-            )
+        for name in ("synthetic", "allreduce_in_step_times"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ProfileError(f"{where}: {name}={value!r} must be true or false")
         if not self.allreduce_in_step_times and self.tensor_parallel_size == 1:
             raise ProfileError(
                 f"{where}: allreduce_in_step_times=false needs "
