@@ -365,22 +365,15 @@ class StepGraphs:
             part = DecodePartition(1, self._decode_cfg.tile_n)
         elif not key.mixed:  # one workspace: the groups' layers run one after another
             part = DecodePartition(key.num_partitions, key.partition_size)
+            m = self.model
             ws = DecodeWorkspace.allocate(
-                key.size,
-                self.model.num_heads,
-                self.model.head_size,
-                key.num_partitions,
-                self.device,
+                key.size, m.num_heads, m.head_size, key.num_partitions, self.device
             )
         groups = tuple(self._group_metadata(key, g, part, ws) for g in range(self.num_groups))
         return groups if self.num_groups > 1 else groups[0]
 
     def _group_metadata(
-        self,
-        key: GraphKey,
-        group: int,
-        part: DecodePartition | None,
-        ws: DecodeWorkspace | None,
+        self, key: GraphKey, group: int, part: DecodePartition | None, ws: DecodeWorkspace | None
     ) -> AttentionMetadata:
         p = key.size
         slots, tables = self.pack[2 + group, :p], self.block_tables[group]

@@ -226,13 +226,12 @@ def _wait_until(target: float, t0: float, clock, sleep) -> None:
 def _abort_rest(unsent: list[Request], scheduler, metrics, now: float) -> None:
     for req in unsent:
         metrics.on_arrival(req, req.arrival_time)
+        rec = metrics.records[req.request_id]
+        rec.reject_reason = "wall-clock limit"
+        rec.finish_time = now
     for req in scheduler.finish_requests(list(scheduler.requests), reason="wall-clock limit"):
         rec = metrics.records[req.request_id]
         rec.reject_reason = req.reject_reason
-        rec.finish_time = now
-    for req in unsent:
-        rec = metrics.records[req.request_id]
-        rec.reject_reason = "wall-clock limit"
         rec.finish_time = now
 
 
