@@ -44,11 +44,7 @@ from pagesim.gpu.kernels.configs import (
 from pagesim.gpu.kernels.paged_attention import DecodeWorkspace, paged_attention_decode
 from pagesim.gpu.kernels.prefill_attention import paged_attention_prefill
 from pagesim.gpu.kernels.reshape_and_cache import reshape_and_cache
-from pagesim.kvcache.block_table import (
-    build_block_table,
-    build_query_start_loc,
-    build_slot_mapping,
-)
+from pagesim.kvcache.block_table import build_block_table, build_query_start_loc, build_slot_mapping
 from pagesim.scheduler.output import is_decode
 
 #: SM count assumed when the metadata is built for a CPU device (an H200 has 132).

@@ -90,10 +90,7 @@ class BlockSource:
     the hybrid manager does."""
 
     def __init__(
-        self,
-        num_blocks: int,
-        seed: int = 0,
-        group_windows: tuple[int | None, ...] | None = None,
+        self, num_blocks: int, seed: int = 0, group_windows: tuple[int | None, ...] | None = None
     ) -> None:
         self.ids = (np.random.default_rng(seed).permutation(num_blocks - 1) + 1).tolist()
         self.group_windows = group_windows

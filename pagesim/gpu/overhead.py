@@ -89,10 +89,7 @@ def admission_overhead(steps, rows: list[OverheadRow]) -> tuple[float, float] | 
 
 
 def overhead_requests(
-    max_reqs: int,
-    prompt_len: int = 64,
-    vocab: int = 32000,
-    num_joining: int = 0,
+    max_reqs: int, prompt_len: int = 64, vocab: int = 32000, num_joining: int = 0
 ) -> list[Request]:
     """`max_reqs` requests arriving together with output lengths 1 .. 2 * max_reqs (step 2):
     they all decode, then finish one by one, so the run visits every batch size once. With

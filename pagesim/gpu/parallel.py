@@ -45,11 +45,7 @@ from pagesim.errors import ConfigError
 
 #: NVLink multicast off: NCCL's NVLS algorithms, torch symmetric-memory multicast, NVSHMEM NVLS.
 MULTICAST_OFF_ENV: Mapping[str, str] = MappingProxyType(
-    {
-        "NCCL_NVLS_ENABLE": "0",
-        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-        "NVSHMEM_DISABLE_NVLS": "1",
-    }
+    {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 )
 
 

@@ -27,12 +27,7 @@ import torch
 from pagesim.config import EngineConfig
 from pagesim.cost.profile import AllReduceRow, Profile, ProfileMetadata, profile_dir
 from pagesim.errors import ConfigError
-from pagesim.gpu.calibrate import (
-    CalibrationGrid,
-    CalibrationRows,
-    Progress,
-    calibrate_block_size,
-)
+from pagesim.gpu.calibrate import CalibrationGrid, CalibrationRows, Progress, calibrate_block_size
 from pagesim.gpu.cuda_graphs import capture_sizes
 from pagesim.gpu.device import device_info, require_cuda
 from pagesim.gpu.kernels.arch import device_arch
