@@ -43,12 +43,8 @@ def fit_decode_reread(model, profile: Profile) -> dict[int, float]:
             for r in uniform.get(bs, ()):
                 p = model.padded_batch(r.batch_size)
                 other = model._other_for(model._decode_graph(r.batch_size), p)
-                cases.append(
-                    (
-                        _uniform_ratio(model._decode[bs], other, p, r.context_len, r.shared_len),
-                        r.step_time_ms / r.reference_step_time_ms,
-                    )
-                )
+                ratio = _uniform_ratio(model._decode[bs], other, p, r.context_len, r.shared_len)
+                cases.append((ratio, r.step_time_ms / r.reference_step_time_ms))
 
         def error(frac: float, cases=cases) -> float:
             return sum((ratio(frac) - measured) ** 2 for ratio, measured in cases)
