@@ -331,16 +331,9 @@ def _llama_family_params(
 
 def _opt_spec(cfg: _Config, hf_id: str) -> ModelSpec:
     """OPT: LayerNorm + ReLU MLP with biases, learned positions (2 offset rows), tied head."""
-    h, heads, layers = (
-        cfg.int("hidden_size"),
-        cfg.int("num_attention_heads"),
-        cfg.int("num_hidden_layers"),
-    )
-    inter, vocab, max_pos = (
-        cfg.int("ffn_dim"),
-        cfg.int("vocab_size"),
-        cfg.int("max_position_embeddings"),
-    )
+    h, heads = cfg.int("hidden_size"), cfg.int("num_attention_heads")
+    layers, inter = cfg.int("num_hidden_layers"), cfg.int("ffn_dim")
+    vocab, max_pos = cfg.int("vocab_size"), cfg.int("max_position_embeddings")
     if cfg.int("word_embed_proj_dim", h) != h:
         raise ConfigError(f"model config {cfg.name!r}: word_embed_proj_dim != hidden_size")
     per_layer = 4 * (h * h + h) + (h * inter + inter) + (inter * h + h) + 4 * h

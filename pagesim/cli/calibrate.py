@@ -108,19 +108,14 @@ def calibrate_command(
         full_block_sizes=full_sizes,
         decode_batches=tuple(sorted(set(batches))),
     )
+    cuda_graphs = not enforce_eager
     if config.tensor_parallel_size > 1 or shard_only:
-        _calibrate_tp(
-            config,
-            grid,
-            torch_dtype(dtype),
-            seed,
-            output_dir,
-            time_budget_s,
-            shard_only,
-            quiet,
-            cuda_graphs=not enforce_eager,
-        )
-        return
+        _check_tp(config)
+        if not shard_only:
+            _launch_tp(
+                config, grid, torch_dtype(dtype), seed, output_dir, time_budget_s, cuda_graphs
+            )
+            return
     with _bar(quiet) as progress:
         result = run_calibration(
             config,
@@ -131,7 +126,7 @@ def calibrate_command(
             progress=progress,
             time_budget_s=time_budget_s,
             log=typer.echo,
-            cuda_graphs=not enforce_eager,
+            cuda_graphs=cuda_graphs,
         )
     p = result.profile
     typer.echo(
@@ -139,54 +134,31 @@ def calibrate_command(
         f"{len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
         f"{result.elapsed_s:.0f} s"
     )
+    if shard_only:  # one rank's shard: no whole-model profile to fit
+        return
     from pagesim.cost.fit import fit_report
 
     typer.echo("held-out fit error, % (20 % of each table, seed 0; `pagesim fit-report`):")
     typer.echo(fit_report(p).to_markdown())
 
 
-def _calibrate_tp(
-    config,
-    grid,
-    dtype,
-    seed: int,
-    output_dir: Path,
-    time_budget_s: float,
-    shard_only: bool,
-    quiet: bool,
-    cuda_graphs: bool,
-) -> None:
-    """`--tensor-parallel-size N`: N processes (one per GPU), or rank 0's shard alone."""
-    import torch
-
+def _check_tp(config) -> None:
+    """`--tensor-parallel-size N` or `--shard-only`: N >= 2 that the model's heads divide."""
     from pagesim.gpu.tp_model import check_tensor_parallel
 
     tp = config.tensor_parallel_size
     if tp < 2:
         raise ConfigError("--shard-only: give --tensor-parallel-size N with N >= 2")
     check_tensor_parallel(config.model_spec, tp)
-    if shard_only:
-        from pagesim.gpu.profiler import run_calibration
 
-        with _bar(quiet) as progress:
-            result = run_calibration(
-                config,
-                grid,
-                dtype=dtype,
-                seed=seed,
-                calibration_root=output_dir,
-                progress=progress,
-                time_budget_s=time_budget_s,
-                log=typer.echo,
-                cuda_graphs=cuda_graphs,
-            )
-        p = result.profile
-        typer.echo(
-            f"profile: {result.directory} ({len(p.decode)} decode, {len(p.prefill)} "
-            f"prefill, {len(p.mixed)} mixed, {len(p.overhead)} overhead rows) in "
-            f"{result.elapsed_s:.0f} s"
-        )
-        return
+
+def _launch_tp(
+    config, grid, dtype, seed: int, output_dir: Path, time_budget_s: float, cuda_graphs: bool
+) -> None:
+    """`--tensor-parallel-size N` without `--shard-only`: N processes, one per GPU."""
+    import torch
+
+    tp = config.tensor_parallel_size
     if torch.cuda.device_count() < tp:
         raise ConfigError(
             f"--tensor-parallel-size {tp}: needs {tp} GPUs, this machine has "
