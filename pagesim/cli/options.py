@@ -26,15 +26,20 @@ ENGINE = "Engine (vllm serve flags)"
 LOAD = "Load (vllm bench serve flags)"
 
 
-def engine_option(help: str | None = None, *names: str, **extra: Any) -> Any:
-    """An engine option (vllm serve's flag): the help text, its names when not the
+def panel_option(panel: str, help: str | None = None, *names: str, **extra: Any) -> Any:
+    """An option listed under `panel` in `--help`: the help text, its names when not the
     parameter's, and any other `typer.Option` setting."""
-    return typer.Option(*names, help=help, rich_help_panel=ENGINE, **extra)
+    return typer.Option(*names, help=help, rich_help_panel=panel, **extra)
+
+
+def engine_option(help: str | None = None, *names: str, **extra: Any) -> Any:
+    """An engine option (vllm serve's flag), as `panel_option`."""
+    return panel_option(ENGINE, help, *names, **extra)
 
 
 def load_option(help: str | None = None, *names: str) -> Any:
-    """A load option (vllm bench serve's flag), as `engine_option`."""
-    return typer.Option(*names, help=help, rich_help_panel=LOAD)
+    """A load option (vllm bench serve's flag), as `panel_option`."""
+    return panel_option(LOAD, help, *names)
 
 
 # ---- engine ----

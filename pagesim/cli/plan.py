@@ -14,10 +14,9 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
-
-import typer
 
 from pagesim.cli import options as o
 from pagesim.cli.app import app
@@ -67,6 +66,7 @@ T = TypeVar("T")
 MAX_REPLICAS = 4096
 MAX_MIN_DURATION_S = 86_400.0  # probes of a day of arrivals at most
 DEFAULTS = {"workload": "chat", "num_prompts": 500}
+plan_option = partial(o.panel_option, PLAN)
 # `plan`'s --num-prompts: the requests of one probe, per replica
 ProbeNumPrompts = Annotated[int | None, o.load_option("Requests per replica per probe [500]")]
 SHOWN = (
@@ -123,84 +123,62 @@ class _Search:
 def plan_command(
     slo: Annotated[
         list[str] | None,
-        typer.Option(
-            help="Objective, repeatable: p99_ttft_ms<=500, mean_tpot_ms<50, or vllm bench goodput "
-            "items ttft:500 tpot:50",
-            rich_help_panel=PLAN,
+        plan_option(
+            "Objective, repeatable: p99_ttft_ms<=500, mean_tpot_ms<50, or vllm bench goodput "
+            "items ttft:500 tpot:50"
         ),
     ] = None,
     slo_attainment: Annotated[
-        float,
-        typer.Option(help="Share of requests that must meet goodput items", rich_help_panel=PLAN),
+        float, plan_option("Share of requests that must meet goodput items")
     ] = DEFAULT_ATTAINMENT,
     allow_rejected: Annotated[
         bool,
-        typer.Option(
-            help="Plan for the served requests when some are rejected (too long for "
-            "max_model_len); without it, a rate that rejects requests is not sustainable",
-            rich_help_panel=PLAN,
+        plan_option(
+            "Plan for the served requests when some are rejected (too long for "
+            "max_model_len); without it, a rate that rejects requests is not sustainable"
         ),
     ] = False,
     target_rate: Annotated[
-        float | None,
-        typer.Option(
-            help="req/s the service must sustain: adds replicas needed", rich_help_panel=PLAN
-        ),
+        float | None, plan_option("req/s the service must sustain: adds replicas needed")
     ] = None,
-    router: Annotated[
-        str, typer.Option(help=" | ".join(ROUTERS), rich_help_panel=PLAN)
-    ] = "round-robin",
-    max_replicas: Annotated[int, typer.Option(rich_help_panel=PLAN)] = 64,
+    router: Annotated[str, plan_option(" | ".join(ROUTERS))] = "round-robin",
+    max_replicas: Annotated[int, plan_option()] = 64,
     kv_sizing: Annotated[
-        bool,
-        typer.Option(
-            help="Smallest KV memory meeting the SLOs at --target-rate", rich_help_panel=PLAN
-        ),
+        bool, plan_option("Smallest KV memory meeting the SLOs at --target-rate")
     ] = False,
-    rel_tol: Annotated[
-        float, typer.Option(help="Bisection stops within this relative gap", rich_help_panel=PLAN)
-    ] = 0.025,
+    rel_tol: Annotated[float, plan_option("Bisection stops within this relative gap")] = 0.025,
     min_duration: Annotated[
         float,
-        typer.Option(
-            help="Each probe sends requests for at least this many seconds (steady state)",
-            rich_help_panel=PLAN,
-        ),
+        plan_option("Each probe sends requests for at least this many seconds (steady state)"),
     ] = DEFAULT_MIN_DURATION_S,
-    save_result: Annotated[
-        Path | None, typer.Option(help="Write the plan as JSON here", rich_help_panel=PLAN)
-    ] = None,
+    save_result: Annotated[Path | None, plan_option("Write the plan as JSON here")] = None,
     compare_tp: Annotated[
         str | None,
-        typer.Option(
-            help="Comma list of tensor-parallel sizes, e.g. 2,4,8: a plan for each, then the "
-            "fewest GPUs for --target-rate (without it, the most req/s per GPU)",
-            rich_help_panel=PLAN,
+        plan_option(
+            "Comma list of tensor-parallel sizes, e.g. 2,4,8: a plan for each, then the "
+            "fewest GPUs for --target-rate (without it, the most req/s per GPU)"
         ),
     ] = None,
     compare_block_sizes: Annotated[
         str | None,
-        typer.Option(
-            help="Comma list of block sizes, e.g. 8,16,32,64,128: the max rate within the SLOs "
+        plan_option(
+            "Comma list of block sizes, e.g. 8,16,32,64,128: the max rate within the SLOs "
             "for each at the same KV memory, with the kernel's step cost, internal "
-            "fragmentation and prefix hits behind it, then the best block size",
-            rich_help_panel=PLAN,
+            "fragmentation and prefix hits behind it, then the best block size"
         ),
     ] = None,
     analytical: Annotated[
         bool,
-        typer.Option(
-            help="Price every plan with the analytical model, shipped profiles ignored (puts "
-            "--compare-tp sizes on one footing when only some have a profile)",
-            rich_help_panel=PLAN,
+        plan_option(
+            "Price every plan with the analytical model, shipped profiles ignored (puts "
+            "--compare-tp sizes on one footing when only some have a profile)"
         ),
     ] = False,
     band: Annotated[
         bool,
-        typer.Option(
-            help="Also search at the ends of the profile's measured spread of GPU speed and "
-            "print the range of the rate within the SLOs",
-            rich_help_panel=PLAN,
+        plan_option(
+            "Also search at the ends of the profile's measured spread of GPU speed and "
+            "print the range of the rate within the SLOs"
         ),
     ] = True,
     config: o.ConfigFile = None,

@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -33,6 +34,7 @@ from pagesim.planning.sweep import SweepInterrupted, run_sweep
 from pagesim.utils import check_number, check_output_dir, make_output_dir
 
 SWEEP = "Sweep"
+sweep_option = partial(o.panel_option, SWEEP)
 MAX_RUNS = 1_000_000  # simulations of one sweep (points x runs)
 
 
@@ -104,48 +106,23 @@ def sweep_command(
     config: o.ConfigFile = None,
     engine_params: Annotated[
         Path | None,
-        typer.Option(
-            "--engine-params",
-            "--serve-params",
-            help="JSON/YAML list of engine setting dicts",
-            rich_help_panel=SWEEP,
-        ),
+        sweep_option("JSON/YAML list of engine setting dicts", "--engine-params", "--serve-params"),
     ] = None,
     load_params: Annotated[
         Path | None,
-        typer.Option(
-            "--load-params",
-            "--bench-params",
-            help="JSON/YAML list of load setting dicts",
-            rich_help_panel=SWEEP,
-        ),
+        sweep_option("JSON/YAML list of load setting dicts", "--load-params", "--bench-params"),
     ] = None,
-    num_runs: Annotated[
-        int, typer.Option(help="Runs (seeds) per point", rich_help_panel=SWEEP)
-    ] = 1,
-    output_dir: Annotated[Path, typer.Option("--output-dir", "-o", rich_help_panel=SWEEP)] = Path(
-        "results"
-    ),
+    num_runs: Annotated[int, sweep_option("Runs (seeds) per point")] = 1,
+    output_dir: Annotated[Path, sweep_option(None, "--output-dir", "-o")] = Path("results"),
     resume: Annotated[
         str | None,
-        typer.Option(
-            help="Timestamp (under --output-dir) or directory of a sweep to complete",
-            rich_help_panel=SWEEP,
-        ),
+        sweep_option("Timestamp (under --output-dir) or directory of a sweep to complete"),
     ] = None,
-    dry_run: Annotated[
-        bool, typer.Option(help="List the points; run nothing", rich_help_panel=SWEEP)
-    ] = False,
-    backend: Annotated[str, typer.Option(help="local | ray", rich_help_panel=SWEEP)] = "local",
-    address: Annotated[
-        str | None, typer.Option(help="Ray cluster to join (ray backend)", rich_help_panel=SWEEP)
-    ] = None,
-    jobs: Annotated[
-        int | None, typer.Option(help="Parallel runs [all cores]", rich_help_panel=SWEEP)
-    ] = None,
-    save_records: Annotated[
-        bool, typer.Option(help="Per-request and per-step Parquet per run", rich_help_panel=SWEEP)
-    ] = False,
+    dry_run: Annotated[bool, sweep_option("List the points; run nothing")] = False,
+    backend: Annotated[str, sweep_option("local | ray")] = "local",
+    address: Annotated[str | None, sweep_option("Ray cluster to join (ray backend)")] = None,
+    jobs: Annotated[int | None, sweep_option("Parallel runs [all cores]")] = None,
+    save_records: Annotated[bool, sweep_option("Per-request and per-step Parquet per run")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bar")] = False,
     **flags: Any,
 ) -> None:

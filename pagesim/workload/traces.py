@@ -76,14 +76,7 @@ def read_trace(path: str | Path) -> TraceData:
 def _read_csv(p: Path) -> TraceData:
     try:
         df = pd.read_csv(p, compression="infer")
-    except (
-        pd.errors.ParserError,
-        pd.errors.EmptyDataError,
-        UnicodeDecodeError,
-        OSError,
-        EOFError,
-        ValueError,
-    ) as e:
+    except (OSError, EOFError, ValueError) as e:  # pandas' parse errors, bad UTF-8: ValueErrors
         raise WorkloadError(f"trace {str(p)!r}: cannot parse CSV: {_one_line(e)}") from None
     cols = set(df.columns)
     tcol: str | None
