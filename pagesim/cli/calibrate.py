@@ -7,7 +7,7 @@ exits 2 with one line, and `import pagesim.cli` never needs torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,7 +21,12 @@ from pagesim.utils import check_number, check_output_dir, make_output_dir, parse
 DEFAULT_DECODE_BATCHES = (1, 4, 8, 16, 24, 32, 48, 64, 128, 192, 256, 384, 512)
 
 
+# The engine options a calibration sizes its KV cache and batches with (after --dtype).
+ENGINE_FLAGS = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+
+
 @app.command("calibrate")
+@o.with_options(o.pick(o.engine_options, *ENGINE_FLAGS), after="dtype")
 def calibrate_command(
     model: o.Model = None,
     block_sizes: Annotated[
@@ -42,10 +47,6 @@ def calibrate_command(
         ),
     ] = ",".join(map(str, DEFAULT_DECODE_BATCHES)),
     dtype: Annotated[str, typer.Option(help="bfloat16 | float16")] = "bfloat16",
-    gpu_memory_utilization: o.GpuMemUtil = None,
-    max_num_seqs: o.MaxNumSeqs = None,
-    max_num_batched_tokens: o.MaxBatchedTokens = None,
-    max_model_len: o.MaxModelLen = None,
     seed: Annotated[int, typer.Option(help="Seed of the random weights.")] = 0,
     output_dir: Annotated[
         Path, typer.Option(help="Calibration root; the profile goes to <root>/<gpu>/<model>/.")
@@ -69,6 +70,7 @@ def calibrate_command(
             "one GPU (no communication; the cost model adds the all-reduces).",
         ),
     ] = False,
+    **flags: Any,
 ) -> None:
     """Sweep decode, prefill and mixed step shapes per block size on this GPU (random weights),
     measure KV capacity and host overhead, and write a versioned profile. With
@@ -90,14 +92,7 @@ def calibrate_command(
             f"--output-dir {output_dir}: is inside the shipped profiles ({shipped}); write "
             "elsewhere and pass the profile with --profile"
         )
-    config = gpu_engine_config(
-        model,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        max_model_len=max_model_len,
-        tensor_parallel_size=tensor_parallel_size,
-    )
+    config = gpu_engine_config(model, tensor_parallel_size=tensor_parallel_size, **flags)
     make_output_dir(output_dir, "--output-dir")  # not after minutes of measuring
     require_cuda()
     from pagesim.gpu.calibrate import CalibrationGrid

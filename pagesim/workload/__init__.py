@@ -23,15 +23,11 @@ from pagesim.errors import WorkloadError, unknown_name
 from pagesim.workload.build import Workload
 from pagesim.workload.lengths import RandomLengths
 from pagesim.workload.plan import RequestPlan
-from pagesim.workload.sessions import Session
-from pagesim.workload.spec import ArrivalSpec, WorkloadSpec, parse_spec, trace_spec
-from pagesim.workload.traces import TraceData, is_trace_path, read_trace
+from pagesim.workload.spec import WorkloadSpec, parse_spec, trace_spec
+from pagesim.workload.traces import is_trace_path, read_trace
 
 __all__ = [
-    "ArrivalSpec",
     "RequestPlan",
-    "Session",
-    "TraceData",
     "Workload",
     "WorkloadSpec",
     "WORKLOAD_PARAMS",
