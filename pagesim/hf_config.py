@@ -260,10 +260,9 @@ def _layer_pattern(cfg: _Config, arch: str, num_layers: int) -> tuple[tuple[str,
 def _moe_shape(cfg: _Config, arch: str, family: str) -> dict[str, int]:
     none = {"experts": 0, "top_k": 0, "inter": 0, "shared": 0, "dense_layers": 0}
     if arch in ("MixtralForCausalLM", "GptOssForCausalLM"):
-        experts = cfg.int("num_local_experts")
         return {
             **none,
-            "experts": experts,
+            "experts": cfg.int("num_local_experts"),
             "top_k": cfg.int("num_experts_per_tok"),
             "inter": cfg.int("intermediate_size"),
         }

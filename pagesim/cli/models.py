@@ -83,8 +83,7 @@ def models_command(
         )
     print(
         "(KV/token: K and V (MLA: latent + rope) of one token over all layers at 16 bits, on "
-        "one GPU; profiles: "
-        "GPUs with a shipped calibration profile)"
+        "one GPU; profiles: GPUs with a shipped calibration profile)"
     )
     print()
     print(GPU_HEADER)

@@ -137,10 +137,8 @@ def compare_logs(
 ) -> ParityReport:
     """Walk both logs step by step; stop at the first difference."""
     bmap = _BlockMap(block_ids)
-    ref_side, cand_side = (
-        _Side(queue=list(reference.initial_free_queue)),
-        _Side(queue=list(candidate.initial_free_queue)),
-    )
+    ref_side = _Side(queue=list(reference.initial_free_queue))
+    cand_side = _Side(queue=list(candidate.initial_free_queue))
     report = dict(
         reference=reference.recorded_with,
         candidate=candidate.recorded_with,
@@ -149,16 +147,9 @@ def compare_logs(
         block_ids=block_ids,
         summary=reference.summary(),
     )
-    if not bmap.same(reference.initial_free_queue, candidate.initial_free_queue):
-        div = Divergence(
-            0,
-            0,
-            "initial free queue",
-            None,
-            reference.initial_free_queue[:QUEUE_SHOWN],
-            candidate.initial_free_queue[:QUEUE_SHOWN],
-            "",
-        )
+    if not bmap.same(ref_side.queue, cand_side.queue):
+        shown = ref_side.queue[:QUEUE_SHOWN], cand_side.queue[:QUEUE_SHOWN]
+        div = Divergence(0, 0, "initial free queue", None, *shown, "")
         return ParityReport(steps_compared=0, divergence=div, **report)
     ref_q, cand_q = decode_free_queues(reference), decode_free_queues(candidate)
     for i in range(max(len(reference.steps), len(candidate.steps))):
