@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pagesim.errors import ConfigError
 from pagesim.sim.arrivals import check_span, session_arrival_times
 from pagesim.utils import MAX_COUNT, MAX_TOKENS, check_number
-from pagesim.workload import load_workload
+from pagesim.workload import WORKLOAD_PARAMS, load_workload
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,6 @@ class LoadSpec:
         if self.request_rate is not None:
             n = self.num_prompts
             check_span("request_rate", self.request_rate, n, f"num_prompts={n}", ConfigError)
-        if not self.burstiness > 0:
-            raise ConfigError(f"burstiness={self.burstiness}: must be > 0")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ConfigError(f"max_concurrency={self.max_concurrency}: must be >= 1")
         for p in self.percentiles:
@@ -67,13 +65,7 @@ class LoadSpec:
 
 def sample_traffic(load: LoadSpec, vocab_size: int):
     """The workload's request plan for `load` and each session's arrival time (seconds)."""
-    workload = load_workload(
-        load.workload,
-        random_input_len=load.random_input_len,
-        random_output_len=load.random_output_len,
-        random_range_ratio=load.random_range_ratio,
-        random_prefix_len=load.random_prefix_len,
-        time_scale=load.time_scale,
-    )
+    params = {name: getattr(load, name) for name in WORKLOAD_PARAMS}
+    workload = load_workload(load.workload, **params)
     plan = workload.sample(load.num_prompts, seed=load.seed, vocab_size=vocab_size)
     return plan, session_arrival_times(plan, load.request_rate, load.burstiness, load.seed)
