@@ -99,9 +99,7 @@ def calibrate_command(
     from pagesim.gpu.profiler import run_calibration
 
     grid = CalibrationGrid(
-        block_sizes=sizes,
-        full_block_sizes=full_sizes,
-        decode_batches=tuple(sorted(set(batches))),
+        block_sizes=sizes, full_block_sizes=full_sizes, decode_batches=tuple(sorted(set(batches)))
     )
     cuda_graphs = not enforce_eager
     if config.tensor_parallel_size > 1 or shard_only:

@@ -555,14 +555,9 @@ def _kv(engine, plan, prof, cost):
         )
         print("Check it: " + _run_command(engine, plan, k))
         print("\n".join(_metrics_lines(k.result)))
-    return {
-        "target_rate": target_rate,
-        "num_gpu_blocks": k.num_gpu_blocks,
-        "kv_cache_memory_bytes": k.kv_cache_memory_bytes,
-        "gpu_memory_utilization": k.gpu_memory_utilization,
-        "max_num_gpu_blocks": k.max_num_gpu_blocks,
-        "result": _slim(k.result),
-    }
+    # every field of the sizing in its order, the probes left out (printed above)
+    doc = {f.name: getattr(k, f.name) for f in dataclasses.fields(k) if f.name != "probes"}
+    return {**doc, "result": _slim(k.result)}
 
 
 def _run_command(engine, plan, k) -> str:

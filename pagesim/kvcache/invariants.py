@@ -114,8 +114,7 @@ def _check_hash_map(pool: BlockPool) -> None:
         require(len(blocks) > 0, "empty duplicate set in the hash map")
         for block in blocks:
             require(
-                block.block_hash == block_hash,
-                f"block {block.block_id}: mapped under another hash",
+                block.block_hash == block_hash, f"block {block.block_id}: mapped under another hash"
             )
             require(block.block_id not in mapped, f"block {block.block_id}: mapped twice")
             mapped.add(block.block_id)

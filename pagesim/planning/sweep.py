@@ -281,11 +281,7 @@ class _Progress:
     """A rich bar over runs, titled with points done; silent when disabled."""
 
     def __init__(
-        self,
-        num_points: int,
-        tasks: list[RunTask],
-        todo: list[RunTask],
-        enabled: bool,
+        self, num_points: int, tasks: list[RunTask], todo: list[RunTask], enabled: bool
     ) -> None:
         self.enabled, self.num_points = enabled, num_points
         self.left = Counter(t.point.name for t in todo)

@@ -81,10 +81,7 @@ def waste_timeline_from_steps(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare_allocators(
-    config: EngineConfig,
-    load: LoadSpec,
-    *,
-    profile: str | Path | None = None,
+    config: EngineConfig, load: LoadSpec, *, profile: str | Path | None = None
 ) -> AllocatorComparison:
     """Run `load` under every policy with `config`'s KV memory; compare waste and speed."""
     rows, timelines = {}, {}

@@ -26,12 +26,7 @@ from pagesim.errors import InternalError, WorkloadError
 from pagesim.kvcache import sizing
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.admission import kv_fit_check, reject_reason
-from pagesim.scheduler.output import (
-    BlockIds,
-    ModelRunnerOutput,
-    ScheduledRequest,
-    SchedulerOutput,
-)
+from pagesim.scheduler.output import BlockIds, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from pagesim.scheduler.preemption import CPUSwapPool, Preemptor, SchedulerStats, select_victim_index
 from pagesim.scheduler.request_queue import create_request_queue
 

@@ -24,12 +24,7 @@ from pagesim.workload.lengths import Dist, RandomLengths
 from pagesim.workload.plan import RequestColumns, RequestPlan
 from pagesim.workload.sessions import assign_sessions
 from pagesim.workload.spec import PrefixSpec, TenantSpec, WorkloadSpec
-from pagesim.workload.tokens import (
-    MOONCAKE_BLOCK_TOKENS,
-    content_key,
-    max_roots,
-    token_table,
-)
+from pagesim.workload.tokens import MOONCAKE_BLOCK_TOKENS, content_key, max_roots, token_table
 from pagesim.workload.traces import TraceData
 
 # Stream numbers appended to the seed entropy (never reuse or renumber: plans would change).
