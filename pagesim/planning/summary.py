@@ -19,17 +19,9 @@ import pandas as pd
 
 from pagesim.errors import ConfigError
 from pagesim.sim.build import profile_path
+from pagesim.sim.simulate import METADATA_LOAD_KEYS
 from pagesim.workload import WORKLOAD_PARAMS
 
-# The load settings a run's metadata carries (as vllm bench's result JSON does).
-_METADATA_LOAD = (
-    "workload",
-    "num_prompts",
-    "request_rate",
-    "burstiness",
-    "max_concurrency",
-    "seed",
-)
 # Run metadata written before the metrics; its settings already have columns of their own.
 METADATA_KEYS = frozenset(
     {
@@ -37,7 +29,7 @@ METADATA_KEYS = frozenset(
         "backend",
         "model_id",
         "gpu",
-        *_METADATA_LOAD,
+        *METADATA_LOAD_KEYS,
         "cost_model",
         "profile",
         "sweep_point",
@@ -46,7 +38,7 @@ METADATA_KEYS = frozenset(
         "engine_config",
     }
 )
-LOAD_COLUMNS = (*_METADATA_LOAD, *WORKLOAD_PARAMS)
+LOAD_COLUMNS = (*METADATA_LOAD_KEYS, *WORKLOAD_PARAMS)
 
 
 def settings_row(task: Any) -> dict[str, Any]:

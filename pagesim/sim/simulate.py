@@ -258,17 +258,21 @@ def _pagesim_keys(
     return keys
 
 
+#: The load settings a run's metadata carries (as vllm bench's result JSON does).
+METADATA_LOAD_KEYS = (
+    "workload",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+    "max_concurrency",
+    "seed",
+)
+
+
 def result_metadata(config: EngineConfig, load: LoadSpec) -> dict[str, Any]:
     """Run metadata keys that `vllm bench serve` writes before the metrics."""
-    rate = load.request_rate
-    return {
-        "backend": "pagesim",
-        "model_id": config.model,
-        "gpu": config.gpu,
-        "workload": load.workload,
-        "num_prompts": load.num_prompts,
-        "request_rate": "inf" if rate is not None and math.isinf(rate) else rate,
-        "burstiness": load.burstiness,
-        "max_concurrency": load.max_concurrency,
-        "seed": load.seed,
-    }
+    doc: dict[str, Any] = {"backend": "pagesim", "model_id": config.model, "gpu": config.gpu}
+    doc |= {key: getattr(load, key) for key in METADATA_LOAD_KEYS}
+    if load.request_rate is not None and math.isinf(load.request_rate):
+        doc["request_rate"] = "inf"
+    return doc
