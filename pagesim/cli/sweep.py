@@ -206,9 +206,7 @@ def _rejections(summary) -> list[str]:
         reasons = row.get("rejected_reasons")
         line = rejection_line(
             {
-                "num_rejected": row["num_rejected"],
-                "completed": row["completed"],
-                "failed": row["failed"],
+                **row,  # num_rejected, completed, failed
                 "rejected_reasons": json.loads(reasons) if isinstance(reasons, str) else {},
                 "engine_config": {"max_model_len": row.get("max_model_len")},
             }

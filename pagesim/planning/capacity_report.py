@@ -56,22 +56,13 @@ def capacity_table(cap: CapacityResult, num_prompts: int) -> list[str]:
         lines.append(row.format("Rate found within SLOs (offered):", found))
         got = (cap.result or {}).get("request_throughput")
         if got is not None:
-            lines.append(
-                row.format(
-                    "Throughput achieved at it:",
-                    f"{got:.3f} req/s (completed / duration, drain after the last arrival "
-                    "included)",
-                )
-            )
+            how = "completed / duration, drain after the last arrival included"
+            lines.append(row.format("Throughput achieved at it:", f"{got:.3f} req/s ({how})"))
         lines.append(row.format("Binding SLO:", binding_slo(cap) or "none failed"))
         rejected = rejection_line(cap.result or {})
         if rejected:
             lines.append(row.format("Rejected at it (allowed):", rejected))
-    lines.append(
-        row.format(
-            "Saturated capacity:",
-            f"{cap.saturated_throughput:.3f} req/s ({num_prompts} requests all sent at t=0)",
-        )
-    )
+    saturated = f"{cap.saturated_throughput:.3f} req/s ({num_prompts} requests all sent at t=0)"
+    lines.append(row.format("Saturated capacity:", saturated))
     lines.append("=" * 60)
     return lines

@@ -124,18 +124,10 @@ def plot_vs_host_link(df: pd.DataFrame, rate: float, title: str) -> Figure:
         for k, (bs, g) in enumerate(d.groupby("block_size", sort=True)):
             swap = g[g["preemption_mode"] == "swap"].sort_values("host_link_gbps")
             rec = g[g["preemption_mode"] == "recompute"][col]
-            ax.plot(
-                swap["host_link_gbps"],
-                swap[col],
-                "-o",
-                ms=4,
-                color=f"C{k}",
-                label=f"swap, block {bs}",
-            )
+            color, gbps = f"C{k}", swap["host_link_gbps"]
+            ax.plot(gbps, swap[col], "-o", ms=4, color=color, label=f"swap, block {bs}")
             if len(rec):
-                ax.axhline(
-                    float(rec.iloc[0]), ls="--", color=f"C{k}", label=f"recompute, block {bs}"
-                )
+                ax.axhline(float(rec.iloc[0]), ls="--", color=color, label=f"recompute, block {bs}")
         log2_x(ax)
         _finish(ax, "Host link bandwidth (GB/s, one way)", label)
     fig.suptitle(wrap_title(title))

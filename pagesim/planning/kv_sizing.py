@@ -104,10 +104,8 @@ def utilization_for_blocks(config: EngineConfig, num_gpu_blocks: int) -> float |
     util = math.ceil(1000.0 * need / gpu.memory_bytes) / 1000.0
     while util <= 1.0:
         try:
-            if (
-                kv_capacity(config.replace(gpu_memory_utilization=util)).num_gpu_blocks
-                >= num_gpu_blocks
-            ):
+            blocks = kv_capacity(config.replace(gpu_memory_utilization=util)).num_gpu_blocks
+            if blocks >= num_gpu_blocks:
                 return util
         except ConfigError:  # too little memory for the weights or one request
             pass
