@@ -344,3 +344,31 @@ def test_an_output_folder_that_cannot_be_made_is_one_line_before_simulating(caps
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "--output-dir /proc/nope" in err, err
+
+
+def test_a_run_on_a_gpu_without_a_profile_is_priced_as_run_prices_it(tmp_path, capsys) -> None:
+    """A run served on a GPU with no shipped profile is priced by transfer of the source
+    GPU's profile, as `pagesim run --gpu` prices it (not by the analytical model), and the
+    report says so."""
+    from pagesim.sim.build import transfer_profile, transferred_cost_model
+    from pagesim.sim.simulate import simulate
+    from pagesim.validate.store import load_spec, real_run_config
+
+    doc = read_json_file(REAL / f"{RUN}.json.xz")
+    doc["engine_config"]["gpu"] = "h100-sxm"
+    run = tmp_path / f"{RUN}.json"
+    write_json_file(run, doc)
+    argv = ["validate", "--real", str(run), "--output-dir", str(tmp_path / "out"), "--name", "v"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Cost model: transfer of the shipped profile calibration/h200/llama-2-7b")
+    entry = json.loads((tmp_path / "out" / "v.json").read_text())["runs"][0]
+    config = real_run_config(doc)
+    source = transfer_profile(config)
+    assert source is not None and entry["profile"] == str(source)
+    model = transferred_cost_model(config, source)
+    want = simulate(config, load_spec(doc["load"]), cost_model=model).result
+    assert entry["predicted"]["mean_tpot_ms"] == pytest.approx(want["mean_tpot_ms"], rel=1e-6)
+    assert (tmp_path / "out" / "v.md").read_text().startswith(out.split("\n")[0])
+    assert main(argv + ["--profile", str(PROFILE)]) == 2  # a profile of another GPU
+    assert "the profile was measured on 'h200'" in capsys.readouterr().err

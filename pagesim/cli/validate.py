@@ -62,8 +62,9 @@ def validate_command(
     ] = 1,
     **flags: Any,
 ) -> None:
-    """Run (or read) a real GPU run, simulate the same requests with the calibrated profile,
-    and report per metric the real value, the prediction and the error in %."""
+    """Run (or read) a real GPU run, simulate the same requests priced as `pagesim run` prices
+    them (the profile of that GPU, else by transfer of the H200's), and report per metric the
+    real value, the prediction and the error in %."""
     from pagesim.validate.compare import TruncatedRunError, validate_real_run
     from pagesim.validate.report import write_report
 

@@ -15,6 +15,7 @@ from pagesim.config import EngineConfig
 from pagesim.cost.base import CostModel
 from pagesim.errors import ConfigError
 from pagesim.metrics.report import HEADLINE_METRICS
+from pagesim.sim.build import cost_model_line, pricing_profile, scaled_cost_model
 from pagesim.sim.simulate import SimulationResult, simulate
 from pagesim.validate.store import jsonable, load_spec, read_real_run, real_run_config
 
@@ -131,10 +132,15 @@ def validate_real_run(
             f"({doc['result'].get('completed')} of {doc['load']['num_prompts']} requests "
             "finished): not compared"
         )
+    # priced as `pagesim run` prices the run's config: by `profile`, else by transfer of the
+    # source GPU's shipped profile where one exists, else by the analytical model
+    config = real_run_config(doc)
+    priced_by = pricing_profile(config, profile, transfer=True)
     key = traffic_key(doc, profile)
     predicted = None if predictions is None else predictions.get(key)
     if predicted is None:
-        predicted = simulate_like(doc, profile).result
+        cost = scaled_cost_model(config, profile, 1.0, transfer=True)
+        predicted = simulate_like(doc, profile, cost).result
         if predictions is not None:
             predictions[key] = predicted
     cfg = doc["engine_config"]
@@ -144,14 +150,15 @@ def validate_real_run(
         "block_size": cfg["block_size"],
         "load": doc["load"],
         "num_gpu_blocks": doc["result"]["num_gpu_blocks"],
-        "profile": str(profile) if profile is not None else None,
+        "profile": str(priced_by) if priced_by is not None else None,
+        "cost_model": cost_model_line(config, profile),
         "traffic": key,
         "rows": compare(doc["result"], predicted),
         "real": jsonable(doc["result"]),
         "predicted": jsonable(predicted),
         "device": doc.get("device", {}),
     }
-    note = runner_mismatch(doc["result"].get("gpu_runner"), profile)
+    note = runner_mismatch(doc["result"].get("gpu_runner"), priced_by)
     if note:
         entry["runner_note"] = note
     return entry

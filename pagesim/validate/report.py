@@ -91,10 +91,12 @@ def repeats_markdown(groups: list[dict[str, Any]]) -> str:
 
 
 def report_tables(entries: list[dict[str, Any]], groups: list[dict[str, Any]] | None = None) -> str:
-    """The report's text: the table of runs, then the repeats' table when there are repeats
-    (`groups`: `repeat_groups(entries)`, made here when not given)."""
+    """The report's text: what priced the runs (each cost model once), the table of runs,
+    then the repeats' table when there are repeats (`groups`: `repeat_groups(entries)`, made
+    here when not given)."""
     groups = repeat_groups(entries) if groups is None else groups
-    text = report_markdown(entries) + "\n"
+    priced = dict.fromkeys(e["cost_model"] for e in entries if "cost_model" in e)
+    text = "".join(f"{line}\n\n" for line in priced) + report_markdown(entries) + "\n"
     if groups:
         text += f"\n{REPEATS_HEADING}\n\n{repeats_markdown(groups)}\n"
         text += f"\n{REPEATS_MET_HEADING}\n\n{repeats_met_markdown(groups)}\n"
