@@ -87,7 +87,10 @@ VllmCompat = Annotated[
 ]
 ProfileOpt = Annotated[
     Path | None,
-    engine_option("Calibration profile directory [the shipped H200 profile when it matches]"),
+    engine_option(
+        "Calibration profile directory [the shipped profile of the model and GPU; for a GPU "
+        "with none, the H200's carried over by transfer; else the analytical model]"
+    ),
 ]
 StepTimeScale = Annotated[
     float,
