@@ -32,7 +32,10 @@ class WorkloadError(PagesimError, ValueError):
 
 
 class AllocationError(PagesimError, RuntimeError):
-    """A request for more KV blocks than the cache can ever hold."""
+    """A request the cache as configured can never serve: more KV blocks than it can ever
+    hold, or sharing its allocator cannot do. A call that breaks the allocator's contract
+    (arguments that disagree, more blocks than the caller checked were free) is an
+    `InternalError`: pagesim's own scheduler makes those calls."""
 
 
 class GPUUnavailableError(PagesimError, RuntimeError):

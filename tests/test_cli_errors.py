@@ -197,6 +197,7 @@ def test_an_internal_error_is_reported_as_a_bug_with_exit_1(monkeypatch, capsys)
     def broken(**_: object) -> None:
         raise InternalError("block 7 leaked")
 
+    app_module._register()  # the command modules register on the real app, not on `broken`
     monkeypatch.setattr(app_module, "app", broken)
     assert app_module.main(["run"]) == 1
     err = capsys.readouterr().err

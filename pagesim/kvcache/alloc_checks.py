@@ -1,11 +1,12 @@
-"""Argument checks of `KVCacheManager.allocate_slots`: one-line `AllocationError`s naming the
-field and value, raised before anything changes."""
+"""Checks of `KVCacheManager.allocate_slots`, raised before anything changes: its contract
+with the scheduler (an `InternalError`, a bug) and whether a request can ever fit (an
+`AllocationError`). Each names the field and value in one line."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagesim.errors import AllocationError
+from pagesim.errors import AllocationError, InternalError
 from pagesim.kvcache.block import KVCacheBlock
 
 
@@ -19,18 +20,18 @@ def check_allocation_arguments(
     block_size: int,
 ) -> None:
     if num_new_tokens < 1:
-        raise AllocationError(
+        raise InternalError(
             f"num_new_tokens={num_new_tokens}: must be >= 1 (request {request_id!r})"
         )
     if num_lookahead_tokens < 0:
-        raise AllocationError(f"num_lookahead_tokens={num_lookahead_tokens}: must be >= 0")
+        raise InternalError(f"num_lookahead_tokens={num_lookahead_tokens}: must be >= 0")
     if num_new_computed_tokens != len(hit) * block_size:
-        raise AllocationError(
+        raise InternalError(
             f"num_new_computed_tokens={num_new_computed_tokens}: the hit holds {len(hit)} "
             f"blocks of {block_size} tokens (request {request_id!r})"
         )
     if hit and is_running:
-        raise AllocationError(
+        raise InternalError(
             f"new_computed_blocks: request {request_id!r} is running; only a "
             "new request takes a prefix hit"
         )

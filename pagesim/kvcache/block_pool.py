@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from pagesim.errors import AllocationError, ConfigError, InternalError
+from pagesim.errors import ConfigError, InternalError
 from pagesim.kvcache.block import FreeKVCacheBlockQueue, KVCacheBlock
 from pagesim.kvcache.deferred_hashes import DeferredHashes
 
@@ -114,11 +114,11 @@ class BlockPool:
         """Pop `num_blocks` blocks from the head of the free queue, with ref_cnt 1.
 
         A popped block that still holds a cached hash is evicted from the cache here (lazy
-        eviction). Raises `AllocationError` if fewer blocks are free; callers check first.
+        eviction). Raises `InternalError` if fewer blocks are free: callers check first.
         """
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
-            raise AllocationError(
+            raise InternalError(
                 f"num_blocks={num_blocks}: only {queue.num_free_blocks} blocks are free"
             )
         if num_blocks <= 0:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pagesim.errors import AllocationError, ConfigError
+from pagesim.errors import AllocationError, ConfigError, InternalError
 from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.buddy import PLACEMENTS, Region, ceil_pow2
 from pagesim.kvcache.invariants import require
@@ -159,17 +159,15 @@ class ContiguousKVCacheManager(SlotAllocator[KVCacheBlocks], PrefixStatsCounters
 
         Returns the blocks newly added to the row, or None when no free run holds the region
         (nothing changed). `full_sequence_must_fit` changes nothing: the region always
-        covers the whole sequence. Raises `AllocationError` for
-        `num_new_tokens < 1`, for a prefix hit (there is no cache), for a region that could
-        never be placed, and for a running request outgrowing its region.
+        covers the whole sequence. Raises `AllocationError` for a region that could never be
+        placed, and `InternalError` for what breaks the contract: `num_new_tokens < 1`, a
+        prefix hit (there is no cache), a running request outgrowing its region.
         """
         rid = request.request_id
         if num_new_tokens < 1:
-            raise AllocationError(
-                f"num_new_tokens={num_new_tokens}: must be >= 1 (request {rid!r})"
-            )
+            raise InternalError(f"num_new_tokens={num_new_tokens}: must be >= 1 (request {rid!r})")
         if extras.num_new_computed_tokens or extras.new_computed_blocks:
-            raise AllocationError(
+            raise InternalError(
                 f"num_new_computed_tokens={extras.num_new_computed_tokens}: "
                 "contiguous allocation has no prefix cache"
             )
@@ -183,7 +181,7 @@ class ContiguousKVCacheManager(SlotAllocator[KVCacheBlocks], PrefixStatsCounters
             if res is None:
                 return None
         elif need > res.region.size * self.block_size:
-            raise AllocationError(
+            raise InternalError(
                 f"num_new_tokens={num_new_tokens}: request {rid!r} needs {need} slots, its "
                 f"{self.policy} region holds {res.region.size * self.block_size}"
             )

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from pagesim.errors import AllocationError, ConfigError, InternalError
+from pagesim.errors import ConfigError, InternalError
 from pagesim.kvcache.alloc_checks import check_allocation_arguments, check_ever_fits
 from pagesim.kvcache.block import KVCacheBlock
 from pagesim.kvcache.copy_on_write import replace_shared_blocks, shared_write_indices
@@ -397,9 +397,9 @@ class KVCacheManager(SlotAllocator[KVCacheBlocks], BlockPoolViews):
         """
         prow = self.req_to_blocks.get(parent.request_id)
         if prow is None:
-            raise AllocationError(f"parent={parent.request_id!r}: has no blocks to fork")
+            raise InternalError(f"parent={parent.request_id!r}: has no blocks to fork")
         if child.request_id in self.req_to_blocks:
-            raise AllocationError(f"child={child.request_id!r}: already holds blocks")
+            raise InternalError(f"child={child.request_id!r}: already holds blocks")
         self.block_pool.touch(prow)
         if not child.block_hashes:  # equal tokens: reuse the parent's hashes, never rehash
             child.block_hashes.extend(

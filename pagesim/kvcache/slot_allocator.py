@@ -50,8 +50,9 @@ class SlotAllocator(Generic[BlocksT]):
 
         Returns the newly allocated blocks, or None when the free blocks do not suffice; then
         nothing has changed (the exceptions each manager's `_allocate_slots` names). Raises
-        `AllocationError` for a zero or negative `num_new_tokens` and for a request that could
-        never fit in the whole cache.
+        `AllocationError` for a request that could never fit in the whole cache, and
+        `InternalError` for a call that breaks the contract (a zero or negative
+        `num_new_tokens`, hit arguments that disagree).
         """
         extras: SlotExtras[BlocksT] = NO_EXTRAS
         if (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagesim.errors import AllocationError, ConfigError
+from pagesim.errors import ConfigError, InternalError
 from pagesim.kvcache.block_pool import AllBlocksCleared, BlockPool, BlockRemoved, BlockStored
 from pagesim.kvcache.invariants import InvariantViolation, check_block_pool
 
@@ -48,7 +48,7 @@ def test_get_new_blocks_pops_from_the_head_and_fails_cleanly():
     assert ids(got) == [1, 2] and [b.ref_cnt for b in got] == [1, 1]
     assert queue_ids(pool) == [3, 4, 5]
     assert pool.get_usage() == pytest.approx(2 / 5)
-    with pytest.raises(AllocationError, match="num_blocks=4: only 3"):
+    with pytest.raises(InternalError, match="num_blocks=4: only 3"):
         pool.get_new_blocks(4)
     assert queue_ids(pool) == [3, 4, 5]
     assert pool.get_new_blocks(0) == []

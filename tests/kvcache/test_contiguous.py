@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagesim.errors import AllocationError, ConfigError
+from pagesim.errors import AllocationError, ConfigError, InternalError
 from pagesim.kvcache.buddy import Region
 from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.invariants import InvariantViolation
@@ -83,7 +83,7 @@ def test_later_calls_only_extend_the_row():
     assert m.get_block_ids("a") == [1, 2]
     assert m.num_free_blocks == 60  # the region was taken once, at the first call
     r.num_computed_tokens = 58
-    with pytest.raises(AllocationError, match="needs 66 slots"):
+    with pytest.raises(InternalError, match="needs 66 slots"):
         m.allocate_slots(r, 8)  # beyond the oracle region of 64 slots
 
 
@@ -144,7 +144,7 @@ def test_no_prefix_cache_and_stats():
     assert m.make_prefix_cache_stats().requests == 1
     assert m.make_prefix_cache_stats().requests == 0
     assert m.take_blocks_to_copy() == [] and m.take_events() == []
-    with pytest.raises(AllocationError, match="no prefix cache"):
+    with pytest.raises(InternalError, match="no prefix cache"):
         m.allocate_slots(_req("b", 40, 5), 8, num_new_computed_tokens=32)
     with pytest.raises(AllocationError, match="cannot share"):
         m.fork(r, _req("c", 40, 5))
@@ -175,7 +175,7 @@ def test_errors():
     with pytest.raises(AllocationError, match="can never be placed"):
         m.allocate_slots(_req("a", 10, 10), 10)
     assert _mgr("oracle", num_gpu_blocks=20).can_fit_request(_req("a", 10, 10))
-    with pytest.raises(AllocationError, match="num_new_tokens=0"):
+    with pytest.raises(InternalError, match="num_new_tokens=0"):
         m.allocate_slots(_req("a", 10, 10), 0)
 
 

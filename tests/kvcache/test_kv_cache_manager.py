@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from kv_helpers import admit, decode, free_queue, make_manager, make_request, snapshot
 
-from pagesim.errors import AllocationError, ConfigError
+from pagesim.errors import AllocationError, ConfigError, InternalError
 from pagesim.kvcache.kv_cache_manager import KVCacheBlocks, KVCacheManager
 
 
@@ -65,7 +65,7 @@ def test_failed_allocation_changes_nothing():
 @pytest.mark.parametrize("n", [-1, 0])
 def test_non_positive_num_new_tokens(n):
     mgr = make_manager(8, block_size=4)
-    with pytest.raises(AllocationError, match=f"num_new_tokens={n}: must be >= 1"):
+    with pytest.raises(InternalError, match=f"num_new_tokens={n}: must be >= 1"):
         mgr.allocate_slots(make_request("r", [1, 2, 3]), n)
 
 
@@ -91,9 +91,9 @@ def test_hit_arguments_must_agree():
     admit(mgr, a)
     b = make_request("b", list(range(9)))
     hit, n = mgr.get_computed_blocks(b)
-    with pytest.raises(AllocationError, match="num_new_computed_tokens=4"):
+    with pytest.raises(InternalError, match="num_new_computed_tokens=4"):
         mgr.allocate_slots(b, 5, num_new_computed_tokens=4, new_computed_blocks=hit)
-    with pytest.raises(AllocationError, match="is running"):
+    with pytest.raises(InternalError, match="is running"):
         mgr.allocate_slots(a, 1, num_new_computed_tokens=n, new_computed_blocks=hit)
 
 
@@ -193,11 +193,11 @@ def test_failed_copy_on_write_changes_nothing():
 def test_fork_errors():
     mgr = make_manager(10, block_size=4)
     a, b = make_request("a", [1, 2]), make_request("b", [1, 2])
-    with pytest.raises(AllocationError, match="parent='a'"):
+    with pytest.raises(InternalError, match="parent='a'"):
         mgr.fork(a, b)
     admit(mgr, a)
     admit(mgr, b)
-    with pytest.raises(AllocationError, match="child='b'"):
+    with pytest.raises(InternalError, match="child='b'"):
         mgr.fork(a, b)
 
 
