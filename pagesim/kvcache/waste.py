@@ -49,10 +49,6 @@ class KVProbe(Protocol):
 
     def __call__(self) -> ProbeValues: ...
 
-    def with_bulk_sums(
-        self, num_bulk: int, computed_sum: int, min_span_sum: int, over_final_sum: int
-    ) -> ProbeValues: ...  # the simulator's bulk decodes' sums: `WasteProbe.with_bulk_sums`
-
 
 class UsageProbe:
     """The `KVProbe` of a run that measures usage only (the GPU replay): the waste split is
@@ -64,9 +60,6 @@ class UsageProbe:
     def __call__(self) -> ProbeValues:
         nan = float("nan")
         return float(self.manager.usage), nan, nan, nan, nan
-
-    def with_bulk_sums(self, *sums: int) -> ProbeValues:
-        return self()  # usage never depends on how the running requests are summarised
 
 
 class KVWaste(NamedTuple):

@@ -20,11 +20,11 @@ from collections.abc import Callable
 import simpy
 
 from pagesim.errors import InternalError
-from pagesim.kvcache.waste import KVProbe
 from pagesim.metrics.collector import MetricsCollector, StepMetricsRow
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner, ModelRunnerOutput, SchedulerOutput
 from pagesim.sim.bulk_decodes import BulkDecodes
+from pagesim.sim.probe import WasteProbe
 
 FinishCallback = Callable[[Request], None]
 
@@ -47,7 +47,7 @@ class ServingEngine:
         scheduler,  # pagesim.scheduler.Scheduler (duck-typed: the GPU replay uses it too)
         runner: ModelRunner,
         metrics: MetricsCollector,
-        kv_probe: KVProbe,
+        kv_probe: WasteProbe,
         bulk_decodes: BulkDecodes | None = None,
     ) -> None:
         self.env = env

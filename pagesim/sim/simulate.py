@@ -20,7 +20,6 @@ import simpy
 from pagesim.config import EngineConfig
 from pagesim.cost.base import CostModel
 from pagesim.errors import InternalError
-from pagesim.kvcache.contiguous import ContiguousKVCacheManager
 from pagesim.kvcache.invariants import check_kv_cache_manager
 from pagesim.kvcache.waste import WasteAverager
 from pagesim.metrics import MetricsCollector, summarize
@@ -223,7 +222,7 @@ def _check_drained(manager) -> None:
     The paged manager's `check_invariants` is its per-operation flag, so its checker is the
     module function; a contiguous manager has a `check_invariants()` method.
     """
-    if isinstance(manager, ContiguousKVCacheManager):
+    if manager.is_contiguous:
         manager.check_invariants()
     else:
         check_kv_cache_manager(manager)
