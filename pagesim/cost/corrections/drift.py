@@ -1,13 +1,15 @@
 """Correction `drift`: each block size's section of the calibration, taken at one machine state.
 
 Block sizes are calibrated one after another and the GPU's state drifts between them, so the
-non-attention time of one step, which cannot depend on the block size, comes out a few %
-apart between block sizes, and every step of a slow section would be priced that much dearer.
-A row's `other_ms` was timed in the same interleaved rounds as its step, so it measures its
-section's drift: every row's step time (and its `other_ms`, in the `other` line) is taken less
-its `other_ms` minus the median over block sizes of the same timing; its attention time
-(step - other, both timed in its rounds) is kept as measured. Off: rows as measured. Its
-effect on held-out steps: docs/cost_model.md.
+non-attention time of one step, which cannot depend on the block size, comes out a few % apart
+between block sizes, and every step of a slow section would be priced that much dearer. A row's
+`other_ms` was timed in the same interleaved rounds as its step, so it measures its section's
+drift: every row's step time (and its `other_ms`, in the `other` line) is taken less its
+`other_ms` minus the median over block sizes of the same timing; its attention time (step -
+other, both timed in its rounds) is kept as measured. Off: rows as measured. Switched off, the
+shipped profiles' held-out MAPE falls 0 to 0.43 points: those rows were timed in the drifted
+sections it takes out; on served runs' decode steps it took the per-run error from 2.8 to 2.3 %
+rms (docs/cost_model.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ cost too often. `shared`, what one more part adds less than its residual says, i
 over the rows with several parts (mixed.csv, multi_prefill.csv) of (sum of parts - measured) /
 (parts - 1), clamped to [0, smallest residual]; with mixed graphs once per mode; without such
 rows, the smallest residual. A step priced by `varlen` does not use it. Off: 0 (the parts add
-up). Its effect on held-out steps: docs/cost_model.md.
+up). Switched off, the shipped profiles' held-out MAPE moves 0.00 points: `varlen` prices their
+steps of several parts (docs/cost_model.md).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ counts a lone entry's launch and under-filled GPU once per entry, and misses tha
 costs a whole query block in this kernel. When the profile names the kernel's tiles, such a
 step is priced as other(mode, tokens) plus the kernel's time from its launch grid
 (`pagesim.cost.varlen`), fitted per block size on the prefill, mixed and multi-prefill rows.
-Off: the per-entry residuals, less `multi_part`'s shared cost. Its effect on held-out steps:
-docs/cost_model.md.
+Off: the per-entry residuals, less `multi_part`'s shared cost. Switched off, the shipped
+profiles' held-out MAPE rises 1.9 to 7.7 points, their mixed and multi-prefill rows' to 14-32 %
+(docs/cost_model.md).
 """
 
 from __future__ import annotations
