@@ -94,6 +94,24 @@ class FreeKVCacheBlockQueue:
         self.remove(block)
         return block
 
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        """Take the `n` head blocks out of the queue, in order; the caller checks that `n`
+        are free (`num_free_blocks`)."""
+        head = self.fake_free_list_head
+        # Inside the queue the links are never None (the sentinels bound it).
+        block: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
+        out: list[KVCacheBlock] = []
+        append = out.append
+        for _ in range(n):
+            append(block)
+            nxt = block.next_free_block
+            block.prev_free_block = block.next_free_block = None
+            block = nxt  # type: ignore[assignment]
+        head.next_free_block = block
+        block.prev_free_block = head
+        self.num_free_blocks -= n
+        return out
+
     def remove(self, block: KVCacheBlock) -> None:
         """Unlink `block` from anywhere in the queue in O(1)."""
         prev, nxt = block.prev_free_block, block.next_free_block

@@ -123,53 +123,25 @@ class BlockPool:
             )
         if num_blocks <= 0:
             return []
-        queue.num_free_blocks -= num_blocks
-        head = queue.fake_free_list_head
-        # Inside the queue the links are never None (the sentinels bound it).
-        block: KVCacheBlock = head.next_free_block  # type: ignore[assignment]
-        out: list[KVCacheBlock] = []
-        append = out.append
-        # One pass does the queue pop, the eviction and the ref count: the hot path of a
-        # simulation, where most handed-out blocks still hold a (deferred) hash.
-        if self.enable_caching:
-            cache = self.cached_block_hash_to_block
-            plain = not self.enable_kv_cache_events
-            placeholders = self.handed_out_placeholders
-            for _ in range(num_blocks):
-                append(block)
-                nxt = block.next_free_block
-                block.prev_free_block = block.next_free_block = None
-                block_hash = block.block_hash
-                if block_hash is not None:
-                    found = cache.get(block_hash)
-                    if found is None:  # a deferred block's placeholder: nothing to drop
-                        block.block_hash = None
-                        placeholders.append(block_hash)
-                    elif found is block and plain:
-                        del cache[block_hash]
-                        block.block_hash = None
-                    else:
-                        self.evict_cached_block(block)
-                block.ref_cnt = 1
-                block = nxt  # type: ignore[assignment]
-        else:
-            for _ in range(num_blocks):
-                append(block)
-                nxt = block.next_free_block
-                block.prev_free_block = block.next_free_block = None
-                block.ref_cnt = 1
-                block = nxt  # type: ignore[assignment]
-        head.next_free_block = block
-        block.prev_free_block = head
-        return out
+        blocks = queue.popleft_n(num_blocks)
+        for block in blocks:
+            if block.block_hash is not None:
+                self.evict_cached_block(block)
+            block.ref_cnt = 1
+        return blocks
 
     def evict_cached_block(self, block: KVCacheBlock) -> None:
-        """Drop `block`'s registered hash from the cache map (it is being reused)."""
+        """Drop `block`'s hash from the cache map (it is being reused). A deferred block's
+        placeholder was never in the map: it goes to `handed_out_placeholders` instead."""
         block_hash = block.block_hash
         if block_hash is None:
             raise InternalError(f"block_id={block.block_id}: no registered hash to evict")
         cache = self.cached_block_hash_to_block
         found = cache.get(block_hash)
+        if found is None:  # a placeholder: nothing in the map, no event
+            block.block_hash = None
+            self.handed_out_placeholders.append(block_hash)
+            return
         if found is block:
             del cache[block_hash]
         elif isinstance(found, dict):
