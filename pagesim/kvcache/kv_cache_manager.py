@@ -20,7 +20,7 @@ blocks fill, prompt and generated tokens alike, hashing each block once. With an
 deferred hashes (the simulator's setting, `pagesim.kvcache.deferred_hashes`) blocks after a
 request's first are hashed only when a lookup could see them: the same decisions.
 
-Bulk decodes (the simulator's `pagesim.sim.bulk_decodes`) leave a decoding request's counters
+Bulk decodes (the simulator's `pagesim.sim.bulk.decodes`) leave a decoding request's counters
 behind and make only the calls that change something: `append_decode_blocks` when contexts
 fill their rows, `cache_decode_block` / `cache_decode_blocks` for the blocks they fill, each
 what `allocate_slots(request, 1)` does then (`tests/kvcache/test_decode_events.py` holds them to it).

@@ -31,7 +31,7 @@ from pagesim.metrics import MetricsCollector, summarize
 from pagesim.metrics.report import MEAN_KEYS, PEAK_KEYS, SUMMED_KEYS
 from pagesim.request import Request
 from pagesim.sim.build import build_cost_model, build_scheduler
-from pagesim.sim.bulk_decodes import BulkDecodes
+from pagesim.sim.bulk.decodes import BulkDecodes
 from pagesim.sim.engine import ServingEngine
 from pagesim.sim.runner import CostModelRunner, shared_blocks_counter
 from pagesim.sim.simulate import (

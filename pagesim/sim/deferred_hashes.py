@@ -72,7 +72,7 @@ class DeferredHashTable:
         self.newest: dict[str, DeferredBlocks] = {}  # request id -> its last record
         self.decode_tokens: dict[str, dict[int, bytes]] = {}  # request id -> block -> packed
         # Called with a root (None: every root) before its group is read or changed, by bulk
-        # decodes, whose filled blocks join later (`pagesim.sim.bulk_fills`).
+        # decodes, whose filled blocks join later (`pagesim.sim.bulk.fills`).
         self.on_touch: Callable[[bytes | None], None] | None = None
 
     # ---- DeferredHashes -------------------------------------------------------------------

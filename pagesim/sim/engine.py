@@ -5,7 +5,7 @@ The engine loop is vLLM's busy loop with time made explicit:
     schedule() -> runner.execute_model() -> yield env.timeout(step_time) -> update_from_output()
 
 Where the simulator gives it one (`BulkDecodes.for_config`), a step's routine decodes are
-accounted in bulk (`pagesim/sim/bulk_decodes.py`): running requests that only decode are
+accounted in bulk (`pagesim/sim/bulk/decodes.py`): running requests that only decode are
 advanced together and brought up to date when anything can observe them, with the same results
 byte for byte; `bulk_decodes=False` keeps every step on the per-request path.
 
@@ -23,7 +23,7 @@ from pagesim.errors import InternalError
 from pagesim.metrics.collector import MetricsCollector, StepMetricsRow
 from pagesim.request import Request, RequestStatus
 from pagesim.scheduler.output import ModelRunner, ModelRunnerOutput, SchedulerOutput
-from pagesim.sim.bulk_decodes import BulkDecodes
+from pagesim.sim.bulk.decodes import BulkDecodes
 from pagesim.sim.probe import WasteProbe
 
 FinishCallback = Callable[[Request], None]

@@ -26,7 +26,7 @@ from pagesim.metrics import MetricsCollector, summarize
 from pagesim.metrics.report import engine_keys
 from pagesim.request import Request
 from pagesim.sim.build import build_cost_model, build_scheduler
-from pagesim.sim.bulk_decodes import BulkDecodes
+from pagesim.sim.bulk.decodes import BulkDecodes
 from pagesim.sim.engine import ServingEngine
 from pagesim.sim.load import LoadSpec, sample_traffic
 from pagesim.sim.probe import WasteProbe

@@ -27,7 +27,7 @@ from pagesim.request import Request
 from pagesim.scheduler.output import synthetic_token, synthetic_tokens
 from pagesim.scheduler.scheduler import Scheduler
 from pagesim.sim.build import default_profile
-from pagesim.sim.bulk_decodes import BulkDecodes
+from pagesim.sim.bulk.decodes import BulkDecodes
 from pagesim.sim.cluster import simulate_cluster
 from pagesim.sim.deferred_hashes import DeferredHashTable
 from pagesim.sim.engine import ServingEngine
@@ -145,7 +145,7 @@ def test_cluster_bulk_equals_per_request() -> None:
 def test_bulk_decodes_engage_on_chat() -> None:
     """Bulk decodes really take part (the equality tests would pass if it never were)."""
     seen: list[int] = []
-    import pagesim.sim.bulk_decodes as fp
+    import pagesim.sim.bulk.decodes as fp
 
     original = fp.BulkDecodes.end_step
 

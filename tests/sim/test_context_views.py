@@ -4,7 +4,7 @@ exactly as the list they stand for would."""
 from __future__ import annotations
 
 from pagesim.cost.base import longest_context
-from pagesim.sim.bulk_decodes import _Contexts
+from pagesim.sim.bulk.decodes import _Contexts
 from pagesim.sim.runner import _Joined
 
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from pagesim.kvcache.kv_cache_manager import KVCacheManager
-    from pagesim.sim.bulk_decodes import _BulkRequest
+    from pagesim.sim.bulk.decodes import _BulkRequest
     from pagesim.sim.deferred_hashes import DeferredHashTable
 
 _AFTER_ALL = 1 << 62  # a running position past every bulk request

@@ -32,7 +32,7 @@ only then (and at `dissolve`), a run at a time.
 With deferred hashes, a bulk request whose first block is cached has no `hash_at` events at
 all: the blocks it fills join the prefix cache in one call, when it finishes or is brought up
 to date, or when anything else is about to read or change its root's group of deferred blocks
-(`pagesim.sim.bulk_fills` says why that is exact). Its only events are then a block appended
+(`pagesim.sim.bulk.fills` says why that is exact). Its only events are then a block appended
 every `block_size` steps and its finish.
 
 A step is a bulk step when at least one running request is a bulk request and nothing the bulk
@@ -63,7 +63,7 @@ from pagesim.metrics.collector import RequestRecord
 from pagesim.request import Request
 from pagesim.scheduler.output import SyntheticTokenTable, synthetic_tokens
 from pagesim.scheduler.scheduler import Scheduler
-from pagesim.sim.bulk_fills import BulkFills
+from pagesim.sim.bulk.fills import BulkFills
 from pagesim.sim.runner import CostModelRunner
 
 _by_seq = attrgetter("seq")
