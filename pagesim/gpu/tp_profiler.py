@@ -55,7 +55,7 @@ from pagesim.gpu.profiler import (
     calibrate,
     override_capacity,
 )
-from pagesim.gpu.runner import step_record_columns
+from pagesim.gpu.runner import RunnerConfig, step_record_columns
 from pagesim.gpu.serve import make_engine, replay, run_records, serve_result, warm_up
 from pagesim.gpu.tp_model import TensorParallelDecoder
 from pagesim.gpu.tp_runner import TPDriverRunner, broadcast_stop, run_collective, run_worker
@@ -129,7 +129,7 @@ def calibrate_tensor_parallel(
         )
         return calibrate(
             lambda cfg, blocks: TPDriverRunner(
-                group, cfg, blocks, model=model, seed=seed, cuda_graphs=cuda_graphs
+                group, cfg, blocks, RunnerConfig(seed=seed, cuda_graphs=cuda_graphs), model=model
             ),
             model,
             capacity,
@@ -217,16 +217,10 @@ def serve_tp(
     scheduler = make_engine(config, num_gpu_blocks)
     num_cpu = scheduler.swap_pool.num_blocks if scheduler.swap_pool is not None else 0
     try:
-        runner = TPDriverRunner(
-            group,
-            config,
-            num_gpu_blocks,
-            model=model,
-            seed=seed,
-            num_cpu_blocks=num_cpu,
-            temperature=temperature,
-            cuda_graphs=cuda_graphs,
+        options = RunnerConfig(
+            seed=seed, num_cpu_blocks=num_cpu, temperature=temperature, cuda_graphs=cuda_graphs
         )
+        runner = TPDriverRunner(group, config, num_gpu_blocks, options, model=model)
         captured, capture_s = (
             runner.capture_all(max_batch=len(requests or [])) if cuda_graphs else (0, 0.0)
         )
@@ -269,7 +263,7 @@ def graph_vs_eager_tp(
         return None
     try:
         runner = TPDriverRunner(
-            group, config, num_gpu_blocks, model=model, seed=seed, cuda_graphs=True
+            group, config, num_gpu_blocks, RunnerConfig(seed=seed, cuda_graphs=True), model=model
         )
         rows = graph_vs_eager_rows(
             runner, runner.use_graphs, shapes or DEFAULT_SHAPES, reps=reps, log=log

@@ -31,7 +31,6 @@ switch) is the same over gloo as over NCCL; only the capture itself needs CUDA.
 from __future__ import annotations
 
 import gc
-import hashlib
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -216,23 +215,6 @@ class StepDecoder:
         return out
 
 
-def step_digest(out: SchedulerOutput, runner: GPUModelRunner) -> str:
-    """A hash of what a rank executed: the step's requests, counts and block tables, and the
-    runner's input ids, positions, slot mapping and block table. Equal on every rank iff the
-    ranks ran identical steps."""
-    entries = [
-        (s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids, s.new_block_ids)
-        for s in out.scheduled
-    ]
-    h = hashlib.blake2b(repr((out.step_id, entries)).encode(), digest_size=16)
-    inputs = runner.last_inputs
-    if out.scheduled and inputs is not None:
-        md = inputs.metadata
-        for t in (inputs.input_ids, inputs.positions, md.slot_mapping, md.block_table):
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 class _LocalSwitch:
     """A switch of the driver that lives on its local runner. `__getattr__` forwards reads
     only: a write (calibration's `skip_attention`, a benchmark's `record_steps`) must reach the
@@ -253,7 +235,8 @@ class TPDriverRunner:
 
     Creating one broadcasts `Configure`, so the workers build the matching runner; attribute
     reads fall through to the local `GPUModelRunner` (`num_gpu_blocks`, `step_records`, ...).
-    `digests` (when `record_digests`) holds `step_digest` of every step, for tests.
+    `options` are the local runner's and every worker's (`RunnerConfig`: its seed, CPU blocks,
+    temperature and graphs; the device is the model's).
 
     With `cuda_graphs` (on every rank alike) the NCCL all-reduces run inside the captured
     graphs, which every rank must capture at the same step: graphs are captured lazily by the
@@ -267,24 +250,20 @@ class TPDriverRunner:
         group: TPGroup,
         config: EngineConfig,
         num_gpu_blocks: int,
+        options: RunnerConfig,
         *,
         model,
-        num_cpu_blocks: int = 0,
-        temperature: float = 1.0,
-        seed: int = 0,
-        record_digests: bool = False,
-        cuda_graphs: bool = False,
     ) -> None:
         if not group.is_driver:
             raise InternalError(f"rank {group.rank}: only rank 0 drives the engine")
         self.group = group
         self.encoder = StepEncoder()
-        msg = Configure(config, num_gpu_blocks, num_cpu_blocks, temperature, cuda_graphs)
+        msg = Configure(
+            config, num_gpu_blocks, options.num_cpu_blocks, options.temperature, options.cuda_graphs
+        )
         group.broadcast_object(msg)
         self.slot = LocalRunner()
-        self.local = self.slot.configure(msg, model, seed)
-        self.record_digests = record_digests
-        self.digests: list[str] = []
+        self.local = self.slot.configure(msg, model, options.seed)
 
     def capture_all(self, max_batch: int | None = None) -> tuple[int, float]:
         """Capture every graph a run of at most `max_batch` requests can meet, on every rank
@@ -311,10 +290,7 @@ class TPDriverRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         msg = self.encoder.encode(scheduler_output, self.local.skip_attention)
         self.group.broadcast_object(msg)
-        result = self.local.execute_model(scheduler_output)
-        if self.record_digests:
-            self.digests.append(step_digest(scheduler_output, self.local))
-        return result
+        return self.local.execute_model(scheduler_output)
 
 
 def broadcast_stop(group: TPGroup) -> None:
@@ -336,12 +312,9 @@ class WorkerReport:
 
     num_steps: int = 0
     num_configures: int = 0
-    digests: list[str] = field(default_factory=list)
 
 
-def run_worker(
-    group: TPGroup, model, *, seed: int = 0, record_digests: bool = False
-) -> WorkerReport:
+def run_worker(group: TPGroup, model, *, seed: int = 0) -> WorkerReport:
     """Ranks > 0: execute broadcast steps with `model` (this rank's shard) until `Stop`."""
     if group.is_driver:
         raise InternalError("rank 0 drives the engine; run_worker is for ranks > 0")
@@ -375,8 +348,6 @@ def run_worker(
             runner.skip_attention = msg.skip_attention
             runner.execute_model(out)
             report.num_steps += 1
-            if record_digests:
-                report.digests.append(step_digest(out, runner))
         else:
             raise InternalError(f"unknown message {type(msg).__name__}")
 

@@ -25,9 +25,12 @@ a request id reused by a new request, and finished requests.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -131,20 +134,58 @@ def _equivalence(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
     }
 
 
+def step_digest(out: SchedulerOutput, runner: GPUModelRunner) -> str:
+    """A hash of what a rank executed: the step's requests, counts and block tables, and the
+    runner's input ids, positions, slot mapping and block table. Equal on every rank iff the
+    ranks ran identical steps."""
+    entries = [
+        (s.request_id, s.num_new_tokens, s.num_computed_tokens, s.block_ids, s.new_block_ids)
+        for s in out.scheduled
+    ]
+    h = hashlib.blake2b(repr((out.step_id, entries)).encode(), digest_size=16)
+    inputs = runner.last_inputs
+    if out.scheduled and inputs is not None:
+        md = inputs.metadata
+        for t in (inputs.input_ids, inputs.positions, md.slot_mapping, md.block_table):
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@contextmanager
+def step_digests() -> Iterator[list[str]]:
+    """The `step_digest` of every step this process's runners execute inside the block."""
+    digests: list[str] = []
+    execute = GPUModelRunner.execute_model
+
+    def recording(runner: GPUModelRunner, out: SchedulerOutput):
+        result = execute(runner, out)
+        digests.append(step_digest(out, runner))
+        return result
+
+    GPUModelRunner.execute_model = recording  # type: ignore[method-assign]
+    try:
+        yield digests
+    finally:
+        GPUModelRunner.execute_model = execute  # type: ignore[method-assign]
+
+
 def _serve(group: TPGroup, tp_model: TensorParallelDecoder) -> dict:
     """Checks 2 and 3 on rank 0: serve through the broadcast, then benchmark all-reduce."""
     config = _config()
-    driver = TPDriverRunner(group, config, 40, model=tp_model, seed=SEED, record_digests=True)
     prompts = [[(13 * i + k) % 512 for i in range(n)] for k, n in enumerate((30, 17, 40))]
     requests = [Request(f"r{k}", p, max_tokens=3 + k) for k, p in enumerate(prompts)]
-    run = replay(requests, make_engine(config, 40), driver, disable_gc=False)
+    with step_digests() as digests:
+        driver = TPDriverRunner(
+            group, config, 40, RunnerConfig(seed=SEED, cuda_graphs=False), model=tp_model
+        )
+        run = replay(requests, make_engine(config, 40), driver, disable_gc=False)
     rows = run_collective(
         group, bench_allreduce, (64, 4096), dtype=torch.float32, warmup=1, repeats=3, inner=2
     )
     broadcast_stop(group)
     finished = sum(r.finish_time is not None for r in run.metrics.records.values())
     return {
-        "digests": driver.digests,
+        "digests": digests,
         "finished": finished,
         "rows": [[r.tp, r.message_bytes, r.time_us, r.time_p10_us, r.time_p90_us] for r in rows],
     }
@@ -237,8 +278,9 @@ def _rank_main(rank: int, world_size: int, init_method: str, out_dir: str) -> No
         if group.is_driver:
             facts.update(_serve(group, tp_model))
         else:
-            report = run_worker(group, tp_model, seed=SEED, record_digests=True)
-            facts.update(digests=report.digests, configures=report.num_configures)
+            with step_digests() as digests:
+                report = run_worker(group, tp_model, seed=SEED)
+            facts.update(digests=digests, configures=report.num_configures)
         facts["calibration"] = _calibrate(group, tp_model, out_dir)
         facts["serve_tp"] = _serve_tp(group, tp_model)
         shapes = {"decode 3x40": [(40, 1)] * 3, "chunk with decodes": [(40, 1)] * 2 + [(0, 24)]}
