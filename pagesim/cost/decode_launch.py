@@ -2,8 +2,8 @@
 
 One rule, two users: the GPU backend launches the split-K decode kernel with it
 (`pagesim.gpu.kernels.configs.decode_partition` passes its kernel config here), and the cost
-model prices decode steps with it (`pagesim.cost.corrections.spread`), so both agree on the programs a
-step runs without the cost model importing torch or triton.
+model prices decode steps with it (`pagesim.cost.corrections.spread`), so both agree on the
+programs a step runs without the cost model importing torch or triton.
 
 A decode step runs one program per (sequence, KV head, partition); a graph step's partitions
 are chosen for its span bucket (the longest context rounded up to a power of two,

@@ -2,7 +2,8 @@
 
 An eager step launches every layer's kernels from Python, which takes several times as long
 as streaming a 7B model's weights (docs/architecture.md, "GPU runner host costs"), so small
-steps are launch-bound. vLLM captures them in CUDA graphs; this module does the same, in two families:
+steps are launch-bound. vLLM captures them in CUDA graphs; this module does the same, in two
+families:
 
     decode graphs    decode-only steps (one new token per sequence). Capture sizes 1, 2, 4, 8,
                      16, 24, 32, 48, 64, ... 512 (up to max_num_seqs); a step of n decodes runs
@@ -31,10 +32,10 @@ cache manager each KV cache group has its own slot mapping and block table; the 
 and the decode partition (the full-attention one, which covers every window), are shared.
 Padding rows: slot PAD_SLOT_ID (reshape_and_cache skips it), seq_len 0 (kernels write zeros or
 nothing), block row all null block, id 0, position 0; padded sequences of a mixed step start at
-the last real token, so they own no rows. The sampler always runs eagerly on the real rows (its seeded
-generator stays outside the graph), so padded rows' outputs are never read. A step fills the
-static buffers from persistent host state (`pagesim.gpu.input_buffers`): block-table rows kept
-per request across steps, every input staged in one pinned buffer and copied in one transfer.
+the last real token, so they own no rows. The sampler always runs eagerly on the real rows (its
+seeded generator stays outside the graph), so padded rows' outputs are never read. A step fills the
+static buffers from persistent host state (`pagesim.gpu.input_buffers`): block-table rows kept per
+request across steps, every input staged in one pinned buffer and copied in one transfer.
 
 Capture is lazy (first use of a key, inside the step that needs it: a warm-up forward, which
 also compiles any new Triton variant, then the capture) and `capture_all` captures every key a

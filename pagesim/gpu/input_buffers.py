@@ -5,8 +5,9 @@ A served decode step is a few ms of device time, and everything the host does ar
 lands on the step's critical path. Building a step's inputs from scratch (a block table row
 converted from a Python list per sequence, a fresh numpy array per input, a pageable-memory
 copy per tensor) is a sizeable share of it (docs/architecture.md, "GPU runner host costs"),
-and that host time is also what moves most between GPU calls. vLLM's model runner keeps its inputs in persistent CPU/GPU buffer pairs and its block
-table rows across steps; this module does the same for `StepGraphs`:
+and that host time is also what moves most between GPU calls. vLLM's model runner keeps its
+inputs in persistent CPU/GPU buffer pairs and its block table rows across steps; this module
+does the same for `StepGraphs`:
 
     BlockTableRows   one row per live request, found by request id, built from the
                      scheduler's block-id deltas: a step writes only the ids appended since
@@ -143,10 +144,10 @@ class GatheredTable:
 
     `width` is max_model_len / block_size, so gathering whole rows reads and writes 8,192
     entries per sequence for a 131,072-token model whose rows hold 64 blocks at a 1,024-token
-    context (docs/architecture.md, "GPU runner host costs"). `gather` copies the first `cols` columns, `cols` the
-    longest gathered row, and resets to the null block only the columns past it that an
-    earlier gather wrote (kept per buffer row), so the buffer holds what gathering whole rows
-    would: each row's blocks, then the null block, and null rows for padding.
+    context (docs/architecture.md, "GPU runner host costs"). `gather` copies the first `cols`
+    columns, `cols` the longest gathered row, and resets to the null block only the columns past it
+    that an earlier gather wrote (kept per buffer row), so the buffer holds what gathering whole
+    rows would: each row's blocks, then the null block, and null rows for padding.
     """
 
     __slots__ = ("out", "_cols")

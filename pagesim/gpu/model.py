@@ -22,9 +22,9 @@ OPT: LayerNorm with bias, learned positions (offset 2), biases on every projecti
 tied LM head. A layer's attention kind is the spec's (`ModelSpec.attention_kinds`: sliding
 layers attend to their last `sliding_window` positions). `metadata` is one `AttentionMetadata`
 when every layer reads one block table, or one per KV cache group under the hybrid layout
-(`pagesim.gpu.kv_layout`), each layer reading its group's. `skip_attention=True` replaces attention by the identity (the K/V cache is
-neither written nor read): calibration times the rest of the step that way, and the memory
-profile run uses it as vLLM's profile run does (no attention metadata).
+(`pagesim.gpu.kv_layout`), each layer reading its group's. `skip_attention=True` replaces attention
+by the identity (the K/V cache is neither written nor read): calibration times the rest of the step
+that way, and the memory profile run uses it as vLLM's profile run does (no attention metadata).
 """
 
 from __future__ import annotations

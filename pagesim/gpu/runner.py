@@ -24,8 +24,9 @@ sizes padded to a captured size, static input buffers): decode-only steps with t
 the graph, every other step (prefill, chunked prefill, mixed) up to the final norm, its LM
 head eager. Larger steps run eagerly, launching their kernels from Python; so does everything
 with `cuda_graphs=False` (`--enforce-eager`, vLLM's name). The calibration measures the same
-paths, so the simulator predicts what this runner does. On a decode-graph step the "forward" event span includes the LM head.
-Steps run under `torch.inference_mode()`, as vLLM's do (no autograd bookkeeping per op).
+paths, so the simulator predicts what this runner does. On a decode-graph step the "forward" event
+span includes the LM head. Steps run under `torch.inference_mode()`, as vLLM's do (no autograd
+bookkeeping per op).
 """
 
 from __future__ import annotations

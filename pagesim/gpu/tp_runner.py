@@ -16,9 +16,9 @@ and the calibration grid (`gpu.calibrate`) drive a TP engine unchanged.
 What is broadcast (`StepMessage`), like vLLM's new/cached request split: the prompt of a
 request the workers have not seen (once), then per step and scheduled request only its counts,
 the output tokens appended since the last step and the step's block ids as the scheduler sent
-them (each rank's runner keeps its own rows). Workers keep a mirror `Request` per request and rebuild a real
-`SchedulerOutput` from it, so their `GPUModelRunner` is the very same code as rank 0's. Swap
-and copy-on-write block lists travel as they are (each rank moves its own KV shard).
+them (each rank's runner keeps its own rows). Workers keep a mirror `Request` per request and
+rebuild a real `SchedulerOutput` from it, so their `GPUModelRunner` is the very same code as rank
+0's. Swap and copy-on-write block lists travel as they are (each rank moves its own KV shard).
 Control messages reconfigure the workers' runner (`Configure`), run a collective benchmark
 (`RunCollective`), capture CUDA graphs (`CaptureGraphs`), switch between graph replay and eager
 steps (`UseGraphs`) or end the loop (`Stop`).

@@ -7,9 +7,9 @@ after its first without hashing them: such a block holds a *placeholder* instead
 bytes that are no key of the pool's hash map (real hashes are digests of 16 bytes or more), so
 that the pool treats it as cached (freed to the tail, dropped when handed out again: its
 placeholder then goes to `BlockPool.handed_out_placeholders`, which the owner reads when it
-next acts) and the owner hashes and registers it before any lookup that could see it. With an owner the manager's
-decisions are the ones eager hashing makes; without one (the default, and the GPU replay)
-nothing is deferred and every hashed block is in the map.
+next acts) and the owner hashes and registers it before any lookup that could see it. With an owner
+the manager's decisions are the ones eager hashing makes; without one (the default, and the GPU
+replay) nothing is deferred and every hashed block is in the map.
 """
 
 from __future__ import annotations

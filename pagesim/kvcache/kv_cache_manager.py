@@ -23,7 +23,8 @@ request's first are hashed only when a lookup could see them: the same decisions
 Bulk decodes (the simulator's `pagesim.sim.bulk.decodes`) leave a decoding request's counters
 behind and make only the calls that change something: `append_decode_blocks` when contexts
 fill their rows, `cache_decode_block` / `cache_decode_blocks` for the blocks they fill, each
-what `allocate_slots(request, 1)` does then (`tests/kvcache/test_decode_events.py` holds them to it).
+what `allocate_slots(request, 1)` does then (`tests/kvcache/test_decode_events.py` holds them to
+it).
 
 Copy-on-write (n > 1 sampling, beam search): `fork(parent, child)` shares the parent's blocks.
 A request about to write into a shared block gets a private copy first; `take_blocks_to_copy()`

@@ -4,8 +4,8 @@ Needs vLLM importable (tested with 0.33.0 and 0.23.0; see docs/parity.md for the
 nothing else in pagesim imports this module. The model is a config-only tiny Llama: no
 weights, no tokenizer; the KV cache is one full-attention group of `num_gpu_blocks` blocks
 (block 0 is vLLM's null block), or the workload's hybrid layout (`kv_cache_groups`: full and
-sliding-window groups over those blocks, served by vLLM's HybridKVCacheCoordinator). Token ids come from the workload; outputs from
-`synthetic_token`, so vLLM and pagesim hash the same sequences.
+sliding-window groups over those blocks, served by vLLM's HybridKVCacheCoordinator). Token ids come
+from the workload; outputs from `synthetic_token`, so vLLM and pagesim hash the same sequences.
 
     python -m pagesim.parity.record_vllm tests/parity/golden [CASE ...]
 """

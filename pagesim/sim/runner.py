@@ -55,8 +55,9 @@ class CostModelRunner:
         bulk_contexts: Sequence[int],
     ) -> ModelRunnerOutput:
         """`execute_model` for a step whose batch also holds `num_bulk` decodes ahead of
-        `scheduler_output.scheduled` (see `Scheduler.schedule_bulk`), given by their context sum and contexts (tokens, before the step). Their sampled tokens are the
-        caller's (`synthetic_token`); only the others' are returned.
+        `scheduler_output.scheduled` (see `Scheduler.schedule_bulk`), given by their context sum
+        and contexts (tokens, before the step). Their sampled tokens are the caller's
+        (`synthetic_token`); only the others' are returned.
 
         The cost model sees the same `BatchShape` values as for the whole batch in one output.
         """

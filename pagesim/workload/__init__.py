@@ -7,7 +7,8 @@
 
 `load_workload` takes a shipped name (`shipped_workloads()`), a YAML spec path, or a trace
 file (.csv Azure/Vidur, .jsonl Mooncake, optionally .gz). The project reads only the files
-shipped inside the package (`pagesim.data.workloads_dir()`). Arrival times are resolved by `pagesim.sim.arrivals`.
+shipped inside the package (`pagesim.data.workloads_dir()`). Arrival times are resolved by
+`pagesim.sim.arrivals`.
 """
 
 from __future__ import annotations

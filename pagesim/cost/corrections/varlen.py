@@ -1,4 +1,5 @@
-"""Correction `varlen`: steps with prefill entries priced from the variable-length kernel's programs.
+"""Correction `varlen`: steps with prefill entries priced from the variable-length kernel's
+programs.
 
 A step with any prefill entry runs one variable-length attention launch per layer over all its
 sequences, decodes included, so its attention is not the sum of one residual per entry: that

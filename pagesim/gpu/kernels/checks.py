@@ -70,7 +70,8 @@ def check_same_device(**tensors: torch.Tensor) -> None:
 
 
 def check_index_tensors(**tensors: torch.Tensor) -> None:
-    """Block tables, lengths and offsets: int32/int64 and contiguous (the kernels walk them flat)."""
+    """Block tables, lengths and offsets: int32/int64 and contiguous (the kernels walk them
+    flat)."""
     for name, t in tensors.items():
         check_dtype(name, t, INDEX_DTYPES)
         check_contiguous(name, t)

@@ -272,8 +272,8 @@ class BulkDecodes:
 
     # ---- helpers ---------------------------------------------------------------------------
     def _convert(self, running: list[Request], n: int, now: float) -> int:
-        """Make running[n], running[n+1], ... bulk requests while they are eligible: decode shape with a
-        token sampled at the end of the previous step (so that their ITL is that step's
+        """Make running[n], running[n+1], ... bulk requests while they are eligible: decode shape
+        with a token sampled at the end of the previous step (so that their ITL is that step's
         duration), a row, no copy-on-write, nothing overdue. Returns the new count."""
         g = self.tick
         records = self.records

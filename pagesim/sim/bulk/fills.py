@@ -113,8 +113,8 @@ class BulkFills:
             heappush(self.fills[root], fill)
 
     def remove(self, member: _BulkRequest) -> None:
-        """`member` is no longer a bulk request (its blocks joined first). Its heap entry stays until
-        popped (a removed request's entry is skipped)."""
+        """`member` is no longer a bulk request (its blocks joined first). Its heap entry stays
+        until popped (a removed request's entry is skipped)."""
         root = member.root
         if root is None:
             return
