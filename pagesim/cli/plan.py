@@ -322,8 +322,10 @@ def _plan_block_sizes(
         sizes,
         step_time_scale=plan.scale,
         disabled_corrections=plan.disabled_corrections,
+        transfer=not plan.analytical,
     )
-    print("\n".join(block_size_table(rows, profiled=prof is not None, rel_tol=plan.rel_tol)))
+    profiled = pricing_profile(engine, prof, not plan.analytical) is not None
+    print("\n".join(block_size_table(rows, profiled=profiled, rel_tol=plan.rel_tol)))
     return rows
 
 

@@ -21,7 +21,12 @@ from pagesim.kvcache.sizing import kv_capacity
 from pagesim.planning.capacity import max_sustainable_rate
 from pagesim.planning.capacity_report import binding_slo
 from pagesim.planning.slo import SLOSpec
-from pagesim.sim.build import build_cost_model, default_profile, scaled_cost_model
+from pagesim.sim.build import (
+    build_cost_model,
+    default_profile,
+    pricing_profile,
+    scaled_cost_model,
+)
 from pagesim.sim.simulate import LoadSpec
 
 
@@ -92,6 +97,7 @@ def compare_block_sizes(
     min_duration_s: float = 60.0,
     step_time_scale: float = 1.0,
     disabled_corrections: tuple[str, ...] = (),
+    transfer: bool = True,
 ) -> list[dict]:
     """Per block size: the max rate within `slos` (`capacity.max_sustainable_rate`), with
     what explains it: the decode step time at `KERNEL_SHAPE` priced by the same cost model
@@ -99,17 +105,18 @@ def compare_block_sizes(
     fragmentation (time-weighted share of the KV cache) and the prefix-cache hit rate.
 
     Every block size gets the same KV memory (`config`'s, in bytes), so only the block size
-    changes; `disabled_corrections` are left off the calibrated model. Rows in the order
-    given; `max_rate` None where no rate meets the SLOs."""
+    changes; `disabled_corrections` are left off the calibrated model. With `transfer` and no
+    `profile`, a GPU without a shipped profile is priced by transfer, as `pagesim run` prices
+    it. Rows in the order given; `max_rate` None where no rate meets the SLOs."""
 
     kv_bytes = kv_capacity(config).available_kv_cache_memory_bytes
-    measured = measured_block_sizes(config, profile)
+    measured = measured_block_sizes(config, pricing_profile(config, profile, transfer))
     rows = []
     for bs in block_sizes:
         engine = config.replace(
             block_size=bs, kv_cache_memory_bytes=kv_bytes, num_gpu_blocks_override=None
         )
-        cost = scaled_cost_model(engine, profile, step_time_scale, False, disabled_corrections)
+        cost = scaled_cost_model(engine, profile, step_time_scale, transfer, disabled_corrections)
         priced = cost if cost is not None else build_cost_model(engine, profile)
         batch, context = KERNEL_SHAPE
         cap = max_sustainable_rate(

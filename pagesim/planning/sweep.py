@@ -33,7 +33,13 @@ from pagesim.planning.backends import BACKENDS, execute
 from pagesim.planning.grid import SweepGrid, SweepPoint
 from pagesim.planning.mix import workload_ref
 from pagesim.planning.summary import metrics_row, settings_row, summary_frame
-from pagesim.sim.build import default_profile, profile_record
+from pagesim.sim.build import (
+    cost_model_label,
+    default_profile,
+    pricing_profile,
+    profile_record,
+    scaled_cost_model,
+)
 from pagesim.sim.output import requests_table, result_json, steps_table, write_parquet_atomic
 from pagesim.sim.simulate import LoadSpec, result_metadata, simulate
 from pagesim.utils import atomic_write_text
@@ -49,9 +55,10 @@ class RunTask:
     run: int
     config: EngineConfig
     load: LoadSpec  # seed already offset by `run`
-    profile: str | None  # calibration directory, None: the analytical model
+    profile: str | None  # calibration directory; None: the transfer or the analytical model
     date: str
     save_records: bool = False
+    transfer: bool = True  # no profile: price by transfer where a source ships (as `run`)
 
 
 @dataclass(frozen=True)
@@ -80,14 +87,19 @@ class SweepResult:
 def run_one(task: RunTask) -> RunOutcome:
     """Simulate one task; any exception becomes a failed outcome, never a crash."""
     try:
+        cost = scaled_cost_model(task.config, task.profile, 1.0, task.transfer)
         with workload_ref(task.load.workload) as ref:
             sim = simulate(
-                task.config, dataclasses.replace(task.load, workload=ref), profile=task.profile
+                task.config,
+                dataclasses.replace(task.load, workload=ref),
+                profile=task.profile,
+                cost_model=cost,
             )
         metadata = result_metadata(task.config, task.load)
+        priced_by = pricing_profile(task.config, task.profile, task.transfer)
         metadata.update(
-            cost_model="calibrated" if task.profile else "analytical",
-            profile=profile_record(task.profile),
+            cost_model=cost_model_label(task.config, task.profile, task.transfer),
+            profile=profile_record(priced_by),
             sweep_point=task.point.name,
             run=task.run,
             sweep_params=task.point.settings,
@@ -119,15 +131,22 @@ def make_tasks(
         config = point.engine_config()
         load = point.load_spec(percentiles, goodput_slos_ms)
         profile = resolve_profile(point.profile, config)
+        transfer = not is_analytical(point.profile)
         for run in range(num_runs):
             seeded = dataclasses.replace(load, seed=load.seed + run)
-            tasks.append(RunTask(point, run, config, seeded, profile, date, save_records))
+            tasks.append(RunTask(point, run, config, seeded, profile, date, save_records, transfer))
     return tasks
 
 
+def is_analytical(given: str | None) -> bool:
+    """Whether a point's `profile` asks for the analytical model by name."""
+    return given is not None and given.lower() == "analytical"
+
+
 def resolve_profile(given: str | None, config: EngineConfig) -> str | None:
-    """`analytical` -> None; None -> the shipped profile for the config, if any; else as given."""
-    if given is not None and given.lower() == "analytical":
+    """`analytical` -> None; None -> the shipped profile for the config, if any (a GPU with none
+    is priced by transfer, `RunTask.transfer`); else as given."""
+    if is_analytical(given):
         return None
     if given is None:
         found = default_profile(config)

@@ -84,3 +84,26 @@ def test_bad_block_size_comparisons_are_one_line(
     assert main([*PLAN, *extra]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
+
+
+def test_a_gpu_without_a_profile_compares_block_sizes_by_transfer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The table is priced by the model the plan's cost-model line names: on the H100, the
+    H200 profile carried over (each block size's kernel measured there), not the roofline."""
+    from pagesim.config import EngineConfig
+    from pagesim.cost.base import BatchShape
+    from pagesim.planning.blocksize import KERNEL_SHAPE
+    from pagesim.sim.build import scaled_cost_model
+
+    args = [*PLAN, "--model", "llama-2-7b", "--gpu", "h100-sxm", "--compare-block-sizes", "16,64"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "\nCost model: transfer of the shipped profile" in out
+    batch, context = KERNEL_SHAPE
+    for bs in (16, 64):
+        engine = EngineConfig.create(model="llama-2-7b", gpu="h100-sxm", block_size=bs)
+        carried = scaled_cost_model(engine, None, 1.0, True)
+        assert carried is not None
+        ms = 1000.0 * carried.step_time(BatchShape.decode(batch, context, bs))
+        assert re.search(rf"^ +{bs} +[0-9.]+ +{ms:.3f} +measured", out, re.M), out

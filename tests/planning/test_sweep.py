@@ -167,3 +167,20 @@ def test_an_interrupted_sweep_keeps_its_runs_and_says_how_to_resume(
     monkeypatch.setattr(sweep_module, "execute", real_execute)
     assert main([*argv, "--resume", str(directory)]) == 0
     assert "1 run, 1 already done" in capsys.readouterr().out
+
+
+def test_a_gpu_without_a_profile_is_priced_as_run_prices_it(tmp_path: Path) -> None:
+    """No profile ships for the H100: its points are priced by transfer of the H200's, as
+    `pagesim run --gpu h100-sxm` prices them, unless the point asks for `analytical`."""
+    base = {**BASE, "model": "llama-2-7b", "gpu": "h100-sxm", "block_size": 16}
+    grid = build_grid({"request_rate": [math.inf]}, base=base)
+    run_sweep(grid, output_dir=tmp_path / "t", timestamp="t", n_jobs=1)
+    by_name = build_grid({"profile": ["analytical"], "request_rate": [math.inf]}, base=base)
+    run_sweep(by_name, output_dir=tmp_path / "a", timestamp="a", n_jobs=1)
+    (moved,) = (tmp_path / "t" / "t").glob("*/run=0.json")
+    (kept,) = (tmp_path / "a" / "a").glob("*/run=0.json")
+    moved_doc, kept_doc = json.loads(moved.read_text()), json.loads(kept.read_text())
+    assert moved_doc["cost_model"] == "transfer"
+    assert moved_doc["profile"]["name"] == "h200/llama-2-7b"  # the source it carries over
+    assert kept_doc["cost_model"] == "analytical" and kept_doc["profile"] is None
+    assert moved_doc["mean_tpot_ms"] != kept_doc["mean_tpot_ms"]
