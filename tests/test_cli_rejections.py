@@ -56,6 +56,9 @@ def test_run_says_how_many_were_rejected_and_why(capsys: pytest.CaptureFixture[s
         r"Rejected (\d+) of 20 requests, never served: (\d+) prompt_too_long .*", rejected_line(err)
     )
     assert m and m.group(1) == m.group(2)
+    assert err.strip().splitlines()[-1] == (
+        "A model with a longer context serves them: `pagesim models` lists each one's."
+    )
     done = int(re.search(r"Successful requests: +(\d+)", out).group(1))
     assert done + int(m.group(1)) == 20
     assert main(["run", "--quiet", *LONG[:6], "--num-prompts", "5"]) == 0

@@ -17,7 +17,7 @@ from pagesim.cli.app import app
 from pagesim.cli.traffic import default_num_prompts, rate_label, trace_note, traffic_of
 from pagesim.errors import ConfigError
 from pagesim.metrics import format_benchmark_block
-from pagesim.metrics.report import rejection_line
+from pagesim.metrics.report import rejection_hint, rejection_line
 from pagesim.planning.mix import workload_ref
 from pagesim.sim.band import format_band, metric_band
 from pagesim.sim.build import (
@@ -127,6 +127,9 @@ def run_command(
     rejected = rejection_line(sim.result)
     if rejected:
         typer.echo(rejected, err=True)
+        hint = rejection_hint(sim.result)
+        if hint:
+            typer.echo(hint, err=True)
     if save_result or result_dir is not None:
         metadata = result_metadata(engine, load)
         metadata["cost_model"] = cost_model_label(engine, prof, transfer=True)

@@ -360,3 +360,10 @@ def rejection_line(result: Mapping[str, Any]) -> str | None:
         for code, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
     ]
     return f"Rejected {rejected} of {submitted} requests, never served: " + ", ".join(parts)
+
+
+def rejection_hint(result: Mapping[str, Any]) -> str | None:
+    """What serves the requests rejected for their length, if any was."""
+    if {"prompt_too_long", "max_tokens_too_large"} & set(result.get("rejected_reasons") or {}):
+        return "A model with a longer context serves them: `pagesim models` lists each one's."
+    return None

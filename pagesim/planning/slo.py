@@ -62,6 +62,16 @@ class Bound:
     op: str
     value: float
 
+    def shown(self, x: float) -> str:
+        """`x` for a person (`readable`), with as many more digits as it takes for a value
+        that breaks the bound not to read as the limit itself (`25.004` against `<= 25`)."""
+        shown = readable(x)
+        for digits in range(5, 10):
+            if not math.isfinite(x) or shown.replace(",", "") != f"{self.value:g}":
+                break
+            shown = f"{x:.{digits}g}"
+        return shown
+
     def holds(self, result: Mapping[str, Any]) -> bool:
         x = result.get(self.key)
         if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -117,7 +127,7 @@ class SLOSpec:
         for b in self.bounds:
             if not b.holds(result):
                 found = result.get(b.key)
-                shown = readable(found) if isinstance(found, int | float) else repr(found)
+                shown = b.shown(found) if isinstance(found, int | float) else repr(found)
                 violations.append(f"{b} (got {shown})")
         if self.goodput_ms:
             share = goodput_attainment(result)
@@ -139,7 +149,7 @@ class SLOSpec:
                 used = x / b.value if b.value > 0 else (math.inf if x > 0 else 0.0)
             else:
                 used = b.value / x if x > 0 else math.inf
-            out.append((str(b), used, readable(x)))
+            out.append((str(b), used, b.shown(x)))
         if self.goodput_ms:
             share = goodput_attainment(result)
             slos = "goodput " + " ".join(f"{k}:{v:g}" for k, v in self.goodput_ms)

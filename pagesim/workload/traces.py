@@ -119,7 +119,10 @@ def _no_bad_row(bad: np.ndarray, col: pd.Series, p: Path, name: str, why: str) -
     idx = np.flatnonzero(bad)
     if len(idx):
         r = int(idx[0])
-        raise WorkloadError(f"trace {str(p)!r} row {r + 1}: {name} = {_show(col.iloc[r])} ({why})")
+        value = col.iloc[r]
+        if pd.isna(value):  # an empty cell: say so, not the NaN pandas read it as
+            raise WorkloadError(f"trace {str(p)!r} row {r + 1}: {name} is missing")
+        raise WorkloadError(f"trace {str(p)!r} row {r + 1}: {name} = {_show(value)} ({why})")
 
 
 def _read_jsonl(p: Path) -> TraceData:
