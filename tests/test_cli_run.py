@@ -63,7 +63,8 @@ def test_run_with_no_arguments(
     out, err = capsys.readouterr()
     assert rc == 0 and "Traceback" not in out + err
     lines = out.splitlines()
-    assert lines[0] == "============ Serving Benchmark Result ============"
+    assert lines[0] == "Simulated llama-2-7b on h200, block size 16: workload chat, 60 prompts"
+    assert lines[1] == "============ Serving Benchmark Result ============"
     assert "================ KV Cache Result =================" in lines
     rows = block_values(out)
     assert rows["Successful requests:"] == "60" and rows["Failed requests:"] == "0"

@@ -34,6 +34,7 @@ from pagesim.sim.build import (
 from pagesim.sim.output import default_result_filename, format_kv_block, result_json, write_parquet
 from pagesim.sim.simulate import result_metadata, simulate
 from pagesim.utils import atomic_write_bytes, check_output_file, make_output_dir, write_new_file
+from pagesim.workload import VLLM_DATASETS
 
 DEFAULTS = {"workload": "chat", "num_prompts": 1000}
 
@@ -111,6 +112,12 @@ def run_command(
 
             band_doc = metric_band(sim.result, simulate_at, ends.scaled(step_time_scale))
     rate = load.request_rate if load.request_rate is not None else math.inf
+    tp = f" x {engine.tensor_parallel_size}" if engine.tensor_parallel_size > 1 else ""
+    print(
+        f"Simulated {engine.model} on {engine.gpu}{tp}, block size {engine.block_size}: "
+        f"workload {VLLM_DATASETS.get(values['workload'], values['workload'])}, "
+        f"{load.num_prompts} prompts"
+    )
     print(
         format_benchmark_block(
             sim.result,
