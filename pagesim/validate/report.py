@@ -14,6 +14,10 @@ from pagesim.validate.store import round_floats
 
 #: Decimals of the floats in a validation report (`report_json`).
 REPORT_DECIMALS = 6
+RUNS_HEADING = (
+    "Per run: error % of the prediction, (predicted - real) / real; * marks a missed target "
+    "(throughput, mean TPOT and mean E2E 3 %, mean TTFT 5 %, the others 10 %)"
+)
 REPEATS_HEADING = (
     "Repeated runs: error % against the mean of the real runs "
     "(in brackets: their spread, max - min in % of the mean)"
@@ -96,7 +100,10 @@ def report_tables(entries: list[dict[str, Any]], groups: list[dict[str, Any]] | 
     here when not given)."""
     groups = repeat_groups(entries) if groups is None else groups
     priced = dict.fromkeys(e["cost_model"] for e in entries if "cost_model" in e)
-    text = "".join(f"{line}\n\n" for line in priced) + report_markdown(entries) + "\n"
+    rows = [r for e in entries for r in e["rows"] if r["metric"] in SUMMARY_METRICS]
+    met = sum(bool(r["met"]) for r in rows)
+    text = "".join(f"{line}\n\n" for line in priced) + f"{RUNS_HEADING}\n\n"
+    text += report_markdown(entries) + f"\n\nTargets met per run: {met} of {len(rows)}\n"
     if groups:
         text += f"\n{REPEATS_HEADING}\n\n{repeats_markdown(groups)}\n"
         text += f"\n{REPEATS_MET_HEADING}\n\n{repeats_met_markdown(groups)}\n"
