@@ -364,6 +364,8 @@ class Profile:
 def read_profile_json(directory: str | Path) -> Any:
     """The parsed `profile.json` of a profile directory, not yet validated."""
     meta_path = Path(directory) / PROFILE_JSON
+    if not Path(directory).is_dir():
+        raise ProfileError(f"{directory}: no such calibration profile directory")
     if not meta_path.is_file():
         raise ProfileError(f"{meta_path}: no such calibration profile")
     try:

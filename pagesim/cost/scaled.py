@@ -24,10 +24,13 @@ SCALE_RANGE = (1e-3, 1e3)
 def check_step_time_scale(factor: float) -> float:
     """`factor` as a float, or a ConfigError naming it: a number in `SCALE_RANGE` (1.0: as
     priced)."""
-    value = _positive(factor)
     low, high = SCALE_RANGE
+    try:
+        value = _positive(factor)
+    except ConfigError:
+        value = math.nan
     if not low <= value <= high:
-        raise ConfigError(f"--step-time-scale {factor!r}: must be in [{low:g}, {high:g}]")
+        raise ConfigError(f"--step-time-scale {factor!r}: must be a number in [{low:g}, {high:g}]")
     return value
 
 

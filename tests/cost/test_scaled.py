@@ -39,7 +39,7 @@ def test_a_factor_that_is_not_a_positive_number_is_refused(bad) -> None:
 def test_the_flag_is_bounded_but_a_band_end_past_the_bound_is_priced() -> None:
     assert check_step_time_scale(1e-3) == 1e-3 and check_step_time_scale(1e3) == 1e3
     for bad in (9.99e-4, 1000.5, 1e300, 1e-300):
-        with pytest.raises(ConfigError, match=r"must be in \[0.001, 1000\]"):
+        with pytest.raises(ConfigError, match=r"must be a number in \[0.001, 1000\]"):
             check_step_time_scale(bad)
     assert ScaledCostModel(_Flat(), 1e3 * 1.05).factor == 1050.0  # the band around 1e3
 
