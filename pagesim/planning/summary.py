@@ -1,7 +1,8 @@
 """The tidy summary of a sweep: one row per run, every setting and every metric.
 
 Columns, in order: `point`, `run`, `status` (ok | failed), `error`; the resolved engine
-config (every EngineConfig field) and `profile`; the load (`workload`, `num_prompts`,
+config (every EngineConfig field), `cost_model` (calibrated | transfer | analytical) and
+`profile` (the one whose measurements priced the run: for a transfer, its source); the load (`workload`, `num_prompts`,
 `request_rate`, ...); then the run's metrics (vllm bench's keys, then pagesim's). Lists and
 mappings in a result (rejected reasons) are JSON text; "inf" becomes a float. A failed run
 has its settings and error and no metrics.
@@ -18,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from pagesim.errors import ConfigError
-from pagesim.sim.build import profile_path
+from pagesim.sim.build import cost_model_label, pricing_profile, profile_path
 from pagesim.sim.simulate import METADATA_LOAD_KEYS
 from pagesim.workload import WORKLOAD_PARAMS
 
@@ -45,7 +46,9 @@ def settings_row(task: Any) -> dict[str, Any]:
     """Point, run and every resolved setting of a `RunTask`."""
     row: dict[str, Any] = {"point": task.point.name, "run": task.run, "status": "ok", "error": None}
     row.update(dataclasses.asdict(task.config))
-    row["profile"] = profile_path(task.profile) if task.profile else "analytical"
+    row["cost_model"] = cost_model_label(task.config, task.profile, task.transfer)
+    priced_by = pricing_profile(task.config, task.profile, task.transfer)  # a transfer's source
+    row["profile"] = profile_path(priced_by) if priced_by else "analytical"
     for key in LOAD_COLUMNS:  # request_rate None: the workload's own arrivals
         row[key] = getattr(task.load, key)
     return row

@@ -184,3 +184,8 @@ def test_a_gpu_without_a_profile_is_priced_as_run_prices_it(tmp_path: Path) -> N
     assert moved_doc["profile"]["name"] == "h200/llama-2-7b"  # the source it carries over
     assert kept_doc["cost_model"] == "analytical" and kept_doc["profile"] is None
     assert moved_doc["mean_tpot_ms"] != kept_doc["mean_tpot_ms"]
+    summary = pd.read_csv(tmp_path / "t" / "t" / "summary.csv").iloc[0]
+    assert (summary["cost_model"], summary["profile"]) == (
+        "transfer",
+        "calibration/h200/llama-2-7b",
+    )
