@@ -53,7 +53,7 @@ from pagesim.cost.corrections.spread import DecodeKernel, fit_decode_spread
 from pagesim.cost.profile import DecodeRow, Profile
 from pagesim.cost.profile_rows import row_shapes
 from pagesim.cost.surface import Pwl, Surface, blend_weights
-from pagesim.cost.varlen import VarlenKernel, shape_launch
+from pagesim.cost.varlen_launch import VarlenKernel, shape_launch
 from pagesim.errors import ConfigError, PagesimError
 from pagesim.specs import GPUSpec, ModelSpec
 

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from pagesim.cost.varlen import nonnegative_lstsq
+from pagesim.cost.varlen_launch import nonnegative_lstsq
 
 T = TypeVar("T")
 

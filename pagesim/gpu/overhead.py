@@ -24,7 +24,7 @@ import numpy as np
 
 from pagesim.cost.profile import OverheadRow
 from pagesim.cost.surface import Pwl
-from pagesim.cost.varlen import nonnegative_lstsq
+from pagesim.cost.varlen_launch import nonnegative_lstsq
 from pagesim.gpu.calibration_grid import median_p10_p90
 from pagesim.request import Request
 

@@ -14,7 +14,7 @@ from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.corrections.prefill_bias import PrefillBias
 from pagesim.cost.profile import Profile
 from pagesim.cost.surface import blend_weights
-from pagesim.cost.varlen import VarlenFit
+from pagesim.cost.varlen_launch import VarlenFit
 
 TRUTH = VarlenFit(9e-4, 9e-4, 6e-5, 0.0, SLOTS_GRID[43], 0.0)
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pagesim.cost.base import BatchShape
 from pagesim.cost.calibrated import CalibratedCostModel
 from pagesim.cost.profile import MultiPrefillRow, Profile
-from pagesim.cost.varlen import (
+from pagesim.cost.varlen_launch import (
     PROGRAM_OVERHEAD_TILES,
     SLOTS_GRID,
     Launch,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pagesim.cost.base import BatchShape
 from pagesim.cost.corrections import by_block_size
 from pagesim.cost.profile import Profile
-from pagesim.cost.varlen import shape_launch
+from pagesim.cost.varlen_launch import shape_launch
 
 
 def fit_decode_reread(model, profile: Profile) -> dict[int, float]:

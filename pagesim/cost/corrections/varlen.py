@@ -6,7 +6,7 @@ sequences, decodes included, so its attention is not the sum of one residual per
 counts a lone entry's launch and under-filled GPU once per entry, and misses that a decode
 costs a whole query block in this kernel. When the profile names the kernel's tiles, such a
 step is priced as other(mode, tokens) plus the kernel's time from its launch grid
-(`pagesim.cost.varlen`), fitted per block size on the prefill, mixed and multi-prefill rows.
+(`pagesim.cost.varlen_launch`), fitted per block size on the prefill, mixed and multi-prefill rows.
 Off: the per-entry residuals, less `multi_part`'s shared cost. Switched off, the shipped
 profiles' held-out MAPE rises 1.9 to 7.7 points, their mixed and multi-prefill rows' to 14-32 %
 (docs/cost_model.md).
@@ -18,7 +18,7 @@ from collections import defaultdict
 from typing import Any
 
 from pagesim.cost.profile_rows import row_batch
-from pagesim.cost.varlen import VarlenFit, VarlenKernel, fit_varlen_overhead
+from pagesim.cost.varlen_launch import VarlenFit, VarlenKernel, fit_varlen_overhead
 
 
 def fit(
