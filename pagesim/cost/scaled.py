@@ -26,9 +26,9 @@ def check_step_time_scale(factor: float) -> float:
     priced)."""
     low, high = SCALE_RANGE
     try:
-        value = _positive(factor)
-    except ConfigError:
-        value = math.nan
+        value = float(factor)
+    except (TypeError, ValueError):
+        value = math.nan  # fails the range check below, as NaN does
     if not low <= value <= high:
         raise ConfigError(f"--step-time-scale {factor!r}: must be a number in [{low:g}, {high:g}]")
     return value

@@ -2,10 +2,10 @@
 
 Columns, in order: `point`, `run`, `status` (ok | failed), `error`; the resolved engine
 config (every EngineConfig field), `cost_model` (calibrated | transfer | analytical) and
-`profile` (the one whose measurements priced the run: for a transfer, its source); the load (`workload`, `num_prompts`,
-`request_rate`, ...); then the run's metrics (vllm bench's keys, then pagesim's). Lists and
-mappings in a result (rejected reasons) are JSON text; "inf" becomes a float. A failed run
-has its settings and error and no metrics.
+`profile` (the one whose measurements priced the run: for a transfer, its source); the load
+(`workload`, `num_prompts`, `request_rate`, ...); then the run's metrics (vllm bench's keys,
+then pagesim's). Lists and mappings in a result (rejected reasons) are JSON text; "inf"
+becomes a float. A failed run has its settings and error and no metrics.
 """
 
 from __future__ import annotations
